@@ -1,0 +1,35 @@
+# `make run`: the main job on the embedded default. `make test`: the test suite.
+# Both create .venv with the pinned CPU stack on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test lint plan sweep clean-outputs mlflow-ui
+
+$(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# CPU build of torch from the machine's wheel cache; a CUDA machine follows README's GPU path instead
+	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet -r requirements/runtime.txt -c requirements/lock.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import torchrec, fbgemm_gpu, hydra, mlflow; print('environment ready:', torchrec.__version__)"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m runner $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check runner tests benchmarks
+
+mlflow-ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+
+clean-outputs:
+	rm -rf outputs/runs outputs/multirun

@@ -1,0 +1,9 @@
+"""Hydra-composed runner for sharded TorchRec training, logged to MLflow."""
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(os.environ.get("RUNNER_HOME", Path(__file__).resolve().parents[1]))
+"""Folder holding conf/, outputs/ and the default MLflow store (override with $RUNNER_HOME)."""
+
+__version__ = "0.1.0"

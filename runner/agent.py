@@ -1,0 +1,62 @@
+"""One node's torch elastic agent: ``python -m runner.agent <run_dir> <node_rank> <port>``.
+
+The driver starts one per node that runs on this host (all of them when nodes are emulated). The
+agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and starts
+``cluster.workers_per_node`` workers, restarting them up to ``cluster.max_restarts`` times.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from runner.worker import elastic_entry
+
+    run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # A failed worker's traceback goes to <run_dir>/errors/; the driver prints the one-line cause.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    cfg = OmegaConf.load(run_dir / "resolved.yaml")
+    c = cfg.cluster
+    config = LaunchConfig(
+        min_nodes=c.nodes,
+        max_nodes=c.nodes,
+        nproc_per_node=c.workers_per_node,
+        run_id=f"runner-{run_dir.name}-{port}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{c.master_addr}:{port}",
+        rdzv_configs={"is_host": node_rank == 0, "join_timeout": c.pg_timeout_s},
+        max_restarts=c.max_restarts,
+        monitor_interval=0.5,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, elastic_entry)(str(run_dir))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+        killed = failure.signal_name() not in ("<N/A>", "")
+        if killed:
+            message = f"killed by {failure.signal_name()}"
+        line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+        err_dir = run_dir / "errors"
+        err_dir.mkdir(parents=True, exist_ok=True)
+        (err_dir / f"agent{node_rank}.json").write_text(
+            json.dumps({"rank": rank, "time": failure.timestamp or time.time(), "error": line,
+                        "source": "agent", "signal": killed}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,164 @@
+"""``python -m runner [overrides]``: check the overrides, then hand over to Hydra.
+
+Every override (each value of a sweep too) is composed and validated before Hydra starts a job, so
+a wrong value fails at once with one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import List, Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from runner import PROJECT_ROOT
+from runner.schema import ConfigError, register_schemas, validate
+
+CONF_DIR = str(PROJECT_ROOT / "conf")
+# Hydra flags that take a value; the value is not an override.
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                     "--config-dir", "-cd", "--experimental-rerun"}
+_FLAGS_WITHOUT_CHECK = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
+                        "--version", "--experimental-rerun"}
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+failed_jobs: List[str] = []
+"""One line per failed job of this process (read by the sweep callback and for the exit code)."""
+
+OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
+register_schemas()
+
+
+def _split_args(args: List[str]) -> tuple[List[str], Optional[str], bool]:
+    """Overrides, the config name, and whether the arguments allow a pre-check at all."""
+    overrides, config_name, checkable, skip = [], None, True, False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        flag = a.split("=", 1)[0]
+        if flag in _FLAGS_WITHOUT_CHECK or flag in ("--config-path", "-cp", "--config-dir", "-cd"):
+            checkable = False
+        if flag in ("--config-name", "-cn"):
+            config_name = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else None)
+        if a.startswith("-"):
+            skip = flag in _FLAGS_WITH_VALUE and "=" not in a
+            continue
+        overrides.append(a)
+    return overrides, config_name, checkable
+
+
+def _combinations(overrides: List[str]) -> List[List[str]]:
+    """First value of every sweep, then each other sweep value once: every value is composed once."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values = []
+    for text, o in zip(overrides, parsed):
+        if o.is_sweep_override():
+            key = o.get_key_element()
+            values.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            values.append([text])
+    combos = [[v[0] for v in values]]
+    for i, vs in enumerate(values):
+        for v in vs[1:]:
+            combos.append([c if j != i else v for j, c in enumerate(combos[0])])
+    return combos
+
+
+def _group_error(override: str, loader: object) -> Optional[str]:
+    key, _, value = override.lstrip("+~").partition("=")
+    if "." in key or not value or key.startswith("hydra") or key not in loader.list_groups(""):  # type: ignore[attr-defined]
+        return None
+    options = loader.get_group_options(key)  # type: ignore[attr-defined]
+    if value in options or value == "null":
+        return None
+    return f"{key}={value!r} is not an option; expected one of {', '.join(options)}"
+
+
+def _format(exc: BaseException, override_text: List[str]) -> str:
+    cause = exc.__cause__ or exc
+    full_key = getattr(cause, "full_key", None)
+    msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", msg)
+    if full_key and m:
+        return f"{full_key}={m.group(1)!r} is not allowed; expected {_TYPE_WORDS.get(m.group(2), m.group(2))}"
+    if full_key:
+        return f"{full_key}: {msg}"
+    return f"{msg} (in: {' '.join(override_text)})"
+
+
+def precheck(args: List[str]) -> Optional[str]:
+    """Compose and validate what ``args`` ask for; the one-line error, or None when all is well."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides, config_name, checkable = _split_args(args)
+    if not checkable:
+        return None
+    try:
+        combos = _combinations(overrides)
+    except Exception as exc:  # override syntax
+        return str(exc).strip().splitlines()[0]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            for combo in combos:
+                for o in combo:
+                    err = _group_error(o, loader)
+                    if err:
+                        return err
+                try:
+                    cfg = compose(config_name=config_name or "config", overrides=combo)
+                    validate(cfg)
+                except ConfigError as exc:
+                    return str(exc)
+                except Exception as exc:
+                    return _format(exc, combo)
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def _job(cfg: DictConfig) -> Optional[float]:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from runner.driver import run_job
+
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        validate(cfg)
+        results = run_job(cfg)
+    except KeyboardInterrupt:
+        print("error: stopped; every worker was stopped", file=sys.stderr, flush=True)
+        raise SystemExit(130)
+    except Exception as exc:
+        line = f"config error: {exc}" if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        if not multirun:
+            raise SystemExit(1)
+        failed_jobs.append(f"job {HydraConfig.get().job.num}: {line}")
+        return None
+    return results.get("eval_auc")
+
+
+def main() -> None:
+    """Console entry: pre-check, run (or sweep), exit non-zero if any job failed."""
+    error = precheck(sys.argv[1:])
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        _job()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    if failed_jobs:
+        print(f"error: {len(failed_jobs)} job(s) failed:\n  " + "\n  ".join(failed_jobs), file=sys.stderr)
+        sys.exit(1)

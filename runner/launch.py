@@ -1,0 +1,101 @@
+"""Start and supervise this host's elastic agents; leave no process behind, whatever happens.
+
+Each agent runs in its own session (process group) with its workers, so that stopping a job is
+one signal per node: SIGTERM first (the agent stops its workers), SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, List
+
+GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
+
+
+class WorkerFailure(RuntimeError):
+    """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_all(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        _kill_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:  # the agent may be gone while its workers linger: kill the whole group
+        _kill_group(p, signal.SIGKILL)
+        p.wait()
+
+
+def root_cause(run_dir: Path) -> str:
+    """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
+    records = []
+    for f in (run_dir / "errors").glob("*.json"):
+        try:
+            records.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        return "a worker process failed without recording an error (see the output above)"
+    # A rank killed by a signal records nothing itself; its agent's record names it, and outranks
+    # the peers' errors about the broken connection.
+    killed = [r for r in records if r.get("signal")]
+    workers = [r for r in records if r.get("source") == "worker"]
+    first = min(killed or workers or records, key=lambda r: r["time"])
+    return f"rank {first['rank']} failed: {first['error']}"
+
+
+def nodes_on_this_host(cluster: Any) -> List[int]:
+    """Every node when nodes are emulated on this host, else just ``cluster.node_rank``."""
+    return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
+
+
+def launch(cluster: Any, run_dir: Path, port: int) -> None:
+    """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails."""
+    procs: List[subprocess.Popen] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for node in nodes_on_this_host(cluster):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "runner.agent", str(run_dir), str(node), str(port)],
+                start_new_session=True,
+            ))
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                failed = next(i for i, c in enumerate(codes) if c not in (None, 0))
+                deadline = time.monotonic() + GRACE_S  # peers usually fail on their own: let them report
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
+                _stop_all(procs)
+                raise WorkerFailure(root_cause(run_dir) + f" (node {nodes_on_this_host(cluster)[failed]})")
+            if all(c == 0 for c in codes):
+                return
+            time.sleep(0.2)
+    finally:
+        _stop_all(procs)
+        signal.signal(signal.SIGTERM, previous)

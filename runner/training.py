@@ -1,0 +1,146 @@
+"""Optimizers, the training loop and evaluation for a DMP-wrapped DLRM."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+
+def sparse_optimizer(name: str, lr: float, eps: float) -> tuple[type, Dict[str, float]]:
+    """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused (in-backward) optimizer."""
+    from torchrec.optim import RowWiseAdagrad
+
+    if name == "rowwise_adagrad":
+        return RowWiseAdagrad, {"lr": lr, "eps": eps}
+    if name == "adagrad":
+        return torch.optim.Adagrad, {"lr": lr, "eps": eps}
+    return torch.optim.SGD, {"lr": lr}
+
+
+def dense_optimizer(model: torch.nn.Module, opt_cfg: Any) -> KeyedOptimizerWrapper:
+    """The dense optimizer over every parameter not already updated in backward."""
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    wd = opt_cfg.dense_weight_decay
+
+    def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if opt_cfg.dense == "adam":
+            return torch.optim.Adam(p, lr=opt_cfg.dense_lr, weight_decay=wd)
+        if opt_cfg.dense == "adagrad":
+            return torch.optim.Adagrad(p, lr=opt_cfg.dense_lr, weight_decay=wd)
+        return torch.optim.SGD(p, lr=opt_cfg.dense_lr, weight_decay=wd)
+
+    return KeyedOptimizerWrapper(params, make)
+
+
+def combined_optimizer(dmp: Any, opt_cfg: Any) -> CombinedOptimizer:
+    return CombinedOptimizer([dmp.fused_optimizer, dense_optimizer(dmp, opt_cfg)])
+
+
+def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
+    if dtype_name is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
+
+
+@dataclass
+class TrainResult:
+    losses: List[float] = field(default_factory=list)
+    final_loss: float = float("nan")
+    samples_per_s: float = 0.0
+    step_time_ms: float = 0.0
+
+
+def _mean_across_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch.device, cfg: Any,
+          on_log: Callable[[int, Dict[str, float]], None], progress: Any) -> TrainResult:
+    """Run ``steps`` pipelined steps; every ``train.log_every`` steps report metrics (all ranks join)."""
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
+    it = iter(batches)
+    dmp.train()
+    result = TrainResult()
+    world, batch = dist.get_world_size(), cfg.train.batch_size
+    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+    total_time = 0.0
+    for step in range(1, steps + 1):
+        with autocast(device, cfg.precision.autocast):
+            loss, _logits, _labels = pipeline.progress(it)
+        window_loss += float(loss.detach().float().mean())
+        window_steps += 1
+        progress.update(1)
+        if step % cfg.train.log_every == 0 or step == steps:
+            elapsed = time.perf_counter() - window_start
+            total_time += elapsed
+            loss_avg = _mean_across_ranks(window_loss / window_steps, device)
+            metrics = {
+                "train/loss": loss_avg,
+                "train/samples_per_s": world * batch * window_steps / max(elapsed, 1e-9),
+                "train/lr_dense": optimizer.param_groups[-1]["lr"],
+                "train/lr_sparse": cfg.optimizer.sparse_lr,
+            }
+            result.losses.append(loss_avg)
+            progress.set_postfix(loss=f"{loss_avg:.4f}", refresh=False)
+            on_log(step, metrics)
+            window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+    pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
+    result.final_loss = result.losses[-1]
+    result.samples_per_s = world * batch * steps / max(total_time, 1e-9)
+    result.step_time_ms = 1000.0 * total_time / steps
+    return result
+
+
+def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """ROC AUC by the rank-sum formula (ties get their mean rank)."""
+    pos = int(labels.sum().item())
+    neg = labels.numel() - pos
+    if pos == 0 or neg == 0:
+        return float("nan")
+    order = torch.argsort(scores)
+    ranks = torch.empty_like(scores, dtype=torch.float64)
+    ranks[order] = torch.arange(1, scores.numel() + 1, dtype=torch.float64)
+    uniq, inverse = torch.unique(scores, return_inverse=True)
+    if uniq.numel() < scores.numel():  # average the ranks of tied scores
+        sums = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, ranks)
+        counts = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
+        ranks = (sums / counts)[inverse]
+    return float((ranks[labels > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+@torch.no_grad()
+def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dict[str, float]:
+    """AUC and log loss over every rank's held-out batches, gathered to all ranks."""
+    dmp.eval()
+    logits, labels = [], []
+    for b in batches:
+        b = b.to(device)
+        with autocast(device, cfg.precision.autocast):
+            _loss, (_l, out, lab) = dmp(b)
+        logits.append(out.detach().float().reshape(-1))
+        labels.append(lab.detach().float().reshape(-1))
+    local = torch.stack([torch.cat(logits), torch.cat(labels)])
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    allv = torch.cat(gathered, dim=1).cpu().double()
+    scores, target = allv[0], allv[1]
+    logloss = torch.nn.functional.binary_cross_entropy_with_logits(scores, target).item()
+    auc = binary_auc(scores, target)
+    dmp.train()
+    return {"eval/auc": auc, "eval/logloss": logloss,
+            "eval/samples": float(target.numel()), "eval/positive_rate": float(target.mean())}
+
+
+def is_finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

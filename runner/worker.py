@@ -1,0 +1,150 @@
+"""Worker: one process per rank. Process group -> model on meta -> plan -> DMP -> train -> eval.
+
+Started by the runner's elastic agents (:func:`elastic_entry`), or by an external ``torchrun``:
+``torchrun --nproc_per_node=2 -m runner.worker <run_dir>/resolved.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from runner import reporting
+from runner.schema import ConfigError, validate
+
+
+def select_device(cluster_device: str, local_rank: int) -> tuple[torch.device, str]:
+    """``cuda:LOCAL_RANK`` + NCCL when CUDA is requested or present, else CPU + gloo."""
+    use_cuda = cluster_device == "cuda" or (cluster_device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise ConfigError("cluster.device", cluster_device, "auto or cpu on a machine without CUDA")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _quiet_logs(rank: int) -> None:
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    for name in ("torch", "torchrec", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+    """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from runner.data import SyntheticClicks
+    from runner.model import build_model
+    from runner.planning import EmbeddingBagCollectionAnyDeviceSharder, PlanEstimates, build_planner
+    from runner.training import combined_optimizer, evaluate, sparse_optimizer, train
+
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
+    expected = cfg.cluster.nodes * cfg.cluster.workers_per_node
+    if world != expected:
+        raise ConfigError("cluster.nodes*cluster.workers_per_node", expected,
+                          f"the launcher's WORLD_SIZE ({world})")
+    if local_world != cfg.cluster.workers_per_node:
+        raise ConfigError("cluster.workers_per_node", cfg.cluster.workers_per_node,
+                          f"the launcher's LOCAL_WORLD_SIZE ({local_world})")
+    device, backend = select_device(cfg.cluster.device, local_rank)
+    threads = cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.cluster.pg_timeout_s))
+    try:
+        reporter = reporting.Reporter(cfg, run_dir, rank)
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg, device)
+        opt_cls, opt_kwargs = sparse_optimizer(cfg.optimizer.sparse, cfg.optimizer.sparse_lr,
+                                               cfg.optimizer.sparse_eps)
+        apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), opt_kwargs)
+
+        estimates = PlanEstimates()
+        planner = build_planner(cfg, world, local_world, device.type, estimates)
+        sharders = [EmbeddingBagCollectionAnyDeviceSharder()]
+        t0 = time.perf_counter()
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+        plan_s = time.perf_counter() - t0
+        dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+        reporter.plan(plan, estimates, plan_s, world, local_world, device)
+        optimizer = combined_optimizer(dmp, cfg.optimizer)
+
+        names = [t.name for t in cfg.model.tables]
+        sizes = [t.num_embeddings for t in cfg.model.tables]
+
+        def data(num_batches: int, eval_split: bool) -> SyntheticClicks:
+            return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size,
+                                   num_batches, cfg.train.seed, rank, eval_split, cfg.data.label_noise)
+
+        with reporter.progress(cfg.train.steps) as bar:
+            result = train(dmp, optimizer, data(cfg.train.steps, False), cfg.train.steps, device, cfg,
+                           reporter.train_metrics, bar)
+        eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
+        return reporter.finish(result, eval_metrics, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _record_error(run_dir: Path, exc: BaseException) -> None:
+    """One line per failed rank, for the driver to report (the earliest is the root cause)."""
+    rank = os.environ.get("RANK", "?")
+    line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, ConfigError):
+        line = f"config error: {exc}"
+    err_dir = run_dir / "errors"
+    err_dir.mkdir(parents=True, exist_ok=True)
+    (err_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "time": time.time(), "error": line, "source": "worker"}))
+    (err_dir / f"rank{rank}.traceback.txt").write_text(traceback.format_exc())
+
+
+def _run_guarded(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+    _quiet_logs(_env_int("RANK", 0))
+    try:
+        return run(cfg, run_dir)
+    except BaseException as exc:
+        _record_error(run_dir, exc)
+        raise
+
+
+def elastic_entry(run_dir: str) -> Dict[str, Any]:
+    """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
+    return _run_guarded(OmegaConf.load(Path(run_dir) / "resolved.yaml"), Path(run_dir))
+
+
+def main(argv: list[str]) -> int:
+    """``torchrun ... -m runner.worker <config.yaml>``: results go to the config file's folder."""
+    if len(argv) != 1:
+        print("usage: torchrun --nproc_per_node=N -m runner.worker <resolved config.yaml>", file=sys.stderr)
+        return 2
+    path = Path(argv[0]).resolve()
+    cfg = OmegaConf.load(path)
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _run_guarded(cfg, path.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
