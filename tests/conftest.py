@@ -1,0 +1,66 @@
+"""Shared helpers: run the real CLI in a subprocess and read the real MLflow store back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small and quick: few steps, small batches. Every end-to-end test starts from these.
+FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.eval_batches=4"]
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite MLflow store for the session (each test uses its own experiment)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def run_cli(args: List[str], timeout: float = 300, tag: str | None = None,
+            env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m runner ARGS`` as a user runs it; ``tag`` marks every descendant's environment."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag or uuid.uuid4().hex)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def processes_tagged(tag: str) -> List[int]:
+    """Live processes whose environment carries ``RUNNER_TEST_TAG=tag`` (orphans of a job)."""
+    pids = []
+    needle = f"RUNNER_TEST_TAG={tag}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                status = (d / "status").read_text()
+                if "\nState:\tZ" not in status:
+                    pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def runs(uri: str, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r} in {uri}"
+    return client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def metric_history(uri: str, run_id: str, key: str) -> List[float]:
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(uri).get_metric_history(run_id, key)
+    return [m.value for m in sorted(hist, key=lambda m: m.step)]

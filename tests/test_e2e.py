@@ -1,0 +1,111 @@
+"""End to end: real worker processes (CPU + gloo), the real planner and DMP, a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import FAST, metric_history, processes_tagged, run_cli, runs
+
+pytestmark = pytest.mark.slow
+
+
+def plan_types(run_dir: Path) -> dict[str, str]:
+    plan = json.loads((run_dir / "plan" / "plan.json").read_text())
+    return {t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()}
+
+
+def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "train.steps=60", f"tracking.uri={store}", "tracking.experiment=e2e",
+                    f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = [ln for ln in proc.stdout.splitlines() if ln.startswith("[runner] done:")]
+    assert len(summary) == 1 and "eval AUC" in summary[0] and "samples/s" in summary[0]
+    assert "mlflow ui --backend-store-uri" in summary[0]
+
+    (run,) = runs(store, "e2e")
+    assert run.info.status == "FINISHED"
+    assert run.info.run_id in summary[0]
+    p = run.data.params
+    assert p["train.steps"] == "60" and p["cluster.workers_per_node"] == "2"
+    assert p["sharding.storage_reserve_percent"] == "0.15" and p["optimizer.sparse"] == "rowwise_adagrad"
+    assert run.data.tags["runner.world_size"] == "2"
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert run.data.metrics["eval/auc"] > 0.6
+    assert run.data.metrics["train/avg_samples_per_s"] > 0
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"resolved.yaml", ".hydra", "plan"} <= top
+    plan_files = {a.path for a in client.list_artifacts(run.info.run_id, "plan")}
+    assert {"plan/plan.json", "plan/plan.txt", "plan/estimates.json"} <= plan_files
+    # the logged plan is the one the workers used
+    logged = json.loads(Path(client.download_artifacts(run.info.run_id, "plan/plan.json")).read_text())
+    assert logged == json.loads((tmp_path / "plan" / "plan.json").read_text())
+    types_tag = set(run.data.tags["runner.sharding_types"].split(","))
+    assert types_tag == set(plan_types(tmp_path).values())
+
+
+def test_tablewise_puts_every_table_whole_on_one_rank(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "sharding=tablewise", f"tracking.uri={store}", "tracking.experiment=tw",
+                    f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    types = plan_types(tmp_path)
+    assert len(types) == 6 and set(types.values()) == {"table_wise"}
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    for tables in plan.values():
+        for p in tables.values():
+            assert len(p["shards"]) == 1 and len(p["ranks"]) == 1
+
+
+def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "cluster=2node", "sharding=rowwise", f"tracking.uri={store}",
+                    "tracking.experiment=rw2", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    types = plan_types(tmp_path)
+    assert len(types) == 6 and set(types.values()) == {"row_wise"}
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    for tables in plan.values():
+        for p in tables.values():  # rows split over all 4 ranks
+            assert sorted(s["rank"] for s in p["shards"]) == [0, 1, 2, 3]
+    (run,) = runs(store, "rw2")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["runner.world_size"] == "4"
+    assert run.data.tags["runner.local_world_size"] == "2"
+    assert run.data.tags["runner.nodes"] == "2"
+
+
+def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) -> None:
+    proc = run_cli(["-m", *FAST, "train.steps=10", "cluster.intra_node_bandwidth=100,600",
+                    "sharding.storage_reserve_percent=0.1,0.3", f"tracking.uri={store}",
+                    "tracking.experiment=sweep", f"hydra.sweep.dir={tmp_path}"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    all_runs = runs(store, "sweep")
+    parents = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
+    children = [r for r in all_runs if r.data.tags.get("runner.kind") == "job"]
+    assert len(parents) == 1 and len(children) == 4
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    points = {(c.data.params["cluster.intra_node_bandwidth"], c.data.params["sharding.storage_reserve_percent"])
+              for c in children}
+    assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}
+
+
+def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    # asking for CUDA on a machine without it fails inside every worker, after the run is created
+    proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=fail",
+                    f"hydra.run.dir={tmp_path}"], tag=tag)
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "rank " in err[0] and "cluster.device" in err[0], proc.stderr[-2000:]
+    (run,) = runs(store, "fail")
+    assert run.info.status == "FAILED"
+    assert "cluster.device" in run.data.tags["error"]
+    assert processes_tagged(tag) == []
