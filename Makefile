@@ -10,7 +10,6 @@ ARGS ?=
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	# CPU build of torch from the machine's wheel cache; a CUDA machine follows README's GPU path instead
 	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0

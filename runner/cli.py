@@ -56,7 +56,7 @@ def _combinations(overrides: List[str]) -> List[List[str]]:
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     values = []
-    for text, o in zip(overrides, parsed):
+    for text, o in zip(overrides, parsed, strict=True):
         if o.is_sweep_override():
             key = o.get_key_element()
             values.append([f"{key}={v}" for v in o.sweep_string_iterator()])
@@ -137,12 +137,12 @@ def _job(cfg: DictConfig) -> Optional[float]:
         results = run_job(cfg)
     except KeyboardInterrupt:
         print("error: stopped; every worker was stopped", file=sys.stderr, flush=True)
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except Exception as exc:
         line = f"config error: {exc}" if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
         print(f"error: {line}", file=sys.stderr, flush=True)
         if not multirun:
-            raise SystemExit(1)
+            raise SystemExit(1) from None
         failed_jobs.append(f"job {HydraConfig.get().job.num}: {line}")
         return None
     return results.get("eval_auc")

@@ -133,7 +133,7 @@ def plan_table(plan_dict: Dict[str, Dict[str, Any]]) -> str:
             ) or "replicated"
             rows.append((module or "<root>", table, p["sharding_type"], p["compute_kernel"], ranks, shards))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines) + "\n"
 

@@ -198,9 +198,7 @@ def _check_choices(key: str, values: Any, choices: tuple) -> None:
         _check(v in choices, key, v, "one of " + ", ".join(choices))
 
 
-def validate(cfg: Any) -> None:
-    """Check ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
-    m, s, o, c, p, d, t = cfg.model, cfg.sharding, cfg.optimizer, cfg.cluster, cfg.precision, cfg.data, cfg.train
+def _validate_model(m: Any) -> None:
     _check(m.name == "dlrm", "model.name", m.name, "dlrm")
     _check(m.embedding_dim > 0, "model.embedding_dim", m.embedding_dim, "a positive integer")
     _check(len(m.tables) > 0, "model.tables", list(m.tables), "at least one table")
@@ -217,6 +215,9 @@ def validate(cfg: Any) -> None:
         len(m.over_arch_layer_sizes) > 0 and m.over_arch_layer_sizes[-1] == 1,
         "model.over_arch_layer_sizes", list(m.over_arch_layer_sizes), "a list ending with 1",
     )
+
+
+def _validate_sharding(s: Any) -> None:
     _check_choices("sharding.types", s.types, SHARDING_TYPES)
     _check_choices("sharding.compute_kernels", s.compute_kernels, COMPUTE_KERNELS)
     _check(0.0 <= s.storage_reserve_percent < 1.0, "sharding.storage_reserve_percent",
@@ -224,12 +225,17 @@ def validate(cfg: Any) -> None:
     _check_choices("sharding.storage_reserve_policy", [s.storage_reserve_policy], STORAGE_POLICIES)
     _check(s.planner_batch_size is None or s.planner_batch_size > 0, "sharding.planner_batch_size",
            s.planner_batch_size, "null or a positive integer")
+
+
+def _validate_optimizer(o: Any) -> None:
     _check_choices("optimizer.sparse", [o.sparse], SPARSE_OPTIMIZERS)
     _check_choices("optimizer.dense", [o.dense], DENSE_OPTIMIZERS)
-    for key in ("sparse_lr", "dense_lr"):
+    for key in ("sparse_lr", "dense_lr", "sparse_eps"):
         _check(getattr(o, key) > 0, f"optimizer.{key}", getattr(o, key), "a positive number")
-    _check(o.sparse_eps > 0, "optimizer.sparse_eps", o.sparse_eps, "a positive number")
     _check(o.dense_weight_decay >= 0, "optimizer.dense_weight_decay", o.dense_weight_decay, ">= 0")
+
+
+def _validate_cluster(c: Any) -> None:
     _check(c.nodes >= 1, "cluster.nodes", c.nodes, "an integer >= 1")
     _check(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "an integer >= 1")
     _check_choices("cluster.device", [c.device], DEVICES)
@@ -244,14 +250,25 @@ def validate(cfg: Any) -> None:
            f"null or an integer in [0, cluster.nodes={c.nodes})")
     _check(c.pg_timeout_s > 0, "cluster.pg_timeout_s", c.pg_timeout_s, "a positive number of seconds")
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
+
+
+def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(p.autocast is None or p.autocast in AUTOCAST_DTYPES, "precision.autocast", p.autocast,
            "null or one of " + ", ".join(AUTOCAST_DTYPES))
     _check(d.name == "synthetic", "data.name", d.name, "synthetic")
     _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")
     _check(d.eval_batches > 0, "data.eval_batches", d.eval_batches, "a positive integer")
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
-    _check(t.steps > 0, "train.steps", t.steps, "a positive integer")
-    _check(t.batch_size > 0, "train.batch_size", t.batch_size, "a positive integer")
-    _check(t.log_every > 0, "train.log_every", t.log_every, "a positive integer")
+    for key in ("steps", "batch_size", "log_every"):
+        _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",
            t.threads_per_worker, "null or a positive integer")
+
+
+def validate(cfg: Any) -> None:
+    """Check ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
+    _validate_model(cfg.model)
+    _validate_sharding(cfg.sharding)
+    _validate_optimizer(cfg.optimizer)
+    _validate_cluster(cfg.cluster)
+    _validate_run(cfg.precision, cfg.data, cfg.train)

@@ -112,7 +112,8 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
         line = f"config error: {exc}"
     err_dir = run_dir / "errors"
     err_dir.mkdir(parents=True, exist_ok=True)
-    (err_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "time": time.time(), "error": line, "source": "worker"}))
+    record = {"rank": rank, "time": time.time(), "error": line, "source": "worker"}
+    (err_dir / f"rank{rank}.json").write_text(json.dumps(record))
     (err_dir / f"rank{rank}.traceback.txt").write_text(traceback.format_exc())
 
 

@@ -51,10 +51,14 @@ def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> N
     assert types_tag == set(plan_types(tmp_path).values())
 
 
-def test_tablewise_puts_every_table_whole_on_one_rank(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "sharding=tablewise", f"tracking.uri={store}", "tracking.experiment=tw",
-                    f"hydra.run.dir={tmp_path}"])
+def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "sharding=tablewise", "precision=bf16", f"tracking.uri={store}",
+                    "tracking.experiment=tw", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "tw")
+    assert run.data.params["precision.autocast"] == "bfloat16"
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0], losses
     types = plan_types(tmp_path)
     assert len(types) == 6 and set(types.values()) == {"table_wise"}
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
@@ -92,8 +96,8 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    points = {(c.data.params["cluster.intra_node_bandwidth"], c.data.params["sharding.storage_reserve_percent"])
-              for c in children}
+    points = {(c.data.params["cluster.intra_node_bandwidth"],
+               c.data.params["sharding.storage_reserve_percent"]) for c in children}
     assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}
 
 

@@ -1,0 +1,67 @@
+"""Launching: under an external torchrun, and stopping a running job with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
+
+pytestmark = pytest.mark.slow
+
+
+def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
+    printed = run_cli([*FAST, f"tracking.uri={store}", "tracking.experiment=torchrun", "--cfg", "job",
+                       "--resolve"])
+    assert printed.returncode == 0, printed.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text(printed.stdout)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.worker", str(job)],
+        cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[runner] done:" in proc.stdout
+    (run,) = runs(store, "torchrun")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["runner.world_size"] == "2"
+    assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
+    assert (tmp_path / "plan" / "plan.json").exists()
+
+
+def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", *FAST, "train.steps=100000", f"tracking.uri={store}",
+         "tracking.experiment=sigterm", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "plan" / "plan.json").exists():  # workers are training
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert took < 15, took
+    deadline = time.monotonic() + 5
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_tagged(tag) == []
+    (run,) = runs(store, "sigterm")
+    assert run.info.status == "KILLED"
