@@ -12,7 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import tracking
 from runner.launch import free_port, launch
+from runner.plan_mode import plan_only
 from runner.reporting import RESULTS, RUN_INFO, summary_line
+from runner.schema import ConfigError
 
 
 def run_name(cfg: Any, choices: Dict[str, Any], job_num: Any) -> str:
@@ -21,6 +23,15 @@ def run_name(cfg: Any, choices: Dict[str, Any], job_num: Any) -> str:
     name = f"{choices.get('model', cfg.model.name)}-{choices.get('sharding', cfg.sharding.name)}-" \
            f"{choices.get('cluster', cfg.cluster.name)}"
     return name if job_num is None else f"{name}-{job_num}"
+
+
+def check_device(device: str) -> None:
+    """Training on CUDA needs CUDA here; planning for it does not (``mode=plan``)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cluster.device", device,
+                          "auto or cpu on a machine without CUDA (mode=plan plans for GPU clusters anywhere)")
 
 
 def run_job(cfg: DictConfig) -> Dict[str, Any]:
@@ -47,8 +58,12 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
     try:
         tracking.log_params(uri, run_id, tracking.flatten(container))
         tracking.log_artifacts(uri, run_id, [run_dir / "resolved.yaml", run_dir / ".hydra"])
-        launch(cfg.cluster, run_dir, port)
-        results = json.loads((run_dir / RESULTS).read_text())
+        if cfg.mode == "plan":
+            results = plan_only(cfg, run_dir)
+        else:
+            check_device(cfg.cluster.device)
+            launch(cfg.cluster, run_dir, port)
+            results = json.loads((run_dir / RESULTS).read_text())
     except KeyboardInterrupt:
         tracking.end_run(uri, run_id, "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
         raise

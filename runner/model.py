@@ -1,32 +1,83 @@
-"""Model construction on the meta device; DistributedModelParallel materialises the shards."""
+"""Model construction on the meta device; DistributedModelParallel materialises the shards.
+
+Every model is wrapped so that ``forward(batch) -> (loss, (loss, logits, labels))``, the contract of
+TorchRec's ``DLRMTrain`` that ``TrainPipelineSparseDist`` and evaluation rely on.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List, Tuple
 
 import torch
+from torch import nn
 from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.mlp import MLP
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from runner.tables import table_specs
 
 
-def table_configs(model_cfg: Any) -> list[EmbeddingBagConfig]:
+def table_configs(model_cfg: Any) -> List[EmbeddingBagConfig]:
     """One TorchRec table per configured table; its single feature carries the table's name."""
     return [
-        EmbeddingBagConfig(name=t.name, embedding_dim=model_cfg.embedding_dim,
-                           num_embeddings=t.num_embeddings, feature_names=[t.name])
-        for t in model_cfg.tables
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                           feature_names=[t.name])
+        for t in table_specs(model_cfg)
     ]
 
 
-def build_model(cfg: Any, dense_device: torch.device) -> DLRMTrain:
-    """DLRM with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
+class EmbeddingMLP(nn.Module):
+    """Pooled embeddings of any widths, concatenated with the dense MLP's output, into the over MLP."""
+
+    def __init__(self, ebc: EmbeddingBagCollection, dense_in: int, dense_sizes: List[int],
+                 over_sizes: List[int], dense_device: torch.device) -> None:
+        super().__init__()
+        self.embedding_bag_collection = ebc
+        self.features = [f for cfg in ebc.embedding_bag_configs() for f in cfg.feature_names]
+        emb_width = sum(cfg.embedding_dim for cfg in ebc.embedding_bag_configs())
+        self.dense_arch = MLP(dense_in, dense_sizes, device=dense_device)
+        in_width, hidden = dense_sizes[-1] + emb_width, over_sizes[:-1]
+        layers: List[nn.Module] = [MLP(in_width, hidden, device=dense_device)] if hidden else []
+        layers.append(nn.Linear(hidden[-1] if hidden else in_width, 1, device=dense_device))
+        self.over_arch = nn.Sequential(*layers)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(sparse).to_dict()  # fixed order, whatever the sharding
+        x = torch.cat([self.dense_arch(dense)] + [pooled[f] for f in self.features], dim=1)
+        return self.over_arch(x)
+
+
+class EmbeddingMLPTrain(nn.Module):
+    def __init__(self, model: EmbeddingMLP) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
+    """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model), device=torch.device("meta"))
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=cfg.data.num_dense_features,
-        dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
-        over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes),
-        dense_device=dense_device,
-    )
-    return DLRMTrain(dlrm)
+    m = cfg.model
+    if m.family == "dlrm":
+        return DLRMTrain(DLRM(
+            embedding_bag_collection=ebc,
+            dense_in_features=cfg.data.num_dense_features,
+            dense_arch_layer_sizes=list(m.dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(m.over_arch_layer_sizes),
+            dense_device=dense_device,
+        ))
+    return EmbeddingMLPTrain(EmbeddingMLP(ebc, cfg.data.num_dense_features, list(m.dense_arch_layer_sizes),
+                                          list(m.over_arch_layer_sizes), dense_device))
+
+
+def sparse_parameters(model: nn.Module) -> Any:
+    """Parameters of the embedding tables (they get the fused optimizer)."""
+    return (p for n, p in model.named_parameters() if "embedding_bag_collection" in n)

@@ -6,19 +6,27 @@ processes: :func:`build_planner` and :func:`plan_summary` need no process group.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer,
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
 from torchrec.distributed.planner.storage_reservations import (
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
 )
 from torchrec.distributed.planner.types import ShardingOption, Stats
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import CacheParams, ShardingPlan
 
 GIB = 1024**3
+HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
 
 
 def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
@@ -54,21 +62,52 @@ def build_topology(cluster: Any, world_size: int, local_world_size: int, device_
     return Topology(**kwargs)
 
 
-def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, ParameterConstraints]:
-    """Per-table constraints from the sharding group's allowed types and kernels."""
-    types = list(sharding.types) or None
-    kernels = list(sharding.compute_kernels) or None
+def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any) -> ParameterConstraints:
     if kernels is None and types == ["data_parallel"]:
         kernels = ["dense"]  # TorchRec runs data_parallel tables only with the dense kernel
-    if types is None and kernels is None:
-        return {}
-    return {name: ParameterConstraints(sharding_types=types, compute_kernels=kernels) for name in table_names}
+    kwargs: Dict[str, Any] = {"sharding_types": types, "compute_kernels": kernels}
+    if extra is not None:
+        if extra.min_partition is not None:
+            kwargs["min_partition"] = extra.min_partition
+        if extra.pooling_factor is not None:
+            kwargs["pooling_factors"] = [float(extra.pooling_factor)]
+        if extra.cache_load_factor is not None:
+            kwargs["cache_params"] = CacheParams(load_factor=float(extra.cache_load_factor))
+        if extra.enforce_hbm is not None:
+            kwargs["enforce_hbm"] = bool(extra.enforce_hbm)
+    return ParameterConstraints(**kwargs)
 
 
-def build_storage_reservation(sharding: Any) -> Any:
+def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, ParameterConstraints]:
+    """Per-table constraints: the group's allowed types and kernels, then each table's own entry."""
+    out: Dict[str, ParameterConstraints] = {}
+    for name in table_names:
+        extra = sharding.constraints.get(name)
+        types = list(extra.sharding_types) if extra is not None and extra.sharding_types is not None \
+            else (list(sharding.types) or None)
+        kernels = list(extra.compute_kernels) if extra is not None and extra.compute_kernels is not None \
+            else (list(sharding.compute_kernels) or None)
+        if types is None and kernels is None and extra is None:
+            continue
+        out[name] = _table_constraint(types, kernels, extra)
+    return out
+
+
+def dense_bytes(model: Any) -> int:
+    """Bytes of the parameters that are not embedding tables (sizes are known on meta too)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if "embedding_bag_collection" not in n)
+
+
+def build_storage_reservation(sharding: Any, dense_tensor_bytes: Optional[int] = None) -> Any:
+    """``fixed``: exactly the percent. ``heuristic``: the percent plus TorchRec's estimate of dense
+    parameters, their optimizer state and activations (6 x the dense parameters' bytes)."""
     if sharding.storage_reserve_policy == "fixed":
         return FixedPercentageStorageReservation(percentage=sharding.storage_reserve_percent)
-    return HeuristicalStorageReservation(percentage=sharding.storage_reserve_percent)
+    estimate = int(dense_tensor_bytes * HEURISTIC_DENSE_MULTIPLIER) if dense_tensor_bytes else None
+    return HeuristicalStorageReservation(percentage=sharding.storage_reserve_percent,
+                                         parameter_multiplier=HEURISTIC_DENSE_MULTIPLIER,
+                                         dense_tensor_estimate=estimate)
 
 
 @dataclass
@@ -83,87 +122,90 @@ class PlanEstimates(Stats):
         self.world_size = topology.world_size
 
 
+def build_proposer(sharding: Any) -> Any:
+    """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list."""
+    if sharding.proposer == "dynamic_programming":
+        return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
+    if sharding.proposer == "greedy":
+        return [GreedyProposer(), GreedyProposer(use_depth=False)]
+    if sharding.proposer == "grid_search":
+        return GridSearchProposer(max_proposals=sharding.grid_max_proposals)
+    if sharding.proposer == "uniform":
+        return UniformProposer()
+    return None
+
+
 def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
-                  estimates: Optional[PlanEstimates] = None) -> EmbeddingShardingPlanner:
+                  estimates: Optional[PlanEstimates] = None,
+                  dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node."""
+    from runner.tables import table_specs
+
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size,
-        storage_reservation=build_storage_reservation(cfg.sharding),
-        constraints=build_constraints(cfg.sharding, [t.name for t in cfg.model.tables]),
+        storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
+        proposer=build_proposer(cfg.sharding),
+        constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)]),
         stats=[estimates] if estimates is not None else None,
         debug=False,
+        timeout_seconds=cfg.sharding.planner_timeout_s,
     )
 
 
-def plan_to_dict(plan: ShardingPlan) -> Dict[str, Dict[str, Any]]:
-    """JSON-ready plan: per module, per table: type, kernel, ranks and every shard's offsets/sizes."""
-    out: Dict[str, Dict[str, Any]] = {}
-    for module_path, module_plan in plan.plan.items():
-        tables: Dict[str, Any] = {}
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
-            shards = []
-            if ps.sharding_spec is not None:
-                for md in ps.sharding_spec.shards:
-                    shards.append({
-                        "rank": md.placement.rank() if md.placement is not None else None,
-                        "offsets": list(md.shard_offsets),
-                        "sizes": list(md.shard_sizes),
-                    })
-            tables[table] = {
-                "sharding_type": ps.sharding_type,
-                "compute_kernel": ps.compute_kernel,
-                "ranks": list(ps.ranks) if ps.ranks is not None else None,
-                "shards": shards,
-            }
-        out[module_path] = tables
-    return out
+def explain_planner_error(exc: Exception, cfg: Any, world: int, device_type: str) -> str:
+    """One actionable line for a planner failure, naming the largest table and the budget per rank."""
+    from torchrec.distributed.planner.types import PlannerErrorType
+
+    from runner.tables import table_specs
+
+    if getattr(exc, "error_type", None) != PlannerErrorType.INSUFFICIENT_STORAGE:
+        text = str(exc).strip().splitlines()
+        return f"the planner found no plan: {text[0] if text else type(exc).__name__}"
+    specs = table_specs(cfg.model)
+    biggest = max(specs, key=lambda s: s.num_embeddings * s.embedding_dim)
+    table_gib = biggest.num_embeddings * biggest.embedding_dim * 4 / GIB
+    total_gib = sum(s.num_embeddings * s.embedding_dim * 4 for s in specs) / GIB
+    cap_key = "hbm_cap_gib" if device_type == "cuda" else "ddr_cap_gib"
+    cap = cfg.cluster[cap_key] or (32.0 if device_type == "cuda" else 128.0)
+    reserve = cfg.sharding.storage_reserve_percent
+    return (
+        f"no sharding plan fits in memory: largest table {biggest.name} ({biggest.num_embeddings} x "
+        f"{biggest.embedding_dim} fp32) is {table_gib:.2f} GiB before optimizer state, all tables "
+        f"{total_gib:.2f} GiB; each of {world} ranks has {cap * (1 - reserve):.2f} GiB (cluster.{cap_key}="
+        f"{cap:g} less sharding.storage_reserve_percent={reserve:g}, policy {cfg.sharding.storage_reserve_policy}); "
+        "raise the cap, lower the reserve, add ranks or allow row_wise/column_wise sharding"
+    )
 
 
-def plan_table(plan_dict: Dict[str, Dict[str, Any]]) -> str:
-    """Readable fixed-width table of a plan dict: one line per table."""
-    rows = [("module", "table", "sharding_type", "kernel", "ranks", "shards (offsets:sizes)")]
-    for module, tables in plan_dict.items():
-        for table, p in tables.items():
-            ranks = "all" if p["ranks"] is None else ",".join(map(str, p["ranks"]))
-            shards = " ".join(
-                f"r{s['rank']}@{'x'.join(map(str, s['offsets']))}:{'x'.join(map(str, s['sizes']))}"
-                for s in p["shards"]
-            ) or "replicated"
-            rows.append((module or "<root>", table, p["sharding_type"], p["compute_kernel"], ranks, shards))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines) + "\n"
+def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
+              pg: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+    """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts.
 
+    Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
+    Raises :class:`runner.plan_io.PlanError` with one line on every rank when no plan can be had.
+    """
+    import torch.distributed as dist
 
-def sharding_types_used(plan_dict: Dict[str, Dict[str, Any]]) -> Dict[str, int]:
-    """Number of tables per sharding type."""
-    counts: Dict[str, int] = {}
-    for tables in plan_dict.values():
-        for p in tables.values():
-            counts[p["sharding_type"]] = counts.get(p["sharding_type"], 0) + 1
-    return dict(sorted(counts.items()))
+    from runner.plan_io import PlanError, load_plan
+    from runner.tables import table_specs
 
-
-def per_rank_estimates(estimates: PlanEstimates) -> List[Dict[str, float]]:
-    """Planner's estimates summed per rank: storage in bytes, perf in ms per step."""
-    keys = ("hbm_bytes", "ddr_bytes", "fwd_compute_ms", "fwd_comms_ms", "bwd_compute_ms", "bwd_comms_ms",
-            "total_ms")
-    ranks = [dict.fromkeys(keys, 0.0) for _ in range(estimates.world_size)]
-    for option in estimates.best_plan:
-        for shard in option.shards:
-            if shard.rank is None:
-                continue
-            r = ranks[shard.rank]
-            if shard.storage is not None:
-                r["hbm_bytes"] += shard.storage.hbm
-                r["ddr_bytes"] += shard.storage.ddr
-            if shard.perf is not None:
-                r["fwd_compute_ms"] += shard.perf.fwd_compute
-                r["fwd_comms_ms"] += shard.perf.fwd_comms
-                r["bwd_compute_ms"] += shard.perf.bwd_compute
-                r["bwd_comms_ms"] += shard.perf.bwd_comms
-                r["total_ms"] += shard.perf.total
-    return ranks
+    sharders: List[Any] = [EmbeddingBagCollectionAnyDeviceSharder()]
+    t0 = time.perf_counter()
+    if cfg.sharding.plan:
+        plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)
+        return plan, [], time.perf_counter() - t0, sharders
+    estimates = PlanEstimates()
+    result: List[Any] = [None]
+    if pg is None or dist.get_rank(pg) == 0:
+        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model))
+        try:
+            result[0] = planner.plan(model, sharders)
+        except Exception as exc:  # PlannerError and the planner's assertions
+            result[0] = PlanError(explain_planner_error(exc, cfg, world, device_type))
+    if pg is not None:
+        dist.broadcast_object_list(result, src=0, group=pg)
+    if isinstance(result[0], PlanError):
+        raise result[0]
+    return result[0], estimates.best_plan, time.perf_counter() - t0, sharders

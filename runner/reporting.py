@@ -34,6 +34,7 @@ class Reporter:
         self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
         self.active = rank == 0
         self.standalone = False
+        self.plan_metrics: Dict[str, float] = {}
         self.uri: Optional[str] = None
         self.run_id: Optional[str] = None
         if not self.active:
@@ -50,39 +51,20 @@ class Reporter:
                                              {"runner.launcher": "torchrun"})
             tracking.log_params(self.uri, self.run_id, tracking.flatten(OmegaConf.to_container(cfg)))
 
-    def plan(self, plan: Any, estimates: Any, plan_s: float, world: int, local_world: int,
-             device: Any) -> None:
-        """Write the plan (JSON, table) and the planner's estimates; log them to MLflow."""
+    def plan(self, plan: Any, best_plan: list, seconds: float, world: int, local_world: int,
+             device_type: str) -> None:
+        """Write the plan report (JSON, table, estimates, comms, chart) and log it to MLflow."""
         if not self.active:
             return
-        from runner.planning import per_rank_estimates, plan_table, plan_to_dict, sharding_types_used
+        from runner.plan_report import write_plan_report
 
-        plan_dict = plan_to_dict(plan)
-        ranks = per_rank_estimates(estimates)
-        types = sharding_types_used(plan_dict)
         out = self.run_dir / "plan"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
-        table = plan_table(plan_dict)
-        (out / "plan.txt").write_text(table)
-        (out / "estimates.json").write_text(json.dumps({"per_rank": ranks}, indent=2))
-        print(f"[runner] sharding plan ({world} ranks, planned in {plan_s:.2f}s):\n{table}", flush=True)
-        metrics: Dict[str, float] = {"plan/seconds": plan_s}
-        metrics.update({f"plan/tables_{t}": n for t, n in types.items()})
-        for r, est in enumerate(ranks):
-            metrics.update({f"plan/rank{r}/{k}": v for k, v in est.items()})
-        if ranks:
-            totals = [r["total_ms"] for r in ranks]
-            metrics["plan/est_step_ms"] = max(totals)
-            mean = sum(totals) / len(totals)
-            metrics["plan/perf_imbalance"] = max(totals) / mean if mean > 0 else 1.0
-        tracking.log_metrics(self.uri, self.run_id, metrics, step=0)
-        tracking.set_tags(self.uri, self.run_id, {
-            "runner.world_size": world, "runner.local_world_size": local_world,
-            "runner.nodes": world // local_world, "runner.device": str(device),
-            "runner.sharding_types": ",".join(types),
-        })
+        report = write_plan_report(self.cfg, plan, best_plan, world, local_world, device_type, out, seconds)
+        print(report.console, flush=True)
+        tracking.log_metrics(self.uri, self.run_id, report.metrics, step=0)
+        tracking.set_tags(self.uri, self.run_id, report.tags)
         tracking.log_artifacts(self.uri, self.run_id, sorted(out.iterdir()), artifact_path="plan")
+        self.plan_metrics = report.metrics
 
     @contextlib.contextmanager
     def progress(self, steps: int) -> Iterator[Any]:
@@ -122,6 +104,13 @@ class Reporter:
 
 
 def summary_line(results: Dict[str, Any]) -> str:
+    if results.get("mode") == "plan":
+        types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
+        est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
+               f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
+        return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
+                f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; "
+                f"view: {tracking.ui_command(results['tracking_uri'])}")
     return (
         f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
         f"{results['samples_per_s']:.0f} samples/s, MLflow run {results['run_id']}; "

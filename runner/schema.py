@@ -9,7 +9,7 @@ before anything is launched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -29,28 +29,70 @@ DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
 AUTOCAST_DTYPES = ("bfloat16",)
 DEVICES = ("auto", "cpu", "cuda")
 STORAGE_POLICIES = ("heuristic", "fixed")
+PROPOSERS = ("default", "dynamic_programming", "greedy", "grid_search", "uniform")
+MODES = ("train", "plan")
+MODEL_FAMILIES = ("dlrm", "dnn")
 
 
 @dataclass
 class TableSchema:
     name: str = MISSING
-    """Table name; its feature is named ``<name>_id``."""
+    """Table name; its single feature has the same name."""
     num_embeddings: int = MISSING
     """Rows (hash size) of the table; ids are drawn in [0, num_embeddings)."""
+    embedding_dim: Optional[int] = None
+    """Width of this table (default: ``model.embedding_dim``; ``dlrm`` needs one width for all)."""
+
+
+@dataclass
+class GeneratedTablesSchema:
+    count: int = 0
+    """Tables to add after ``model.tables``, named ``g000``, ``g001``, ..."""
+    min_rows: int = 1000
+    """Smallest table; row counts are spread log-uniformly between min_rows and max_rows."""
+    max_rows: int = 100_000_000
+    """Largest table."""
+    dims: List[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    """Widths, assigned in turn (``dnn`` models only; ``dlrm`` uses ``model.embedding_dim``)."""
+    seed: int = 0
+    """Seed of the row counts (the same seed gives the same tables)."""
 
 
 @dataclass
 class ModelSchema:
     name: str = "dlrm"
-    """Model family. Only ``dlrm`` (TorchRec's DLRM with dot interaction) so far."""
+    """Preset name, for display."""
+    family: str = "dlrm"
+    """``dlrm`` (TorchRec's DLRM, dot interaction, one width) | ``dnn`` (pooled embeddings of any widths
+    concatenated with the dense MLP's output, then the over MLP)."""
     embedding_dim: int = 64
     """Width of every embedding table (DLRM's dot interaction needs one shared width)."""
     tables: List[TableSchema] = field(default_factory=list)
     """Sparse features, one embedding table each."""
+    generated_tables: GeneratedTablesSchema = field(default_factory=GeneratedTablesSchema)
+    """More tables, generated (for planning studies with many tables)."""
     dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 64])
-    """Bottom MLP widths; the last must equal ``embedding_dim``."""
+    """Bottom MLP widths; for ``dlrm`` the last must equal ``embedding_dim``."""
     over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
     """Top MLP widths; the last must be 1 (one logit)."""
+
+
+@dataclass
+class TableConstraintSchema:
+    """TorchRec ``ParameterConstraints`` for one table; null fields leave the planner free."""
+
+    sharding_types: Optional[List[str]] = None
+    """Sharding types allowed for this table (overrides ``sharding.types``)."""
+    compute_kernels: Optional[List[str]] = None
+    """Compute kernels allowed for this table (overrides ``sharding.compute_kernels``)."""
+    min_partition: Optional[int] = None
+    """Smallest column-shard width for column-wise splits."""
+    pooling_factor: Optional[float] = None
+    """Average ids per sample of this table's feature (the planner's cost model input; default 1)."""
+    cache_load_factor: Optional[float] = None
+    """Fraction of rows cached in HBM with the ``fused_uvm_caching`` kernel (0..1)."""
+    enforce_hbm: Optional[bool] = None
+    """Keep this table's caching kernel's storage in HBM."""
 
 
 @dataclass
@@ -68,6 +110,19 @@ class ShardingSchema:
     ``fixed`` (exactly the percent)."""
     planner_batch_size: Optional[int] = None
     """Per-rank batch size the planner assumes for its estimates (default: ``train.batch_size``)."""
+    constraints: Dict[str, TableConstraintSchema] = field(default_factory=dict)
+    """Per-table constraints, e.g. ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
+    proposer: str = "default"
+    """``default`` (TorchRec's: grid search, greedy, uniform) | ``dynamic_programming`` | ``greedy`` |
+    ``grid_search`` | ``uniform``."""
+    dp_hbm_bins: int = 100
+    """HBM bins per device of the dynamic-programming proposer (its precision)."""
+    grid_max_proposals: int = 10000
+    """Proposals the grid-search proposer may try before it gives up."""
+    planner_timeout_s: Optional[int] = None
+    """Stop proposing after this many seconds and keep the best plan so far (null: no limit)."""
+    plan: Optional[str] = None
+    """Path of a ``plan.json`` written by an earlier run: reuse that plan exactly instead of planning."""
 
 
 @dataclass
@@ -165,6 +220,8 @@ class TrackingSchema:
 
 @dataclass
 class RunnerConfig:
+    mode: str = "train"
+    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster)."""
     model: ModelSchema = field(default_factory=ModelSchema)
     sharding: ShardingSchema = field(default_factory=ShardingSchema)
     optimizer: OptimizerSchema = field(default_factory=OptimizerSchema)
@@ -199,15 +256,28 @@ def _check_choices(key: str, values: Any, choices: tuple) -> None:
 
 
 def _validate_model(m: Any) -> None:
-    _check(m.name == "dlrm", "model.name", m.name, "dlrm")
+    _check_choices("model.family", [m.family], MODEL_FAMILIES)
     _check(m.embedding_dim > 0, "model.embedding_dim", m.embedding_dim, "a positive integer")
-    _check(len(m.tables) > 0, "model.tables", list(m.tables), "at least one table")
-    names = [tb.name for tb in m.tables]
+    names = [tb.name for tb in m.tables] + [f"g{i:03d}" for i in range(max(m.generated_tables.count, 0))]
     _check(len(set(names)) == len(names), "model.tables", names, "unique table names")
     for i, tb in enumerate(m.tables):
         _check(tb.num_embeddings > 0, f"model.tables[{i}].num_embeddings", tb.num_embeddings, "> 0")
+        _check(tb.embedding_dim is None or tb.embedding_dim > 0, f"model.tables[{i}].embedding_dim",
+               tb.embedding_dim, "null or > 0")
+    g = m.generated_tables
+    _check(g.count >= 0, "model.generated_tables.count", g.count, ">= 0")
+    _check(0 < g.min_rows <= g.max_rows, "model.generated_tables.min_rows", g.min_rows,
+           "0 < min_rows <= max_rows")
+    _check(len(g.dims) > 0 and all(d > 0 for d in g.dims), "model.generated_tables.dims", list(g.dims),
+           "a list of positive widths")
+    _check(len(m.tables) + g.count > 0, "model.tables", list(m.tables), "at least one table")
+    if m.family == "dlrm":
+        widths = {tb.embedding_dim for tb in m.tables if tb.embedding_dim is not None} - {m.embedding_dim}
+        _check(not widths, "model.tables[].embedding_dim", sorted(widths),
+               f"null or model.embedding_dim ({m.embedding_dim}) for model.family=dlrm")
     _check(
-        len(m.dense_arch_layer_sizes) > 0 and m.dense_arch_layer_sizes[-1] == m.embedding_dim,
+        len(m.dense_arch_layer_sizes) > 0
+        and (m.family != "dlrm" or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
         "model.dense_arch_layer_sizes", list(m.dense_arch_layer_sizes),
         f"a list ending with model.embedding_dim ({m.embedding_dim})",
     )
@@ -217,7 +287,13 @@ def _validate_model(m: Any) -> None:
     )
 
 
-def _validate_sharding(s: Any) -> None:
+def _validate_sharding(s: Any, model: Any) -> None:
+    from runner.tables import table_specs
+
+    tables = [t.name for t in table_specs(model)]
+    for table in s.constraints:
+        _check(table in tables, f"sharding.constraints.{table}", table,
+               "a table of the model: " + ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else ""))
     _check_choices("sharding.types", s.types, SHARDING_TYPES)
     _check_choices("sharding.compute_kernels", s.compute_kernels, COMPUTE_KERNELS)
     _check(0.0 <= s.storage_reserve_percent < 1.0, "sharding.storage_reserve_percent",
@@ -225,6 +301,21 @@ def _validate_sharding(s: Any) -> None:
     _check_choices("sharding.storage_reserve_policy", [s.storage_reserve_policy], STORAGE_POLICIES)
     _check(s.planner_batch_size is None or s.planner_batch_size > 0, "sharding.planner_batch_size",
            s.planner_batch_size, "null or a positive integer")
+    _check_choices("sharding.proposer", [s.proposer], PROPOSERS)
+    _check(s.planner_timeout_s is None or s.planner_timeout_s > 0, "sharding.planner_timeout_s",
+           s.planner_timeout_s, "null or a positive number of seconds")
+    _check(s.dp_hbm_bins > 0, "sharding.dp_hbm_bins", s.dp_hbm_bins, "a positive integer")
+    _check(s.grid_max_proposals > 0, "sharding.grid_max_proposals", s.grid_max_proposals, "a positive integer")
+    for table, c in s.constraints.items():
+        _check_choices(f"sharding.constraints.{table}.sharding_types", c.sharding_types or [], SHARDING_TYPES)
+        _check_choices(f"sharding.constraints.{table}.compute_kernels", c.compute_kernels or [],
+                       COMPUTE_KERNELS)
+        _check(c.cache_load_factor is None or 0 < c.cache_load_factor <= 1,
+               f"sharding.constraints.{table}.cache_load_factor", c.cache_load_factor, "null or in (0, 1]")
+        _check(c.pooling_factor is None or c.pooling_factor > 0, f"sharding.constraints.{table}.pooling_factor",
+               c.pooling_factor, "null or > 0")
+        _check(c.min_partition is None or c.min_partition > 0, f"sharding.constraints.{table}.min_partition",
+               c.min_partition, "null or > 0")
 
 
 def _validate_optimizer(o: Any) -> None:
@@ -267,8 +358,9 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
 
 def validate(cfg: Any) -> None:
     """Check ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
+    _check_choices("mode", [cfg.mode], MODES)
     _validate_model(cfg.model)
-    _validate_sharding(cfg.sharding)
+    _validate_sharding(cfg.sharding, cfg.model)
     _validate_optimizer(cfg.optimizer)
     _validate_cluster(cfg.cluster)
     _validate_run(cfg.precision, cfg.data, cfg.train)

@@ -26,6 +26,16 @@ def sparse_optimizer(name: str, lr: float, eps: float) -> tuple[type, Dict[str, 
     return torch.optim.SGD, {"lr": lr}
 
 
+def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: Any) -> None:
+    """Mark the embedding tables for the fused optimizer (before sharding: the planner and sharder read it)."""
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from runner.model import sparse_parameters
+
+    cls, kwargs = sparse_optimizer(opt_cfg.sparse, opt_cfg.sparse_lr, opt_cfg.sparse_eps)
+    apply_optimizer_in_backward(cls, sparse_parameters(model), kwargs)
+
+
 def dense_optimizer(model: torch.nn.Module, opt_cfg: Any) -> KeyedOptimizerWrapper:
     """The dense optimizer over every parameter not already updated in backward."""
     params = dict(in_backward_optimizer_filter(model.named_parameters()))

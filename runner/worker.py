@@ -22,6 +22,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner import reporting
+from runner.plan_io import PlanError
 from runner.schema import ConfigError, validate
 
 
@@ -50,12 +51,12 @@ def _env_int(name: str, default: int) -> int:
 def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     from runner.data import SyntheticClicks
     from runner.model import build_model
-    from runner.planning import EmbeddingBagCollectionAnyDeviceSharder, PlanEstimates, build_planner
-    from runner.training import combined_optimizer, evaluate, sparse_optimizer, train
+    from runner.planning import make_plan
+    from runner.tables import table_specs
+    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, train
 
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
@@ -74,22 +75,16 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         reporter = reporting.Reporter(cfg, run_dir, rank)
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg, device)
-        opt_cls, opt_kwargs = sparse_optimizer(cfg.optimizer.sparse, cfg.optimizer.sparse_lr,
-                                               cfg.optimizer.sparse_eps)
-        apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), opt_kwargs)
+        apply_sparse_optimizer(model, cfg.optimizer)
 
-        estimates = PlanEstimates()
-        planner = build_planner(cfg, world, local_world, device.type, estimates)
-        sharders = [EmbeddingBagCollectionAnyDeviceSharder()]
-        t0 = time.perf_counter()
-        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-        plan_s = time.perf_counter() - t0
+        plan, best_plan, plan_s, sharders = make_plan(cfg, model, world, local_world, device.type,
+                                                      dist.GroupMember.WORLD)
         dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-        reporter.plan(plan, estimates, plan_s, world, local_world, device)
+        reporter.plan(plan, best_plan, plan_s, world, local_world, device.type)
         optimizer = combined_optimizer(dmp, cfg.optimizer)
 
-        names = [t.name for t in cfg.model.tables]
-        sizes = [t.num_embeddings for t in cfg.model.tables]
+        specs = table_specs(cfg.model)
+        names, sizes = [t.name for t in specs], [t.num_embeddings for t in specs]
 
         def data(num_batches: int, eval_split: bool) -> SyntheticClicks:
             return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size,
@@ -110,6 +105,8 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
     line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
     if isinstance(exc, ConfigError):
         line = f"config error: {exc}"
+    elif isinstance(exc, PlanError):
+        line = f"plan error: {exc}"
     err_dir = run_dir / "errors"
     err_dir.mkdir(parents=True, exist_ok=True)
     record = {"rank": rank, "time": time.time(), "error": line, "source": "worker"}

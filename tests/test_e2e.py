@@ -103,13 +103,25 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
 
 def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
-    # asking for CUDA on a machine without it fails inside every worker, after the run is created
-    proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=fail",
+    # 1 MiB of memory per worker: planning fails inside the workers, after the run was created
+    proc = run_cli([*FAST, "cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=fail",
                     f"hydra.run.dir={tmp_path}"], tag=tag)
     assert proc.returncode != 0
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(err) == 1 and "rank " in err[0] and "cluster.device" in err[0], proc.stderr[-2000:]
+    assert len(err) == 1, proc.stderr[-2000:]
+    assert "rank " in err[0] and "no sharding plan fits" in err[0] and "t0" in err[0], err[0]
+    assert "Traceback" not in proc.stderr
     (run,) = runs(store, "fail")
     assert run.info.status == "FAILED"
-    assert "cluster.device" in run.data.tags["error"]
+    assert "no sharding plan fits" in run.data.tags["error"]
     assert processes_tagged(tag) == []
+
+
+def test_cuda_training_without_cuda_fails_in_one_line(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=nocuda",
+                    f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "cluster.device" in err[0] and "mode=plan" in err[0], proc.stderr[-2000:]
+    (run,) = runs(store, "nocuda")
+    assert run.info.status == "FAILED"

@@ -1,0 +1,30 @@
+"""The model's embedding tables as plain data: configured tables, then generated ones."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, List
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+
+
+def table_specs(model_cfg: Any) -> List[TableSpec]:
+    """Every table of the model, in order; generated tables get log-uniform row counts."""
+    specs = [TableSpec(t.name, int(t.num_embeddings), int(t.embedding_dim or model_cfg.embedding_dim))
+             for t in model_cfg.tables]
+    g = model_cfg.generated_tables
+    rng = random.Random(g.seed)
+    lo, hi = math.log(g.min_rows), math.log(g.max_rows)
+    dims = list(g.dims)
+    for i in range(g.count):
+        rows = int(round(math.exp(rng.uniform(lo, hi))))
+        dim = dims[i % len(dims)] if model_cfg.family != "dlrm" else int(model_cfg.embedding_dim)
+        specs.append(TableSpec(f"g{i:03d}", max(rows, 1), dim))
+    return specs
