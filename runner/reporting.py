@@ -9,7 +9,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -65,6 +65,24 @@ class Reporter:
         tracking.set_tags(self.uri, self.run_id, report.tags)
         tracking.log_artifacts(self.uri, self.run_id, sorted(out.iterdir()), artifact_path="plan")
         self.plan_metrics = report.metrics
+
+    def measured(self, per_rank: List[Dict[str, float]]) -> None:
+        """Measured step time and peak memory per rank, next to the planner's estimates."""
+        if not self.active:
+            return
+        m: Dict[str, float] = {}
+        for r, x in enumerate(per_rank):
+            m[f"measured/rank{r}/step_ms"] = x["step_ms"]
+            m[f"measured/rank{r}/peak_mem_bytes"] = x["peak_mem_bytes"]
+        m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
+        m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
+        est_step, est_mem = self.plan_metrics.get("plan/est_step_ms"), self.plan_metrics.get("plan/max_mem_bytes")
+        if est_step:
+            m["ratio/step_measured_over_estimated"] = m["measured/step_ms"] / est_step
+        if est_mem:
+            m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
+        tracking.log_metrics(self.uri, self.run_id, m, step=self.cfg.train.steps)
+        (self.run_dir / "measured.json").write_text(json.dumps({"per_rank": per_rank, **m}, indent=2))
 
     @contextlib.contextmanager
     def progress(self, steps: int) -> Iterator[Any]:

@@ -155,8 +155,18 @@ class SweepParentRun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self._run_id:
             return
+        from runner.sweep_report import write_sweep_report
+
         sweep_dir = Path(config.hydra.sweep.dir)
         log_artifacts(self._uri, self._run_id, [p for p in [sweep_dir / "multirun.yaml"] if p.exists()])
+        try:
+            report = write_sweep_report(sweep_dir)
+        except Exception as exc:  # a report problem must not hide the sweep's own outcome
+            print(f"[runner] warning: sweep report failed: {type(exc).__name__}: {exc}", flush=True)
+            report = None
+        if report is not None:
+            log_artifacts(self._uri, self._run_id, sorted(report.iterdir()), artifact_path="report")
+            print(f"[runner] sweep report: {report / 'report.md'}", flush=True)
         from runner.cli import failed_jobs
 
         error = "; ".join(failed_jobs) if failed_jobs else None

@@ -84,7 +84,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch
     result = TrainResult()
     world, batch = dist.get_world_size(), cfg.train.batch_size
     window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-    total_time = 0.0
+    timed_s, timed_steps = 0.0, 0  # after the first window: it holds the pipeline's one-off tracing
     for step in range(1, steps + 1):
         with autocast(device, cfg.precision.autocast):
             loss, _logits, _labels = pipeline.progress(it)
@@ -93,7 +93,8 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch
         progress.update(1)
         if step % cfg.train.log_every == 0 or step == steps:
             elapsed = time.perf_counter() - window_start
-            total_time += elapsed
+            if step > cfg.train.log_every or steps <= cfg.train.log_every:
+                timed_s, timed_steps = timed_s + elapsed, timed_steps + window_steps
             loss_avg = _mean_across_ranks(window_loss / window_steps, device)
             metrics = {
                 "train/loss": loss_avg,
@@ -107,9 +108,26 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch
             window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
     result.final_loss = result.losses[-1]
-    result.samples_per_s = world * batch * steps / max(total_time, 1e-9)
-    result.step_time_ms = 1000.0 * total_time / steps
+    result.samples_per_s = world * batch * timed_steps / max(timed_s, 1e-9)
+    result.step_time_ms = 1000.0 * timed_s / max(timed_steps, 1)
     return result
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak accelerator memory allocated (CUDA) or the process's peak resident set size (CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def gather_measurements(result: TrainResult, device: torch.device) -> List[Dict[str, float]]:
+    """Every rank's measured step time and peak memory, gathered to every rank."""
+    mine = {"step_ms": result.step_time_ms, "peak_mem_bytes": float(peak_memory_bytes(device))}
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
 
 
 def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

@@ -56,7 +56,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from runner.model import build_model
     from runner.planning import make_plan
     from runner.tables import table_specs
-    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, train
+    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, gather_measurements, train
 
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
@@ -93,6 +93,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         with reporter.progress(cfg.train.steps) as bar:
             result = train(dmp, optimizer, data(cfg.train.steps, False), cfg.train.steps, device, cfg,
                            reporter.train_metrics, bar)
+        reporter.measured(gather_measurements(result, device))
         eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
         return reporter.finish(result, eval_metrics, world)
     finally:
