@@ -6,6 +6,8 @@ processes: :func:`build_planner` and :func:`plan_summary` need no process group.
 
 from __future__ import annotations
 
+import copy
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -80,9 +82,11 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], 
 
 def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, ParameterConstraints]:
     """Per-table constraints: the group's allowed types and kernels, then each table's own entry."""
+    from runner.schema import table_constraint
+
     out: Dict[str, ParameterConstraints] = {}
     for name in table_names:
-        extra = sharding.constraints.get(name)
+        extra = table_constraint(sharding, name)
         types = list(extra.sharding_types) if extra is not None and extra.sharding_types is not None \
             else (list(sharding.types) or None)
         kernels = list(extra.compute_kernels) if extra is not None and extra.compute_kernels is not None \
@@ -99,13 +103,37 @@ def dense_bytes(model: Any) -> int:
                if "embedding_bag_collection" not in n)
 
 
+class _HostMemoryToo:
+    """TorchRec's percentage reservations shrink only HBM; CPU workers plan in host memory (DDR), so
+    the same fraction of DDR is kept free there too, or ``storage_reserve_percent`` would do nothing."""
+
+    _percentage: float
+    _last_reserved_topology: Optional[Topology]
+
+    def reserve(self, topology: Topology, *args: Any, **kwargs: Any) -> Topology:
+        reserved = super().reserve(topology, *args, **kwargs)  # type: ignore[misc]
+        if topology.compute_device == "cpu":
+            for device in reserved.devices:
+                device.storage.ddr = int((1 - self._percentage) * device.storage.ddr)
+            self._last_reserved_topology = copy.deepcopy(reserved)
+        return reserved
+
+
+class FixedReservation(_HostMemoryToo, FixedPercentageStorageReservation):
+    pass
+
+
+class HeuristicReservation(_HostMemoryToo, HeuristicalStorageReservation):
+    pass
+
+
 def build_storage_reservation(sharding: Any, dense_tensor_bytes: Optional[int] = None) -> Any:
     """``fixed``: exactly the percent. ``heuristic``: the percent plus TorchRec's estimate of dense
     parameters, their optimizer state and activations (6 x the dense parameters' bytes)."""
     if sharding.storage_reserve_policy == "fixed":
-        return FixedPercentageStorageReservation(percentage=sharding.storage_reserve_percent)
+        return FixedReservation(percentage=sharding.storage_reserve_percent)
     estimate = int(dense_tensor_bytes * HEURISTIC_DENSE_MULTIPLIER) if dense_tensor_bytes else None
-    return HeuristicalStorageReservation(percentage=sharding.storage_reserve_percent,
+    return HeuristicReservation(percentage=sharding.storage_reserve_percent,
                                          parameter_multiplier=HEURISTIC_DENSE_MULTIPLIER,
                                          dense_tensor_estimate=estimate)
 
@@ -122,14 +150,41 @@ class PlanEstimates(Stats):
         self.world_size = topology.world_size
 
 
-def build_proposer(sharding: Any) -> Any:
+class BoundedGridSearchProposer(GridSearchProposer):
+    """TorchRec's grid search, failing loudly where TorchRec's silently proposes nothing.
+
+    Above ``max_proposals`` combinations TorchRec's proposer skips itself, and the planner then reports
+    a misleading "insufficient storage".
+    """
+
+    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+        from runner.plan_io import PlanError
+
+        per_table: Dict[str, int] = {}
+        for option in search_space:
+            per_table[option.fqn] = per_table.get(option.fqn, 0) + 1
+        total = math.prod(per_table.values())
+        if total > self._max_proposals:
+            raise PlanError(
+                f"sharding.proposer=grid_search: {total:.3g} combinations of {len(per_table)} tables exceed "
+                f"sharding.grid_max_proposals={self._max_proposals}; raise it, constrain sharding.types, or use "
+                "greedy or dynamic_programming")
+        super().load(search_space, enumerator)
+
+
+def build_proposer(sharding: Any, device_type: str) -> Any:
     """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list."""
     if sharding.proposer == "dynamic_programming":
+        if device_type != "cuda":
+            from runner.schema import ConfigError
+
+            raise ConfigError("sharding.proposer", sharding.proposer,
+                              "another proposer on CPU workers (it bins HBM, which they do not have)")
         return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
     if sharding.proposer == "greedy":
         return [GreedyProposer(), GreedyProposer(use_depth=False)]
     if sharding.proposer == "grid_search":
-        return GridSearchProposer(max_proposals=sharding.grid_max_proposals)
+        return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
     if sharding.proposer == "uniform":
         return UniformProposer()
     return None
@@ -146,7 +201,7 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
         topology=topology,
         batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
-        proposer=build_proposer(cfg.sharding),
+        proposer=build_proposer(cfg.sharding, device_type),
         constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)]),
         stats=[estimates] if estimates is not None else None,
         debug=False,
@@ -189,6 +244,7 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     import torch.distributed as dist
 
     from runner.plan_io import PlanError, load_plan
+    from runner.schema import ConfigError
     from runner.tables import table_specs
 
     sharders: List[Any] = [EmbeddingBagCollectionAnyDeviceSharder()]
@@ -199,9 +255,11 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
-        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model))
         try:
+            planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model))
             result[0] = planner.plan(model, sharders)
+        except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
+            result[0] = PlanError(str(exc))
         except Exception as exc:  # PlannerError and the planner's assertions
             result[0] = PlanError(explain_planner_error(exc, cfg, world, device_type))
     if pg is not None:

@@ -110,8 +110,9 @@ class ShardingSchema:
     ``fixed`` (exactly the percent)."""
     planner_batch_size: Optional[int] = None
     """Per-rank batch size the planner assumes for its estimates (default: ``train.batch_size``)."""
-    constraints: Dict[str, TableConstraintSchema] = field(default_factory=dict)
-    """Per-table constraints, e.g. ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
+    constraints: Dict[str, Any] = field(default_factory=dict)
+    """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
+    ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
     proposer: str = "default"
     """``default`` (TorchRec's: grid search, greedy, uniform) | ``dynamic_programming`` | ``greedy`` |
     ``grid_search`` | ``uniform``."""
@@ -287,6 +288,22 @@ def _validate_model(m: Any) -> None:
     )
 
 
+def table_constraint(sharding: Any, table: str) -> Any:
+    """``sharding.constraints.<table>`` checked against :class:`TableConstraintSchema` (None if unset)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    entry = sharding.constraints.get(table)
+    if entry is None:
+        return None
+    try:
+        return OmegaConf.merge(OmegaConf.structured(TableConstraintSchema), entry)
+    except OmegaConfBaseException as exc:
+        fields = ", ".join(TableConstraintSchema.__dataclass_fields__)
+        raise ConfigError(f"sharding.constraints.{table}", OmegaConf.to_container(entry) if OmegaConf.is_config(entry)
+                          else entry, f"fields {fields} ({str(exc).splitlines()[0]})") from None
+
+
 def _validate_sharding(s: Any, model: Any) -> None:
     from runner.tables import table_specs
 
@@ -306,7 +323,8 @@ def _validate_sharding(s: Any, model: Any) -> None:
            s.planner_timeout_s, "null or a positive number of seconds")
     _check(s.dp_hbm_bins > 0, "sharding.dp_hbm_bins", s.dp_hbm_bins, "a positive integer")
     _check(s.grid_max_proposals > 0, "sharding.grid_max_proposals", s.grid_max_proposals, "a positive integer")
-    for table, c in s.constraints.items():
+    for table in s.constraints:
+        c = table_constraint(s, table)
         _check_choices(f"sharding.constraints.{table}.sharding_types", c.sharding_types or [], SHARDING_TYPES)
         _check_choices(f"sharding.constraints.{table}.compute_kernels", c.compute_kernels or [],
                        COMPUTE_KERNELS)
