@@ -26,9 +26,9 @@ def types_of(plan: dict) -> set:
 
 @pytest.fixture(scope="module")
 def trained_sweep(store: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One sweep over the sharding options not trained elsewhere, on 2 nodes x 2 workers."""
+    """One sweep over the sharding options not trained elsewhere (2 workers: one node's row splits)."""
     sweep = tmp_path_factory.mktemp("sharding_sweep")
-    proc = run_cli(["-m", *FAST, "train.steps=20", *WIDE, "cluster=2node", "sharding=" + ",".join(OPTIONS),
+    proc = run_cli(["-m", *FAST, "train.steps=20", *WIDE, "sharding=" + ",".join(OPTIONS),
                     f"tracking.uri={store}", "tracking.experiment=types", f"hydra.sweep.dir={sweep}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep
@@ -52,7 +52,7 @@ def test_every_sharding_type_trains_on_cpu(store: str, trained_sweep: Path) -> N
 def test_pinned_plan_is_reused_exactly(store: str, trained_sweep: Path, tmp_path: Path) -> None:
     source = next(d for d in trained_sweep.iterdir() if d.is_dir() and d.name.isdigit()
                   and types_of(plan_of(d)) == {"grid_shard"})
-    proc = run_cli([*FAST, "train.steps=10", *WIDE, "cluster=2node", "sharding=auto",
+    proc = run_cli([*FAST, "train.steps=10", *WIDE, "sharding=auto",
                     f"sharding.plan={source / 'plan' / 'plan.json'}", f"tracking.uri={store}",
                     "tracking.experiment=pinned", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,11 +61,12 @@ def test_pinned_plan_is_reused_exactly(store: str, trained_sweep: Path, tmp_path
     assert run.data.metrics["plan/pinned"] == 1.0
 
 
-def test_pinned_plan_for_a_bigger_world_fails_in_one_line(store: str, trained_sweep: Path, tmp_path: Path) -> None:
-    source = next(d for d in trained_sweep.iterdir() if d.is_dir() and d.name.isdigit()
-                  and types_of(plan_of(d)) == {"table_row_wise"})
-    proc = run_cli([*FAST, *WIDE, f"sharding.plan={source / 'plan' / 'plan.json'}", f"tracking.uri={store}",
-                    "tracking.experiment=pinned_bad", f"hydra.run.dir={tmp_path}"])
+def test_pinned_plan_for_a_bigger_world_fails_in_one_line(store: str, tmp_path: Path) -> None:
+    planned = run_cli(["mode=plan", "cluster=2node", "sharding=rowwise", f"tracking.uri={store}",
+                       "tracking.experiment=pinned_bad", f"hydra.run.dir={tmp_path / 'plan4'}"])
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    proc = run_cli([*FAST, f"sharding.plan={tmp_path / 'plan4' / 'plan' / 'plan.json'}", f"tracking.uri={store}",
+                    "tracking.experiment=pinned_bad", f"hydra.run.dir={tmp_path / 'train2'}"])
     assert proc.returncode != 0
     err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "sharding.plan=" in err[0] and "this job has 2 ranks" in err[0], proc.stderr[-2000:]
