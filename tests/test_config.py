@@ -58,7 +58,7 @@ def test_validate_names_key() -> None:
 
 @pytest.mark.parametrize("override,key,allowed", [
     ("sharding.storage_reserve_percent=1.5", "sharding.storage_reserve_percent", "[0, 1)"),
-    ("cluster=3node", "cluster", "2node, local"),
+    ("cluster=3node", "cluster", "2node, gpu_1x8, gpu_2x8, gpu_4x8, local"),
     ("cluster.intra_node_bandwidth=-1", "cluster.intra_node_bandwidth", "positive"),
     ("train.steps=abc", "train.steps", "integer"),
     ("sharding.types=[diagonal]", "sharding.types", "row_wise"),
