@@ -23,27 +23,33 @@ def _id_weight(ids: torch.Tensor, table_index: int) -> torch.Tensor:
 
 
 class SyntheticClicks:
-    """Finite iterable of TorchRec ``Batch`` for one rank; same (seed, rank, split) -> same batches."""
+    """Finite iterable of TorchRec ``Batch`` for one rank: batches ``start_batch`` .. ``num_batches - 1``.
+
+    Batch ``i`` depends only on (seed, rank, split, i), so a resumed run sees exactly the batches an
+    uninterrupted run would have seen from that point.
+    """
 
     def __init__(self, feature_names: List[str], num_embeddings: List[int], num_dense: int,
                  batch_size: int, num_batches: int, seed: int, rank: int, eval_split: bool = False,
-                 label_noise: float = 0.5) -> None:
+                 label_noise: float = 0.5, start_batch: int = 0) -> None:
         self.feature_names = list(feature_names)
         self.num_embeddings = list(num_embeddings)
         self.num_dense = num_dense
         self.batch_size = batch_size
         self.num_batches = num_batches
+        self.start_batch = start_batch
         self.label_noise = label_noise
         self._seed = seed * 7919 + rank * 104729 + (_EVAL_STREAM if eval_split else 0)
         g = torch.Generator().manual_seed(_TRUTH_SEED)
         self._dense_w = torch.randn(num_dense, generator=g) / math.sqrt(num_dense)
 
     def __len__(self) -> int:
-        return self.num_batches
+        return max(self.num_batches - self.start_batch, 0)
 
     def __iter__(self) -> Iterator[Batch]:
-        g = torch.Generator().manual_seed(self._seed)
-        for _ in range(self.num_batches):
+        g = torch.Generator()
+        for i in range(self.start_batch, self.num_batches):
+            g.manual_seed(self._seed * 1_000_003 + i)
             yield self._batch(g)
 
     def _batch(self, g: torch.Generator) -> Batch:

@@ -35,6 +35,8 @@ class Reporter:
         self.active = rank == 0
         self.standalone = False
         self.plan_metrics: Dict[str, float] = {}
+        self.sharding_types: List[str] = []
+        self.extra: Dict[str, Any] = {}
         self.uri: Optional[str] = None
         self.run_id: Optional[str] = None
         if not self.active:
@@ -65,6 +67,30 @@ class Reporter:
         tracking.set_tags(self.uri, self.run_id, report.tags)
         tracking.log_artifacts(self.uri, self.run_id, sorted(out.iterdir()), artifact_path="plan")
         self.plan_metrics = report.metrics
+        self.sharding_types = report.tags["runner.sharding_types"].split(",")
+
+    def started(self, step: int, restarts: int, source: Optional[Path]) -> None:
+        """Where training starts: from scratch, a resumed checkpoint, or after an elastic restart."""
+        self.extra.update({"start_step": step, "restarts": restarts,
+                           "resumed_from": str(source) if source else None})
+        if not self.active:
+            return
+        tags: Dict[str, Any] = {"runner.restarts": restarts}
+        if source is not None:
+            tags["runner.resumed_from"] = str(source)
+            print(f"[runner] resumed from {source} at step {step}" +
+                  (f" (elastic restart {restarts})" if restarts else ""), flush=True)
+        tracking.set_tags(self.uri, self.run_id, tags)
+        tracking.log_metrics(self.uri, self.run_id, {"restarts": float(restarts)}, step=step)
+
+    def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+        if self.active:
+            tracking.log_metrics(self.uri, self.run_id, metrics, step=step)
+
+    def checkpointed(self, step: int, path: Path, metrics: Dict[str, float]) -> None:
+        self.extra["checkpoint"] = str(path)
+        if self.active:
+            tracking.set_tags(self.uri, self.run_id, {"runner.last_checkpoint": str(path)})
 
     def measured(self, per_rank: List[Dict[str, float]]) -> None:
         """Measured step time and peak memory per rank, next to the planner's estimates."""
@@ -85,13 +111,13 @@ class Reporter:
         (self.run_dir / "measured.json").write_text(json.dumps({"per_rank": per_rank, **m}, indent=2))
 
     @contextlib.contextmanager
-    def progress(self, steps: int) -> Iterator[Any]:
+    def progress(self, steps: int, initial: int = 0) -> Iterator[Any]:
         if not self.active:
             yield _Silent()
             return
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, desc="train", unit="step", file=sys.stderr, mininterval=1.0,
+        bar = tqdm(total=steps, initial=initial, desc="train", unit="step", file=sys.stderr, mininterval=1.0,
                    dynamic_ncols=True)
         try:
             yield bar
@@ -106,13 +132,16 @@ class Reporter:
         """Log final metrics; write ``results.json`` for the driver's summary line."""
         if not self.active:
             return {}
-        final = {"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
-                 "train/avg_step_ms": result.step_time_ms, **eval_metrics}
+        final = dict(eval_metrics)
+        if result.losses:
+            final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
+                          "train/avg_step_ms": result.step_time_ms})
         tracking.log_metrics(self.uri, self.run_id, final, step=self.cfg.train.steps)
         results = {
             "run_id": self.run_id, "tracking_uri": self.uri, "world_size": world,
             "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
             "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
+            "loss_steps": result.steps, **self.extra,
         }
         (self.run_dir / RESULTS).write_text(json.dumps(results, indent=2))
         if self.standalone:

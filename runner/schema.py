@@ -196,6 +196,22 @@ class DataSchema:
 
 
 @dataclass
+class CheckpointSchema:
+    enabled: bool = True
+    """Write checkpoints (torch.distributed.checkpoint) of model, optimizers, step and data position."""
+    every_steps: Optional[int] = None
+    """Steps between checkpoints (null: only at the end, which is always written when enabled)."""
+    keep_last: int = 2
+    """Newest checkpoints kept; older ones are deleted (the best one is always kept)."""
+    best_metric: Optional[str] = "eval/auc"
+    """Eval metric that picks the best checkpoint (each checkpoint is evaluated); null: no best."""
+    best_mode: str = "max"
+    """``max`` | ``min``: whether a larger or a smaller ``best_metric`` is better."""
+    dir: Optional[str] = None
+    """Folder of the checkpoints (default: ``<run folder>/checkpoints``)."""
+
+
+@dataclass
 class TrainSchema:
     steps: int = 200
     """Training steps (batches per rank)."""
@@ -207,6 +223,14 @@ class TrainSchema:
     """Seed of the model initialisation and the synthetic data."""
     threads_per_worker: Optional[int] = None
     """torch intra-op threads per worker (default: CPU cores / workers on this host, at least 1)."""
+    checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
+    """When and where checkpoints are written."""
+    resume: Optional[str] = None
+    """null | ``latest`` (newest complete checkpoint in the checkpoint folder) | a checkpoint path
+    (a ``step-N`` folder, or a checkpoints folder: its newest). Any world size or sharding may load it."""
+    resume_optimizer: bool = True
+    """Restore optimizer state too. When the new sharding cannot take it (e.g. data_parallel <->
+    row_wise), the job fails unless this is false: then optimizer state starts fresh, with a warning."""
 
 
 @dataclass
@@ -372,6 +396,13 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",
            t.threads_per_worker, "null or a positive integer")
+    k = t.checkpoint
+    _check(k.every_steps is None or k.every_steps > 0, "train.checkpoint.every_steps", k.every_steps,
+           "null or a positive integer")
+    _check(k.keep_last >= 1, "train.checkpoint.keep_last", k.keep_last, "an integer >= 1")
+    _check_choices("train.checkpoint.best_mode", [k.best_mode], ("max", "min"))
+    _check(k.best_metric is None or k.best_metric in ("eval/auc", "eval/logloss"), "train.checkpoint.best_metric",
+           k.best_metric, "null, eval/auc or eval/logloss")
 
 
 def validate(cfg: Any) -> None:

@@ -64,6 +64,7 @@ def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.Abst
 @dataclass
 class TrainResult:
     losses: List[float] = field(default_factory=list)
+    steps: List[int] = field(default_factory=list)
     final_loss: float = float("nan")
     samples_per_s: float = 0.0
     step_time_ms: float = 0.0
@@ -75,26 +76,32 @@ def _mean_across_ranks(value: float, device: torch.device) -> float:
     return t.item() / dist.get_world_size()
 
 
-def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch.device, cfg: Any,
-          on_log: Callable[[int, Dict[str, float]], None], progress: Any) -> TrainResult:
-    """Run ``steps`` pipelined steps; every ``train.log_every`` steps report metrics (all ranks join)."""
+def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: Any,
+          on_log: Callable[[int, Dict[str, float]], None], progress: Any,
+          due: Callable[[int], bool] = lambda step: False,
+          on_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:
+    """Run steps ``start+1 .. steps`` pipelined. Every ``train.log_every`` steps report metrics; at steps
+    where ``due(step)``, hand the model to ``on_checkpoint`` (outside the pipeline). All ranks join both."""
+    result = TrainResult()
+    if start >= steps:
+        return result
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
     it = iter(batches)
     dmp.train()
-    result = TrainResult()
     world, batch = dist.get_world_size(), cfg.train.batch_size
-    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-    timed_s, timed_steps = 0.0, 0  # after the first window: it holds the pipeline's one-off tracing
-    for step in range(1, steps + 1):
+    window_loss, window_steps, window_start, paused = 0.0, 0, time.perf_counter(), 0.0
+    timed_s, timed_steps, first_window = 0.0, 0, True  # the first window holds the pipeline's tracing
+    for step in range(start + 1, steps + 1):
         with autocast(device, cfg.precision.autocast):
             loss, _logits, _labels = pipeline.progress(it)
         window_loss += float(loss.detach().float().mean())
         window_steps += 1
         progress.update(1)
         if step % cfg.train.log_every == 0 or step == steps:
-            elapsed = time.perf_counter() - window_start
-            if step > cfg.train.log_every or steps <= cfg.train.log_every:
+            elapsed = time.perf_counter() - window_start - paused
+            if not first_window or step == steps and timed_steps == 0:
                 timed_s, timed_steps = timed_s + elapsed, timed_steps + window_steps
+            first_window = False
             loss_avg = _mean_across_ranks(window_loss / window_steps, device)
             metrics = {
                 "train/loss": loss_avg,
@@ -103,9 +110,17 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, steps: int, device: torch
                 "train/lr_sparse": cfg.optimizer.sparse_lr,
             }
             result.losses.append(loss_avg)
+            result.steps.append(step)
             progress.set_postfix(loss=f"{loss_avg:.4f}", refresh=False)
             on_log(step, metrics)
-            window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+            window_loss, window_steps, window_start, paused = 0.0, 0, time.perf_counter(), 0.0
+        if on_checkpoint is not None and step < steps and due(step):
+            t0 = time.perf_counter()
+            pipeline.detach()  # evaluation and saving run the model outside the pipeline
+            on_checkpoint(step)
+            dmp.train()
+            pipeline.attach(dmp)
+            paused += time.perf_counter() - t0
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
     result.final_loss = result.losses[-1]
     result.samples_per_s = world * batch * timed_steps / max(timed_s, 1e-9)

@@ -15,13 +15,14 @@ import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner import reporting
+from runner.checkpoint import CheckpointError
 from runner.plan_io import PlanError
 from runner.schema import ConfigError, validate
 
@@ -48,16 +49,8 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
-    """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-
-    from runner.data import SyntheticClicks
-    from runner.model import build_model
-    from runner.planning import make_plan
-    from runner.tables import table_specs
-    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, gather_measurements, train
-
+def _world(cfg: Any) -> tuple[int, int, int, int]:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, checked against the cluster config."""
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
     expected = cfg.cluster.nodes * cfg.cluster.workers_per_node
@@ -67,34 +60,75 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     if local_world != cfg.cluster.workers_per_node:
         raise ConfigError("cluster.workers_per_node", cfg.cluster.workers_per_node,
                           f"the launcher's LOCAL_WORLD_SIZE ({local_world})")
+    return rank, local_rank, world, local_world
+
+
+def _resume_point(cfg: Any, checkpointer: Any, restarts: int) -> Optional[Path]:
+    """``train.resume``; after an elastic restart, the newest checkpoint of this run (if any)."""
+    from runner.checkpoint import complete_checkpoints, resolve
+
+    if cfg.train.resume is None and restarts > 0:
+        found = complete_checkpoints(checkpointer.root)
+        return found[-1] if found else None
+    return resolve(cfg.train.resume, checkpointer.root)
+
+
+def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+    """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from runner import checkpoint
+    from runner.data import SyntheticClicks
+    from runner.model import build_model
+    from runner.planning import make_plan
+    from runner.tables import table_specs
+    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, gather_measurements, train
+
+    rank, local_rank, world, local_world = _world(cfg)
+    restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     device, backend = select_device(cfg.cluster.device, local_rank)
-    threads = cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.cluster.pg_timeout_s))
     try:
         reporter = reporting.Reporter(cfg, run_dir, rank)
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg, device)
         apply_sparse_optimizer(model, cfg.optimizer)
-
         plan, best_plan, plan_s, sharders = make_plan(cfg, model, world, local_world, device.type,
                                                       dist.GroupMember.WORLD)
         dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
         reporter.plan(plan, best_plan, plan_s, world, local_world, device.type)
         optimizer = combined_optimizer(dmp, cfg.optimizer)
 
+        checkpointer = checkpoint.Checkpointer(cfg, run_dir, rank)
+        source = _resume_point(cfg, checkpointer, restarts)
+        start = checkpoint.load(source, dmp, optimizer, cfg.train.resume_optimizer, rank)["step"] if source else 0
+        reporter.started(start, restarts, source)
+
         specs = table_specs(cfg.model)
         names, sizes = [t.name for t in specs], [t.num_embeddings for t in specs]
 
-        def data(num_batches: int, eval_split: bool) -> SyntheticClicks:
-            return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size,
-                                   num_batches, cfg.train.seed, rank, eval_split, cfg.data.label_noise)
+        def data(num_batches: int, eval_split: bool, first: int = 0) -> SyntheticClicks:
+            return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size, num_batches,
+                                   cfg.train.seed, rank, eval_split, cfg.data.label_noise, start_batch=first)
 
-        with reporter.progress(cfg.train.steps) as bar:
-            result = train(dmp, optimizer, data(cfg.train.steps, False), cfg.train.steps, device, cfg,
-                           reporter.train_metrics, bar)
+        def save(step: int, metrics: Dict[str, float]) -> None:
+            meta = {"world_size": world, "sharding_types": sorted(reporter.sharding_types), "metrics": metrics}
+            path = checkpointer.save(step, dmp, optimizer, meta, run_dir / "plan" / "plan.json")
+            reporter.checkpointed(step, path, metrics)
+
+        def on_checkpoint(step: int) -> None:
+            evaluated = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
+            reporter.eval_metrics(step, evaluated)
+            save(step, evaluated)
+
+        with reporter.progress(cfg.train.steps, start) as bar:
+            result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
+                           cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint)
         reporter.measured(gather_measurements(result, device))
         eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
+        if cfg.train.checkpoint.enabled:
+            save(cfg.train.steps, eval_metrics)
         return reporter.finish(result, eval_metrics, world)
     finally:
         dist.destroy_process_group()
@@ -108,6 +142,8 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
         line = f"config error: {exc}"
     elif isinstance(exc, PlanError):
         line = f"plan error: {exc}"
+    elif isinstance(exc, CheckpointError):
+        line = f"checkpoint error: {exc}"
     err_dir = run_dir / "errors"
     err_dir.mkdir(parents=True, exist_ok=True)
     record = {"rank": rank, "time": time.time(), "error": line, "source": "worker"}
