@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # A failed worker's traceback goes to <run_dir>/errors/; the driver prints the one-line cause.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)  # "Terminating process ..." on stop
     cfg = OmegaConf.load(run_dir / "resolved.yaml")
     c = cfg.cluster
     config = LaunchConfig(

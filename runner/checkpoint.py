@@ -51,6 +51,8 @@ def resolve(resume: Optional[str], root: Path) -> Optional[Path]:
     if not path.exists():
         raise CheckpointError(f"{where}: no such file or folder")
     if (path / META).is_file():
+        if not (path / ".metadata").is_file():
+            raise CheckpointError(f"{where}: incomplete checkpoint (no DCP .metadata file)")
         return path
     found = complete_checkpoints(path)
     if found:
@@ -72,6 +74,16 @@ def _state(dmp: Any, optimizer: Any, with_optimizer: bool) -> Dict[str, Any]:
     return state
 
 
+def _failure_detail(exc: BaseException) -> str:
+    """The first line of the underlying error (DCP wraps each rank's failure)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
 def _materialise_dense_state(optimizer: Any) -> None:
     """torch optimizers create state at their first step; DCP loads only into state that exists."""
     from torchrec.optim.keyed import KeyedOptimizerWrapper
@@ -86,6 +98,7 @@ def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int
     """Load ``path`` into this job's sharding (resharding as needed); return its meta."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.api import CheckpointException
 
     meta = read_meta(path)
     if resume_optimizer:
@@ -94,13 +107,13 @@ def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int
     try:
         dcp.load(state, checkpoint_id=str(path),
                  planner=DefaultLoadPlanner(allow_partial_load=not resume_optimizer))
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        if resume_optimizer:
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        detail = _failure_detail(exc)
+        if resume_optimizer and "optim" in detail:
             raise CheckpointError(
-                f"checkpoint {path}: its optimizer state does not fit this sharding ({first}); set "
+                f"checkpoint {path}: its optimizer state does not fit this sharding ({detail}); set "
                 "train.resume_optimizer=false to load the weights and start optimizer state fresh") from None
-        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({first})") from None
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({detail})") from None
     dmp.load_state_dict(state["model"])
     if resume_optimizer:
         optimizer.load_state_dict(state["optim"])

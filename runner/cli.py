@@ -124,6 +124,18 @@ def precheck(args: List[str]) -> Optional[str]:
     return None
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a failed job: what kind of problem, then its own message."""
+    from runner.checkpoint import CheckpointError
+    from runner.launch import WorkerFailure
+    from runner.plan_io import PlanError
+
+    kinds = {ConfigError: "config error", PlanError: "plan error", CheckpointError: "checkpoint error",
+             WorkerFailure: "job failed"}
+    kind = next((v for k, v in kinds.items() if isinstance(exc, k)), type(exc).__name__)
+    return f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _job(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
@@ -139,7 +151,7 @@ def _job(cfg: DictConfig) -> Optional[float]:
         print("error: stopped; every worker was stopped", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Exception as exc:
-        line = f"config error: {exc}" if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        line = describe(exc)
         print(f"error: {line}", file=sys.stderr, flush=True)
         if not multirun:
             raise SystemExit(1) from None

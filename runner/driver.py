@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import tracking
+from runner import checkpoint, tracking
 from runner.launch import free_port, launch
 from runner.plan_mode import plan_only
 from runner.reporting import RESULTS, RUN_INFO, summary_line
@@ -62,6 +62,7 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
             results = plan_only(cfg, run_dir)
         else:
             check_device(cfg.cluster.device)
+            checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))  # fail before launch
             launch(cfg.cluster, run_dir, port)
             results = json.loads((run_dir / RESULTS).read_text())
     except KeyboardInterrupt:

@@ -57,10 +57,11 @@ def root_cause(run_dir: Path) -> str:
             continue
     if not records:
         return "a worker process failed without recording an error (see the output above)"
-    # A rank killed by a signal records nothing itself; its agent's record names it, and outranks
-    # the peers' errors about the broken connection.
-    killed = [r for r in records if r.get("signal")]
+    # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
+    # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
     workers = [r for r in records if r.get("source") == "worker"]
+    spoke = {str(r["rank"]) for r in workers}
+    killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
     first = min(killed or workers or records, key=lambda r: r["time"])
     return f"rank {first['rank']} failed: {first['error']}"
 

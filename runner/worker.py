@@ -49,6 +49,23 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def _init_process_group(backend: str, timeout: timedelta, rank: int, world: int, attempt: int) -> None:
+    """The default process group, its keys under a per-attempt prefix of the launcher's store.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys; without the
+    prefix a fast rank can read a dead peer's address and fail with "connection refused".
+    """
+    if "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+        return
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]),
+                          world_size=world, is_master=not agent_store and rank == 0, timeout=timeout,
+                          multi_tenant=not agent_store)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"runner/attempt-{attempt}", store),
+                            rank=rank, world_size=world, timeout=timeout)
+
+
 def _world(cfg: Any) -> tuple[int, int, int, int]:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, checked against the cluster config."""
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
@@ -86,9 +103,12 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
 
     rank, local_rank, world, local_world = _world(cfg)
     restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    pids = run_dir / "pids"  # for operators (and tests) that need to find a rank's process
+    pids.mkdir(exist_ok=True)
+    (pids / f"rank{rank}.pid").write_text(str(os.getpid()))
     device, backend = select_device(cfg.cluster.device, local_rank)
     torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=cfg.cluster.pg_timeout_s))
+    _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
     try:
         reporter = reporting.Reporter(cfg, run_dir, rank)
         torch.manual_seed(cfg.train.seed)
