@@ -25,6 +25,12 @@ def run_name(cfg: Any, choices: Dict[str, Any], job_num: Any) -> str:
     return name if job_num is None else f"{name}-{job_num}"
 
 
+def cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_device(device: str) -> None:
     """Training on CUDA needs CUDA here; planning for it does not (``mode=plan``)."""
     import torch
@@ -61,7 +67,10 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
         if cfg.mode == "plan":
             results = plan_only(cfg, run_dir)
         else:
+            from runner.optimizers import check_device_support
+
             check_device(cfg.cluster.device)
+            check_device_support(cfg.optimizer, "cuda" if cfg.cluster.device != "cpu" and cuda_present() else "cpu")
             checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))  # fail before launch
             launch(cfg.cluster, run_dir, port)
             results = json.loads((run_dir / RESULTS).read_text())

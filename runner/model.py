@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
-from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.models.deepfm import SimpleDeepFMNN
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -50,8 +51,10 @@ class EmbeddingMLP(nn.Module):
         return self.over_arch(x)
 
 
-class EmbeddingMLPTrain(nn.Module):
-    def __init__(self, model: EmbeddingMLP) -> None:
+class ClickModelTrain(nn.Module):
+    """Any ``model(dense, sparse) -> logits`` with TorchRec's ``DLRMTrain`` contract and BCE loss."""
+
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = nn.BCEWithLogitsLoss()
@@ -66,16 +69,23 @@ def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
     """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model), device=torch.device("meta"))
     m = cfg.model
+    dense_in, dense_sizes, over_sizes = cfg.data.num_dense_features, list(m.dense_arch_layer_sizes), list(
+        m.over_arch_layer_sizes)
     if m.family == "dlrm":
-        return DLRMTrain(DLRM(
-            embedding_bag_collection=ebc,
-            dense_in_features=cfg.data.num_dense_features,
-            dense_arch_layer_sizes=list(m.dense_arch_layer_sizes),
-            over_arch_layer_sizes=list(m.over_arch_layer_sizes),
-            dense_device=dense_device,
-        ))
-    return EmbeddingMLPTrain(EmbeddingMLP(ebc, cfg.data.num_dense_features, list(m.dense_arch_layer_sizes),
-                                          list(m.over_arch_layer_sizes), dense_device))
+        return DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                              dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
+                              dense_device=dense_device))
+    if m.family == "dcn":
+        return DLRMTrain(DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                                  dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
+                                  dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
+                                  dense_device=dense_device))
+    if m.family == "deepfm":
+        with torch.device(dense_device):  # TorchRec's DeepFM takes no device argument
+            deepfm = SimpleDeepFMNN(num_dense_features=dense_in, embedding_bag_collection=ebc,
+                                    hidden_layer_size=dense_sizes[0], deep_fm_dimension=over_sizes[0])
+        return ClickModelTrain(deepfm)
+    return ClickModelTrain(EmbeddingMLP(ebc, dense_in, dense_sizes, over_sizes, dense_device))
 
 
 def sparse_parameters(model: nn.Module) -> Any:

@@ -25,8 +25,8 @@ def planned_device_type(cluster_device: str) -> str:
 def plan_only(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     """Plan ``cfg``'s model for ``cfg.cluster``; write and log the report; return the results."""
     from runner.model import build_model
+    from runner.optimizers import apply_sparse_optimizer
     from runner.planning import make_plan
-    from runner.training import apply_sparse_optimizer
 
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # the planner's INFO lines, per proposal
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node

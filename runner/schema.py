@@ -24,14 +24,18 @@ SHARDING_TYPES = (
     "grid_shard",
 )
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "key_value")
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
-DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "lamb", "partial_rowwise_adam",
+                     "partial_rowwise_lamb")
+SPARSE_OPTIMIZERS_CPU = ("rowwise_adagrad", "adagrad", "sgd")
+DENSE_OPTIMIZERS = ("adam", "adamw", "adagrad", "sgd")
+SCHEDULES = ("constant", "exp_decay", "steps", "cosine")
 AUTOCAST_DTYPES = ("bfloat16",)
 DEVICES = ("auto", "cpu", "cuda")
 STORAGE_POLICIES = ("heuristic", "fixed")
 PROPOSERS = ("default", "dynamic_programming", "greedy", "grid_search", "uniform")
 MODES = ("train", "plan")
-MODEL_FAMILIES = ("dlrm", "dnn")
+MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn")
+ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")
 
 
 @dataclass
@@ -63,8 +67,13 @@ class ModelSchema:
     name: str = "dlrm"
     """Preset name, for display."""
     family: str = "dlrm"
-    """``dlrm`` (TorchRec's DLRM, dot interaction, one width) | ``dnn`` (pooled embeddings of any widths
-    concatenated with the dense MLP's output, then the over MLP)."""
+    """``dlrm`` (TorchRec's DLRM, dot interaction) | ``dcn`` (TorchRec's DLRM with a DCN-v2 cross
+    network) | ``deepfm`` (TorchRec's DeepFM) | ``dnn`` (pooled embeddings of any widths concatenated
+    with the dense MLP's output, then the over MLP). All but ``dnn`` need one width for every table."""
+    dcn_num_layers: int = 3
+    """``dcn``: cross layers."""
+    dcn_low_rank_dim: int = 16
+    """``dcn``: rank of each cross layer's low-rank weight."""
     embedding_dim: int = 64
     """Width of every embedding table (DLRM's dot interaction needs one shared width)."""
     tables: List[TableSchema] = field(default_factory=list)
@@ -127,22 +136,63 @@ class ShardingSchema:
 
 
 @dataclass
+class ScheduleSchema:
+    name: str = "constant"
+    """``constant`` | ``exp_decay`` | ``steps`` | ``cosine``; all after ``warmup_steps`` of linear warm-up."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from lr/warmup_steps to lr."""
+    decay_rate: float = 0.5
+    """``exp_decay``: factor applied every ``decay_steps``."""
+    decay_steps: int = 1000
+    """``exp_decay``: steps per ``decay_rate`` factor (applied smoothly)."""
+    milestones: List[int] = field(default_factory=list)
+    """``steps``: steps at which the learning rate is multiplied by ``gamma``."""
+    gamma: float = 0.1
+    """``steps``: factor applied at each milestone."""
+    min_factor: float = 0.0
+    """Floor, as a fraction of the base learning rate (``exp_decay``, ``cosine``)."""
+
+
+@dataclass
+class ClipSchema:
+    kind: str = "none"
+    """Gradient clipping of the dense parameters: ``none`` | ``norm`` | ``value``."""
+    max: float = 1.0
+    """Largest total L2 norm (``norm``) or absolute value (``value``) of the dense gradients."""
+
+
+@dataclass
 class OptimizerSchema:
     name: str = "rowwise_adagrad_adam"
     """Preset name, for display."""
     sparse: str = "rowwise_adagrad"
-    """Fused optimizer for embedding tables, applied in backward by FBGEMM:
-    ``rowwise_adagrad`` | ``adagrad`` | ``sgd`` (the ones FBGEMM's CPU build runs)."""
+    """Fused optimizer of the embedding tables, applied inside backward by FBGEMM: ``rowwise_adagrad`` |
+    ``adagrad`` | ``sgd`` (CPU and GPU) | ``adam`` | ``lamb`` | ``partial_rowwise_adam`` |
+    ``partial_rowwise_lamb`` (GPU only: FBGEMM's CPU build does not run them)."""
     sparse_lr: float = 0.05
-    """Learning rate of the sparse optimizer."""
+    """Base learning rate of the sparse optimizer."""
     sparse_eps: float = 1e-8
-    """Epsilon of the (row-wise) Adagrad sparse optimizer."""
+    """Epsilon of the sparse optimizer (Adagrad and Adam families)."""
+    sparse_weight_decay: float = 0.0
+    """Weight decay of the sparse optimizer."""
+    sparse_weight_decay_mode: str = "l2"
+    """How FBGEMM applies ``sparse_weight_decay``: ``l2`` (added to the gradient) | ``decoupled``."""
+    sparse_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
+    """Learning-rate schedule of the sparse optimizer."""
     dense: str = "adam"
-    """Optimizer of the dense (MLP) parameters: ``adam`` | ``adagrad`` | ``sgd``."""
+    """Optimizer of the dense (MLP) parameters: ``adam`` | ``adamw`` | ``adagrad`` | ``sgd``."""
     dense_lr: float = 1e-3
-    """Learning rate of the dense optimizer."""
+    """Base learning rate of the dense optimizer."""
+    dense_eps: float = 1e-8
+    """Epsilon of the dense optimizer (Adam, AdamW, Adagrad)."""
     dense_weight_decay: float = 0.0
-    """L2 weight decay of the dense optimizer."""
+    """Weight decay of the dense optimizer (decoupled for ``adamw``, L2 otherwise)."""
+    dense_momentum: float = 0.0
+    """Momentum of ``sgd`` (Nesterov off)."""
+    dense_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
+    """Learning-rate schedule of the dense optimizer."""
+    clip: ClipSchema = field(default_factory=ClipSchema)
+    """Gradient clipping of the dense parameters (embedding gradients are applied inside backward)."""
 
 
 @dataclass
@@ -296,13 +346,15 @@ def _validate_model(m: Any) -> None:
     _check(len(g.dims) > 0 and all(d > 0 for d in g.dims), "model.generated_tables.dims", list(g.dims),
            "a list of positive widths")
     _check(len(m.tables) + g.count > 0, "model.tables", list(m.tables), "at least one table")
-    if m.family == "dlrm":
+    if m.family in ONE_WIDTH_FAMILIES:
         widths = {tb.embedding_dim for tb in m.tables if tb.embedding_dim is not None} - {m.embedding_dim}
         _check(not widths, "model.tables[].embedding_dim", sorted(widths),
-               f"null or model.embedding_dim ({m.embedding_dim}) for model.family=dlrm")
+               f"null or model.embedding_dim ({m.embedding_dim}) for model.family={m.family}")
+    _check(m.dcn_num_layers > 0 and m.dcn_low_rank_dim > 0, "model.dcn_num_layers", m.dcn_num_layers,
+           "positive layers and low-rank dim")
     _check(
         len(m.dense_arch_layer_sizes) > 0
-        and (m.family != "dlrm" or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
+        and (m.family not in ("dlrm", "dcn") or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
         "model.dense_arch_layer_sizes", list(m.dense_arch_layer_sizes),
         f"a list ending with model.embedding_dim ({m.embedding_dim})",
     )
@@ -360,12 +412,29 @@ def _validate_sharding(s: Any, model: Any) -> None:
                c.min_partition, "null or > 0")
 
 
+def _validate_schedule(key: str, s: Any) -> None:
+    _check_choices(f"{key}.name", [s.name], SCHEDULES)
+    _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, ">= 0")
+    _check(0 < s.decay_rate <= 1, f"{key}.decay_rate", s.decay_rate, "in (0, 1]")
+    _check(s.decay_steps > 0, f"{key}.decay_steps", s.decay_steps, "> 0")
+    _check(0 < s.gamma <= 1, f"{key}.gamma", s.gamma, "in (0, 1]")
+    _check(list(s.milestones) == sorted(set(s.milestones)) and all(m > 0 for m in s.milestones),
+           f"{key}.milestones", list(s.milestones), "increasing positive steps")
+    _check(0 <= s.min_factor <= 1, f"{key}.min_factor", s.min_factor, "in [0, 1]")
+
+
 def _validate_optimizer(o: Any) -> None:
     _check_choices("optimizer.sparse", [o.sparse], SPARSE_OPTIMIZERS)
     _check_choices("optimizer.dense", [o.dense], DENSE_OPTIMIZERS)
-    for key in ("sparse_lr", "dense_lr", "sparse_eps"):
+    for key in ("sparse_lr", "dense_lr", "sparse_eps", "dense_eps"):
         _check(getattr(o, key) > 0, f"optimizer.{key}", getattr(o, key), "a positive number")
-    _check(o.dense_weight_decay >= 0, "optimizer.dense_weight_decay", o.dense_weight_decay, ">= 0")
+    for key in ("sparse_weight_decay", "dense_weight_decay", "dense_momentum"):
+        _check(getattr(o, key) >= 0, f"optimizer.{key}", getattr(o, key), ">= 0")
+    _check_choices("optimizer.sparse_weight_decay_mode", [o.sparse_weight_decay_mode], ("l2", "decoupled"))
+    _validate_schedule("optimizer.sparse_schedule", o.sparse_schedule)
+    _validate_schedule("optimizer.dense_schedule", o.dense_schedule)
+    _check_choices("optimizer.clip.kind", [o.clip.kind], ("none", "norm", "value"))
+    _check(o.clip.max > 0, "optimizer.clip.max", o.clip.max, "a positive number")
 
 
 def _validate_cluster(c: Any) -> None:

@@ -25,6 +25,6 @@ def table_specs(model_cfg: Any) -> List[TableSpec]:
     dims = list(g.dims)
     for i in range(g.count):
         rows = int(round(math.exp(rng.uniform(lo, hi))))
-        dim = dims[i % len(dims)] if model_cfg.family != "dlrm" else int(model_cfg.embedding_dim)
+        dim = dims[i % len(dims)] if model_cfg.family == "dnn" else int(model_cfg.embedding_dim)
         specs.append(TableSpec(f"g{i:03d}", max(rows, 1), dim))
     return specs

@@ -11,48 +11,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-
-def sparse_optimizer(name: str, lr: float, eps: float) -> tuple[type, Dict[str, float]]:
-    """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused (in-backward) optimizer."""
-    from torchrec.optim import RowWiseAdagrad
-
-    if name == "rowwise_adagrad":
-        return RowWiseAdagrad, {"lr": lr, "eps": eps}
-    if name == "adagrad":
-        return torch.optim.Adagrad, {"lr": lr, "eps": eps}
-    return torch.optim.SGD, {"lr": lr}
-
-
-def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: Any) -> None:
-    """Mark the embedding tables for the fused optimizer (before sharding: the planner and sharder read it)."""
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
-    from runner.model import sparse_parameters
-
-    cls, kwargs = sparse_optimizer(opt_cfg.sparse, opt_cfg.sparse_lr, opt_cfg.sparse_eps)
-    apply_optimizer_in_backward(cls, sparse_parameters(model), kwargs)
-
-
-def dense_optimizer(model: torch.nn.Module, opt_cfg: Any) -> KeyedOptimizerWrapper:
-    """The dense optimizer over every parameter not already updated in backward."""
-    params = dict(in_backward_optimizer_filter(model.named_parameters()))
-    wd = opt_cfg.dense_weight_decay
-
-    def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if opt_cfg.dense == "adam":
-            return torch.optim.Adam(p, lr=opt_cfg.dense_lr, weight_decay=wd)
-        if opt_cfg.dense == "adagrad":
-            return torch.optim.Adagrad(p, lr=opt_cfg.dense_lr, weight_decay=wd)
-        return torch.optim.SGD(p, lr=opt_cfg.dense_lr, weight_decay=wd)
-
-    return KeyedOptimizerWrapper(params, make)
-
-
-def combined_optimizer(dmp: Any, opt_cfg: Any) -> CombinedOptimizer:
-    return CombinedOptimizer([dmp.fused_optimizer, dense_optimizer(dmp, opt_cfg)])
+from runner.optimizers import set_learning_rates
 
 
 def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
@@ -93,6 +53,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     timed_s, timed_steps, first_window = 0.0, 0, True  # the first window holds the pipeline's tracing
     for step in range(start + 1, steps + 1):
         with autocast(device, cfg.precision.autocast):
+            lr_sparse, lr_dense = set_learning_rates(optimizer, cfg.optimizer, step, steps)
             loss, _logits, _labels = pipeline.progress(it)
         window_loss += float(loss.detach().float().mean())
         window_steps += 1
@@ -106,8 +67,8 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             metrics = {
                 "train/loss": loss_avg,
                 "train/samples_per_s": world * batch * window_steps / max(elapsed, 1e-9),
-                "train/lr_dense": optimizer.param_groups[-1]["lr"],
-                "train/lr_sparse": cfg.optimizer.sparse_lr,
+                "train/lr_dense": lr_dense,
+                "train/lr_sparse": lr_sparse,
             }
             result.losses.append(loss_avg)
             result.steps.append(step)

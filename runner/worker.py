@@ -97,9 +97,10 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from runner import checkpoint
     from runner.data import SyntheticClicks
     from runner.model import build_model
+    from runner.optimizers import apply_sparse_optimizer, check_device_support, combined_optimizer
     from runner.planning import make_plan
     from runner.tables import table_specs
-    from runner.training import apply_sparse_optimizer, combined_optimizer, evaluate, gather_measurements, train
+    from runner.training import evaluate, gather_measurements, train
 
     rank, local_rank, world, local_world = _world(cfg)
     restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
@@ -107,6 +108,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     pids.mkdir(exist_ok=True)
     (pids / f"rank{rank}.pid").write_text(str(os.getpid()))
     device, backend = select_device(cfg.cluster.device, local_rank)
+    check_device_support(cfg.optimizer, device.type)
     torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
     try:
