@@ -70,6 +70,8 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
             from runner.optimizers import check_device_support
 
             check_device(cfg.cluster.device)
+            if cfg.precision.tf32 and not cuda_present():
+                raise ConfigError("precision.tf32", True, "false on CPU workers (TF32 is a CUDA matmul mode)")
             check_device_support(cfg.optimizer, "cuda" if cfg.cluster.device != "cpu" and cuda_present() else "cpu")
             checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))  # fail before launch
             launch(cfg.cluster, run_dir, port)

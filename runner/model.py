@@ -14,18 +14,19 @@ from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.models.deepfm import SimpleDeepFMNN
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from runner.tables import table_specs
 
 
-def table_configs(model_cfg: Any) -> List[EmbeddingBagConfig]:
+def table_configs(model_cfg: Any, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One TorchRec table per configured table; its single feature carries the table's name."""
+    data_type = DataType.FP16 if embedding_dtype == "fp16" else DataType.FP32
     return [
         EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
-                           feature_names=[t.name])
+                           feature_names=[t.name], data_type=data_type)
         for t in table_specs(model_cfg)
     ]
 
@@ -67,7 +68,8 @@ class ClickModelTrain(nn.Module):
 
 def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
     """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
-    ebc = EmbeddingBagCollection(tables=table_configs(cfg.model), device=torch.device("meta"))
+    ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
+                                 device=torch.device("meta"))
     m = cfg.model
     dense_in, dense_sizes, over_sizes = cfg.data.num_dense_features, list(m.dense_arch_layer_sizes), list(
         m.over_arch_layer_sizes)

@@ -234,6 +234,19 @@ def explain_planner_error(exc: Exception, cfg: Any, world: int, device_type: str
     )
 
 
+def qcomm_registry(precision: Any) -> Optional[Dict[str, Any]]:
+    """Codecs that quantise the sharded embeddings' collectives (``precision.qcomm_*``), or None."""
+    if precision.qcomm_forward is None and precision.qcomm_backward is None:
+        return None
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    def kind(name: Optional[str]) -> Any:
+        return CommType.FP32 if name is None else CommType(name)
+
+    return get_qcomm_codecs_registry(QCommsConfig(forward_precision=kind(precision.qcomm_forward),
+                                                  backward_precision=kind(precision.qcomm_backward)))
+
+
 def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
               pg: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts.
@@ -247,7 +260,7 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     from runner.schema import ConfigError
     from runner.tables import table_specs
 
-    sharders: List[Any] = [EmbeddingBagCollectionAnyDeviceSharder()]
+    sharders: List[Any] = [EmbeddingBagCollectionAnyDeviceSharder(qcomm_codecs_registry=qcomm_registry(cfg.precision))]
     t0 = time.perf_counter()
     if cfg.sharding.plan:
         plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)

@@ -231,6 +231,15 @@ class PrecisionSchema:
     """Preset name, for display."""
     autocast: Optional[str] = None
     """Autocast dtype for the dense part: null (fp32) | ``bfloat16``."""
+    embedding_dtype: str = "fp32"
+    """Storage type of the embedding tables: ``fp32`` | ``fp16`` (half the memory; FBGEMM's kernels
+    compute in fp32 and round the stored rows)."""
+    qcomm_forward: Optional[str] = None
+    """Quantised communication of the sharded embeddings' forward collectives: null | ``fp16`` | ``bf16``."""
+    qcomm_backward: Optional[str] = None
+    """Quantised communication of the backward (gradient) collectives: null | ``fp16`` | ``bf16``."""
+    tf32: bool = False
+    """Allow TF32 matmuls and convolutions on CUDA (Ampere and newer); refused on CPU."""
 
 
 @dataclass
@@ -457,6 +466,9 @@ def _validate_cluster(c: Any) -> None:
 def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(p.autocast is None or p.autocast in AUTOCAST_DTYPES, "precision.autocast", p.autocast,
            "null or one of " + ", ".join(AUTOCAST_DTYPES))
+    _check_choices("precision.embedding_dtype", [p.embedding_dtype], ("fp32", "fp16"))
+    for key in ("qcomm_forward", "qcomm_backward"):
+        _check(getattr(p, key) in (None, "fp16", "bf16"), f"precision.{key}", getattr(p, key), "null, fp16 or bf16")
     _check(d.name == "synthetic", "data.name", d.name, "synthetic")
     _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")
     _check(d.eval_batches > 0, "data.eval_batches", d.eval_batches, "a positive integer")

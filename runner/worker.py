@@ -38,6 +38,15 @@ def select_device(cluster_device: str, local_rank: int) -> tuple[torch.device, s
     return torch.device("cpu"), "gloo"
 
 
+def set_tf32(enabled: bool, device: torch.device) -> None:
+    """TF32 is a CUDA matmul mode; asking for it on CPU is a config error, not a silent no-op."""
+    if enabled and device.type != "cuda":
+        raise ConfigError("precision.tf32", enabled, "false on CPU workers (TF32 is a CUDA matmul mode)")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
 def _quiet_logs(rank: int) -> None:
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.ERROR)
@@ -108,6 +117,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     pids.mkdir(exist_ok=True)
     (pids / f"rank{rank}.pid").write_text(str(os.getpid()))
     device, backend = select_device(cfg.cluster.device, local_rank)
+    set_tf32(cfg.precision.tf32, device)
     check_device_support(cfg.optimizer, device.type)
     torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
