@@ -1,0 +1,90 @@
+"""Training options: schedules, optimizers, precision, models, reproducibility."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, metric_history, run_cli, runs
+from omegaconf import OmegaConf
+
+from runner.checkpoint import complete_checkpoints
+from runner.optimizers import lr_factor
+from runner.schema import ScheduleSchema
+
+
+def schedule(**kw):
+    return OmegaConf.merge(OmegaConf.structured(ScheduleSchema), kw)
+
+
+def test_schedules() -> None:
+    warm = schedule(name="constant", warmup_steps=4)
+    assert [lr_factor(warm, s, 100) for s in (1, 2, 4, 5, 99)] == [0.25, 0.5, 1.0, 1.0, 1.0]
+    exp = schedule(name="exp_decay", decay_rate=0.5, decay_steps=10, min_factor=0.2)
+    assert lr_factor(exp, 10, 100) == pytest.approx(0.5) and lr_factor(exp, 1000, 100) == 0.2
+    steps = schedule(name="steps", milestones=[10, 20], gamma=0.1)
+    assert [lr_factor(steps, s, 100) for s in (9, 10, 19, 20)] == pytest.approx([1, 0.1, 0.1, 0.01])
+    cos = schedule(name="cosine", warmup_steps=10, min_factor=0.1)
+    assert lr_factor(cos, 5, 110) == 0.5 and lr_factor(cos, 10, 110) == 1.0
+    assert lr_factor(cos, 60, 110) == pytest.approx(0.55) and lr_factor(cos, 110, 110) == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_schedules_optimizers_clipping_dcn_and_quantised_comms_train(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "train.log_every=5", "model=dcn", "sharding=rowwise", "optimizer=adagrad_adamw",
+                    "precision=bf16_qcomm", "optimizer.dense_schedule.name=cosine",
+                    "optimizer.dense_schedule.warmup_steps=10", "optimizer.sparse_schedule.name=steps",
+                    "optimizer.sparse_schedule.milestones=[15]", "optimizer.clip.kind=norm", "optimizer.clip.max=0.5",
+                    f"tracking.uri={store}", "tracking.experiment=opts", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "opts")
+    dense = metric_history(store, run.info.run_id, "train/lr_dense")
+    sparse = metric_history(store, run.info.run_id, "train/lr_sparse")
+    # logged at steps 5, 10, ..., 30 (the rate of the window's last step)
+    assert dense == pytest.approx([1e-3 * s / 10 for s in (5, 10)] + [
+        1e-3 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * (s - 10) / 20)).item()) for s in (15, 20, 25, 30)])
+    assert sparse == pytest.approx([0.05, 0.05, 0.005, 0.005, 0.005, 0.005])
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0]
+    assert run.data.params["precision.qcomm_forward"] == "fp16" and run.data.params["model.family"] == "dcn"
+
+
+@pytest.mark.slow
+def test_deepfm_with_fp16_tables_and_sgd_trains(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "model=deepfm", "precision=fp16_tables", "optimizer=sgd_sgd", f"tracking.uri={store}",
+                    "tracking.experiment=fp16", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "fp16")
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    (ckpt,) = complete_checkpoints(tmp_path / "checkpoints")
+    dcp_to_torch_save(str(ckpt), str(tmp_path / "flat.pt"))
+    model = torch.load(tmp_path / "flat.pt", weights_only=False)["model"]
+    weights = {k: v for k, v in model.items() if "embedding_bags" in k}
+    assert len(weights) == 6 and all(v.dtype == torch.float16 for v in weights.values())
+
+
+@pytest.mark.slow
+def test_gpu_only_optimizer_is_refused_on_cpu_in_one_line(store: str, tmp_path: Path) -> None:
+    proc = run_cli(["optimizer=adam_adam", f"tracking.uri={store}", "tracking.experiment=gpu_only",
+                    f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "optimizer.sparse='adam'" in err[0] and "rowwise_adagrad" in err[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_same_config_and_seed_give_identical_losses(store: str, tmp_path: Path) -> None:
+    results = []
+    for name in ("a", "b"):
+        proc = run_cli([*FAST, "train.log_every=5", "sharding=rowwise", "train.seed=7", f"tracking.uri={store}",
+                        "tracking.experiment=repro", f"hydra.run.dir={tmp_path / name}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads((tmp_path / name / "results.json").read_text()))
+    assert results[0]["losses"] == results[1]["losses"] and len(results[0]["losses"]) == 6
+    assert results[0]["eval_auc"] == results[1]["eval_auc"]
+    assert all(r.data.params["train.seed"] == "7" for r in runs(store, "repro"))
