@@ -37,6 +37,7 @@ class Reporter:
         self.plan_metrics: Dict[str, float] = {}
         self.sharding_types: List[str] = []
         self.extra: Dict[str, Any] = {}
+        self._queue: Optional[tracking.BackgroundMetrics] = None
         self.uri: Optional[str] = None
         self.run_id: Optional[str] = None
         if not self.active:
@@ -125,13 +126,18 @@ class Reporter:
             bar.close()
 
     def train_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+        """Queued: a background thread writes them, so training never waits for the store."""
         if self.active:
-            tracking.log_metrics(self.uri, self.run_id, metrics, step=step)
+            if self._queue is None:
+                self._queue = tracking.BackgroundMetrics(self.uri, self.run_id)
+            self._queue.put(metrics, step)
 
     def finish(self, result: Any, eval_metrics: Dict[str, float], world: int) -> Dict[str, Any]:
         """Log final metrics; write ``results.json`` for the driver's summary line."""
         if not self.active:
             return {}
+        if self._queue is not None:
+            self._queue.close()
         final = dict(eval_metrics)
         if result.losses:
             final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
@@ -141,7 +147,7 @@ class Reporter:
             "run_id": self.run_id, "tracking_uri": self.uri, "world_size": world,
             "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
             "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
-            "loss_steps": result.steps, **self.extra,
+            "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra,
         }
         (self.run_dir / RESULTS).write_text(json.dumps(results, indent=2))
         if self.standalone:

@@ -91,6 +91,38 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) 
         c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
 
 
+class BackgroundMetrics:
+    """Metrics written by a daemon thread, in order; ``close()`` waits until all are written."""
+
+    def __init__(self, uri: str, run_id: str) -> None:
+        import queue
+        import threading
+
+        self._uri, self._run_id = uri, run_id
+        self._items: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._drain, name="mlflow-metrics", daemon=True)
+        self._thread.start()
+
+    def put(self, metrics: Mapping[str, float], step: int) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"logging metrics to {self._uri} failed: {self._error}")
+        self._items.put((dict(metrics), step))
+
+    def _drain(self) -> None:
+        while (item := self._items.get()) is not None:
+            try:
+                log_metrics(self._uri, self._run_id, item[0], item[1])
+            except BaseException as exc:  # surfaced on the next put() or close()
+                self._error = exc
+
+    def close(self) -> None:
+        self._items.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"logging metrics to {self._uri} failed: {self._error}")
+
+
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 

@@ -25,6 +25,7 @@ def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.Abst
 class TrainResult:
     losses: List[float] = field(default_factory=list)
     steps: List[int] = field(default_factory=list)
+    first_step_unix: Optional[float] = None
     final_loss: float = float("nan")
     samples_per_s: float = 0.0
     step_time_ms: float = 0.0
@@ -57,9 +58,12 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             loss, _logits, _labels = pipeline.progress(it)
         window_loss += float(loss.detach().float().mean())
         window_steps += 1
+        if result.first_step_unix is None:
+            result.first_step_unix = time.time()
         progress.update(1)
         if step % cfg.train.log_every == 0 or step == steps:
-            elapsed = time.perf_counter() - window_start - paused
+            now = time.perf_counter()
+            elapsed = now - window_start - paused  # wall time of the window: logging included, pauses not
             if not first_window or step == steps and timed_steps == 0:
                 timed_s, timed_steps = timed_s + elapsed, timed_steps + window_steps
             first_window = False
@@ -74,7 +78,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             result.steps.append(step)
             progress.set_postfix(loss=f"{loss_avg:.4f}", refresh=False)
             on_log(step, metrics)
-            window_loss, window_steps, window_start, paused = 0.0, 0, time.perf_counter(), 0.0
+            window_loss, window_steps, window_start, paused = 0.0, 0, now, 0.0
         if on_checkpoint is not None and step < steps and due(step):
             t0 = time.perf_counter()
             pipeline.detach()  # evaluation and saving run the model outside the pipeline

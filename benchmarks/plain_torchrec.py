@@ -1,0 +1,87 @@
+"""A plain TorchRec training loop, wired as TorchRec's own examples do, for comparison with the runner.
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/plain_torchrec.py --steps 300 --out plain.json
+
+Same model as ``conf/model/dlrm.yaml`` (tables, widths, MLPs), table-wise plan, fused row-wise Adagrad
+(lr 0.05) for the tables and Adam (lr 1e-3) for the MLPs, TrainPipelineSparseDist, RandomRecDataset.
+Uses nothing from the runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection
+from torchrec.datasets.random import RandomRecDataset
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+TABLES = {"t0": 100000, "t1": 50000, "t2": 20000, "t3": 10000, "t4": 5000, "t5": 1000}
+DIM, DENSE_IN = 64, 13
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=DIM, num_embeddings=r,
+                                                            feature_names=[n]) for n, r in TABLES.items()],
+                                 device=torch.device("meta"))
+    model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=DENSE_IN,
+                           dense_arch_layer_sizes=[128, DIM], over_arch_layer_sizes=[128, 64, 1],
+                           dense_device=device))
+    apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.05, "eps": 1e-8})
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world, local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+                          compute_device="cpu"),
+        batch_size=args.batch,
+        constraints={n: ParameterConstraints(sharding_types=["table_wise"]) for n in TABLES},
+    )
+    plan = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan)
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                  lambda params: torch.optim.Adam(params, lr=1e-3))
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    data = RandomRecDataset(keys=list(TABLES), batch_size=args.batch, hash_sizes=list(TABLES.values()),
+                            ids_per_feature=1, num_dense=DENSE_IN, manual_seed=rank, num_batches=args.steps)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
+    it = iter(data)
+    first_step = t_start = None
+    for step in range(1, args.steps + 1):
+        pipeline.progress(it)
+        if step == 1:
+            first_step = time.time()
+        if step == args.warmup:
+            t_start = time.perf_counter()
+    elapsed = time.perf_counter() - t_start
+    if rank == 0:
+        types = {t: p.sharding_type for m in plan.plan.values() for t, p in m.items()}
+        with open(args.out, "w") as f:
+            json.dump({"samples_per_s": world * args.batch * (args.steps - args.warmup) / elapsed,
+                       "first_step_unix": first_step, "sharding_types": types}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
