@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint plan sweep clean-outputs mlflow-ui
+.PHONY: run test lint bench clean-outputs mlflow-ui
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,6 @@ mlflow-ui: $(STAMP)
 
 clean-outputs:
 	rm -rf outputs/runs outputs/multirun
+
+bench: $(STAMP)
+	$(PY) benchmarks/compare.py $(ARGS)

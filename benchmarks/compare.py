@@ -39,7 +39,7 @@ def run_runner(steps: int, batch: int, tmp: Path) -> dict:
     run_dir = tmp / "runner"
     start = time.time()
     subprocess.run([str(PY), "-m", "runner", "sharding=tablewise", f"train.steps={steps}",
-                    f"train.batch_size={batch}", "train.log_every=20", "train.checkpoint.enabled=false",
+                    f"train.batch_size={batch}", "train.checkpoint.enabled=false",
                     f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=benchmark",
                     f"hydra.run.dir={run_dir}"], check=True, capture_output=True, cwd=ROOT)
     r = json.loads((run_dir / "results.json").read_text())

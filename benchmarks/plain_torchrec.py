@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/plain_torchrec.py --steps 300 --out plain.json
 
 Same model as ``conf/model/dlrm.yaml`` (tables, widths, MLPs), table-wise plan, fused row-wise Adagrad
-(lr 0.05) for the tables and Adam (lr 1e-3) for the MLPs, TrainPipelineSparseDist, RandomRecDataset.
+(lr 0.05) for the tables and Adam (lr 1e-3) for the MLPs, TrainPipelineSparseDist, RandomRecDataset
+generating a new batch every step.
 Uses nothing from the runner.
 """
 
@@ -64,7 +65,8 @@ def main() -> None:
                                   lambda params: torch.optim.Adam(params, lr=1e-3))
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     data = RandomRecDataset(keys=list(TABLES), batch_size=args.batch, hash_sizes=list(TABLES.values()),
-                            ids_per_feature=1, num_dense=DENSE_IN, manual_seed=rank, num_batches=args.steps)
+                            ids_per_feature=1, num_dense=DENSE_IN, manual_seed=rank, num_batches=args.steps,
+                            num_generated_batches=-1)  # a new batch every step, as the runner's data
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
     it = iter(data)
     first_step = t_start = None

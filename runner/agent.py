@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,10 @@ def main(argv: list[str]) -> int:
     logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)  # "Terminating process ..." on stop
     cfg = OmegaConf.load(run_dir / "resolved.yaml")
     c = cfg.cluster
+    # OpenMP (FBGEMM's CPU kernels) would start a thread per core in every worker: oversubscribed.
+    threads = cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // c.workers_per_node)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
     config = LaunchConfig(
         min_nodes=c.nodes,
         max_nodes=c.nodes,

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import torch.distributed as dist
-
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"
 BEST = "best.json"
@@ -135,6 +133,7 @@ class Checkpointer:
         return bool(self.cfg.enabled and self.cfg.every_steps and step % self.cfg.every_steps == 0)
 
     def save(self, step: int, dmp: Any, optimizer: Any, meta: Dict[str, Any], plan_file: Path) -> Path:
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         tmp, final = self.root / f".tmp-step-{step:08d}", self.root / f"step-{step:08d}"

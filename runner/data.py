@@ -15,7 +15,7 @@ _TRUTH_SEED = 20240611
 _EVAL_STREAM = 1_000_003
 
 
-def _id_weight(ids: torch.Tensor, table_index: int) -> torch.Tensor:
+def _id_weight(ids: torch.Tensor, table_index: torch.Tensor) -> torch.Tensor:
     """Pseudo-random weight in [-1, 1] per (table, id), computed by hashing: no table to store."""
     h = (ids * 2654435761 + (table_index + 1) * 2246822519) % 4294967291
     h = (h ^ (h >> 13)) * 1274126177 % 4294967291
@@ -42,6 +42,9 @@ class SyntheticClicks:
         self._seed = seed * 7919 + rank * 104729 + (_EVAL_STREAM if eval_split else 0)
         g = torch.Generator().manual_seed(_TRUTH_SEED)
         self._dense_w = torch.randn(num_dense, generator=g) / math.sqrt(num_dense)
+        self._sizes = torch.tensor(self.num_embeddings, dtype=torch.float64).unsqueeze(1)
+        self._table_index = torch.arange(len(self.num_embeddings)).unsqueeze(1)
+        self._lengths = torch.ones(batch_size * len(self.num_embeddings), dtype=torch.int32)
 
     def __len__(self) -> int:
         return max(self.num_batches - self.start_batch, 0)
@@ -53,17 +56,14 @@ class SyntheticClicks:
             yield self._batch(g)
 
     def _batch(self, g: torch.Generator) -> Batch:
-        b = self.batch_size
+        b, tables = self.batch_size, len(self.num_embeddings)
         dense = torch.randn(b, self.num_dense, generator=g)
-        ids = [torch.randint(0, n, (b,), generator=g) for n in self.num_embeddings]
-        score = dense @ self._dense_w
-        sparse = sum(_id_weight(x, i) for i, x in enumerate(ids)) / math.sqrt(len(ids))
-        score = score + sparse * math.sqrt(3.0)  # unit variance, like the dense part
+        # one uniform draw per (table, sample), scaled to each table's size: every table at once
+        ids = (torch.rand(tables, b, generator=g, dtype=torch.float64) * self._sizes).long()
+        sparse = _id_weight(ids, self._table_index).sum(0) / math.sqrt(tables)
+        score = dense @ self._dense_w + sparse * math.sqrt(3.0)  # unit variance each, like the dense part
         p = torch.sigmoid(score / self.label_noise)
         labels = (torch.rand(b, generator=g) < p).float()
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=self.feature_names,
-            values=torch.cat(ids),
-            lengths=torch.ones(b * len(ids), dtype=torch.int32),
-        )
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=ids.reshape(-1),
+                                                  lengths=self._lengths)
         return Batch(dense_features=dense, sparse_features=kjt, labels=labels)

@@ -12,9 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import checkpoint, tracking
 from runner.launch import free_port, launch
-from runner.plan_mode import plan_only
-from runner.reporting import RESULTS, RUN_INFO, summary_line
-from runner.schema import ConfigError
+from runner.reporting import DRIVER, EVENTS, RESULTS, RUN_INFO, summary_line
+from runner.schema import SPARSE_OPTIMIZERS_CPU, ConfigError
 
 
 def run_name(cfg: Any, choices: Dict[str, Any], job_num: Any) -> str:
@@ -40,48 +39,82 @@ def check_device(device: str) -> None:
                           "auto or cpu on a machine without CUDA (mode=plan plans for GPU clusters anywhere)")
 
 
+def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
+    """What can be refused before any worker starts (torch is imported only when it must be asked)."""
+    checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))
+    needs_cuda_answer = (cfg.cluster.device == "cuda" or cfg.precision.tf32
+                         or cfg.optimizer.sparse not in SPARSE_OPTIMIZERS_CPU)
+    if not needs_cuda_answer:
+        return
+    from runner.optimizers import check_device_support
+
+    check_device(cfg.cluster.device)
+    cuda = cfg.cluster.device != "cpu" and cuda_present()
+    if cfg.precision.tf32 and not cuda:
+        raise ConfigError("precision.tf32", True, "false on CPU workers (TF32 is a CUDA matmul mode)")
+    check_device_support(cfg.optimizer, "cuda" if cuda else "cpu")
+
+
 def run_job(cfg: DictConfig) -> Dict[str, Any]:
-    """Write the resolved config, open the MLflow run, launch, and close the run with its status."""
+    """Write the resolved config, launch, open the MLflow run while the workers start, close it."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     container = tracking.resolved_container(cfg)
     (run_dir / "resolved.yaml").write_text(OmegaConf.to_yaml(container))
-
     multirun = hc.mode == RunMode.MULTIRUN
     uri = tracking.tracking_uri(cfg)
-    parent = tracking.parent_run_id(hc.sweep.dir) if multirun else None
-    overrides = " ".join(hc.overrides.task)
-    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     port = cfg.cluster.master_port or free_port()
-    run_id = tracking.start_run(
-        uri, cfg.tracking.experiment, run_name(cfg, choices, hc.job.num if multirun else None), parent,
-        {"runner.kind": "job", "runner.overrides": overrides or "(none)", "runner.run_dir": str(run_dir),
-         **{f"runner.choice.{k}": v for k, v in choices.items()}},
-    )
-    (run_dir / RUN_INFO).write_text(json.dumps({"tracking_uri": uri, "run_id": run_id, "port": port}))
-    print(f"[runner] MLflow run {run_id} | run folder {run_dir}", flush=True)
-    try:
+    (run_dir / DRIVER).write_text(json.dumps({"port": port}))
+    opened: Dict[str, Any] = {}
+
+    def pump() -> None:
+        """Write rank 0's new MLflow events (metrics, tags, plan artifacts) to the run."""
+        if "pump" in opened:
+            opened["pump"]()
+
+    def open_run() -> None:
+        """Create the run, log the config, publish ``run.json`` for rank 0 (atomically)."""
+        choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+        run_id = tracking.start_run(
+            uri, cfg.tracking.experiment, run_name(cfg, choices, hc.job.num if multirun else None),
+            tracking.parent_run_id(hc.sweep.dir) if multirun else None,
+            {"runner.kind": "job", "runner.overrides": " ".join(hc.overrides.task) or "(none)",
+             "runner.run_dir": str(run_dir), **{f"runner.choice.{k}": v for k, v in choices.items()}},
+        )
+        opened["run_id"] = run_id
+        opened["pump"] = tracking.EventPump(run_dir / EVENTS, uri, run_id)
         tracking.log_params(uri, run_id, tracking.flatten(container))
         tracking.log_artifacts(uri, run_id, [run_dir / "resolved.yaml", run_dir / ".hydra"])
+        tmp = run_dir / (RUN_INFO + ".tmp")
+        tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run_id, "port": port}))
+        tmp.rename(run_dir / RUN_INFO)
+        print(f"[runner] MLflow run {run_id} | run folder {run_dir}", flush=True)
+
+    try:
         if cfg.mode == "plan":
+            from runner.plan_mode import plan_only
+
+            open_run()
             results = plan_only(cfg, run_dir)
         else:
-            from runner.optimizers import check_device_support
-
-            check_device(cfg.cluster.device)
-            if cfg.precision.tf32 and not cuda_present():
-                raise ConfigError("precision.tf32", True, "false on CPU workers (TF32 is a CUDA matmul mode)")
-            check_device_support(cfg.optimizer, "cuda" if cfg.cluster.device != "cpu" and cuda_present() else "cpu")
-            checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))  # fail before launch
-            launch(cfg.cluster, run_dir, port)
+            pre_launch_checks(cfg, run_dir)
+            try:
+                launch(cfg.cluster, run_dir, port, while_starting=open_run, pump=pump)
+            finally:
+                pump()  # what rank 0 reported before the end (or before a failure)
             results = json.loads((run_dir / RESULTS).read_text())
+        pump()
+        results.update(run_id=opened["run_id"], tracking_uri=uri)
     except KeyboardInterrupt:
-        tracking.end_run(uri, run_id, "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
+        if "run_id" in opened:
+            tracking.end_run(uri, opened["run_id"], "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
         raise
     except BaseException as exc:
-        tracking.end_run(uri, run_id, "FAILED", str(exc))
+        if "run_id" not in opened:
+            open_run()  # a refused job is still on record, as FAILED
+        tracking.end_run(uri, opened["run_id"], "FAILED", str(exc))
         raise
-    tracking.end_run(uri, run_id, "FINISHED")
+    tracking.end_run(uri, opened["run_id"], "FINISHED")
     print(summary_line(results), flush=True)
     return results

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
+TICK_S = 0.2  # supervision: how soon a failed agent is noticed
+PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
 
 
 class WorkerFailure(RuntimeError):
@@ -71,8 +73,13 @@ def nodes_on_this_host(cluster: Any) -> List[int]:
     return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
 
 
-def launch(cluster: Any, run_dir: Path, port: int) -> None:
-    """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails."""
+def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
+           pump: Optional[Callable[[], None]] = None) -> None:
+    """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails.
+
+    ``while_starting`` runs once the agents are started (workers import and rendezvous meanwhile);
+    if it raises, the agents are stopped. ``pump`` runs every supervision tick.
+    """
     procs: List[subprocess.Popen] = []
 
     def on_term(signum: int, frame: Any) -> None:
@@ -85,6 +92,9 @@ def launch(cluster: Any, run_dir: Path, port: int) -> None:
                 [sys.executable, "-m", "runner.agent", str(run_dir), str(node), str(port)],
                 start_new_session=True,
             ))
+        if while_starting is not None:
+            while_starting()
+        next_pump = time.monotonic() + PUMP_S
         while True:
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
@@ -96,7 +106,10 @@ def launch(cluster: Any, run_dir: Path, port: int) -> None:
                 raise WorkerFailure(root_cause(run_dir) + f" (node {nodes_on_this_host(cluster)[failed]})")
             if all(c == 0 for c in codes):
                 return
-            time.sleep(0.2)
+            if pump is not None and time.monotonic() >= next_pump:
+                pump()
+                next_pump = time.monotonic() + PUMP_S
+            time.sleep(TICK_S)
     finally:
         _stop_all(procs)
         signal.signal(signal.SIGTERM, previous)

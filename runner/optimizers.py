@@ -113,14 +113,18 @@ def _leaves(optimizer: Any) -> Iterable[Any]:
         yield from _leaves(child)
 
 
-def set_learning_rates(optimizer: CombinedOptimizer, o: Any, step: int, total: int) -> Tuple[float, float]:
-    """Scheduled rates for ``step``, applied to both parts before it runs; returns (sparse, dense).
+def scheduled_rates(o: Any, step: int, total: int) -> Tuple[float, float]:
+    """(sparse, dense) learning rates of 1-based ``step`` of ``total``."""
+    sparse = o.sparse_lr * lr_factor(o.sparse_schedule, step, total)
+    return sparse, o.dense_lr * lr_factor(o.dense_schedule, step, total)
+
+
+def set_learning_rates(optimizer: CombinedOptimizer, sparse_lr: float, dense_lr: float) -> Tuple[float, float]:
+    """Apply the rates to both parts before a step runs; returns them.
 
     FBGEMM's fused kernels read their rate when the optimizer steps, which is after the backward that
-    uses it; setting it on the kernel directly makes step ``step`` use its own rate.
+    uses it; setting it on the kernel directly makes the coming step use its own rate.
     """
-    sparse_lr = o.sparse_lr * lr_factor(o.sparse_schedule, step, total)
-    dense_lr = o.dense_lr * lr_factor(o.dense_schedule, step, total)
     (_, sparse), (_, dense) = optimizer.optimizers
     for group in sparse.param_groups:
         group["lr"] = sparse_lr

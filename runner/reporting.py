@@ -16,6 +16,8 @@ from omegaconf import OmegaConf
 from runner import tracking
 
 RUN_INFO = "run.json"
+EVENTS = "events.jsonl"
+DRIVER = "driver.json"  # written by the driver before it launches: rank 0 then waits for RUN_INFO
 RESULTS = "results.json"
 
 
@@ -28,31 +30,56 @@ class _Silent:
 
 
 class Reporter:
-    """Rank 0's link to the run folder and the job's MLflow run (created here under plain torchrun)."""
+    """Rank 0's link to the run folder and the job's MLflow run.
+
+    Launched by the driver, rank 0 appends MLflow events to ``events.jsonl`` and the driver writes
+    them to the store; under a plain torchrun rank 0 owns the run and writes from a background thread.
+    Either way training never waits for the store.
+    """
 
     def __init__(self, cfg: Any, run_dir: Path, rank: int) -> None:
         self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
         self.active = rank == 0
-        self.standalone = False
+        self.standalone = not (run_dir / DRIVER).exists()
         self.plan_metrics: Dict[str, float] = {}
         self.sharding_types: List[str] = []
         self.extra: Dict[str, Any] = {}
-        self._queue: Optional[tracking.BackgroundMetrics] = None
         self.uri: Optional[str] = None
         self.run_id: Optional[str] = None
-        if not self.active:
+        self._sink: Any = None
+        if self.active:
+            self._sink = tracking.BackgroundWriter(self._open_own_run) if self.standalone \
+                else tracking.EventLog(run_dir / EVENTS)
+
+    def _open_own_run(self) -> tuple:
+        cfg = self.cfg
+        uri = tracking.tracking_uri(cfg)
+        name = cfg.tracking.run_name or f"{cfg.model.name}-{cfg.sharding.name}-{cfg.cluster.name}"
+        run_id = tracking.start_run(uri, cfg.tracking.experiment, name, None, {"runner.launcher": "torchrun"})
+        tracking.log_params(uri, run_id, tracking.flatten(OmegaConf.to_container(cfg)))
+        return uri, run_id
+
+    def flush(self) -> None:
+        """Everything handed over: written (own run) or in the event log (the driver writes it)."""
+        sink, self._sink = self._sink, None
+        if sink is None:
             return
-        info_file = run_dir / RUN_INFO
-        if info_file.exists():
-            info = json.loads(info_file.read_text())
-            self.uri, self.run_id = info["tracking_uri"], info["run_id"]
-        else:  # started by an external torchrun: this process owns the run
-            self.standalone = True
-            self.uri = tracking.tracking_uri(cfg)
-            name = cfg.tracking.run_name or f"{cfg.model.name}-{cfg.sharding.name}-{cfg.cluster.name}"
-            self.run_id = tracking.start_run(self.uri, cfg.tracking.experiment, name, None,
-                                             {"runner.launcher": "torchrun"})
-            tracking.log_params(self.uri, self.run_id, tracking.flatten(OmegaConf.to_container(cfg)))
+        sink.close()
+        if self.standalone:
+            self.uri, self.run_id = sink.uri, sink.run_id
+            return
+        info = self.run_dir / RUN_INFO
+        if info.exists():
+            data = json.loads(info.read_text())
+            self.uri, self.run_id = data["tracking_uri"], data["run_id"]
+
+    def _log(self, metrics: Dict[str, float], step: int) -> None:
+        if self._sink is not None:
+            self._sink.metrics(metrics, step)
+
+    def _tags(self, tags: Dict[str, Any]) -> None:
+        if self._sink is not None:
+            self._sink.tags(tags)
 
     def plan(self, plan: Any, best_plan: list, seconds: float, world: int, local_world: int,
              device_type: str) -> None:
@@ -64,9 +91,9 @@ class Reporter:
         out = self.run_dir / "plan"
         report = write_plan_report(self.cfg, plan, best_plan, world, local_world, device_type, out, seconds)
         print(report.console, flush=True)
-        tracking.log_metrics(self.uri, self.run_id, report.metrics, step=0)
-        tracking.set_tags(self.uri, self.run_id, report.tags)
-        tracking.log_artifacts(self.uri, self.run_id, sorted(out.iterdir()), artifact_path="plan")
+        self._log(report.metrics, 0)
+        self._tags(report.tags)
+        self._sink.artifacts(sorted(out.iterdir()), "plan")
         self.plan_metrics = report.metrics
         self.sharding_types = report.tags["runner.sharding_types"].split(",")
 
@@ -81,17 +108,15 @@ class Reporter:
             tags["runner.resumed_from"] = str(source)
             print(f"[runner] resumed from {source} at step {step}" +
                   (f" (elastic restart {restarts})" if restarts else ""), flush=True)
-        tracking.set_tags(self.uri, self.run_id, tags)
-        tracking.log_metrics(self.uri, self.run_id, {"restarts": float(restarts)}, step=step)
+        self._tags(tags)
+        self._log({"restarts": float(restarts)}, step)
 
     def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
-        if self.active:
-            tracking.log_metrics(self.uri, self.run_id, metrics, step=step)
+        self._log(metrics, step)
 
     def checkpointed(self, step: int, path: Path, metrics: Dict[str, float]) -> None:
         self.extra["checkpoint"] = str(path)
-        if self.active:
-            tracking.set_tags(self.uri, self.run_id, {"runner.last_checkpoint": str(path)})
+        self._tags({"runner.last_checkpoint": str(path)})
 
     def measured(self, per_rank: List[Dict[str, float]]) -> None:
         """Measured step time and peak memory per rank, next to the planner's estimates."""
@@ -108,7 +133,7 @@ class Reporter:
             m["ratio/step_measured_over_estimated"] = m["measured/step_ms"] / est_step
         if est_mem:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
-        tracking.log_metrics(self.uri, self.run_id, m, step=self.cfg.train.steps)
+        self._log(m, self.cfg.train.steps)
         (self.run_dir / "measured.json").write_text(json.dumps({"per_rank": per_rank, **m}, indent=2))
 
     @contextlib.contextmanager
@@ -126,23 +151,18 @@ class Reporter:
             bar.close()
 
     def train_metrics(self, step: int, metrics: Dict[str, float]) -> None:
-        """Queued: a background thread writes them, so training never waits for the store."""
-        if self.active:
-            if self._queue is None:
-                self._queue = tracking.BackgroundMetrics(self.uri, self.run_id)
-            self._queue.put(metrics, step)
+        self._log(metrics, step)
 
     def finish(self, result: Any, eval_metrics: Dict[str, float], world: int) -> Dict[str, Any]:
         """Log final metrics; write ``results.json`` for the driver's summary line."""
         if not self.active:
             return {}
-        if self._queue is not None:
-            self._queue.close()
         final = dict(eval_metrics)
         if result.losses:
             final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
                           "train/avg_step_ms": result.step_time_ms})
-        tracking.log_metrics(self.uri, self.run_id, final, step=self.cfg.train.steps)
+        self._log(final, self.cfg.train.steps)
+        self.flush()
         results = {
             "run_id": self.run_id, "tracking_uri": self.uri, "world_size": world,
             "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,

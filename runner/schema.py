@@ -276,7 +276,7 @@ class TrainSchema:
     """Training steps (batches per rank)."""
     batch_size: int = 256
     """Samples per rank per step."""
-    log_every: int = 20
+    log_every: int = 50
     """Steps between logged training metrics."""
     seed: int = 0
     """Seed of the model initialisation and the synthetic data."""

@@ -6,9 +6,11 @@ training metrics and the plan while the workers run, and the driver sets the fin
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -33,7 +35,9 @@ def ui_command(uri: str) -> str:
     return f"{PROJECT_ROOT / '.venv/bin/mlflow'} ui --backend-store-uri {uri}"
 
 
+@functools.lru_cache(maxsize=8)
 def client(uri: str) -> Any:
+    """One client per store and process: building one (and its SQL engine) costs more than a write."""
     from mlflow.tracking import MlflowClient  # deferred: mlflow takes seconds to import
 
     return MlflowClient(tracking_uri=uri)
@@ -80,47 +84,128 @@ def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
 
 
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+    log_metric_points(uri, run_id, [(metrics, step)])
+
+
+def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str, float], int]]) -> None:
+    """Metrics of several steps in as few store transactions as MLflow's batch limit allows."""
     import time
 
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+    items = [Metric(k, float(v), now, step) for metrics, step in points for k, v in metrics.items()]
     c = client(uri)
     for i in range(0, len(items), _MAX_BATCH):
         c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
 
 
-class BackgroundMetrics:
-    """Metrics written by a daemon thread, in order; ``close()`` waits until all are written."""
+class BackgroundWriter:
+    """Runs MLflow calls on a daemon thread, in order, so training never waits for the store.
 
-    def __init__(self, uri: str, run_id: str) -> None:
+    ``connect`` runs first on that thread and returns ``(uri, run_id)``; each queued call gets them.
+    ``close()`` waits until everything is written and re-raises the first failure.
+    """
+
+    def __init__(self, connect: Callable[[], Tuple[str, str]]) -> None:
         import queue
         import threading
 
-        self._uri, self._run_id = uri, run_id
-        self._items: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._connect = connect
+        self.uri: Optional[str] = None
+        self.run_id: Optional[str] = None
+        self._items: "queue.Queue[Optional[Callable[[str, str], None]]]" = queue.Queue()
         self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._drain, name="mlflow-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
 
-    def put(self, metrics: Mapping[str, float], step: int) -> None:
+    def put(self, call: Callable[[str, str], None]) -> None:
         if self._error is not None:
-            raise RuntimeError(f"logging metrics to {self._uri} failed: {self._error}")
-        self._items.put((dict(metrics), step))
+            raise RuntimeError(f"MLflow logging failed: {self._error}")
+        self._items.put(call)
 
     def _drain(self) -> None:
-        while (item := self._items.get()) is not None:
-            try:
-                log_metrics(self._uri, self._run_id, item[0], item[1])
-            except BaseException as exc:  # surfaced on the next put() or close()
-                self._error = exc
+        try:
+            self.uri, self.run_id = self._connect()
+        except BaseException as exc:
+            self._error = exc
+        while (call := self._items.get()) is not None:
+            if self._error is None:
+                try:
+                    call(self.uri, self.run_id)  # type: ignore[arg-type]
+                except BaseException as exc:  # surfaced on the next put() or close()
+                    self._error = exc
+
+    def metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.put(lambda uri, run_id: log_metrics(uri, run_id, metrics, step))
+
+    def tags(self, tags: Mapping[str, Any]) -> None:
+        self.put(lambda uri, run_id: set_tags(uri, run_id, tags))
+
+    def artifacts(self, paths: Iterable[Path], artifact_path: Optional[str]) -> None:
+        paths = list(paths)
+        self.put(lambda uri, run_id: log_artifacts(uri, run_id, paths, artifact_path))
 
     def close(self) -> None:
         self._items.put(None)
         self._thread.join()
         if self._error is not None:
-            raise RuntimeError(f"logging metrics to {self._uri} failed: {self._error}")
+            raise RuntimeError(f"MLflow logging failed: {self._error}")
+
+
+class EventLog:
+    """Rank 0's side when a driver owns the run: MLflow events appended as JSON lines, which costs
+    the training loop microseconds; the driver, idle meanwhile, writes them to the store."""
+
+    def __init__(self, path: Path) -> None:
+        self._f = path.open("a", buffering=1)
+
+    def _write(self, event: Dict[str, Any]) -> None:
+        self._f.write(json.dumps(event) + "\n")
+
+    def metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._write({"kind": "metrics", "metrics": {k: float(v) for k, v in metrics.items()}, "step": step})
+
+    def tags(self, tags: Mapping[str, Any]) -> None:
+        self._write({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+
+    def artifacts(self, paths: Iterable[Path], artifact_path: Optional[str]) -> None:
+        self._write({"kind": "artifacts", "paths": [str(p) for p in paths], "artifact_path": artifact_path})
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class EventPump:
+    """The driver's side: writes the complete new lines of rank 0's event log to the run."""
+
+    def __init__(self, path: Path, uri: str, run_id: str) -> None:
+        self.path, self.uri, self.run_id = path, uri, run_id
+        self._offset = 0
+
+    def __call__(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self._offset += end
+        points: list = []  # consecutive metric events go to the store in one batch
+        for line in data[:end].splitlines():
+            event = json.loads(line)
+            if event["kind"] == "metrics":
+                points.append((event["metrics"], event["step"]))
+                continue
+            if points:
+                log_metric_points(self.uri, self.run_id, points)
+                points = []
+            if event["kind"] == "tags":
+                set_tags(self.uri, self.run_id, event["tags"])
+            elif event["kind"] == "artifacts":
+                log_artifacts(self.uri, self.run_id, [Path(p) for p in event["paths"]], event["artifact_path"])
+        if points:
+            log_metric_points(self.uri, self.run_id, points)
 
 
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:

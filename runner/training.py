@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-from runner.optimizers import set_learning_rates
+from runner.optimizers import scheduled_rates, set_learning_rates
 
 
 def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
@@ -51,10 +51,14 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     dmp.train()
     world, batch = dist.get_world_size(), cfg.train.batch_size
     window_loss, window_steps, window_start, paused = 0.0, 0, time.perf_counter(), 0.0
+    applied: tuple = ()
     timed_s, timed_steps, first_window = 0.0, 0, True  # the first window holds the pipeline's tracing
     for step in range(start + 1, steps + 1):
         with autocast(device, cfg.precision.autocast):
-            lr_sparse, lr_dense = set_learning_rates(optimizer, cfg.optimizer, step, steps)
+            rates = scheduled_rates(cfg.optimizer, step, steps)
+            if rates != applied:  # constant schedules touch the optimizers once
+                applied = set_learning_rates(optimizer, *rates)
+            lr_sparse, lr_dense = applied
             loss, _logits, _labels = pipeline.progress(it)
         window_loss += float(loss.detach().float().mean())
         window_steps += 1
