@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.schema import ConfigError, register_schemas, validate
+from runner.schema import register_schemas
+from runner.validation import ConfigError, validate
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 # Hydra flags that take a value; the value is not an override.

@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from runner import checkpoint, tracking
 from runner.launch import free_port, launch
 from runner.reporting import DRIVER, EVENTS, RESULTS, RUN_INFO, summary_line
-from runner.schema import SPARSE_OPTIMIZERS_CPU, ConfigError
+from runner.schema import SPARSE_OPTIMIZERS_CPU
+from runner.validation import ConfigError
 
 
 def run_name(cfg: Any, choices: Dict[str, Any], job_num: Any) -> str:

@@ -14,7 +14,8 @@ import torch
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from runner.schema import SPARSE_OPTIMIZERS_CPU, ConfigError
+from runner.schema import SPARSE_OPTIMIZERS_CPU
+from runner.validation import ConfigError
 
 
 def check_device_support(opt_cfg: Any, device_type: str) -> None:

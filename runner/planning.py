@@ -82,7 +82,7 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], 
 
 def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, ParameterConstraints]:
     """Per-table constraints: the group's allowed types and kernels, then each table's own entry."""
-    from runner.schema import table_constraint
+    from runner.validation import table_constraint
 
     out: Dict[str, ParameterConstraints] = {}
     for name in table_names:
@@ -176,7 +176,7 @@ def build_proposer(sharding: Any, device_type: str) -> Any:
     """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list."""
     if sharding.proposer == "dynamic_programming":
         if device_type != "cuda":
-            from runner.schema import ConfigError
+            from runner.validation import ConfigError
 
             raise ConfigError("sharding.proposer", sharding.proposer,
                               "another proposer on CPU workers (it bins HBM, which they do not have)")
@@ -257,8 +257,8 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     import torch.distributed as dist
 
     from runner.plan_io import PlanError, load_plan
-    from runner.schema import ConfigError
     from runner.tables import table_specs
+    from runner.validation import ConfigError
 
     sharders: List[Any] = [EmbeddingBagCollectionAnyDeviceSharder(qcomm_codecs_registry=qcomm_registry(cfg.precision))]
     t0 = time.perf_counter()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional
@@ -152,7 +151,3 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dic
     dmp.train()
     return {"eval/auc": auc, "eval/logloss": logloss,
             "eval/samples": float(target.numel()), "eval/positive_rate": float(target.mean())}
-
-
-def is_finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from runner import reporting
 from runner.checkpoint import CheckpointError
 from runner.plan_io import PlanError
-from runner.schema import ConfigError, validate
+from runner.validation import ConfigError, validate
 
 
 def select_device(cluster_device: str, local_rank: int) -> tuple[torch.device, str]:

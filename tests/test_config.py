@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import runner.cli  # noqa: F401  (registers the schema and resolvers)
-from runner.schema import ConfigError, validate
+from runner.validation import ConfigError, validate
 
 GROUPS = ["model", "sharding", "optimizer", "cluster", "precision", "data"]
 

@@ -17,8 +17,8 @@ from runner.optimizers import apply_sparse_optimizer
 from runner.plan_analysis import comms_per_rank
 from runner.plan_io import PlanError, load_plan, plan_to_dict
 from runner.planning import gibps_to_bytes_per_ms, make_plan
-from runner.schema import ConfigError, validate
 from runner.tables import table_specs
+from runner.validation import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 # dim 256: TorchRec splits columns only at widths >= 128, so column/grid shards are real splits
