@@ -31,7 +31,8 @@ class SyntheticClicks:
 
     def __init__(self, feature_names: List[str], num_embeddings: List[int], num_dense: int,
                  batch_size: int, num_batches: int, seed: int, rank: int, eval_split: bool = False,
-                 label_noise: float = 0.5, start_batch: int = 0) -> None:
+                 label_noise: float = 0.5, start_batch: int = 0, ids_per_feature: int = 1,
+                 variable_lengths: bool = False, zipf_alpha: float = 0.0) -> None:
         self.feature_names = list(feature_names)
         self.num_embeddings = list(num_embeddings)
         self.num_dense = num_dense
@@ -39,6 +40,7 @@ class SyntheticClicks:
         self.num_batches = num_batches
         self.start_batch = start_batch
         self.label_noise = label_noise
+        self.ids_per_feature, self.variable_lengths, self.zipf_alpha = ids_per_feature, variable_lengths, zipf_alpha
         self._seed = seed * 7919 + rank * 104729 + (_EVAL_STREAM if eval_split else 0)
         g = torch.Generator().manual_seed(_TRUTH_SEED)
         self._dense_w = torch.randn(num_dense, generator=g) / math.sqrt(num_dense)
@@ -58,12 +60,44 @@ class SyntheticClicks:
     def _batch(self, g: torch.Generator) -> Batch:
         b, tables = self.batch_size, len(self.num_embeddings)
         dense = torch.randn(b, self.num_dense, generator=g)
-        # one uniform draw per (table, sample), scaled to each table's size: every table at once
-        ids = (torch.rand(tables, b, generator=g, dtype=torch.float64) * self._sizes).long()
-        sparse = _id_weight(ids, self._table_index).sum(0) / math.sqrt(tables)
+        if self.ids_per_feature == 1 and not self.variable_lengths:
+            # one draw per (table, sample), scaled to each table's size: every table at once
+            ids = self._draw(torch.rand(tables, b, generator=g, dtype=torch.float64), self._sizes)
+            sparse = _id_weight(ids, self._table_index).sum(0) / math.sqrt(tables)
+            values, lengths = ids.reshape(-1), self._lengths
+        else:
+            values, lengths, sparse = self._multi_hot(g, b, tables)
         score = dense @ self._dense_w + sparse * math.sqrt(3.0)  # unit variance each, like the dense part
         p = torch.sigmoid(score / self.label_noise)
         labels = (torch.rand(b, generator=g) < p).float()
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=ids.reshape(-1),
-                                                  lengths=self._lengths)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=values, lengths=lengths)
         return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
+
+    def _draw(self, u: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """Ids from uniforms ``u``: uniform over each table, or power-law (Zipf-like) with the hot ids
+        scattered over the table (as hashing does to real ids)."""
+        if self.zipf_alpha <= 0:
+            return (u * sizes).long()
+        a = self.zipf_alpha
+        if abs(a - 1.0) < 1e-9:
+            rank = torch.exp(u * torch.log(sizes + 1.0))  # inverse CDF of 1/x on [1, n+1)
+        else:
+            rank = ((torch.pow(sizes + 1.0, 1 - a) - 1) * u + 1) ** (1 / (1 - a))
+        ranks = (rank.long() - 1).clamp_(min=0)
+        n = sizes.long()
+        return torch.minimum((ranks * 1_000_003 + 7) % n, n - 1)
+
+    def _multi_hot(self, g: torch.Generator, b: int, tables: int) -> tuple:
+        """Several ids per (table, sample); a sample's score uses the mean weight of its ids."""
+        if self.variable_lengths:  # 1 .. 2 * ids_per_feature - 1, mean ids_per_feature
+            lengths = torch.randint(1, 2 * self.ids_per_feature, (tables, b), generator=g)
+        else:
+            lengths = torch.full((tables, b), self.ids_per_feature)
+        per_table = lengths.sum(1)
+        table_of = torch.repeat_interleave(torch.arange(tables), per_table)
+        sizes = self._sizes.squeeze(1)[table_of]
+        ids = self._draw(torch.rand(table_of.numel(), generator=g, dtype=torch.float64), sizes)
+        segment = torch.repeat_interleave(torch.arange(tables * b), lengths.reshape(-1))
+        sums = torch.zeros(tables * b).index_add_(0, segment, _id_weight(ids, table_of))
+        sparse = (sums / lengths.reshape(-1)).view(tables, b).sum(0) / math.sqrt(tables)
+        return ids, lengths.reshape(-1).to(torch.int32), sparse

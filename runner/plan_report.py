@@ -60,7 +60,8 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     plan_dict = plan_to_dict(plan, specs)
     types = sharding_types_used(plan_dict)
     ranks = per_rank_estimates(best_plan, world)
-    pooling = {n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")}
+    pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
+    pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
     batch = cfg.sharding.planner_batch_size or cfg.train.batch_size
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),

@@ -64,10 +64,11 @@ def build_topology(cluster: Any, world_size: int, local_world_size: int, device_
     return Topology(**kwargs)
 
 
-def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any) -> ParameterConstraints:
+def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
+                      pooling: float) -> ParameterConstraints:
     if kernels is None and types == ["data_parallel"]:
         kernels = ["dense"]  # TorchRec runs data_parallel tables only with the dense kernel
-    kwargs: Dict[str, Any] = {"sharding_types": types, "compute_kernels": kernels}
+    kwargs: Dict[str, Any] = {"sharding_types": types, "compute_kernels": kernels, "pooling_factors": [pooling]}
     if extra is not None:
         if extra.min_partition is not None:
             kwargs["min_partition"] = extra.min_partition
@@ -80,8 +81,9 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], 
     return ParameterConstraints(**kwargs)
 
 
-def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, ParameterConstraints]:
-    """Per-table constraints: the group's allowed types and kernels, then each table's own entry."""
+def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.0) -> Dict[str, ParameterConstraints]:
+    """Per-table constraints: the group's allowed types and kernels, the data's ids per sample
+    (the planner's pooling factor), then each table's own entry."""
     from runner.validation import table_constraint
 
     out: Dict[str, ParameterConstraints] = {}
@@ -91,9 +93,9 @@ def build_constraints(sharding: Any, table_names: List[str]) -> Dict[str, Parame
             else (list(sharding.types) or None)
         kernels = list(extra.compute_kernels) if extra is not None and extra.compute_kernels is not None \
             else (list(sharding.compute_kernels) or None)
-        if types is None and kernels is None and extra is None:
+        if types is None and kernels is None and extra is None and pooling == 1.0:
             continue
-        out[name] = _table_constraint(types, kernels, extra)
+        out[name] = _table_constraint(types, kernels, extra, pooling)
     return out
 
 
@@ -202,7 +204,8 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
         batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
         proposer=build_proposer(cfg.sharding, device_type),
-        constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)]),
+        constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
+                                      float(cfg.data.ids_per_feature)),
         stats=[estimates] if estimates is not None else None,
         debug=False,
         timeout_seconds=cfg.sharding.planner_timeout_s,

@@ -252,6 +252,13 @@ class DataSchema:
     """Held-out batches per rank for evaluation."""
     label_noise: float = 0.5
     """Temperature of the label model: larger means noisier labels (lower reachable AUC)."""
+    ids_per_feature: int = 1
+    """Ids per sample per table (multi-hot when > 1; the planner's pooling factor follows it)."""
+    variable_lengths: bool = False
+    """Draw each sample's id count from 1 .. 2 * ids_per_feature - 1 instead of exactly ids_per_feature."""
+    zipf_alpha: float = 0.0
+    """0: uniform ids; > 0: power-law ids with this exponent (about 1.05 for click logs), hot ids
+    scattered over the table."""
 
 
 @dataclass

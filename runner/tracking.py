@@ -38,8 +38,11 @@ def ui_command(uri: str) -> str:
 @functools.lru_cache(maxsize=8)
 def client(uri: str) -> Any:
     """One client per store and process: building one (and its SQL engine) costs more than a write."""
+    import logging
+
     from mlflow.tracking import MlflowClient  # deferred: mlflow takes seconds to import
 
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # e.g. "Creating initial MLflow database tables"
     return MlflowClient(tracking_uri=uri)
 
 

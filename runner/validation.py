@@ -177,6 +177,8 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")
     _check(d.eval_batches > 0, "data.eval_batches", d.eval_batches, "a positive integer")
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
+    _check(d.ids_per_feature >= 1, "data.ids_per_feature", d.ids_per_feature, "an integer >= 1")
+    _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
     for key in ("steps", "batch_size", "log_every"):
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",

@@ -142,7 +142,9 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
 
         def data(num_batches: int, eval_split: bool, first: int = 0) -> SyntheticClicks:
             return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size, num_batches,
-                                   cfg.train.seed, rank, eval_split, cfg.data.label_noise, start_batch=first)
+                                   cfg.train.seed, rank, eval_split, cfg.data.label_noise, start_batch=first,
+                                   ids_per_feature=cfg.data.ids_per_feature,
+                                   variable_lengths=cfg.data.variable_lengths, zipf_alpha=cfg.data.zipf_alpha)
 
         def save(step: int, metrics: Dict[str, float]) -> None:
             meta = {"world_size": world, "sharding_types": sorted(reporter.sharding_types), "metrics": metrics}

@@ -65,8 +65,10 @@ def test_validate_names_key() -> None:
     ("optimizer.sparse=adam", "optimizer.sparse", "rowwise_adagrad"),
     ("train.no_such_key=1", "train.no_such_key", ""),
 ])
-def test_bad_value_fails_with_one_line(override: str, key: str, allowed: str) -> None:
-    proc = run_cli([override], timeout=120)
+def test_bad_value_fails_with_one_line(override: str, key: str, allowed: str, tmp_path) -> None:
+    # a fresh store: its creation must not print either
+    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], timeout=120,
+                   env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr

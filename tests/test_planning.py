@@ -179,3 +179,13 @@ def test_generated_tables_are_deterministic_and_mixed() -> None:
     rows = [s.num_embeddings for s in specs]
     assert min(rows) >= 1000 and max(rows) <= 100_000_000 and max(rows) / min(rows) > 1e4
     assert {s.embedding_dim for s in specs} == {32, 64, 128, 256}
+
+
+def test_ids_per_feature_is_the_planners_pooling_factor() -> None:
+    from runner.planning import build_constraints
+
+    cfg = cfg_for("data.ids_per_feature=3", "+sharding.constraints.t1.pooling_factor=7")
+    constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], 3.0)
+    assert constraints["t0"].pooling_factors == [3.0] and constraints["t1"].pooling_factors == [7.0]
+    plan_many, _ = plan_for(cfg)
+    assert len(types_of(plan_many)) == 6

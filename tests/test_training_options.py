@@ -88,3 +88,33 @@ def test_same_config_and_seed_give_identical_losses(store: str, tmp_path: Path) 
     assert results[0]["losses"] == results[1]["losses"] and len(results[0]["losses"]) == 6
     assert results[0]["eval_auc"] == results[1]["eval_auc"]
     assert all(r.data.params["train.seed"] == "7" for r in runs(store, "repro"))
+
+
+def test_synthetic_data_zipf_and_multi_hot() -> None:
+    from runner.data import SyntheticClicks
+
+    def batch(**kw):
+        return next(iter(SyntheticClicks(["a", "b"], [100000, 1000], 13, 1024, 3, 0, 0, **kw)))
+
+    uniform, skewed = batch(), batch(zipf_alpha=1.05)
+    top = [torch.bincount(x.sparse_features["a"].values()).max().item() for x in (uniform, skewed)]
+    assert top[0] <= 4 and top[1] > 20  # power law: a few ids carry much of the traffic
+    multi = batch(ids_per_feature=3, variable_lengths=True, zipf_alpha=1.05)
+    lengths = multi.sparse_features.lengths()
+    assert lengths.min() >= 1 and lengths.max() <= 5 and 2.5 < lengths.float().mean() < 3.5
+    assert int(lengths.sum()) == multi.sparse_features.values().numel()
+    values = multi.sparse_features["b"].values()
+    assert values.min() >= 0 and values.max() < 1000
+    again = batch(ids_per_feature=3, variable_lengths=True, zipf_alpha=1.05)
+    assert torch.equal(again.sparse_features.values(), multi.sparse_features.values())
+
+
+@pytest.mark.slow
+def test_multi_hot_power_law_data_trains(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "data.ids_per_feature=3", "data.variable_lengths=true", "data.zipf_alpha=1.05",
+                    f"tracking.uri={store}", "tracking.experiment=multihot", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "multihot")
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0]
+    assert run.data.params["data.zipf_alpha"] == "1.05"
