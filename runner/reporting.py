@@ -33,7 +33,8 @@ class Reporter:
     """Rank 0's link to the run folder and the job's MLflow run.
 
     Launched by the driver, rank 0 appends MLflow events to ``events.jsonl`` and the driver writes
-    them to the store; under a plain torchrun rank 0 owns the run and writes from a background thread.
+    them to the store; under a plain torchrun rank 0 opens the run itself and writes from a background
+    thread.
     Either way training never waits for the store.
     """
 
@@ -47,9 +48,13 @@ class Reporter:
         self.uri: Optional[str] = None
         self.run_id: Optional[str] = None
         self._sink: Any = None
-        if self.active:
-            self._sink = tracking.BackgroundWriter(self._open_own_run) if self.standalone \
-                else tracking.EventLog(run_dir / EVENTS)
+        if self.active and self.standalone:
+            # opened now, not in the writer thread: a failing job must find its run to mark it FAILED
+            opened = self._open_own_run()
+            self._sink = tracking.BackgroundWriter(lambda: opened)
+            self.uri, self.run_id = opened
+        elif self.active:
+            self._sink = tracking.EventLog(run_dir / EVENTS)
 
     def _open_own_run(self) -> tuple:
         cfg = self.cfg
@@ -72,6 +77,18 @@ class Reporter:
         if info.exists():
             data = json.loads(info.read_text())
             self.uri, self.run_id = data["tracking_uri"], data["run_id"]
+
+    def failed(self, exc: BaseException) -> None:
+        """Under a plain torchrun rank 0 owns the run: it ends FAILED with the error (a driver does that
+        itself otherwise)."""
+        if not (self.active and self.standalone):
+            return
+        try:
+            self.flush()
+            if self.run_id:
+                tracking.end_run(self.uri, self.run_id, "FAILED", f"{type(exc).__name__}: {exc}")
+        except Exception as inner:  # the job's own error matters more
+            print(f"[runner] warning: could not mark the MLflow run FAILED: {inner}", file=sys.stderr, flush=True)
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
         if self._sink is not None:

@@ -121,8 +121,8 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     check_device_support(cfg.optimizer, device.type)
     torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
+    reporter = reporting.Reporter(cfg, run_dir, rank)
     try:
-        reporter = reporting.Reporter(cfg, run_dir, rank)
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg, device)
         apply_sparse_optimizer(model, cfg.optimizer)
@@ -164,6 +164,9 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         if cfg.train.checkpoint.enabled:
             save(cfg.train.steps, eval_metrics)
         return reporter.finish(result, eval_metrics, world)
+    except BaseException as exc:
+        reporter.failed(exc)
+        raise
     finally:
         dist.destroy_process_group()
 

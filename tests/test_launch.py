@@ -65,3 +65,18 @@ def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: P
     assert processes_tagged(tag) == []
     (run,) = runs(store, "sigterm")
     assert run.info.status == "KILLED"
+
+
+def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_path: Path) -> None:
+    printed = run_cli([*FAST, "cluster.ddr_cap_gib=0.001", f"tracking.uri={store}",
+                       "tracking.experiment=torchrun_fail", "--cfg", "job", "--resolve"])
+    assert printed.returncode == 0, printed.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text(printed.stdout)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.worker", str(job)],
+        cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert proc.returncode != 0
+    (run,) = runs(store, "torchrun_fail")
+    assert run.info.status == "FAILED" and "no sharding plan fits" in run.data.tags["error"]
