@@ -16,16 +16,19 @@ from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
 pytestmark = pytest.mark.slow
 
 
-def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
-    printed = run_cli([*FAST, f"tracking.uri={store}", "tracking.experiment=torchrun", "--cfg", "job",
-                       "--resolve"])
+def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Resolve a config with the runner, then run its worker under a plain torchrun."""
+    printed = run_cli([*FAST, *overrides, "--cfg", "job", "--resolve"])
     assert printed.returncode == 0, printed.stderr
     job = tmp_path / "job.yaml"
     job.write_text(printed.stdout)
     torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.worker", str(job)],
-        cwd=ROOT, text=True, capture_output=True, timeout=300)
+    return subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.worker", str(job)],
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+
+
+def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
+    proc = torchrun_job([f"tracking.uri={store}", "tracking.experiment=torchrun"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[runner] done:" in proc.stdout
     (run,) = runs(store, "torchrun")
@@ -68,15 +71,8 @@ def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: P
 
 
 def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_path: Path) -> None:
-    printed = run_cli([*FAST, "cluster.ddr_cap_gib=0.001", f"tracking.uri={store}",
-                       "tracking.experiment=torchrun_fail", "--cfg", "job", "--resolve"])
-    assert printed.returncode == 0, printed.stderr
-    job = tmp_path / "job.yaml"
-    job.write_text(printed.stdout)
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.worker", str(job)],
-        cwd=ROOT, text=True, capture_output=True, timeout=300)
+    proc = torchrun_job(["cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=torchrun_fail"],
+                        tmp_path)
     assert proc.returncode != 0
     (run,) = runs(store, "torchrun_fail")
     assert run.info.status == "FAILED" and "no sharding plan fits" in run.data.tags["error"]
