@@ -50,9 +50,8 @@ class Reporter:
         self._sink: Any = None
         if self.active and self.standalone:
             # opened now, not in the writer thread: a failing job must find its run to mark it FAILED
-            opened = self._open_own_run()
-            self._sink = tracking.BackgroundWriter(lambda: opened)
-            self.uri, self.run_id = opened
+            self.uri, self.run_id = self._open_own_run()
+            self._sink = tracking.BackgroundWriter(self.uri, self.run_id)
         elif self.active:
             self._sink = tracking.EventLog(run_dir / EVENTS)
 
@@ -71,7 +70,6 @@ class Reporter:
             return
         sink.close()
         if self.standalone:
-            self.uri, self.run_id = sink.uri, sink.run_id
             return
         info = self.run_dir / RUN_INFO
         if info.exists():

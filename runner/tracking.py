@@ -106,17 +106,15 @@ def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str,
 class BackgroundWriter:
     """Runs MLflow calls on a daemon thread, in order, so training never waits for the store.
 
-    ``connect`` runs first on that thread and returns ``(uri, run_id)``; each queued call gets them.
-    ``close()`` waits until everything is written and re-raises the first failure.
+    Each queued call gets ``(uri, run_id)``. ``close()`` waits until everything is written and re-raises
+    the first failure.
     """
 
-    def __init__(self, connect: Callable[[], Tuple[str, str]]) -> None:
+    def __init__(self, uri: str, run_id: str) -> None:
         import queue
         import threading
 
-        self._connect = connect
-        self.uri: Optional[str] = None
-        self.run_id: Optional[str] = None
+        self.uri, self.run_id = uri, run_id
         self._items: "queue.Queue[Optional[Callable[[str, str], None]]]" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
@@ -128,14 +126,10 @@ class BackgroundWriter:
         self._items.put(call)
 
     def _drain(self) -> None:
-        try:
-            self.uri, self.run_id = self._connect()
-        except BaseException as exc:
-            self._error = exc
         while (call := self._items.get()) is not None:
             if self._error is None:
                 try:
-                    call(self.uri, self.run_id)  # type: ignore[arg-type]
+                    call(self.uri, self.run_id)
                 except BaseException as exc:  # surfaced on the next put() or close()
                     self._error = exc
 

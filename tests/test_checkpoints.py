@@ -152,20 +152,27 @@ def _start(args: list, tag: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_killed_worker_is_restarted_and_resumes(store: str, tmp_path: Path) -> None:
-    tag = uuid.uuid4().hex
-    proc = _start([*SMALL, "train.steps=60", "train.checkpoint.every_steps=10", "cluster.max_restarts=1",
-                   f"tracking.uri={store}", "tracking.experiment=ckpt_fault", f"hydra.run.dir={tmp_path}"], tag)
+def _kill_rank1_when(args: list, tag: str, run_dir: Path, ready, what: str, finish_s: float) -> tuple:
+    """Start a job, SIGKILL rank 1 once ``ready()``, and wait for the job: (return code, stderr)."""
+    proc = _start(args, tag)
     try:
-        _wait_for(lambda: (tmp_path / "checkpoints" / "step-00000010").exists() or proc.poll() is not None,
-                  180, "the first checkpoint")
+        _wait_for(lambda: ready() or proc.poll() is not None, 240, what)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
-        os.kill(int((tmp_path / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        os.kill(int((run_dir / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
+        _out, err = proc.communicate(timeout=finish_s)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    return proc.returncode, err
+
+
+def test_killed_worker_is_restarted_and_resumes(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    code, err = _kill_rank1_when(
+        [*SMALL, "train.steps=60", "train.checkpoint.every_steps=10", "cluster.max_restarts=1", f"tracking.uri={store}",
+         "tracking.experiment=ckpt_fault", f"hydra.run.dir={tmp_path}"], tag, tmp_path,
+        lambda: (tmp_path / "checkpoints" / "step-00000010").exists(), "the first checkpoint", 300)
+    assert code == 0, err[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["restarts"] == 1 and results["start_step"] >= 10 and results["loss_steps"][-1] == 60
     (run,) = runs(store, "ckpt_fault")
@@ -178,20 +185,13 @@ def test_worker_killed_during_a_save_fails_the_run_and_leaves_only_complete_chec
         store: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     # a large table makes each save take a while; checkpoint every step to get many chances
-    proc = _start([*SMALL, "train.steps=200", "train.checkpoint.every_steps=1", "train.checkpoint.keep_last=50",
-                   "model.tables=[{name:big,num_embeddings:1500000},{name:small,num_embeddings:1000}]",
-                   f"tracking.uri={store}", "tracking.experiment=ckpt_kill", f"hydra.run.dir={tmp_path}"], tag)
     root = tmp_path / "checkpoints"
-    try:
-        _wait_for(lambda: (list(root.glob(".tmp-step-*/*.distcp")) and complete_checkpoints(root))
-                  or proc.poll() is not None, 240, "a save in progress")
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        os.kill(int((tmp_path / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    code, err = _kill_rank1_when(
+        [*SMALL, "train.steps=200", "train.checkpoint.every_steps=1", "train.checkpoint.keep_last=50",
+         "model.tables=[{name:big,num_embeddings:1500000},{name:small,num_embeddings:1000}]",
+         f"tracking.uri={store}", "tracking.experiment=ckpt_kill", f"hydra.run.dir={tmp_path}"], tag, tmp_path,
+        lambda: bool(list(root.glob(".tmp-step-*/*.distcp")) and complete_checkpoints(root)), "a save in progress", 120)
+    assert code != 0
     line = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(line) == 1 and "rank 1" in line[0] and "SIGKILL" in line[0], err[-2000:]
     assert list(root.glob(".tmp-step-*")), "the interrupted save should be left as a temporary folder"
