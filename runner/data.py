@@ -13,6 +13,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 # The hidden model is fixed (independent of train.seed): every seed samples the same task.
 _TRUTH_SEED = 20240611
 _EVAL_STREAM = 1_000_003
+_SALT = 7919  # per-task offset of the id-weight hash
 
 
 def _id_weight(ids: torch.Tensor, table_index: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,7 @@ class SyntheticClicks:
     def __init__(self, feature_names: List[str], num_embeddings: List[int], num_dense: int,
                  batch_size: int, num_batches: int, seed: int, rank: int, eval_split: bool = False,
                  label_noise: float = 0.5, start_batch: int = 0, ids_per_feature: int = 1,
-                 variable_lengths: bool = False, zipf_alpha: float = 0.0) -> None:
+                 variable_lengths: bool = False, zipf_alpha: float = 0.0, tasks: int = 1) -> None:
         self.feature_names = list(feature_names)
         self.num_embeddings = list(num_embeddings)
         self.num_dense = num_dense
@@ -43,7 +44,9 @@ class SyntheticClicks:
         self.ids_per_feature, self.variable_lengths, self.zipf_alpha = ids_per_feature, variable_lengths, zipf_alpha
         self._seed = seed * 7919 + rank * 104729 + (_EVAL_STREAM if eval_split else 0)
         g = torch.Generator().manual_seed(_TRUTH_SEED)
-        self._dense_w = torch.randn(num_dense, generator=g) / math.sqrt(num_dense)
+        self.tasks = tasks
+        # one hidden model per task: its own dense weights, its own id weights (a salt in the hash)
+        self._dense_w = torch.randn(tasks, num_dense, generator=g) / math.sqrt(num_dense)
         self._sizes = torch.tensor(self.num_embeddings, dtype=torch.float64).unsqueeze(1)
         self._table_index = torch.arange(len(self.num_embeddings)).unsqueeze(1)
         self._lengths = torch.ones(batch_size * len(self.num_embeddings), dtype=torch.int32)
@@ -63,13 +66,15 @@ class SyntheticClicks:
         if self.ids_per_feature == 1 and not self.variable_lengths:
             # one draw per (table, sample), scaled to each table's size: every table at once
             ids = self._draw(torch.rand(tables, b, generator=g, dtype=torch.float64), self._sizes)
-            sparse = _id_weight(ids, self._table_index).sum(0) / math.sqrt(tables)
+            sparse = torch.stack([_id_weight(ids, self._table_index + _SALT * k).sum(0)
+                                  for k in range(self.tasks)]) / math.sqrt(tables)
             values, lengths = ids.reshape(-1), self._lengths
         else:
             values, lengths, sparse = self._multi_hot(g, b, tables)
-        score = dense @ self._dense_w + sparse * math.sqrt(3.0)  # unit variance each, like the dense part
+        score = self._dense_w @ dense.T + sparse * math.sqrt(3.0)  # (tasks, b); unit variance each part
         p = torch.sigmoid(score / self.label_noise)
-        labels = (torch.rand(b, generator=g) < p).float()
+        labels = (torch.rand(self.tasks, b, generator=g) < p).float()
+        labels = labels[0] if self.tasks == 1 else labels.T.contiguous()
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=values, lengths=lengths)
         return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
 
@@ -98,6 +103,9 @@ class SyntheticClicks:
         sizes = self._sizes.squeeze(1)[table_of]
         ids = self._draw(torch.rand(table_of.numel(), generator=g, dtype=torch.float64), sizes)
         segment = torch.repeat_interleave(torch.arange(tables * b), lengths.reshape(-1))
-        sums = torch.zeros(tables * b).index_add_(0, segment, _id_weight(ids, table_of))
-        sparse = (sums / lengths.reshape(-1)).view(tables, b).sum(0) / math.sqrt(tables)
+        sparse = []
+        for k in range(self.tasks):
+            sums = torch.zeros(tables * b).index_add_(0, segment, _id_weight(ids, table_of + _SALT * k))
+            sparse.append((sums / lengths.reshape(-1)).view(tables, b).sum(0) / math.sqrt(tables))
+        sparse = torch.stack(sparse)
         return ids, lengths.reshape(-1).to(torch.int32), sparse

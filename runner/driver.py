@@ -43,6 +43,10 @@ def check_device(device: str) -> None:
 def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     """What can be refused before any worker starts (torch is imported only when it must be asked)."""
     checkpoint.resolve(cfg.train.resume, checkpoint.checkpoint_root(cfg, run_dir))
+    if cfg.data.name != "synthetic":
+        from runner.datasets import check_data
+
+        check_data(cfg)
     needs_cuda_answer = (cfg.cluster.device == "cuda" or cfg.precision.tf32
                          or cfg.optimizer.sparse not in SPARSE_OPTIMIZERS_CPU)
     if not needs_cuda_answer:
@@ -56,8 +60,31 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     check_device_support(cfg.optimizer, "cuda" if cuda else "cpu")
 
 
+def write_data(cfg: Any) -> Dict[str, Any]:
+    """``mode=write_data``: the synthetic source for this model, as Parquet under ``data.path``."""
+    import time
+
+    from runner.datasets import write_parquet
+
+    if not cfg.data.path:
+        raise ConfigError("data.path", None, "a folder to write to (mode=write_data)")
+    out = Path(cfg.data.path).expanduser().resolve()
+    t0 = time.perf_counter()
+    files = write_parquet(cfg, out, cfg.data.write_rows, cfg.data.write_files, cfg.data.write_eval_rows)
+    size = sum(f.stat().st_size for f in files)
+    print(f"[runner] wrote {cfg.data.write_rows} training rows to {out / 'train'} ({cfg.data.write_files} files) and "
+          f"{cfg.data.write_eval_rows} held-out rows to {out / 'eval'}: {size / 2**20:.1f} MiB in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"[runner] train on it: python -m runner data=parquet data.path={out / 'train'} "
+          f"data.eval_path={out / 'eval'}" + (f" model={cfg.model.name}" if cfg.model.name != "dlrm" else ""),
+          flush=True)
+    return {"files": [str(f) for f in files]}
+
+
 def run_job(cfg: DictConfig) -> Dict[str, Any]:
     """Write the resolved config, launch, open the MLflow run while the workers start, close it."""
+    if cfg.mode == "write_data":
+        return write_data(cfg)
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

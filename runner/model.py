@@ -66,6 +66,51 @@ class ClickModelTrain(nn.Module):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
+class MMoE(nn.Module):
+    """Multi-gate mixture of experts (Ma et al., KDD 2018) over the dense MLP's output and the pooled
+    embeddings: shared expert MLPs, one softmax gate and one tower per task; one logit per task."""
+
+    def __init__(self, ebc: EmbeddingBagCollection, dense_in: int, dense_sizes: List[int], num_experts: int,
+                 expert_sizes: List[int], tower_sizes: List[int], tasks: int, dense_device: torch.device) -> None:
+        super().__init__()
+        self.embedding_bag_collection = ebc
+        self.features = [f for cfg in ebc.embedding_bag_configs() for f in cfg.feature_names]
+        width = dense_sizes[-1] + sum(cfg.embedding_dim for cfg in ebc.embedding_bag_configs())
+        self.dense_arch = MLP(dense_in, dense_sizes, device=dense_device)
+        self.experts = nn.ModuleList(MLP(width, expert_sizes, device=dense_device) for _ in range(num_experts))
+        self.gates = nn.ModuleList(nn.Linear(width, num_experts, device=dense_device) for _ in range(tasks))
+        hidden = tower_sizes[:-1]
+        self.towers = nn.ModuleList(
+            nn.Sequential(*([MLP(expert_sizes[-1], hidden, device=dense_device)] if hidden else []),
+                          nn.Linear(hidden[-1] if hidden else expert_sizes[-1], 1, device=dense_device))
+            for _ in range(tasks))
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(sparse).to_dict()
+        x = torch.cat([self.dense_arch(dense)] + [pooled[f] for f in self.features], dim=1)
+        experts = torch.stack([e(x) for e in self.experts], dim=1)  # (batch, experts, width)
+        logits = []
+        for gate, tower in zip(self.gates, self.towers, strict=True):
+            weights = torch.softmax(gate(x), dim=-1).unsqueeze(-1)  # (batch, experts, 1)
+            logits.append(tower((weights * experts).sum(1)))
+        return torch.cat(logits, dim=1)  # (batch, tasks)
+
+
+class MultiTaskTrain(nn.Module):
+    """``model(dense, sparse) -> (batch, tasks)`` logits; the loss is the sum of the tasks' BCE losses."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="none")
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        labels = batch.labels.float().reshape(logits.shape)
+        loss = self.loss_fn(logits, labels).mean(0).sum()
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
 def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
     """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
@@ -87,6 +132,9 @@ def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
             deepfm = SimpleDeepFMNN(num_dense_features=dense_in, embedding_bag_collection=ebc,
                                     hidden_layer_size=dense_sizes[0], deep_fm_dimension=over_sizes[0])
         return ClickModelTrain(deepfm)
+    if m.family == "mmoe":
+        return MultiTaskTrain(MMoE(ebc, dense_in, dense_sizes, m.num_experts, list(m.expert_layer_sizes),
+                                   over_sizes, len(m.tasks), dense_device))
     return ClickModelTrain(EmbeddingMLP(ebc, dense_in, dense_sizes, over_sizes, dense_device))
 
 

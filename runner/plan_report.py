@@ -62,7 +62,7 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     ranks = per_rank_estimates(best_plan, world)
     pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
     pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
-    batch = cfg.sharding.planner_batch_size or cfg.train.batch_size
+    batch = cfg.sharding.planner_batch_size or cfg.train.batch_size * cfg.train.grad_accumulation_steps
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type)}

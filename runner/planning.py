@@ -201,7 +201,7 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
     return EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size,
+        batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size * cfg.train.grad_accumulation_steps,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
         proposer=build_proposer(cfg.sharding, device_type),
         constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],

@@ -126,6 +126,15 @@ class Reporter:
         self._tags(tags)
         self._log({"restarts": float(restarts)}, step)
 
+    def data_ended(self, step: int) -> None:
+        """The data ran out on some rank before ``train.steps``: every rank stopped after ``step``."""
+        self.extra["data_ended_at_step"] = step
+        if not self.active:
+            return
+        print(f"[runner] data ended after step {step} of {self.cfg.train.steps} (every rank stopped there)",
+              flush=True)
+        self._tags({"runner.data_ended_at_step": step})
+
     def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
         self._log(metrics, step)
 

@@ -29,12 +29,13 @@ SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "lamb", "parti
 SPARSE_OPTIMIZERS_CPU = ("rowwise_adagrad", "adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adam", "adamw", "adagrad", "sgd")
 SCHEDULES = ("constant", "exp_decay", "steps", "cosine")
-AUTOCAST_DTYPES = ("bfloat16",)
+AUTOCAST_DTYPES = ("bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 STORAGE_POLICIES = ("heuristic", "fixed")
 PROPOSERS = ("default", "dynamic_programming", "greedy", "grid_search", "uniform")
-MODES = ("train", "plan")
-MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn")
+MODES = ("train", "plan", "write_data")
+MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn", "mmoe")
+DATA_SOURCES = ("synthetic", "parquet", "criteo")
 ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")
 
 
@@ -83,7 +84,14 @@ class ModelSchema:
     dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 64])
     """Bottom MLP widths; for ``dlrm`` the last must equal ``embedding_dim``."""
     over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
-    """Top MLP widths; the last must be 1 (one logit)."""
+    """Top MLP widths; the last must be 1 (one logit). ``mmoe``: each task tower's widths."""
+    tasks: List[str] = field(default_factory=lambda: ["label"])
+    """Labels the model predicts, one logit each (the data's label columns). Only ``mmoe`` takes more
+    than one; each task gets its own loss and metrics (``train/<task>/loss``, ``eval/<task>/auc``)."""
+    num_experts: int = 4
+    """``mmoe``: shared experts (MLPs over the dense output and the pooled embeddings)."""
+    expert_layer_sizes: List[int] = field(default_factory=lambda: [64, 32])
+    """``mmoe``: widths of each expert MLP."""
 
 
 @dataclass
@@ -226,11 +234,27 @@ class ClusterSchema:
 
 
 @dataclass
+class GradScalerSchema:
+    enabled: Optional[bool] = None
+    """Dynamic loss scaling (``torch.amp.GradScaler``'s rules): null = on with ``autocast: float16``."""
+    init_scale: float = 65536.0
+    """Loss scale of the first step."""
+    growth_factor: float = 2.0
+    """Factor applied to the scale after ``growth_interval`` steps without inf/nan gradients."""
+    backoff_factor: float = 0.5
+    """Factor applied to the scale when a step's gradients hold inf/nan (the step is skipped)."""
+    growth_interval: int = 2000
+    """Good steps between growths."""
+
+
+@dataclass
 class PrecisionSchema:
     name: str = "fp32"
     """Preset name, for display."""
     autocast: Optional[str] = None
-    """Autocast dtype for the dense part: null (fp32) | ``bfloat16``."""
+    """Autocast dtype for the dense part: null (fp32) | ``bfloat16`` | ``float16`` (with loss scaling)."""
+    grad_scaler: GradScalerSchema = field(default_factory=GradScalerSchema)
+    """Loss scaling for fp16 autocast; the embeddings' fused optimizer gets unscaled gradients."""
     embedding_dtype: str = "fp32"
     """Storage type of the embedding tables: ``fp32`` | ``fp16`` (half the memory; FBGEMM's kernels
     compute in fp32 and round the stored rows)."""
@@ -245,7 +269,17 @@ class PrecisionSchema:
 @dataclass
 class DataSchema:
     name: str = "synthetic"
-    """Data source. Only ``synthetic`` so far: learnable labels that depend on ids and dense features."""
+    """Data source: ``synthetic`` (generated; learnable labels that depend on ids and dense features) |
+    ``parquet`` (a folder of Parquet files) | ``criteo`` (Criteo click-log TSV files)."""
+    path: Optional[str] = None
+    """``parquet``: a folder (searched recursively) or file; ``criteo``: a TSV file or a folder of them."""
+    eval_path: Optional[str] = None
+    """Held-out data of the same kind (null: evaluate on the first ``eval_batches`` of ``path``)."""
+    num_workers: int = 0
+    """Dataloader worker processes per rank reading ``path`` (0: read in the training process)."""
+    hash_ids: bool = True
+    """File sources: ids (criteo: hex values) taken modulo their table's size; false: out-of-range ids
+    are an error."""
     num_dense_features: int = 13
     """Dense (continuous) features per sample."""
     eval_batches: int = 8
@@ -259,6 +293,12 @@ class DataSchema:
     zipf_alpha: float = 0.0
     """0: uniform ids; > 0: power-law ids with this exponent (about 1.05 for click logs), hot ids
     scattered over the table."""
+    write_rows: int = 100_000
+    """``mode=write_data``: training rows written (the synthetic source, as Parquet, to ``data.path``)."""
+    write_files: int = 4
+    """``mode=write_data``: files the training rows are split into."""
+    write_eval_rows: int = 8192
+    """``mode=write_data``: held-out rows (``<data.path>/eval``)."""
 
 
 @dataclass
@@ -282,7 +322,11 @@ class TrainSchema:
     steps: int = 200
     """Training steps (batches per rank)."""
     batch_size: int = 256
-    """Samples per rank per step."""
+    """Samples per rank per micro-batch (per step when ``grad_accumulation_steps`` is 1)."""
+    grad_accumulation_steps: int = 1
+    """Micro-batches per optimizer step: a step sees ``batch_size * grad_accumulation_steps`` samples
+    per rank, with the dense part's activations of one micro-batch at a time (same result as the larger
+    batch; embeddings are looked up and updated once per step)."""
     log_every: int = 50
     """Steps between logged training metrics."""
     seed: int = 0
@@ -312,7 +356,8 @@ class TrackingSchema:
 @dataclass
 class RunnerConfig:
     mode: str = "train"
-    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster)."""
+    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) |
+    ``write_data`` (write the synthetic source for this model as Parquet to ``data.path``)."""
     model: ModelSchema = field(default_factory=ModelSchema)
     sharding: ShardingSchema = field(default_factory=ShardingSchema)
     optimizer: OptimizerSchema = field(default_factory=OptimizerSchema)

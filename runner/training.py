@@ -12,12 +12,28 @@ import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from runner.optimizers import scheduled_rates, set_learning_rates
+from runner.steps import LossScale, SplitStep
 
 
 def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
     if dtype_name is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
+
+
+def loss_scaling(cfg: Any) -> bool:
+    enabled = cfg.precision.grad_scaler.enabled
+    return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
+
+
+def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any) -> Any:
+    """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
+    if cfg.train.grad_accumulation_steps == 1 and not loss_scaling(cfg):
+        return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
+    g = cfg.precision.grad_scaler
+    scale = LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval) if loss_scaling(
+        cfg) else None
+    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast, scale)
 
 
 @dataclass
@@ -28,60 +44,89 @@ class TrainResult:
     final_loss: float = float("nan")
     samples_per_s: float = 0.0
     step_time_ms: float = 0.0
+    last_step: int = 0
+    data_ended: bool = False
 
 
-def _mean_across_ranks(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def _mean_across_ranks(values: List[float], device: torch.device) -> List[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
+    return (t / dist.get_world_size()).tolist()
+
+
+def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> List[float]:
+    """Each task's BCE of one step (multi-task models: logits and labels are (batch, tasks))."""
+    per = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), labels.float().reshape(logits.shape), reduction="none").mean(0)
+    return per.tolist()
 
 
 def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: Any,
           on_log: Callable[[int, Dict[str, float]], None], progress: Any,
           due: Callable[[int], bool] = lambda step: False,
           on_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:
-    """Run steps ``start+1 .. steps`` pipelined. Every ``train.log_every`` steps report metrics; at steps
-    where ``due(step)``, hand the model to ``on_checkpoint`` (outside the pipeline). All ranks join both."""
-    result = TrainResult()
+    """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
+    step). Every ``train.log_every`` steps report metrics; at steps where ``due(step)``, hand the model to
+    ``on_checkpoint`` (outside the pipeline). All ranks join both."""
+    result = TrainResult(last_step=start)
     if start >= steps:
         return result
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
+    pipeline = make_step(dmp, optimizer, device, cfg)
     it = iter(batches)
     dmp.train()
-    world, batch = dist.get_world_size(), cfg.train.batch_size
-    window_loss, window_steps, window_start, paused = 0.0, 0, time.perf_counter(), 0.0
-    applied: tuple = ()
+    world, batch = dist.get_world_size(), cfg.train.batch_size * cfg.train.grad_accumulation_steps
+    tasks = list(cfg.model.tasks)
+    window_loss, window_tasks, window_steps = 0.0, [0.0] * len(tasks), 0
+    window_start, paused = time.perf_counter(), 0.0
+    applied: tuple = (float("nan"), float("nan"))
     timed_s, timed_steps, first_window = 0.0, 0, True  # the first window holds the pipeline's tracing
+
+    def log_window(step: int) -> None:
+        nonlocal window_loss, window_tasks, window_steps, window_start, paused, timed_s, timed_steps, first_window
+        now = time.perf_counter()
+        elapsed = now - window_start - paused  # wall time of the window: logging included, pauses not
+        if not first_window or step == steps and timed_steps == 0:
+            timed_s, timed_steps = timed_s + elapsed, timed_steps + window_steps
+        first_window = False
+        means = _mean_across_ranks([window_loss / window_steps] + [t / window_steps for t in window_tasks], device)
+        metrics = {
+            "train/loss": means[0],
+            "train/samples_per_s": world * batch * window_steps / max(elapsed, 1e-9),
+            "train/lr_dense": applied[1],
+            "train/lr_sparse": applied[0],
+        }
+        if len(tasks) > 1:
+            metrics.update({f"train/{t}/loss": v for t, v in zip(tasks, means[1:], strict=True)})
+        loss_scale = getattr(getattr(pipeline, "loss_scale", None), "scale", None)
+        if loss_scale is not None:
+            metrics["train/loss_scale"] = float(loss_scale)
+            metrics["train/skipped_steps"] = float(pipeline.loss_scale.skipped)
+        result.losses.append(means[0])
+        result.steps.append(step)
+        progress.set_postfix(loss=f"{means[0]:.4f}", refresh=False)
+        on_log(step, metrics)
+        window_loss, window_tasks, window_steps, window_start, paused = 0.0, [0.0] * len(tasks), 0, now, 0.0
+
     for step in range(start + 1, steps + 1):
-        with autocast(device, cfg.precision.autocast):
-            rates = scheduled_rates(cfg.optimizer, step, steps)
-            if rates != applied:  # constant schedules touch the optimizers once
-                applied = set_learning_rates(optimizer, *rates)
-            lr_sparse, lr_dense = applied
-            loss, _logits, _labels = pipeline.progress(it)
+        rates = scheduled_rates(cfg.optimizer, step, steps)
+        if rates != applied:  # constant schedules touch the optimizers once
+            applied = set_learning_rates(optimizer, *rates)
+        try:
+            with autocast(device, cfg.precision.autocast):
+                loss, logits, labels = pipeline.progress(it)
+        except StopIteration:  # every rank's data check said: some rank has no batch left
+            result.data_ended = True
+            break
+        result.last_step = step
         window_loss += float(loss.detach().float().mean())
+        if len(tasks) > 1:
+            window_tasks = [a + b for a, b in zip(window_tasks, _task_losses(logits, labels), strict=True)]
         window_steps += 1
         if result.first_step_unix is None:
             result.first_step_unix = time.time()
         progress.update(1)
         if step % cfg.train.log_every == 0 or step == steps:
-            now = time.perf_counter()
-            elapsed = now - window_start - paused  # wall time of the window: logging included, pauses not
-            if not first_window or step == steps and timed_steps == 0:
-                timed_s, timed_steps = timed_s + elapsed, timed_steps + window_steps
-            first_window = False
-            loss_avg = _mean_across_ranks(window_loss / window_steps, device)
-            metrics = {
-                "train/loss": loss_avg,
-                "train/samples_per_s": world * batch * window_steps / max(elapsed, 1e-9),
-                "train/lr_dense": lr_dense,
-                "train/lr_sparse": lr_sparse,
-            }
-            result.losses.append(loss_avg)
-            result.steps.append(step)
-            progress.set_postfix(loss=f"{loss_avg:.4f}", refresh=False)
-            on_log(step, metrics)
-            window_loss, window_steps, window_start, paused = 0.0, 0, now, 0.0
+            log_window(step)
         if on_checkpoint is not None and step < steps and due(step):
             t0 = time.perf_counter()
             pipeline.detach()  # evaluation and saving run the model outside the pipeline
@@ -89,8 +134,10 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             dmp.train()
             pipeline.attach(dmp)
             paused += time.perf_counter() - t0
+    if window_steps:  # the data ended inside a window
+        log_window(result.last_step)
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
-    result.final_loss = result.losses[-1]
+    result.final_loss = result.losses[-1] if result.losses else float("nan")
     result.samples_per_s = world * batch * timed_steps / max(timed_s, 1e-9)
     result.step_time_ms = 1000.0 * timed_s / max(timed_steps, 1)
     return result
@@ -132,22 +179,34 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 @torch.no_grad()
 def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dict[str, float]:
-    """AUC and log loss over every rank's held-out batches, gathered to all ranks."""
+    """AUC and log loss over every rank's held-out batches, gathered to all ranks; per task as well for
+    multi-task models (``eval/auc`` is then the mean of the tasks' AUCs)."""
     dmp.eval()
+    tasks = list(cfg.model.tasks)
     logits, labels = [], []
     for b in batches:
         b = b.to(device)
         with autocast(device, cfg.precision.autocast):
             _loss, (_l, out, lab) = dmp(b)
-        logits.append(out.detach().float().reshape(-1))
-        labels.append(lab.detach().float().reshape(-1))
-    local = torch.stack([torch.cat(logits), torch.cat(labels)])
+        logits.append(out.detach().float().reshape(-1, len(tasks)))
+        labels.append(lab.detach().float().reshape(-1, len(tasks)))
+    if not logits:
+        raise ValueError("evaluation got no batch: the evaluation data holds fewer than one batch "
+                         f"({cfg.train.batch_size * cfg.train.grad_accumulation_steps} rows) per rank")
+    local = torch.cat([torch.cat(logits), torch.cat(labels)], dim=1)  # (rows, 2 * tasks)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
-    allv = torch.cat(gathered, dim=1).cpu().double()
-    scores, target = allv[0], allv[1]
-    logloss = torch.nn.functional.binary_cross_entropy_with_logits(scores, target).item()
-    auc = binary_auc(scores, target)
+    allv = torch.cat(gathered).cpu().double()
+    out: Dict[str, float] = {}
+    for i, task in enumerate(tasks):
+        scores, target = allv[:, i], allv[:, len(tasks) + i]
+        logloss = torch.nn.functional.binary_cross_entropy_with_logits(scores, target).item()
+        prefix = "eval" if len(tasks) == 1 else f"eval/{task}"
+        out.update({f"{prefix}/auc": binary_auc(scores, target), f"{prefix}/logloss": logloss,
+                    f"{prefix}/positive_rate": float(target.mean())})
+    if len(tasks) > 1:
+        out["eval/auc"] = sum(out[f"eval/{t}/auc"] for t in tasks) / len(tasks)
+        out["eval/logloss"] = sum(out[f"eval/{t}/logloss"] for t in tasks) / len(tasks)
+    out["eval/samples"] = float(allv.shape[0])
     dmp.train()
-    return {"eval/auc": auc, "eval/logloss": logloss,
-            "eval/samples": float(target.numel()), "eval/positive_rate": float(target.mean())}
+    return out

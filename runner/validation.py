@@ -11,6 +11,7 @@ from typing import Any
 from runner.schema import (
     AUTOCAST_DTYPES,
     COMPUTE_KERNELS,
+    DATA_SOURCES,
     DENSE_OPTIMIZERS,
     DEVICES,
     MODEL_FAMILIES,
@@ -52,6 +53,11 @@ def _validate_model(m: Any) -> None:
         _check(tb.num_embeddings > 0, f"model.tables[{i}].num_embeddings", tb.num_embeddings, "> 0")
         _check(tb.embedding_dim is None or tb.embedding_dim > 0, f"model.tables[{i}].embedding_dim",
                tb.embedding_dim, "null or > 0")
+    _check(len(m.tasks) >= 1 and len(set(m.tasks)) == len(m.tasks), "model.tasks", list(m.tasks),
+           "a list of distinct task (label column) names")
+    _check(len(m.tasks) == 1 or m.family == "mmoe", "model.tasks", list(m.tasks),
+           f"one task for model.family={m.family} (multi-task: model=mmoe)")
+    _check(m.num_experts >= 1, "model.num_experts", m.num_experts, "an integer >= 1")
     g = m.generated_tables
     _check(g.count >= 0, "model.generated_tables.count", g.count, ">= 0")
     _check(0 < g.min_rows <= g.max_rows, "model.generated_tables.min_rows", g.min_rows,
@@ -173,13 +179,20 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check_choices("precision.embedding_dtype", [p.embedding_dtype], ("fp32", "fp16"))
     for key in ("qcomm_forward", "qcomm_backward"):
         _check(getattr(p, key) in (None, "fp16", "bf16"), f"precision.{key}", getattr(p, key), "null, fp16 or bf16")
-    _check(d.name == "synthetic", "data.name", d.name, "synthetic")
+    _check_choices("data.name", [d.name], DATA_SOURCES)
+    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "an integer >= 0")
+    for key in ("write_rows", "write_files", "write_eval_rows"):
+        _check(getattr(d, key) > 0, f"data.{key}", getattr(d, key), "a positive integer")
     _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")
     _check(d.eval_batches > 0, "data.eval_batches", d.eval_batches, "a positive integer")
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
     _check(d.ids_per_feature >= 1, "data.ids_per_feature", d.ids_per_feature, "an integer >= 1")
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
-    for key in ("steps", "batch_size", "log_every"):
+    g = p.grad_scaler
+    _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
+           "precision.grad_scaler", dict(g), "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
+           " growth_interval > 0")
+    for key in ("steps", "batch_size", "log_every", "grad_accumulation_steps"):
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",
            t.threads_per_worker, "null or a positive integer")

@@ -101,14 +101,14 @@ def _resume_point(cfg: Any, checkpointer: Any, restarts: int) -> Optional[Path]:
 
 def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
     from runner import checkpoint
-    from runner.data import SyntheticClicks
+    from runner.datasets import AllRanksIterator
+    from runner.datasets import source as data_source
     from runner.model import build_model
     from runner.optimizers import apply_sparse_optimizer, check_device_support, combined_optimizer
     from runner.planning import make_plan
-    from runner.tables import table_specs
     from runner.training import evaluate, gather_measurements, train
 
     rank, local_rank, world, local_world = _world(cfg)
@@ -128,7 +128,10 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         apply_sparse_optimizer(model, cfg.optimizer)
         plan, best_plan, plan_s, sharders = make_plan(cfg, model, world, local_world, device.type,
                                                       dist.GroupMember.WORLD)
-        dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+        # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
+        wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
+        dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
+                                       data_parallel_wrapper=wrapper)
         reporter.plan(plan, best_plan, plan_s, world, local_world, device.type)
         optimizer = combined_optimizer(dmp, cfg.optimizer)
 
@@ -137,14 +140,10 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         start = checkpoint.load(source, dmp, optimizer, cfg.train.resume_optimizer, rank)["step"] if source else 0
         reporter.started(start, restarts, source)
 
-        specs = table_specs(cfg.model)
-        names, sizes = [t.name for t in specs], [t.num_embeddings for t in specs]
-
-        def data(num_batches: int, eval_split: bool, first: int = 0) -> SyntheticClicks:
-            return SyntheticClicks(names, sizes, cfg.data.num_dense_features, cfg.train.batch_size, num_batches,
-                                   cfg.train.seed, rank, eval_split, cfg.data.label_noise, start_batch=first,
-                                   ids_per_feature=cfg.data.ids_per_feature,
-                                   variable_lengths=cfg.data.variable_lengths, zipf_alpha=cfg.data.zipf_alpha)
+        def data(num_batches: int, eval_split: bool, first: int = 0) -> Any:
+            batches = data_source(cfg, rank, world, eval_split, first, num_batches)
+            # synthetic sources have the same length on every rank; files may end unevenly
+            return batches if cfg.data.name == "synthetic" else AllRanksIterator(batches)
 
         def save(step: int, metrics: Dict[str, float]) -> None:
             meta = {"world_size": world, "sharding_types": sorted(reporter.sharding_types), "metrics": metrics}
@@ -159,10 +158,12 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         with reporter.progress(cfg.train.steps, start) as bar:
             result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
                            cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint)
+        if result.data_ended:
+            reporter.data_ended(result.last_step)
         reporter.measured(gather_measurements(result, device))
         eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
-        if cfg.train.checkpoint.enabled:
-            save(cfg.train.steps, eval_metrics)
+        if cfg.train.checkpoint.enabled and result.last_step > start:
+            save(result.last_step, eval_metrics)
         return reporter.finish(result, eval_metrics, world)
     except BaseException as exc:
         reporter.failed(exc)

@@ -118,3 +118,64 @@ def test_multi_hot_power_law_data_trains(store: str, tmp_path: Path) -> None:
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0]
     assert run.data.params["data.zipf_alpha"] == "1.05"
+
+
+@pytest.mark.slow
+def test_grad_accumulation_equals_the_larger_batch(store: str, tmp_path: Path) -> None:
+    """2 micro-batches of 64 per step give the losses and eval of one batch of 128 (same samples)."""
+    results = {}
+    for name, batch, accum in (("big", 128, 1), ("accum", 64, 2)):
+        proc = run_cli(["train.steps=20", "train.log_every=5", "data.eval_batches=2", f"train.batch_size={batch}",
+                        f"train.grad_accumulation_steps={accum}", "sharding=rowwise",
+                        "train.checkpoint.enabled=false", f"tracking.uri={store}", "tracking.experiment=accum",
+                        f"hydra.run.dir={tmp_path / name}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "results.json").read_text())
+    big, acc = results["big"], results["accum"]
+    assert len(big["losses"]) == 4 and big["losses"][-1] < big["losses"][0]
+    assert acc["losses"] == pytest.approx(big["losses"], rel=1e-4, abs=1e-5)
+    assert acc["eval_auc"] == pytest.approx(big["eval_auc"], abs=1e-4)
+    # and it is not the 64-sample batch's result
+    proc = run_cli(["train.steps=20", "train.log_every=5", "data.eval_batches=2", "train.batch_size=64",
+                    "sharding=rowwise", "train.checkpoint.enabled=false", f"tracking.uri={store}",
+                    "tracking.experiment=accum", f"hydra.run.dir={tmp_path / 'small'}"])
+    small = json.loads((tmp_path / "small" / "results.json").read_text())
+    assert small["losses"] != pytest.approx(big["losses"], rel=1e-3)
+    params = {r.data.params["train.grad_accumulation_steps"] for r in runs(store, "accum")}
+    assert params == {"1", "2"}
+
+
+@pytest.mark.slow
+def test_fp16_autocast_with_loss_scaling_skips_overflow_and_trains(store: str, tmp_path: Path) -> None:
+    # a scale of 2^40 overflows fp16 gradients: those steps are skipped on every rank, the scale backs off
+    proc = run_cli([*FAST, "train.log_every=5", "precision=fp16", "precision.grad_scaler.init_scale=1099511627776",
+                    "precision.grad_scaler.growth_interval=10", "sharding=tablewise", f"tracking.uri={store}",
+                    "tracking.experiment=fp16amp", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "fp16amp")
+    scale = metric_history(store, run.info.run_id, "train/loss_scale")
+    skipped = metric_history(store, run.info.run_id, "train/skipped_steps")
+    assert scale[0] < 2.0**40 and skipped[-1] >= 1 and skipped[-1] < 30
+    assert max(scale[1:]) > scale[0] or skipped[-1] > skipped[0]  # it grows again, or keeps backing off
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert all(x == x for x in losses) and losses[-1] < losses[0]
+    assert 0.55 < run.data.metrics["eval/auc"] <= 1.0
+    assert run.data.params["precision.autocast"] == "float16"
+
+
+@pytest.mark.slow
+def test_mmoe_trains_two_tasks_and_logs_each(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "train.steps=40", "model=mmoe", "sharding=tablewise", f"tracking.uri={store}",
+                    "tracking.experiment=mmoe", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "mmoe")
+    m = run.data.metrics
+    for task in ("click", "conversion"):
+        losses = metric_history(store, run.info.run_id, f"train/{task}/loss")
+        assert len(losses) == 4 and losses[-1] < losses[0], (task, losses)
+        assert m[f"eval/{task}/auc"] > 0.55
+        assert 0.0 < m[f"eval/{task}/positive_rate"] < 1.0
+    assert m["eval/auc"] == pytest.approx((m["eval/click/auc"] + m["eval/conversion/auc"]) / 2)
+    total = metric_history(store, run.info.run_id, "train/loss")
+    parts = [metric_history(store, run.info.run_id, f"train/{t}/loss") for t in ("click", "conversion")]
+    assert total == pytest.approx([a + b for a, b in zip(*parts, strict=True)], rel=1e-4)

@@ -1,0 +1,410 @@
+"""Data sources: synthetic clicks, a folder of Parquet files, Criteo click logs; and the all-ranks end check.
+
+Every source yields TorchRec ``Batch`` objects of ``samples_per_step`` rows for one rank. File sources
+split their rows over ``world_size * data.num_workers`` shards (one per rank and dataloader worker):
+
+- ``parquet``: by row count, read from the files' metadata; shards differ by at most one row
+  (TorchEasyRec's rebalancing), so ranks end within one batch of each other;
+- ``criteo``: by byte range over the concatenated files, each line read by the shard its first byte
+  falls in (no pass over the data to count lines); ends differ by a few batches.
+
+Either way one rank can run out first. :class:`AllRanksIterator` asks every rank, before each batch,
+whether it has one (one all-reduce of one number over a gloo group); when any rank has none, every rank
+stops at the same step instead of the others hanging in the next collective.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from runner.validation import ConfigError
+
+CRITEO_DENSE, CRITEO_SPARSE = 13, 26
+DENSE_PREFIX = "dense_"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a batch holds: label columns (one per task), dense features, sparse features with table sizes."""
+
+    tasks: Tuple[str, ...]
+    num_dense: int
+    features: Tuple[str, ...]
+    sizes: Tuple[int, ...]
+
+    @property
+    def dense_columns(self) -> List[str]:
+        return [f"{DENSE_PREFIX}{i}" for i in range(self.num_dense)]
+
+
+def layout(cfg: Any) -> Layout:
+    from runner.tables import table_specs
+
+    specs = table_specs(cfg.model)
+    return Layout(tuple(cfg.model.tasks), int(cfg.data.num_dense_features), tuple(t.name for t in specs),
+                  tuple(int(t.num_embeddings) for t in specs))
+
+
+def samples_per_step(cfg: Any) -> int:
+    """Rows per rank per optimizer step (all micro-batches of a step)."""
+    return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
+
+
+def _make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
+                values: np.ndarray) -> Batch:
+    """``lengths``: (features, rows); ``values``: ids in feature-major order (KJT's layout)."""
+    lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
+    if lab.dim() == 2 and lab.shape[1] == 1:
+        lab = lab[:, 0]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(lay.features), values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
+        lengths=torch.from_numpy(np.ascontiguousarray(lengths.reshape(-1), dtype=np.int32)))
+    return Batch(dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
+                 sparse_features=kjt, labels=lab)
+
+
+# ---------------------------------------------------------------------------------------------- parquet
+
+
+def parquet_files(path: str) -> List[Path]:
+    p = Path(path)
+    files = sorted(p.rglob("*.parquet")) if p.is_dir() else ([p] if p.is_file() else [])
+    return files
+
+
+def _shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
+    return total * shard // shards, total * (shard + 1) // shards
+
+
+class _ShardedSource(torch.utils.data.IterableDataset):
+    """Base of the file sources: shard = rank * workers + dataloader worker id."""
+
+    def __init__(self, path: str, lay: Layout, batch_size: int, rank: int, world: int, workers: int,
+                 hash_ids: bool, skip_batches: int = 0, max_batches: Optional[int] = None) -> None:
+        super().__init__()
+        self.path, self.lay, self.batch_size = path, lay, batch_size
+        self.rank, self.world, self.workers, self.hash_ids = rank, world, max(workers, 1), hash_ids
+        self.skip_batches, self.max_batches = skip_batches, max_batches
+
+    def _shard(self) -> Tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        return self.rank * self.workers + worker, self.world * self.workers
+
+    def _ids(self, ids: np.ndarray, feature: int) -> np.ndarray:
+        size = self.lay.sizes[feature]
+        if self.hash_ids:
+            return ids % size
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            raise ValueError(f"feature {self.lay.features[feature]!r} has ids outside [0, {size}) and "
+                             "data.hash_ids=false")
+        return ids
+
+
+class ParquetSource(_ShardedSource):
+    """Rows of a folder of Parquet files. Columns: one per task (label), ``dense_0..dense_{D-1}`` (float),
+    one per sparse feature named as its table (int64, or list<int64> for multi-hot)."""
+
+    def rows(self) -> List[Tuple[Path, int]]:
+        import pyarrow.parquet as pq
+
+        return [(f, pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(self.path)]
+
+    def __iter__(self) -> Iterator[Batch]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        shard, shards = self._shard()
+        files = self.rows()
+        lo, hi = _shard_range(sum(n for _, n in files), shard, shards)
+        columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
+        pending: List[Any] = []
+        pending_rows, offset, emitted = 0, 0, 0
+        for path, n in files:
+            start, end = max(lo - offset, 0), min(hi - offset, n)
+            offset += n
+            if start >= end:
+                continue
+            table = pq.read_table(path, columns=columns).slice(start, end - start)
+            pending.append(table)
+            pending_rows += table.num_rows
+            while pending_rows >= self.batch_size:
+                merged = pa.concat_tables(pending)
+                take, rest = merged.slice(0, self.batch_size), merged.slice(self.batch_size)
+                pending, pending_rows = [rest], rest.num_rows
+                if emitted >= self.skip_batches:
+                    yield self._batch(take)
+                emitted += 1
+                if self.max_batches is not None and emitted >= self.max_batches:
+                    return
+
+    def _batch(self, t: Any) -> Batch:
+        import pyarrow as pa
+
+        labels = np.stack([t.column(c).to_numpy() for c in self.lay.tasks], axis=1)
+        dense = np.stack([t.column(c).to_numpy() for c in self.lay.dense_columns], axis=1) if \
+            self.lay.num_dense else np.zeros((t.num_rows, 0), np.float32)
+        lengths, values = [], []
+        for i, name in enumerate(self.lay.features):
+            col = t.column(name).combine_chunks()
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                offsets = col.offsets.to_numpy()
+                lengths.append(np.diff(offsets))
+                ids = col.values.to_numpy()[offsets[0]:offsets[-1]]
+            else:
+                lengths.append(np.ones(t.num_rows, np.int64))
+                ids = col.to_numpy()
+            values.append(self._ids(ids.astype(np.int64), i))
+        return _make_batch(self.lay, labels, dense, np.stack(lengths), np.concatenate(values))
+
+
+# ----------------------------------------------------------------------------------------------- criteo
+
+_HEX = np.zeros(256, dtype=np.uint64)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX[_c] = 10 + _i
+
+
+def hex_to_int(strings: Sequence[str]) -> np.ndarray:
+    """Hex strings (up to 16 digits; empty = 0) to unsigned integers, vectorised."""
+    arr = np.array([s or "0" for s in strings], dtype="S16")
+    arr = np.char.rjust(arr, 16, b"0")
+    digits = _HEX[np.frombuffer(arr.tobytes(), dtype=np.uint8).reshape(-1, 16)]
+    powers = np.array([16 ** (15 - i) for i in range(16)], dtype=np.uint64)
+    return (digits * powers).sum(axis=1, dtype=np.uint64)
+
+
+def criteo_files(path: str) -> List[Path]:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        return []
+    return sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+class CriteoSource(_ShardedSource):
+    """Criteo click logs: ``label \\t I1..I13 \\t C1..C26`` per line (TSV, missing values empty).
+    Dense: ``log(1 + max(x, 0))``; categorical: hex value modulo the feature's table size."""
+
+    block_bytes = 4 << 20
+
+    def __iter__(self) -> Iterator[Batch]:
+        shard, shards = self._shard()
+        files = criteo_files(self.path)
+        sizes = [f.stat().st_size for f in files]
+        lo, hi = _shard_range(sum(sizes), shard, shards)
+        buffered: List[str] = []
+        offset, emitted = 0, 0
+        for path, size in zip(files, sizes, strict=True):
+            start, end = max(lo - offset, 0), min(hi - offset, size)
+            offset += size
+            if start >= end:
+                continue
+            for line in _lines_starting_in(path, start, end, self.block_bytes):
+                buffered.append(line)
+                if len(buffered) == self.batch_size:
+                    if emitted >= self.skip_batches:
+                        yield self._batch(buffered)
+                    buffered, emitted = [], emitted + 1
+                    if self.max_batches is not None and emitted >= self.max_batches:
+                        return
+
+    def _batch(self, lines: List[str]) -> Batch:
+        width = 1 + CRITEO_DENSE + CRITEO_SPARSE
+        cells = [ln.rstrip("\r\n").split("\t") for ln in lines]
+        bad = next((i for i, c in enumerate(cells) if len(c) != width), None)
+        if bad is not None:
+            raise ValueError(f"criteo line has {len(cells[bad])} fields, expected {width} "
+                             f"(label, 13 integer, 26 categorical): {lines[bad][:80]!r}")
+        cols = list(zip(*cells, strict=True))
+        labels = np.array([int(v or 0) for v in cols[0]], dtype=np.float32)[:, None]
+        dense = np.array([[float(v or 0) for v in cols[1 + j]] for j in range(CRITEO_DENSE)], np.float64).T
+        dense = np.log1p(np.maximum(dense, 0.0))
+        n = len(lines)
+        values = [self._ids((hex_to_int(cols[1 + CRITEO_DENSE + j]) % np.uint64(self.lay.sizes[j])).astype(
+            np.int64), j) for j in range(CRITEO_SPARSE)]
+        return _make_batch(self.lay, labels, dense, np.ones((CRITEO_SPARSE, n), np.int64), np.concatenate(values))
+
+
+def _lines_starting_in(path: Path, start: int, end: int, block: int) -> Iterator[str]:
+    """Lines of ``path`` whose first byte lies in ``[start, end)``."""
+    with open(path, "rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                f.readline()  # the line in progress belongs to the previous shard
+        pos = f.tell()
+        while pos < end:
+            lines = f.readlines(block)
+            if not lines:
+                return
+            for raw in lines:
+                if pos >= end:
+                    return
+                pos += len(raw)
+                if raw.strip():
+                    yield raw.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------- sources
+
+
+def check_data(cfg: Any) -> None:
+    """One line, before launch, for a data config that cannot be read."""
+    d = cfg.data
+    if d.name == "synthetic":
+        return
+    for key in ("path", "eval_path"):
+        value = getattr(d, key)
+        if value is None:
+            if key == "path":
+                raise ConfigError("data.path", None, f"a {d.name} file or folder")
+            continue
+        found = parquet_files(value) if d.name == "parquet" else criteo_files(value)
+        if not found:
+            kind = "*.parquet files" if d.name == "parquet" else "files"
+            raise ConfigError(f"data.{key}", value, f"a file or folder with {kind} (none found)")
+    if d.name == "criteo":
+        lay = layout(cfg)
+        if len(lay.features) != CRITEO_SPARSE or lay.num_dense != CRITEO_DENSE or len(lay.tasks) != 1:
+            raise ConfigError("data.name", "criteo", f"a model with {CRITEO_SPARSE} tables, "
+                              f"data.num_dense_features={CRITEO_DENSE} and one task (e.g. model=dlrm_criteo); "
+                              f"this one has {len(lay.features)} tables, {lay.num_dense} dense, "
+                              f"{len(lay.tasks)} tasks")
+    if d.name == "parquet":
+        import pyarrow.parquet as pq
+
+        lay = layout(cfg)
+        schema = pq.read_schema(parquet_files(d.path)[0])
+        missing = [c for c in list(lay.tasks) + lay.dense_columns + list(lay.features) if c not in schema.names]
+        if missing:
+            raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"
+                              f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
+
+
+def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int = 0,
+           num_batches: Optional[int] = None) -> Any:
+    """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
+    the shard ends, at most ``num_batches``)."""
+    from runner.data import SyntheticClicks
+
+    d, lay, size = cfg.data, layout(cfg), samples_per_step(cfg)
+    if d.name == "synthetic":
+        return SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, size, num_batches or 0,
+                               cfg.train.seed, rank, eval_split, d.label_noise, start_batch=start_batch,
+                               ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
+                               zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))
+    path = d.eval_path if eval_split and d.eval_path else d.path
+    cls = ParquetSource if d.name == "parquet" else CriteoSource
+    workers = 0 if eval_split else d.num_workers
+    ds = cls(path, lay, size, rank, world, workers, d.hash_ids, skip_batches=start_batch if workers == 0 else 0,
+             max_batches=num_batches if workers == 0 else None)
+    if workers == 0:
+        return ds
+    import itertools
+
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
+                                         prefetch_factor=4, multiprocessing_context="fork")
+    # workers' batches interleave round-robin: batch k of this rank is the same in every run
+    return _Slice(loader, start_batch, num_batches, itertools)
+
+
+class _Slice:
+    def __init__(self, loader: Any, start: int, stop: Optional[int], itertools: Any) -> None:
+        self.loader, self.start, self.stop, self._it = loader, start, stop, itertools
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._it.islice(iter(self.loader), self.start, self.stop)
+
+
+class AllRanksIterator:
+    """Yields this rank's batches while every rank has one; then stops on every rank together."""
+
+    _group: Any = None
+
+    def __init__(self, batches: Any) -> None:
+        self._it = iter(batches)
+        if AllRanksIterator._group is None:  # a CPU flag, whatever the training backend
+            gloo = dist.get_backend() == "gloo"
+            AllRanksIterator._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+        self.ended_at: Optional[int] = None
+        self.count = 0
+
+    def __iter__(self) -> "AllRanksIterator":
+        return self
+
+    def __next__(self) -> Batch:
+        if self.ended_at is not None:
+            raise StopIteration
+        batch = next(self._it, None)
+        flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
+        if flag.item() == 0:
+            self.ended_at = self.count
+            raise StopIteration
+        self.count += 1
+        return batch
+
+
+def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int) -> List[Path]:
+    """The synthetic source, written as Parquet (``train/`` and ``eval/`` folders) for ``data=parquet``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runner.data import SyntheticClicks
+
+    lay = layout(cfg)
+    d = cfg.data
+    written = []
+    for split, total, nfiles in (("train", rows, files), ("eval", eval_rows, 1)):
+        folder = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(nfiles):
+            n = _shard_range(total, i, nfiles)[1] - _shard_range(total, i, nfiles)[0]
+            gen = SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, n, 1, cfg.train.seed,
+                                  i, split == "eval", d.label_noise, ids_per_feature=d.ids_per_feature,
+                                  variable_lengths=d.variable_lengths, zipf_alpha=d.zipf_alpha,
+                                  tasks=len(lay.tasks))
+            (b,) = list(gen)
+            cols = {}
+            labels = b.labels.reshape(n, -1)
+            for t, task in enumerate(lay.tasks):
+                cols[task] = pa.array(labels[:, t].numpy())
+            for j, name in enumerate(lay.dense_columns):
+                cols[name] = pa.array(b.dense_features[:, j].numpy())
+            for name, jt in b.sparse_features.to_dict().items():
+                offsets = np.concatenate([[0], np.cumsum(jt.lengths().numpy())]).astype(np.int32)
+                cols[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(jt.values().numpy()))
+            path = folder / f"part-{i:05d}.parquet"
+            tmp = path.with_suffix(".parquet.tmp")
+            pq.write_table(pa.table(cols), tmp)
+            os.replace(tmp, path)
+            written.append(path)
+    return written
+
+
+def criteo_lines(rows: int, seed: int = 0, missing: float = 0.1) -> str:
+    """Criteo-layout TSV text with random values (for tests and trying the reader)."""
+    rng = np.random.default_rng(seed)
+    out = io.StringIO()
+    for _ in range(rows):
+        ints = rng.integers(-1, 1000, CRITEO_DENSE)
+        cats = rng.integers(0, 2**32, CRITEO_SPARSE)
+        label = int(rng.random() < 1 / (1 + np.exp(-(np.log1p(max(ints[0], 0)) - 3 + (cats[0] % 7) / 3))))
+        fields = [str(label)] + ["" if rng.random() < missing else str(v) for v in ints] + [
+            "" if rng.random() < missing else f"{v:08x}" for v in cats]
+        out.write("\t".join(fields) + "\n")
+    return out.getvalue()
