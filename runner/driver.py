@@ -60,6 +60,19 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     check_device_support(cfg.optimizer, "cuda" if cuda else "cpu")
 
 
+_COMMAND_STARTED = {"first": True}
+
+
+def _mark_start() -> None:
+    """Workers measure start-up from ``RUNNER_START_UNIX``: the command's start for its first job
+    (set by ``runner.cli``), this job's start for later jobs of a sweep."""
+    import os
+    import time
+
+    if not _COMMAND_STARTED.pop("first", False) or "RUNNER_START_UNIX" not in os.environ:
+        os.environ["RUNNER_START_UNIX"] = str(time.time())
+
+
 def write_data(cfg: Any) -> Dict[str, Any]:
     """``mode=write_data``: the synthetic source for this model, as Parquet under ``data.path``."""
     import time
@@ -85,6 +98,7 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
     """Write the resolved config, launch, open the MLflow run while the workers start, close it."""
     if cfg.mode == "write_data":
         return write_data(cfg)
+    _mark_start()
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

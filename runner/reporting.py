@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -125,6 +126,18 @@ class Reporter:
                   (f" (elastic restart {restarts})" if restarts else ""), flush=True)
         self._tags(tags)
         self._log({"restarts": float(restarts)}, step)
+
+    def startup(self, marks: Dict[str, float]) -> None:
+        """Seconds from the command's start (``RUNNER_START_UNIX``, else this worker's start) to each
+        phase of rank 0's start-up: logged as ``startup/<phase>_s`` and printed in one line."""
+        if not self.active:
+            return
+        t0 = float(os.environ.get("RUNNER_START_UNIX") or marks["worker_started"])
+        phases = {k: v - t0 for k, v in marks.items()}
+        self.extra["startup_s"] = phases
+        self._log({f"startup/{k}_s": v for k, v in phases.items()}, 0)
+        print("[runner] start-up (s from launch): " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}"
+                                                             for k, v in phases.items()), flush=True)
 
     def data_ended(self, step: int) -> None:
         """The data ran out on some rank before ``train.steps``: every rank stopped after ``step``."""

@@ -17,14 +17,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import torch
-import torch.distributed as dist
-from omegaconf import OmegaConf
+_PROCESS_STARTED = time.time()  # before torch is imported: start-up phases are measured from here
 
-from runner import reporting
-from runner.checkpoint import CheckpointError
-from runner.plan_io import PlanError
-from runner.validation import ConfigError, validate
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from runner import reporting  # noqa: E402
+from runner.checkpoint import CheckpointError  # noqa: E402
+from runner.plan_io import PlanError  # noqa: E402
+from runner.validation import ConfigError, validate  # noqa: E402
 
 
 def select_device(cluster_device: str, local_rank: int) -> tuple[torch.device, str]:
@@ -111,6 +113,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from runner.planning import make_plan
     from runner.training import evaluate, gather_measurements, train
 
+    marks = {"worker_started": _PROCESS_STARTED, "imported": time.time()}
     rank, local_rank, world, local_world = _world(cfg)
     restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     pids = run_dir / "pids"  # for operators (and tests) that need to find a rank's process
@@ -121,6 +124,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     check_device_support(cfg.optimizer, device.type)
     torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
+    marks["process_group"] = time.time()
     reporter = reporting.Reporter(cfg, run_dir, rank)
     try:
         torch.manual_seed(cfg.train.seed)
@@ -130,6 +134,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
                                                       dist.GroupMember.WORLD)
         # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
         wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
+        marks["planned"] = time.time()
         dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
                                        data_parallel_wrapper=wrapper)
         reporter.plan(plan, best_plan, plan_s, world, local_world, device.type)
@@ -138,6 +143,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         checkpointer = checkpoint.Checkpointer(cfg, run_dir, rank)
         source = _resume_point(cfg, checkpointer, restarts)
         start = checkpoint.load(source, dmp, optimizer, cfg.train.resume_optimizer, rank)["step"] if source else 0
+        marks["model_ready"] = time.time()
         reporter.started(start, restarts, source)
 
         def data(num_batches: int, eval_split: bool, first: int = 0) -> Any:
@@ -158,11 +164,13 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         with reporter.progress(cfg.train.steps, start) as bar:
             result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
                            cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint)
+        if result.first_step_unix is not None:
+            reporter.startup(dict(marks, first_step=result.first_step_unix))
         if result.data_ended:
             reporter.data_ended(result.last_step)
         reporter.measured(gather_measurements(result, device))
         eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
-        if cfg.train.checkpoint.enabled and result.last_step > start:
+        if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
             save(result.last_step, eval_metrics)
         return reporter.finish(result, eval_metrics, world)
     except BaseException as exc:
