@@ -17,12 +17,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()  # asks the driver (NVML); creates no CUDA context
+
+
 def main(argv: list[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from runner.worker import elastic_entry
-
     run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # A failed worker's traceback goes to <run_dir>/errors/; the driver prints the one-line cause.
@@ -34,6 +35,17 @@ def main(argv: list[str]) -> int:
     threads = cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // c.workers_per_node)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
+    # imported only now: OpenMP reads OMP_NUM_THREADS when torch loads it, and forked workers inherit that
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from runner.worker import elastic_entry, preload
+
+    start_method = c.start_method
+    if start_method == "auto":  # fork needs a parent that has not touched CUDA; spawn is always safe
+        start_method = "fork" if c.device == "cpu" or (c.device == "auto" and not _cuda_present()) else "spawn"
+    if start_method == "fork":
+        preload()  # the workers inherit torch, TorchRec and the runner already imported
     config = LaunchConfig(
         min_nodes=c.nodes,
         max_nodes=c.nodes,
@@ -44,7 +56,7 @@ def main(argv: list[str]) -> int:
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": c.pg_timeout_s},
         max_restarts=c.max_restarts,
         monitor_interval=0.5,
-        start_method="spawn",
+        start_method=start_method,
     )
     try:
         elastic_launch(config, elastic_entry)(str(run_dir))

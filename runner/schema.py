@@ -231,6 +231,9 @@ class ClusterSchema:
     """Process-group (collective) timeout, seconds."""
     max_restarts: int = 0
     """How many times torch elastic restarts the workers after a worker fails."""
+    start_method: str = "auto"
+    """How agents start workers: ``fork`` (workers inherit the agent's imports: faster start-up) |
+    ``spawn`` (fresh interpreters) | ``auto`` (fork for CPU workers, spawn for CUDA workers)."""
 
 
 @dataclass
@@ -323,6 +326,10 @@ class TrainSchema:
     """Training steps (batches per rank)."""
     batch_size: int = 256
     """Samples per rank per micro-batch (per step when ``grad_accumulation_steps`` is 1)."""
+    pipeline: str = "sparse_dist"
+    """Training step: ``sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``: the next batch's input
+    dist overlaps this step's compute on GPUs) | ``base`` (TorchRec's ``TrainPipelineBase``: one step
+    after the other; on CPU both measure the same). Accumulation and fp16 loss scaling use the split step."""
     grad_accumulation_steps: int = 1
     """Micro-batches per optimizer step: a step sees ``batch_size * grad_accumulation_steps`` samples
     per rank, with the dense part's activations of one micro-batch at a time (same result as the larger

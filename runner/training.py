@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
 from runner.optimizers import scheduled_rates, set_learning_rates
 from runner.steps import LossScale, SplitStep
@@ -29,11 +29,24 @@ def loss_scaling(cfg: Any) -> bool:
 def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
     if cfg.train.grad_accumulation_steps == 1 and not loss_scaling(cfg):
+        if cfg.train.pipeline == "base":
+            return _BasePipeline(dmp, optimizer, device)
         return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
     g = cfg.precision.grad_scaler
     scale = LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval) if loss_scaling(
         cfg) else None
     return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast, scale)
+
+
+class _BasePipeline(TrainPipelineBase):
+    """TorchRec's unpipelined step (input dist, forward, backward, step in order), pausable like
+    the sparse pipeline."""
+
+    def detach(self) -> None:
+        pass
+
+    def attach(self, model: Any) -> None:
+        pass
 
 
 @dataclass

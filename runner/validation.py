@@ -170,6 +170,7 @@ def _validate_cluster(c: Any) -> None:
     _check(c.node_rank is None or 0 <= c.node_rank < c.nodes, "cluster.node_rank", c.node_rank,
            f"null or an integer in [0, cluster.nodes={c.nodes})")
     _check(c.pg_timeout_s > 0, "cluster.pg_timeout_s", c.pg_timeout_s, "a positive number of seconds")
+    _check_choices("cluster.start_method", [c.start_method], ("auto", "fork", "spawn"))
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
 
 
@@ -188,6 +189,7 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
     _check(d.ids_per_feature >= 1, "data.ids_per_feature", d.ids_per_feature, "an integer >= 1")
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
+    _check_choices("train.pipeline", [t.pipeline], ("sparse_dist", "base"))
     g = p.grad_scaler
     _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
            "precision.grad_scaler", dict(g), "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"

@@ -101,6 +101,18 @@ def _resume_point(cfg: Any, checkpointer: Any, restarts: int) -> Optional[Path]:
     return resolve(cfg.train.resume, checkpointer.root)
 
 
+def preload() -> None:
+    """Import what :func:`run` needs, in the agent before it forks the workers (start-up time)."""
+    import torchrec.distributed.model_parallel  # noqa: F401
+
+    import runner.checkpoint  # noqa: F401
+    import runner.datasets  # noqa: F401
+    import runner.model  # noqa: F401
+    import runner.optimizers  # noqa: F401
+    import runner.planning  # noqa: F401
+    import runner.training  # noqa: F401
+
+
 def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     """Train and evaluate this rank's part of the job; rank 0 returns (and writes) the results."""
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel

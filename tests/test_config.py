@@ -81,3 +81,25 @@ def test_bad_value_inside_a_sweep_fails_before_any_job(tmp_path) -> None:
     assert proc.returncode != 0
     assert "sharding.storage_reserve_percent=2.0" in proc.stderr
     assert not (tmp_path / "0").exists()  # no job was launched
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["train.grad_accumulation_steps=0"], "train.grad_accumulation_steps"),
+    (["train.pipeline=async"], "train.pipeline"),
+    (["precision.autocast=float8"], "precision.autocast"),
+    (["precision.grad_scaler.backoff_factor=2"], "precision.grad_scaler"),
+    (["data.name=csv"], "data.name"),
+    (["data.num_workers=-1"], "data.num_workers"),
+    (["model.tasks=[click,conversion]"], "model.tasks"),
+    (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
+    (["cluster.start_method=forkserver"], "cluster.start_method"),
+])
+def test_training_option_rules(overrides: list, key: str) -> None:
+    from runner.validation import ConfigError
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
