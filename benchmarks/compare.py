@@ -45,6 +45,7 @@ def run_runner(steps: int, batch: int, tmp: Path) -> dict:
     r = json.loads((run_dir / "results.json").read_text())
     plan = json.loads((run_dir / "plan" / "plan.json").read_text())
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
+            "startup_phases_s": r.get("startup_s", {}),
             "sharding_types": {t: p["sharding_type"] for m in plan.values() for t, p in m.items()}}
 
 
@@ -78,6 +79,13 @@ def main() -> None:
     print(f"{'':8s}{'samples/s':>12s}{'start-up s':>12s}")
     for n in ("plain", "runner"):
         print(f"{n:8s}{med[n]['samples_per_s']:12.0f}{med[n]['startup_s']:12.1f}")
+    phases = rows["runner"][0].get("startup_phases_s") or {}
+    if phases:
+        med_phases = {k: statistics.median(r["startup_phases_s"][k] for r in rows["runner"]) for k in phases}
+        summary["runner_startup_phases_s"] = med_phases
+        args.out.write_text(json.dumps(summary, indent=2))
+        print("runner start-up, s after `python -m runner` began (medians): " +
+              ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in med_phases.items()))
     print(f"runner / plain: throughput x{summary['throughput_ratio_runner_over_plain']:.3f}, "
           f"start-up x{summary['startup_ratio_runner_over_plain']:.2f}  (written to {args.out})")
 

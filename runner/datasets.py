@@ -111,6 +111,26 @@ class _ShardedSource(torch.utils.data.IterableDataset):
         return ids
 
 
+def _row_range(files: List[Tuple[Path, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:
+    """Tables holding global rows ``[lo, hi)`` of ``files`` in order, read row group by row group."""
+    import pyarrow.parquet as pq
+
+    offset = 0
+    for path, n in files:
+        if offset + n <= lo or offset >= hi:
+            offset += n
+            continue
+        pf = pq.ParquetFile(path)
+        for g in range(pf.metadata.num_row_groups):
+            size = pf.metadata.row_group(g).num_rows
+            start, end = max(lo - offset, 0), min(hi - offset, size)
+            if start < end:
+                yield pf.read_row_group(g, columns=columns).slice(start, end - start)
+            offset += size
+            if offset >= hi:
+                return
+
+
 class ParquetSource(_ShardedSource):
     """Rows of a folder of Parquet files. Columns: one per task (label), ``dense_0..dense_{D-1}`` (float),
     one per sparse feature named as its table (int64, or list<int64> for multi-hot)."""
@@ -122,20 +142,14 @@ class ParquetSource(_ShardedSource):
 
     def __iter__(self) -> Iterator[Batch]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         shard, shards = self._shard()
         files = self.rows()
         lo, hi = _shard_range(sum(n for _, n in files), shard, shards)
         columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
         pending: List[Any] = []
-        pending_rows, offset, emitted = 0, 0, 0
-        for path, n in files:
-            start, end = max(lo - offset, 0), min(hi - offset, n)
-            offset += n
-            if start >= end:
-                continue
-            table = pq.read_table(path, columns=columns).slice(start, end - start)
+        pending_rows, emitted = 0, 0
+        for table in _row_range(files, lo, hi, columns):  # only the row groups that hold the range
             pending.append(table)
             pending_rows += table.num_rows
             while pending_rows >= self.batch_size:
@@ -359,9 +373,26 @@ class AllRanksIterator:
         return batch
 
 
-def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int) -> List[Path]:
-    """The synthetic source, written as Parquet (``train/`` and ``eval/`` folders) for ``data=parquet``."""
+def _arrow_table(lay: Layout, b: Batch, rows: int) -> Any:
     import pyarrow as pa
+
+    cols = {}
+    labels = b.labels.reshape(b.labels.shape[0], -1)[:rows]
+    for t, task in enumerate(lay.tasks):
+        cols[task] = pa.array(labels[:, t].numpy())
+    for j, name in enumerate(lay.dense_columns):
+        cols[name] = pa.array(b.dense_features[:rows, j].numpy())
+    for name, jt in b.sparse_features.to_dict().items():
+        lengths = jt.lengths()[:rows].numpy()
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        cols[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(jt.values()[:offsets[-1]].numpy()))
+    return pa.table(cols)
+
+
+def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int,
+                  chunk_rows: int = 65536) -> List[Path]:
+    """The synthetic source, written as Parquet (``train/`` and ``eval/`` folders) for ``data=parquet``;
+    one row group per ``chunk_rows`` rows, so memory stays flat whatever the size."""
     import pyarrow.parquet as pq
 
     from runner.data import SyntheticClicks
@@ -373,26 +404,25 @@ def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int) ->
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(nfiles):
-            n = _shard_range(total, i, nfiles)[1] - _shard_range(total, i, nfiles)[0]
-            gen = SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, n, 1, cfg.train.seed,
-                                  i, split == "eval", d.label_noise, ids_per_feature=d.ids_per_feature,
-                                  variable_lengths=d.variable_lengths, zipf_alpha=d.zipf_alpha,
-                                  tasks=len(lay.tasks))
-            (b,) = list(gen)
-            cols = {}
-            labels = b.labels.reshape(n, -1)
-            for t, task in enumerate(lay.tasks):
-                cols[task] = pa.array(labels[:, t].numpy())
-            for j, name in enumerate(lay.dense_columns):
-                cols[name] = pa.array(b.dense_features[:, j].numpy())
-            for name, jt in b.sparse_features.to_dict().items():
-                offsets = np.concatenate([[0], np.cumsum(jt.lengths().numpy())]).astype(np.int32)
-                cols[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(jt.values().numpy()))
+            lo, hi = _shard_range(total, i, nfiles)
+            n, chunk = hi - lo, min(chunk_rows, max(hi - lo, 1))
+            gen = SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, chunk, -(-n // chunk),
+                                  cfg.train.seed, i, split == "eval", d.label_noise,
+                                  ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
+                                  zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))
             path = folder / f"part-{i:05d}.parquet"
             tmp = path.with_suffix(".parquet.tmp")
-            pq.write_table(pa.table(cols), tmp)
-            os.replace(tmp, path)
-            written.append(path)
+            writer = None
+            left = n
+            for b in gen:
+                table = _arrow_table(lay, b, min(left, chunk))
+                writer = writer or pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+                left -= table.num_rows
+            if writer is not None:
+                writer.close()
+                os.replace(tmp, path)
+                written.append(path)
     return written
 
 

@@ -37,6 +37,7 @@ def plan_only(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, device_type)
     reporter = Reporter(cfg, run_dir, rank=0)
     reporter.plan(plan, best_plan, seconds, world, local, device_type)
+    reporter.plan_chart()
     reporter.flush()
     m = reporter.plan_metrics
     results = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from runner.plan_analysis import COLLECTIVES, chart, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan_io import plan_table, plan_to_dict, sharding_types_used
@@ -20,6 +20,8 @@ class PlanReport:
     metrics: Dict[str, float]
     tags: Dict[str, Any]
     console: str
+    draw_chart: Optional[Callable[[], Optional[Path]]] = None
+    """Renders ``plan.png`` (matplotlib, ~1 s): left to the caller, off the path to the first step."""
 
 
 def _markdown(cfg: Any, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
@@ -71,10 +73,14 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     (out / "plan.txt").write_text(table)
     (out / "estimates.json").write_text(json.dumps({"per_rank": ranks, "comms_bytes_per_step": comms}, indent=2))
     (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type))
-    if best_plan:
-        chart(ranks, comms, device_type, out / "plan.png",
-              f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
-              + ", ".join(f"{n} {t}" for t, n in types.items()))
+    title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
+             + ", ".join(f"{n} {t}" for t, n in types.items()))
+
+    def draw_chart() -> Optional[Path]:
+        if not best_plan:
+            return None
+        chart(ranks, comms, device_type, out / "plan.png", title)
+        return out / "plan.png"
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
@@ -83,4 +89,4 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types)}
-    return PlanReport(plan_dict, metrics, tags, console)
+    return PlanReport(plan_dict, metrics, tags, console, draw_chart)

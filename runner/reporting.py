@@ -112,6 +112,16 @@ class Reporter:
         self._sink.artifacts(sorted(out.iterdir()), "plan")
         self.plan_metrics = report.metrics
         self.sharding_types = report.tags["runner.sharding_types"].split(",")
+        self._draw_chart = report.draw_chart
+
+    def plan_chart(self) -> None:
+        """Render and log ``plan/plan.png`` (called after training: matplotlib is slow to start)."""
+        draw, self._draw_chart = getattr(self, "_draw_chart", None), None
+        if not self.active or draw is None:
+            return
+        png = draw()
+        if png is not None:
+            self._sink.artifacts([png], "plan")
 
     def started(self, step: int, restarts: int, source: Optional[Path]) -> None:
         """Where training starts: from scratch, a resumed checkpoint, or after an elastic restart."""

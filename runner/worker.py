@@ -176,6 +176,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
         with reporter.progress(cfg.train.steps, start) as bar:
             result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
                            cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint)
+        reporter.plan_chart()
         if result.first_step_unix is not None:
             reporter.startup(dict(marks, first_step=result.first_step_unix))
         if result.data_ended:
