@@ -179,3 +179,39 @@ def test_mmoe_trains_two_tasks_and_logs_each(store: str, tmp_path: Path) -> None
     total = metric_history(store, run.info.run_id, "train/loss")
     parts = [metric_history(store, run.info.run_id, f"train/{t}/loss") for t in ("click", "conversion")]
     assert total == pytest.approx([a + b for a, b in zip(*parts, strict=True)], rel=1e-4)
+
+
+@pytest.mark.parametrize("name,cls,extra", [
+    ("adam", torch.optim.Adam, {}), ("adamw", torch.optim.AdamW, {}), ("adagrad", torch.optim.Adagrad, {}),
+    ("sgd", torch.optim.SGD, {"momentum": 0.9}),
+])
+def test_dense_optimizers_and_value_clipping(name: str, cls: type, extra: dict) -> None:
+    from runner.optimizers import dense_optimizer
+    from runner.schema import OptimizerSchema
+
+    o = OmegaConf.merge(OmegaConf.structured(OptimizerSchema), {
+        "dense": name, "dense_lr": 1.0, "dense_momentum": 0.9, "clip": {"kind": "value", "max": 0.01}})
+    model = torch.nn.Linear(4, 1, bias=False)
+    opt = dense_optimizer(model, o)
+    inner = opt._optimizer  # the torch optimizer TorchRec's KeyedOptimizerWrapper holds
+    assert type(inner) is cls and all(inner.param_groups[0][k] == v for k, v in extra.items())
+    model.weight.grad = torch.full_like(model.weight, 100.0)
+    opt.step()
+    assert model.weight.grad.abs().max().item() == pytest.approx(0.01)  # clipped before the step
+
+
+@pytest.mark.slow
+def test_dense_adagrad_sparse_decoupled_decay_and_exp_decay_train(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*FAST, "train.log_every=5", "optimizer=adagrad_adamw", "optimizer.dense=adagrad",
+                    "optimizer.dense_lr=0.01", "optimizer.clip.kind=value", "optimizer.clip.max=0.1",
+                    "optimizer.sparse_weight_decay=0.0001", "optimizer.sparse_weight_decay_mode=decoupled",
+                    "optimizer.sparse_schedule.name=exp_decay", "optimizer.sparse_schedule.decay_steps=10",
+                    "optimizer.sparse_schedule.min_factor=0.3", f"tracking.uri={store}",
+                    "tracking.experiment=decay", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, "decay")
+    sparse = metric_history(store, run.info.run_id, "train/lr_sparse")
+    assert sparse == pytest.approx([0.05 * max(0.3, 0.5 ** (s / 10)) for s in (5, 10, 15, 20, 25, 30)])
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0]
+    assert run.data.params["optimizer.sparse_weight_decay_mode"] == "decoupled"
