@@ -151,3 +151,17 @@ def test_missing_data_path_fails_in_one_line(store: str, tmp_path: Path) -> None
     (run,) = runs(store, "nodata")
     assert run.info.status == "FAILED"
     assert ROOT.exists()
+
+
+def test_parquet_resume_skips_to_the_same_batches(tmp_path: Path) -> None:
+    cfg = small_cfg()
+    write_parquet(cfg, tmp_path, rows=600, files=2, eval_rows=8, chunk_rows=128)
+    from runner.datasets import layout
+
+    lay = layout(cfg)
+    full = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True))
+    resumed = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True, skip_batches=4, max_batches=9))
+    assert len(full) == 12 and len(resumed) == 5
+    for a, b in zip(full[4:9], resumed, strict=True):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
