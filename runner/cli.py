@@ -6,7 +6,6 @@ a wrong value fails at once with one line naming the key and what is allowed.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from typing import List, Optional
@@ -14,7 +13,7 @@ from typing import List, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from runner import PROJECT_ROOT, STARTED
+from runner import PROJECT_ROOT
 from runner.schema import register_schemas
 from runner.validation import ConfigError, validate
 
@@ -164,7 +163,6 @@ def _job(cfg: DictConfig) -> Optional[float]:
 
 def main() -> None:
     """Console entry: pre-check, run (or sweep), exit non-zero if any job failed."""
-    os.environ.setdefault("RUNNER_START_UNIX", str(STARTED))  # start-up is measured from here
     error = precheck(sys.argv[1:])
     if error:
         print(f"error: {error}", file=sys.stderr)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any, Dict
 
@@ -10,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import checkpoint, tracking
+from runner import STARTED, checkpoint, tracking
 from runner.launch import free_port, launch
 from runner.reporting import DRIVER, EVENTS, RESULTS, RUN_INFO, summary_line
 from runner.schema import SPARSE_OPTIMIZERS_CPU
@@ -60,23 +63,17 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     check_device_support(cfg.optimizer, "cuda" if cuda else "cpu")
 
 
-_COMMAND_STARTED = {"first": True}
+_JOBS = itertools.count()
 
 
 def _mark_start() -> None:
-    """Workers measure start-up from ``RUNNER_START_UNIX``: the command's start for its first job
-    (set by ``runner.cli``), this job's start for later jobs of a sweep."""
-    import os
-    import time
-
-    if not _COMMAND_STARTED.pop("first", False) or "RUNNER_START_UNIX" not in os.environ:
-        os.environ["RUNNER_START_UNIX"] = str(time.time())
+    """Workers measure start-up from ``RUNNER_START_UNIX``: the command's start for its first job,
+    this job's start for later jobs of a sweep."""
+    os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
 def write_data(cfg: Any) -> Dict[str, Any]:
     """``mode=write_data``: the synthetic source for this model, as Parquet under ``data.path``."""
-    import time
-
     from runner.datasets import write_parquet
 
     if not cfg.data.path:

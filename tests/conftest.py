@@ -64,3 +64,13 @@ def metric_history(uri: str, run_id: str, key: str) -> List[float]:
 
     hist = MlflowClient(uri).get_metric_history(run_id, key)
     return [m.value for m in sorted(hist, key=lambda m: m.step)]
+
+
+def finished_run(store: str, experiment: str, run_dir: Path, args: List[str], **kwargs) -> tuple:
+    """Run ``python -m runner ARGS`` into its own MLflow experiment and folder; it must succeed.
+    Returns the process and the experiment's one MLflow run."""
+    proc = run_cli([*args, f"tracking.uri={store}", f"tracking.experiment={experiment}", f"hydra.run.dir={run_dir}"],
+                   **kwargs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(store, experiment)
+    return proc, run

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, ROOT, metric_history, run_cli, runs
+from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs
 from omegaconf import OmegaConf
 
 from runner.datasets import CriteoSource, Layout, ParquetSource, criteo_lines, hex_to_int, write_parquet
@@ -129,11 +129,9 @@ def test_write_parquet_then_train_on_it(store: str, tmp_path: Path) -> None:
                     "data.write_files=3", "data.write_eval_rows=1024"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((out / "train").glob("*.parquet"))) == 3 and "train on it: python -m runner" in proc.stdout
-    proc = run_cli([*FAST, "data=parquet", f"data.path={out / 'train'}", f"data.eval_path={out / 'eval'}",
-                    "data.num_workers=2", f"tracking.uri={store}", "tracking.experiment=parquet",
-                    f"hydra.run.dir={tmp_path / 'run'}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "parquet")
+    proc, run = finished_run(store, "parquet", tmp_path / 'run', [
+            *FAST, "data=parquet", f"data.path={out / 'train'}", f"data.eval_path={out / 'eval'}",
+            "data.num_workers=2"])
     losses = metric_history(store, run.info.run_id, "train/loss")
     # 8000 rows / (2 ranks x 2 workers) = 2000 rows per worker = 15 batches of 128; 30 steps fit exactly
     assert len(losses) == 3 and losses[-1] < losses[0]

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, metric_history, processes_tagged, run_cli, runs
+from conftest import FAST, finished_run, metric_history, processes_tagged, run_cli, runs
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +52,7 @@ def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> N
 
 
 def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "sharding=tablewise", "precision=bf16", f"tracking.uri={store}",
-                    "tracking.experiment=tw", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "tw")
+    proc, run = finished_run(store, "tw", tmp_path, [*FAST, "sharding=tablewise", "precision=bf16"])
     assert run.data.params["precision.autocast"] == "bfloat16"
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0], losses

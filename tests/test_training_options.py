@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, metric_history, run_cli, runs
+from conftest import FAST, finished_run, metric_history, run_cli, runs
 from omegaconf import OmegaConf
 
 from runner.checkpoint import complete_checkpoints
@@ -33,13 +33,11 @@ def test_schedules() -> None:
 
 @pytest.mark.slow
 def test_schedules_optimizers_clipping_dcn_and_quantised_comms_train(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "train.log_every=5", "model=dcn", "sharding=rowwise", "optimizer=adagrad_adamw",
-                    "precision=bf16_qcomm", "optimizer.dense_schedule.name=cosine",
-                    "optimizer.dense_schedule.warmup_steps=10", "optimizer.sparse_schedule.name=steps",
-                    "optimizer.sparse_schedule.milestones=[15]", "optimizer.clip.kind=norm", "optimizer.clip.max=0.5",
-                    f"tracking.uri={store}", "tracking.experiment=opts", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "opts")
+    proc, run = finished_run(store, "opts", tmp_path, [
+            *FAST, "train.log_every=5", "model=dcn", "sharding=rowwise", "optimizer=adagrad_adamw",
+            "precision=bf16_qcomm", "optimizer.dense_schedule.name=cosine",
+            "optimizer.dense_schedule.warmup_steps=10", "optimizer.sparse_schedule.name=steps",
+            "optimizer.sparse_schedule.milestones=[15]", "optimizer.clip.kind=norm", "optimizer.clip.max=0.5"])
     dense = metric_history(store, run.info.run_id, "train/lr_dense")
     sparse = metric_history(store, run.info.run_id, "train/lr_sparse")
     # logged at steps 5, 10, ..., 30 (the rate of the window's last step)
@@ -53,10 +51,8 @@ def test_schedules_optimizers_clipping_dcn_and_quantised_comms_train(store: str,
 
 @pytest.mark.slow
 def test_deepfm_with_fp16_tables_and_sgd_trains(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "model=deepfm", "precision=fp16_tables", "optimizer=sgd_sgd", f"tracking.uri={store}",
-                    "tracking.experiment=fp16", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "fp16")
+    proc, run = finished_run(store, "fp16", tmp_path, [
+            *FAST, "model=deepfm", "precision=fp16_tables", "optimizer=sgd_sgd"])
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -111,10 +107,8 @@ def test_synthetic_data_zipf_and_multi_hot() -> None:
 
 @pytest.mark.slow
 def test_multi_hot_power_law_data_trains(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "data.ids_per_feature=3", "data.variable_lengths=true", "data.zipf_alpha=1.05",
-                    f"tracking.uri={store}", "tracking.experiment=multihot", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "multihot")
+    proc, run = finished_run(store, "multihot", tmp_path, [
+            *FAST, "data.ids_per_feature=3", "data.variable_lengths=true", "data.zipf_alpha=1.05"])
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0]
     assert run.data.params["data.zipf_alpha"] == "1.05"
@@ -148,11 +142,9 @@ def test_grad_accumulation_equals_the_larger_batch(store: str, tmp_path: Path) -
 @pytest.mark.slow
 def test_fp16_autocast_with_loss_scaling_skips_overflow_and_trains(store: str, tmp_path: Path) -> None:
     # a scale of 2^40 overflows fp16 gradients: those steps are skipped on every rank, the scale backs off
-    proc = run_cli([*FAST, "train.log_every=5", "precision=fp16", "precision.grad_scaler.init_scale=1099511627776",
-                    "precision.grad_scaler.growth_interval=10", "sharding=tablewise", f"tracking.uri={store}",
-                    "tracking.experiment=fp16amp", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "fp16amp")
+    proc, run = finished_run(store, "fp16amp", tmp_path, [
+            *FAST, "train.log_every=5", "precision=fp16", "precision.grad_scaler.init_scale=1099511627776",
+            "precision.grad_scaler.growth_interval=10", "sharding=tablewise"])
     scale = metric_history(store, run.info.run_id, "train/loss_scale")
     skipped = metric_history(store, run.info.run_id, "train/skipped_steps")
     assert scale[0] < 2.0**40 and skipped[-1] >= 1 and skipped[-1] < 30
@@ -165,10 +157,7 @@ def test_fp16_autocast_with_loss_scaling_skips_overflow_and_trains(store: str, t
 
 @pytest.mark.slow
 def test_mmoe_trains_two_tasks_and_logs_each(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "train.steps=40", "model=mmoe", "sharding=tablewise", f"tracking.uri={store}",
-                    "tracking.experiment=mmoe", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "mmoe")
+    proc, run = finished_run(store, "mmoe", tmp_path, [*FAST, "train.steps=40", "model=mmoe", "sharding=tablewise"])
     m = run.data.metrics
     for task in ("click", "conversion"):
         losses = metric_history(store, run.info.run_id, f"train/{task}/loss")
@@ -202,14 +191,12 @@ def test_dense_optimizers_and_value_clipping(name: str, cls: type, extra: dict) 
 
 @pytest.mark.slow
 def test_dense_adagrad_sparse_decoupled_decay_and_exp_decay_train(store: str, tmp_path: Path) -> None:
-    proc = run_cli([*FAST, "train.log_every=5", "optimizer=adagrad_adamw", "optimizer.dense=adagrad",
-                    "optimizer.dense_lr=0.01", "optimizer.clip.kind=value", "optimizer.clip.max=0.1",
-                    "optimizer.sparse_weight_decay=0.0001", "optimizer.sparse_weight_decay_mode=decoupled",
-                    "optimizer.sparse_schedule.name=exp_decay", "optimizer.sparse_schedule.decay_steps=10",
-                    "optimizer.sparse_schedule.min_factor=0.3", f"tracking.uri={store}",
-                    "tracking.experiment=decay", f"hydra.run.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(store, "decay")
+    proc, run = finished_run(store, "decay", tmp_path, [
+            *FAST, "train.log_every=5", "optimizer=adagrad_adamw", "optimizer.dense=adagrad",
+            "optimizer.dense_lr=0.01", "optimizer.clip.kind=value", "optimizer.clip.max=0.1",
+            "optimizer.sparse_weight_decay=0.0001", "optimizer.sparse_weight_decay_mode=decoupled",
+            "optimizer.sparse_schedule.name=exp_decay", "optimizer.sparse_schedule.decay_steps=10",
+            "optimizer.sparse_schedule.min_factor=0.3"])
     sparse = metric_history(store, run.info.run_id, "train/lr_sparse")
     assert sparse == pytest.approx([0.05 * max(0.3, 0.5 ** (s / 10)) for s in (5, 10, 15, 20, 25, 30)])
     losses = metric_history(store, run.info.run_id, "train/loss")
