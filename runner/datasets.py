@@ -16,6 +16,7 @@ stops at the same step instead of the others hanging in the next collective.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from runner.schema import samples_per_step
 from runner.validation import ConfigError
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26
@@ -53,11 +55,6 @@ def layout(cfg: Any) -> Layout:
     specs = table_specs(cfg.model)
     return Layout(tuple(cfg.model.tasks), int(cfg.data.num_dense_features), tuple(t.name for t in specs),
                   tuple(int(t.num_embeddings) for t in specs))
-
-
-def samples_per_step(cfg: Any) -> int:
-    """Rows per rank per optimizer step (all micro-batches of a step)."""
-    return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
 
 
 def _make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
@@ -328,20 +325,20 @@ def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int =
              max_batches=num_batches if workers == 0 else None)
     if workers == 0:
         return ds
-    import itertools
-
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
                                          prefetch_factor=4, multiprocessing_context="fork")
     # workers' batches interleave round-robin: batch k of this rank is the same in every run
-    return _Slice(loader, start_batch, num_batches, itertools)
+    return _Slice(loader, start_batch, num_batches)
 
 
 class _Slice:
-    def __init__(self, loader: Any, start: int, stop: Optional[int], itertools: Any) -> None:
-        self.loader, self.start, self.stop, self._it = loader, start, stop, itertools
+    """Batches ``start .. stop - 1`` of a loader, each time it is iterated."""
+
+    def __init__(self, loader: Any, start: int, stop: Optional[int]) -> None:
+        self.loader, self.start, self.stop = loader, start, stop
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._it.islice(iter(self.loader), self.start, self.stop)
+        return itertools.islice(iter(self.loader), self.start, self.stop)
 
 
 class AllRanksIterator:

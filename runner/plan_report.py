@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from runner.plan_analysis import COLLECTIVES, chart, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan_io import plan_table, plan_to_dict, sharding_types_used
+from runner.schema import samples_per_step
 from runner.tables import table_specs
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
@@ -64,7 +65,7 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     ranks = per_rank_estimates(best_plan, world)
     pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
     pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
-    batch = cfg.sharding.planner_batch_size or cfg.train.batch_size * cfg.train.grad_accumulation_steps
+    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type)}

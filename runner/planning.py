@@ -27,6 +27,8 @@ from torchrec.distributed.planner.storage_reservations import (
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
+from runner.schema import samples_per_step
+
 GIB = 1024**3
 HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
 
@@ -201,7 +203,7 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
     return EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=cfg.sharding.planner_batch_size or cfg.train.batch_size * cfg.train.grad_accumulation_steps,
+        batch_size=cfg.sharding.planner_batch_size or samples_per_step(cfg),
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
         proposer=build_proposer(cfg.sharding, device_type),
         constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],

@@ -375,6 +375,11 @@ class RunnerConfig:
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
 
 
+def samples_per_step(cfg: Any) -> int:
+    """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""
+    return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
+
+
 def register_schemas() -> None:
     """Register the root schema; ``conf/config.yaml`` names it first, so every group merges onto it."""
     ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)

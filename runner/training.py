@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
 from runner.optimizers import scheduled_rates, set_learning_rates
+from runner.schema import samples_per_step
 from runner.steps import LossScale, SplitStep
 
 
@@ -28,13 +29,13 @@ def loss_scaling(cfg: Any) -> bool:
 
 def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
-    if cfg.train.grad_accumulation_steps == 1 and not loss_scaling(cfg):
+    scaling = loss_scaling(cfg)
+    if cfg.train.grad_accumulation_steps == 1 and not scaling:
         if cfg.train.pipeline == "base":
             return _BasePipeline(dmp, optimizer, device)
         return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
     g = cfg.precision.grad_scaler
-    scale = LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval) if loss_scaling(
-        cfg) else None
+    scale = LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval) if scaling else None
     return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast, scale)
 
 
@@ -87,7 +88,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     pipeline = make_step(dmp, optimizer, device, cfg)
     it = iter(batches)
     dmp.train()
-    world, batch = dist.get_world_size(), cfg.train.batch_size * cfg.train.grad_accumulation_steps
+    world, batch = dist.get_world_size(), samples_per_step(cfg)
     tasks = list(cfg.model.tasks)
     window_loss, window_tasks, window_steps = 0.0, [0.0] * len(tasks), 0
     window_start, paused = time.perf_counter(), 0.0
@@ -110,10 +111,10 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
         }
         if len(tasks) > 1:
             metrics.update({f"train/{t}/loss": v for t, v in zip(tasks, means[1:], strict=True)})
-        loss_scale = getattr(getattr(pipeline, "loss_scale", None), "scale", None)
-        if loss_scale is not None:
-            metrics["train/loss_scale"] = float(loss_scale)
-            metrics["train/skipped_steps"] = float(pipeline.loss_scale.skipped)
+        scaler = getattr(pipeline, "loss_scale", None)  # the split step's, with fp16
+        if scaler is not None:
+            metrics["train/loss_scale"] = float(scaler.scale)
+            metrics["train/skipped_steps"] = float(scaler.skipped)
         result.losses.append(means[0])
         result.steps.append(step)
         progress.set_postfix(loss=f"{means[0]:.4f}", refresh=False)
@@ -205,7 +206,7 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dic
         labels.append(lab.detach().float().reshape(-1, len(tasks)))
     if not logits:
         raise ValueError("evaluation got no batch: the evaluation data holds fewer than one batch "
-                         f"({cfg.train.batch_size * cfg.train.grad_accumulation_steps} rows) per rank")
+                         f"({samples_per_step(cfg)} rows) per rank")
     local = torch.cat([torch.cat(logits), torch.cat(labels)], dim=1)  # (rows, 2 * tasks)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
