@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,13 @@ class LossScale:
     good_steps: int = 0
     skipped: int = 0
 
+    def state_dict(self) -> Dict[str, float]:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: Dict[str, float]) -> None:
+        self.scale, self.good_steps, self.skipped = float(state["scale"]), int(state["good_steps"]), int(
+            state["skipped"])
+
     def update(self, found_inf: bool) -> None:
         if found_inf:
             self.scale *= self.backoff_factor
@@ -54,6 +61,15 @@ class LossScale:
         if self.good_steps >= self.growth_interval:
             self.scale *= self.growth_factor
             self.good_steps = 0
+
+
+def loss_scale_for(cfg: Any) -> LossScale | None:
+    """The dynamic loss scale ``precision.grad_scaler`` asks for (on by default with float16 autocast)."""
+    g = cfg.precision.grad_scaler
+    enabled = cfg.precision.autocast == "float16" if g.enabled is None else bool(g.enabled)
+    if not enabled:
+        return None
+    return LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval)
 
 
 def _sharded_embedding_modules(dmp: torch.nn.Module) -> List[torch.nn.Module]:

@@ -22,21 +22,14 @@ def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
 
 
-def loss_scaling(cfg: Any) -> bool:
-    enabled = cfg.precision.grad_scaler.enabled
-    return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
-
-
-def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any) -> Any:
+def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any, loss_scale: Optional[LossScale]) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
-    scaling = loss_scaling(cfg)
-    if cfg.train.grad_accumulation_steps == 1 and not scaling:
+    if cfg.train.grad_accumulation_steps == 1 and loss_scale is None:
         if cfg.train.pipeline == "base":
             return _BasePipeline(dmp, optimizer, device)
         return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
-    g = cfg.precision.grad_scaler
-    scale = LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval) if scaling else None
-    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast, scale)
+    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast,
+                     loss_scale)
 
 
 class _BasePipeline(TrainPipelineBase):
@@ -78,14 +71,16 @@ def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> List[float]:
 def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: Any,
           on_log: Callable[[int, Dict[str, float]], None], progress: Any,
           due: Callable[[int], bool] = lambda step: False,
-          on_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:
+          on_checkpoint: Optional[Callable[[int], None]] = None,
+          loss_scale: Optional[LossScale] = None) -> TrainResult:
     """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
     step). Every ``train.log_every`` steps report metrics; at steps where ``due(step)``, hand the model to
-    ``on_checkpoint`` (outside the pipeline). All ranks join both."""
+    ``on_checkpoint`` (outside the pipeline). All ranks join both. ``loss_scale`` (fp16) is updated
+    in place, so that checkpoints can save it."""
     result = TrainResult(last_step=start)
     if start >= steps:
         return result
-    pipeline = make_step(dmp, optimizer, device, cfg)
+    pipeline = make_step(dmp, optimizer, device, cfg, loss_scale)
     it = iter(batches)
     dmp.train()
     world, batch = dist.get_world_size(), samples_per_step(cfg)
@@ -111,10 +106,9 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
         }
         if len(tasks) > 1:
             metrics.update({f"train/{t}/loss": v for t, v in zip(tasks, means[1:], strict=True)})
-        scaler = getattr(pipeline, "loss_scale", None)  # the split step's, with fp16
-        if scaler is not None:
-            metrics["train/loss_scale"] = float(scaler.scale)
-            metrics["train/skipped_steps"] = float(scaler.skipped)
+        if loss_scale is not None:
+            metrics["train/loss_scale"] = float(loss_scale.scale)
+            metrics["train/skipped_steps"] = float(loss_scale.skipped)
         result.losses.append(means[0])
         result.steps.append(step)
         progress.set_postfix(loss=f"{means[0]:.4f}", refresh=False)

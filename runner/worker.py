@@ -123,6 +123,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from runner.model import build_model
     from runner.optimizers import apply_sparse_optimizer, check_device_support, combined_optimizer
     from runner.planning import make_plan
+    from runner.steps import loss_scale_for
     from runner.training import evaluate, gather_measurements, train
 
     marks = {"worker_started": _PROCESS_STARTED, "imported": time.time()}
@@ -154,7 +155,11 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
 
         checkpointer = checkpoint.Checkpointer(cfg, run_dir, rank)
         source = _resume_point(cfg, checkpointer, restarts)
-        start = checkpoint.load(source, dmp, optimizer, cfg.train.resume_optimizer, rank)["step"] if source else 0
+        loss_scale = loss_scale_for(cfg)
+        meta = checkpoint.load(source, dmp, optimizer, cfg.train.resume_optimizer, rank) if source else {}
+        start = meta.get("step", 0)
+        if loss_scale is not None and meta.get("loss_scale"):
+            loss_scale.load_state_dict(meta["loss_scale"])
         marks["model_ready"] = time.time()
         reporter.started(start, restarts, source)
 
@@ -164,7 +169,8 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
             return batches if cfg.data.name == "synthetic" else AllRanksIterator(batches)
 
         def save(step: int, metrics: Dict[str, float]) -> None:
-            meta = {"world_size": world, "sharding_types": sorted(reporter.sharding_types), "metrics": metrics}
+            meta = {"world_size": world, "sharding_types": sorted(reporter.sharding_types), "metrics": metrics,
+                    "loss_scale": loss_scale.state_dict() if loss_scale is not None else None}
             path = checkpointer.save(step, dmp, optimizer, meta, run_dir / "plan" / "plan.json")
             reporter.checkpointed(step, path, metrics)
 
@@ -175,7 +181,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
 
         with reporter.progress(cfg.train.steps, start) as bar:
             result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
-                           cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint)
+                           cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint, loss_scale)
         reporter.plan_chart()
         if result.first_step_unix is not None:
             reporter.startup(dict(marks, first_step=result.first_step_unix))

@@ -153,6 +153,17 @@ def test_fp16_autocast_with_loss_scaling_skips_overflow_and_trains(store: str, t
     assert all(x == x for x in losses) and losses[-1] < losses[0]
     assert 0.55 < run.data.metrics["eval/auc"] <= 1.0
     assert run.data.params["precision.autocast"] == "float16"
+    # the scale is checkpointed and a resumed job goes on from it, not from init_scale
+    (ckpt,) = complete_checkpoints(tmp_path / "checkpoints")
+    saved = json.loads((ckpt / "meta.json").read_text())["loss_scale"]
+    assert saved["scale"] == scale[-1] and saved["skipped"] == skipped[-1]
+    _, resumed = finished_run(store, "fp16amp_resume", tmp_path / "resumed", [
+            *FAST, "train.steps=40", "train.log_every=5", "precision=fp16",
+            "precision.grad_scaler.init_scale=1099511627776", "precision.grad_scaler.growth_interval=10",
+            "sharding=tablewise", f"train.resume={ckpt}"])
+    again = metric_history(store, resumed.info.run_id, "train/loss_scale")
+    assert len(again) == 2 and again[0] <= saved["scale"] * 2
+    assert metric_history(store, resumed.info.run_id, "train/skipped_steps")[0] >= saved["skipped"]
 
 
 @pytest.mark.slow
