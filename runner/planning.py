@@ -27,7 +27,7 @@ from torchrec.distributed.planner.storage_reservations import (
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
-from runner.schema import samples_per_step
+from runner.schema import SHARDING_TYPES, samples_per_step, uses_split_step
 
 GIB = 1024**3
 HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
@@ -83,9 +83,11 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], 
     return ParameterConstraints(**kwargs)
 
 
-def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.0) -> Dict[str, ParameterConstraints]:
+def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.0,
+                      exclude: Tuple[str, ...] = ()) -> Dict[str, ParameterConstraints]:
     """Per-table constraints: the group's allowed types and kernels, the data's ids per sample
-    (the planner's pooling factor), then each table's own entry."""
+    (the planner's pooling factor), then each table's own entry. Types in ``exclude`` are left out
+    of every table the config leaves free."""
     from runner.validation import table_constraint
 
     out: Dict[str, ParameterConstraints] = {}
@@ -93,6 +95,8 @@ def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.
         extra = table_constraint(sharding, name)
         types = list(extra.sharding_types) if extra is not None and extra.sharding_types is not None \
             else (list(sharding.types) or None)
+        if types is None and exclude:
+            types = [t for t in SHARDING_TYPES if t not in exclude]
         kernels = list(extra.compute_kernels) if extra is not None and extra.compute_kernels is not None \
             else (list(sharding.compute_kernels) or None)
         if types is None and kernels is None and extra is None and pooling == 1.0:
@@ -207,7 +211,8 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
         proposer=build_proposer(cfg.sharding, device_type),
         constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
-                                      float(cfg.data.ids_per_feature)),
+                                      float(cfg.data.ids_per_feature),
+                                      ("data_parallel",) if uses_split_step(cfg) else ()),
         stats=[estimates] if estimates is not None else None,
         debug=False,
         timeout_seconds=cfg.sharding.planner_timeout_s,

@@ -380,6 +380,18 @@ def samples_per_step(cfg: Any) -> int:
     return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
 
 
+def loss_scaling_enabled(cfg: Any) -> bool:
+    """``precision.grad_scaler.enabled``, whose null means: on with float16 autocast."""
+    enabled = cfg.precision.grad_scaler.enabled
+    return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
+
+
+def uses_split_step(cfg: Any) -> bool:
+    """Gradient accumulation and loss scaling train with the split step (``runner/steps.py``), which
+    needs every table sharded by TorchRec: no ``data_parallel`` tables."""
+    return cfg.train.grad_accumulation_steps > 1 or loss_scaling_enabled(cfg)
+
+
 def register_schemas() -> None:
     """Register the root schema; ``conf/config.yaml`` names it first, so every group merges onto it."""
     ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)

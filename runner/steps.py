@@ -30,6 +30,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
+from runner.schema import loss_scaling_enabled
 from runner.validation import ConfigError
 
 
@@ -65,10 +66,9 @@ class LossScale:
 
 def loss_scale_for(cfg: Any) -> LossScale | None:
     """The dynamic loss scale ``precision.grad_scaler`` asks for (on by default with float16 autocast)."""
-    g = cfg.precision.grad_scaler
-    enabled = cfg.precision.autocast == "float16" if g.enabled is None else bool(g.enabled)
-    if not enabled:
+    if not loss_scaling_enabled(cfg):
         return None
+    g = cfg.precision.grad_scaler
     return LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval)
 
 

@@ -23,6 +23,7 @@ from runner.schema import (
     SPARSE_OPTIMIZERS,
     STORAGE_POLICIES,
     TableConstraintSchema,
+    uses_split_step,
 )
 
 
@@ -215,3 +216,9 @@ def validate(cfg: Any) -> None:
     _validate_optimizer(cfg.optimizer)
     _validate_cluster(cfg.cluster)
     _validate_run(cfg.precision, cfg.data, cfg.train)
+    if uses_split_step(cfg):
+        why = "sharding types without data_parallel with train.grad_accumulation_steps > 1 or fp16 loss scaling"
+        _check("data_parallel" not in cfg.sharding.types, "sharding.types", list(cfg.sharding.types), why)
+        for table in cfg.sharding.constraints:
+            types = table_constraint(cfg.sharding, table).sharding_types or []
+            _check("data_parallel" not in types, f"sharding.constraints.{table}.sharding_types", list(types), why)

@@ -93,6 +93,8 @@ def test_bad_value_inside_a_sweep_fails_before_any_job(tmp_path) -> None:
     (["model.tasks=[click,conversion]"], "model.tasks"),
     (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
     (["cluster.start_method=forkserver"], "cluster.start_method"),
+    (["sharding=dataparallel", "train.grad_accumulation_steps=2"], "sharding.types"),
+    (["sharding=dataparallel", "precision=fp16"], "sharding.types"),
 ])
 def test_training_option_rules(overrides: list, key: str) -> None:
     from runner.validation import ConfigError

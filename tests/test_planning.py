@@ -189,3 +189,18 @@ def test_ids_per_feature_is_the_planners_pooling_factor() -> None:
     assert constraints["t0"].pooling_factors == [3.0] and constraints["t1"].pooling_factors == [7.0]
     plan_many, _ = plan_for(cfg)
     assert len(types_of(plan_many)) == 6
+
+
+def test_split_step_plans_leave_out_data_parallel() -> None:
+    from runner.planning import build_constraints
+    from runner.schema import uses_split_step
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        plain = compose(config_name="config")
+        accum = compose(config_name="config", overrides=["train.grad_accumulation_steps=2"])
+        fp16 = compose(config_name="config", overrides=["precision=fp16"])
+    assert not uses_split_step(plain) and uses_split_step(accum) and uses_split_step(fp16)
+    free = build_constraints(accum.sharding, ["t0", "t1"], 1.0, ("data_parallel",))
+    assert all("data_parallel" not in c.sharding_types and "row_wise" in c.sharding_types for c in free.values())
+    assert build_constraints(plain.sharding, ["t0", "t1"], 1.0) == {}
