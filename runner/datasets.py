@@ -20,7 +20,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ def layout(cfg: Any) -> Layout:
 def _make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
                 values: np.ndarray) -> Batch:
     """``lengths``: (features, rows); ``values``: ids in feature-major order (KJT's layout)."""
-    lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
+    lab = torch.from_numpy(np.array(labels, dtype=np.float32))  # a copy: Arrow's buffers are read-only
     if lab.dim() == 2 and lab.shape[1] == 1:
         lab = lab[:, 0]
     kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -188,13 +188,26 @@ for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
 
 
-def hex_to_int(strings: Sequence[str]) -> np.ndarray:
-    """Hex strings (up to 16 digits; empty = 0) to unsigned integers, vectorised."""
-    arr = np.array([s or "0" for s in strings], dtype="S16")
-    arr = np.char.rjust(arr, 16, b"0")
-    digits = _HEX[np.frombuffer(arr.tobytes(), dtype=np.uint8).reshape(-1, 16)]
-    powers = np.array([16 ** (15 - i) for i in range(16)], dtype=np.uint64)
-    return (digits * powers).sum(axis=1, dtype=np.uint64)
+_POWERS = np.array([16 ** (15 - i) for i in range(16)], dtype=np.uint64)
+
+
+def hex_to_int(strings: Any) -> np.ndarray:
+    """Hex strings (up to 16 digits; empty = 0) to unsigned integers, vectorised: a Python sequence or an
+    Arrow string array (read from its buffers, no Python objects)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = strings if isinstance(strings, (pa.Array, pa.ChunkedArray)) else pa.array(list(strings), pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    padded = pc.utf8_lpad(arr.fill_null(""), width=16, padding="0")
+    if len(padded) and pc.max(pc.utf8_length(padded)).as_py() > 16:
+        raise ValueError("a categorical value has more than 16 hex digits")
+    padded = padded.cast(pa.string())
+    offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset:padded.offset + len(padded) + 1]
+    data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    digits = _HEX[data.reshape(-1, 16)]
+    return (digits * _POWERS).sum(axis=1, dtype=np.uint64)
 
 
 def criteo_files(path: str) -> List[Path]:
@@ -213,61 +226,91 @@ class CriteoSource(_ShardedSource):
     block_bytes = 4 << 20
 
     def __iter__(self) -> Iterator[Batch]:
+        import pyarrow as pa
+
         shard, shards = self._shard()
         files = criteo_files(self.path)
         sizes = [f.stat().st_size for f in files]
         lo, hi = _shard_range(sum(sizes), shard, shards)
-        buffered: List[str] = []
-        offset, emitted = 0, 0
+        pending: List[Any] = []
+        pending_rows, offset, emitted = 0, 0, 0
         for path, size in zip(files, sizes, strict=True):
             start, end = max(lo - offset, 0), min(hi - offset, size)
             offset += size
             if start >= end:
                 continue
-            for line in _lines_starting_in(path, start, end, self.block_bytes):
-                buffered.append(line)
-                if len(buffered) == self.batch_size:
+            for block in _blocks_starting_in(path, start, end, self.block_bytes):
+                table = self._parse(block)
+                pending.append(table)
+                pending_rows += table.num_rows
+                while pending_rows >= self.batch_size:
+                    merged = pa.concat_tables(pending)
+                    take, rest = merged.slice(0, self.batch_size), merged.slice(self.batch_size)
+                    pending, pending_rows = [rest], rest.num_rows
                     if emitted >= self.skip_batches:
-                        yield self._batch(buffered)
-                    buffered, emitted = [], emitted + 1
+                        yield self._batch(take)
+                    emitted += 1
                     if self.max_batches is not None and emitted >= self.max_batches:
                         return
 
-    def _batch(self, lines: List[str]) -> Batch:
-        width = 1 + CRITEO_DENSE + CRITEO_SPARSE
-        cells = [ln.rstrip("\r\n").split("\t") for ln in lines]
-        bad = next((i for i, c in enumerate(cells) if len(c) != width), None)
-        if bad is not None:
-            raise ValueError(f"criteo line has {len(cells[bad])} fields, expected {width} "
-                             f"(label, 13 integer, 26 categorical): {lines[bad][:80]!r}")
-        cols = list(zip(*cells, strict=True))
-        labels = np.array([int(v or 0) for v in cols[0]], dtype=np.float32)[:, None]
-        dense = np.array([[float(v or 0) for v in cols[1 + j]] for j in range(CRITEO_DENSE)], np.float64).T
+    def _parse(self, block: bytes) -> Any:
+        """Whole lines, parsed by Arrow's CSV reader (C++): label, 13 numbers, 26 strings."""
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        names = (["label"] + [f"I{j}" for j in range(1, CRITEO_DENSE + 1)]
+                 + [f"C{j}" for j in range(1, CRITEO_SPARSE + 1)])
+        types = {"label": pa.float32(), **{f"I{j}": pa.float64() for j in range(1, CRITEO_DENSE + 1)},
+                 **{f"C{j}": pa.string() for j in range(1, CRITEO_SPARSE + 1)}}
+        try:
+            return pcsv.read_csv(io.BytesIO(block),
+                                 read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                                               block_size=len(block) + 1),
+                                 parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
+                                 convert_options=pcsv.ConvertOptions(column_types=types,
+                                                                     strings_can_be_null=False))
+        except pa.ArrowInvalid as exc:
+            raise ValueError(f"{self.path}: not the Criteo layout (label, 13 integer, 26 categorical, "
+                             f"tab-separated): {str(exc).splitlines()[0]}") from None
+
+    def _batch(self, t: Any) -> Batch:
+        def numbers(name: str) -> np.ndarray:  # missing values (null) -> NaN -> 0
+            return np.nan_to_num(t.column(name).to_numpy(zero_copy_only=False), nan=0.0)
+
+        labels = numbers("label")[:, None]
+        dense = np.stack([numbers(f"I{j}") for j in range(1, CRITEO_DENSE + 1)], axis=1)
         dense = np.log1p(np.maximum(dense, 0.0))
-        n = len(lines)
-        values = [self._ids((hex_to_int(cols[1 + CRITEO_DENSE + j]) % np.uint64(self.lay.sizes[j])).astype(
-            np.int64), j) for j in range(CRITEO_SPARSE)]
-        return _make_batch(self.lay, labels, dense, np.ones((CRITEO_SPARSE, n), np.int64), np.concatenate(values))
+        values = [self._ids((hex_to_int(t.column(f"C{j + 1}")) % np.uint64(self.lay.sizes[j])).astype(np.int64), j)
+                  for j in range(CRITEO_SPARSE)]
+        return _make_batch(self.lay, labels, dense, np.ones((CRITEO_SPARSE, t.num_rows), np.int64),
+                           np.concatenate(values))
 
 
-def _lines_starting_in(path: Path, start: int, end: int, block: int) -> Iterator[str]:
-    """Lines of ``path`` whose first byte lies in ``[start, end)``."""
+def _blocks_starting_in(path: Path, start: int, end: int, block: int) -> Iterator[bytes]:
+    """Blocks of whole lines of ``path``: every line whose first byte lies in ``[start, end)``, once."""
     with open(path, "rb") as f:
         if start > 0:
             f.seek(start - 1)
             if f.read(1) != b"\n":
                 f.readline()  # the line in progress belongs to the previous shard
-        pos = f.tell()
+        pos = f.tell()  # file offset of buf[0]
+        buf = b""
         while pos < end:
-            lines = f.readlines(block)
-            if not lines:
+            chunk = f.read(block)
+            buf += chunk
+            cut = len(buf) if not chunk else buf.rfind(b"\n") + 1  # whole lines only (all of it at EOF)
+            keep = end - pos  # lines starting at buf[keep] or later belong to the next shard
+            if cut > keep:
+                line_end = buf.find(b"\n", keep - 1) if keep > 0 else -1
+                cut = line_end + 1 if line_end >= 0 else (len(buf) if keep > 0 else 0)
+                if cut:
+                    yield buf[:cut]
                 return
-            for raw in lines:
-                if pos >= end:
-                    return
-                pos += len(raw)
-                if raw.strip():
-                    yield raw.decode("utf-8", "replace")
+            if cut:
+                yield buf[:cut]
+            buf, pos = buf[cut:], pos + cut
+            if not chunk:
+                return
 
 
 # ---------------------------------------------------------------------------------------------- sources

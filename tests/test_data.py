@@ -76,14 +76,24 @@ def test_parquet_ids_out_of_range_need_hashing(tmp_path: Path) -> None:
         next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, False)))
 
 
-def test_criteo_lines_split_by_bytes_each_read_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_bytes", [4 << 20, 97], ids=["4MiB-blocks", "97-byte-blocks"])
+def test_criteo_lines_split_by_bytes_each_read_once(tmp_path: Path, block_bytes: int) -> None:
     (tmp_path / "day_0").write_text(criteo_lines(300, seed=1))
     (tmp_path / "day_1").write_text(criteo_lines(200, seed=2))
-    batches = read_all(lambda r: CriteoSource(str(tmp_path), CRITEO_LAYOUT, 1, r, 3, 1, True), world=3,
-                       workers=0)
+
+    def shard(rank: int) -> CriteoSource:
+        src = CriteoSource(str(tmp_path), CRITEO_LAYOUT, 1, rank, 3, 1, True)
+        src.block_bytes = block_bytes  # lines cross block ends (97 bytes is shorter than any line)
+        return src
+
+    batches = read_all(shard, world=3, workers=0)
     assert sum(len(b) for b in batches) == 500  # every line once, none split between shards
     counts = [len(b) for b in batches]
     assert max(counts) - min(counts) < 40  # byte ranges: close to even, not exactly
+    lines = [ln.split("\t") for f in ("day_0", "day_1") for ln in (tmp_path / f).read_text().splitlines()]
+    want = sorted((int(c[0]), int(c[14] or "0", 16) % 1000) for c in lines)
+    got = sorted((int(b.labels.item()), b.sparse_features["C1"].values().item()) for r in batches for b in r)
+    assert got == want
     text = (tmp_path / "day_0").read_text().splitlines()[0].split("\t")
     first = batches[0][0]
     assert first.labels.item() == int(text[0])
