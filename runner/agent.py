@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         min_nodes=c.nodes,
         max_nodes=c.nodes,
         nproc_per_node=c.workers_per_node,
-        run_id=f"runner-{run_dir.name}-{port}",
+        run_id=f"runner-{port}",  # the same on every host (their run folders' names differ)
         rdzv_backend="c10d",
         rdzv_endpoint=f"{c.master_addr}:{port}",
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": c.pg_timeout_s},

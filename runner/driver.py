@@ -107,8 +107,17 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
     (run_dir / DRIVER).write_text(json.dumps({"port": port}))
     opened: Dict[str, Any] = {}
 
+    # On a real multi-host job (cluster.node_rank set) every host runs a driver, and c10d rendezvous puts
+    # rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run.
+    multi_host = cfg.cluster.node_rank is not None
+
+    def rank0_here() -> bool:
+        return (run_dir / "pids" / "rank0.pid").exists()
+
     def pump() -> None:
         """Write rank 0's new MLflow events (metrics, tags, plan artifacts) to the run."""
+        if multi_host and "run_id" not in opened and rank0_here():
+            open_run()
         if "pump" in opened:
             opened["pump"]()
 
@@ -139,9 +148,13 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
         else:
             pre_launch_checks(cfg, run_dir)
             try:
-                launch(cfg.cluster, run_dir, port, while_starting=open_run, pump=pump)
+                launch(cfg.cluster, run_dir, port, while_starting=None if multi_host else open_run, pump=pump)
             finally:
                 pump()  # what rank 0 reported before the end (or before a failure)
+            if multi_host and "run_id" not in opened:
+                print(f"[runner] node {cfg.cluster.node_rank} finished; rank 0 ran on another host, whose driver "
+                      "logged the MLflow run", flush=True)
+                return {}
             results = json.loads((run_dir / RESULTS).read_text())
         pump()
         results.update(run_id=opened["run_id"], tracking_uri=uri)
@@ -150,8 +163,8 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
             tracking.end_run(uri, opened["run_id"], "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
         raise
     except BaseException as exc:
-        if "run_id" not in opened:
-            open_run()  # a refused job is still on record, as FAILED
+        if "run_id" not in opened and (not multi_host or rank0_here() or cfg.cluster.node_rank == 0):
+            open_run()  # a refused job is still on record, as FAILED (on a multi-host job: by node 0)
         tracking.end_run(uri, opened["run_id"], "FAILED", str(exc))
         raise
     tracking.end_run(uri, opened["run_id"], "FINISHED")

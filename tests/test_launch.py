@@ -76,3 +76,30 @@ def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_pa
     assert proc.returncode != 0
     (run,) = runs(store, "torchrun_fail")
     assert run.info.status == "FAILED" and "no sharding plan fits" in run.data.tags["error"]
+
+
+def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) -> None:
+    """A 2-host job as a cluster runs it: one `python -m runner cluster.node_rank=K` per host (here two
+    drivers on this host, each with its own run folder). Only the host where rank 0 lands logs the run."""
+    from runner.launch import free_port
+
+    port, tag = free_port(), uuid.uuid4().hex
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    drivers = [subprocess.Popen(
+        [sys.executable, "-m", "runner", *FAST, "cluster=2node", f"cluster.node_rank={k}",
+         f"cluster.master_port={port}", f"tracking.uri={store}", "tracking.experiment=hosts",
+         f"hydra.run.dir={tmp_path / f'host{k}'}"], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in (0, 1)]
+    outs = [d.communicate(timeout=300) for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0], [o[1][-2000:] for o in outs]
+    (run,) = runs(store, "hosts")
+    assert run.info.status == "FINISHED" and run.data.tags["runner.world_size"] == "4"
+    assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
+    hosting = [k for k in (0, 1) if (tmp_path / f"host{k}" / "pids" / "rank0.pid").exists()]
+    assert len(hosting) == 1
+    other = 1 - hosting[0]
+    assert run.info.run_id in outs[hosting[0]][0] and "[runner] done:" in outs[hosting[0]][0]
+    assert "rank 0 ran on another host" in outs[other][0] and "MLflow run" not in outs[other][0].replace(
+        "logged the MLflow run", "")
+    assert not processes_tagged(tag)
