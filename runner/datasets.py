@@ -98,6 +98,29 @@ class _ShardedSource(torch.utils.data.IterableDataset):
         worker = info.id if info is not None else 0
         return self.rank * self.workers + worker, self.world * self.workers
 
+    def _batch(self, table: Any) -> Batch:
+        raise NotImplementedError
+
+    def _rebatch(self, tables: Iterator[Any]) -> Iterator[Batch]:
+        """Batches of exactly ``batch_size`` rows from a stream of Arrow tables (a last, smaller remainder
+        is dropped), from batch ``skip_batches`` on, at most up to ``max_batches``."""
+        import pyarrow as pa
+
+        pending: List[Any] = []
+        pending_rows, emitted = 0, 0
+        for table in tables:
+            pending.append(table)
+            pending_rows += table.num_rows
+            while pending_rows >= self.batch_size:
+                merged = pa.concat_tables(pending)
+                take, rest = merged.slice(0, self.batch_size), merged.slice(self.batch_size)
+                pending, pending_rows = [rest], rest.num_rows
+                if emitted >= self.skip_batches:
+                    yield self._batch(take)
+                emitted += 1
+                if self.max_batches is not None and emitted >= self.max_batches:
+                    return
+
     def _ids(self, ids: np.ndarray, feature: int) -> np.ndarray:
         size = self.lay.sizes[feature]
         if self.hash_ids:
@@ -138,26 +161,11 @@ class ParquetSource(_ShardedSource):
         return [(f, pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(self.path)]
 
     def __iter__(self) -> Iterator[Batch]:
-        import pyarrow as pa
-
         shard, shards = self._shard()
         files = self.rows()
         lo, hi = _shard_range(sum(n for _, n in files), shard, shards)
         columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
-        pending: List[Any] = []
-        pending_rows, emitted = 0, 0
-        for table in _row_range(files, lo, hi, columns):  # only the row groups that hold the range
-            pending.append(table)
-            pending_rows += table.num_rows
-            while pending_rows >= self.batch_size:
-                merged = pa.concat_tables(pending)
-                take, rest = merged.slice(0, self.batch_size), merged.slice(self.batch_size)
-                pending, pending_rows = [rest], rest.num_rows
-                if emitted >= self.skip_batches:
-                    yield self._batch(take)
-                emitted += 1
-                if self.max_batches is not None and emitted >= self.max_batches:
-                    return
+        yield from self._rebatch(_row_range(files, lo, hi, columns))  # only the row groups of the range
 
     def _batch(self, t: Any) -> Batch:
         import pyarrow as pa
@@ -226,32 +234,20 @@ class CriteoSource(_ShardedSource):
     block_bytes = 4 << 20
 
     def __iter__(self) -> Iterator[Batch]:
-        import pyarrow as pa
+        yield from self._rebatch(self._parse(block) for block in self._blocks())
 
+    def _blocks(self) -> Iterator[bytes]:
+        """This shard's byte range of the concatenated files, as blocks of whole lines."""
         shard, shards = self._shard()
         files = criteo_files(self.path)
         sizes = [f.stat().st_size for f in files]
         lo, hi = _shard_range(sum(sizes), shard, shards)
-        pending: List[Any] = []
-        pending_rows, offset, emitted = 0, 0, 0
+        offset = 0
         for path, size in zip(files, sizes, strict=True):
             start, end = max(lo - offset, 0), min(hi - offset, size)
             offset += size
-            if start >= end:
-                continue
-            for block in _blocks_starting_in(path, start, end, self.block_bytes):
-                table = self._parse(block)
-                pending.append(table)
-                pending_rows += table.num_rows
-                while pending_rows >= self.batch_size:
-                    merged = pa.concat_tables(pending)
-                    take, rest = merged.slice(0, self.batch_size), merged.slice(self.batch_size)
-                    pending, pending_rows = [rest], rest.num_rows
-                    if emitted >= self.skip_batches:
-                        yield self._batch(take)
-                    emitted += 1
-                    if self.max_batches is not None and emitted >= self.max_batches:
-                        return
+            if start < end:
+                yield from _blocks_starting_in(path, start, end, self.block_bytes)
 
     def _parse(self, block: bytes) -> Any:
         """Whole lines, parsed by Arrow's CSV reader (C++): label, 13 numbers, 26 strings."""
