@@ -133,7 +133,7 @@ class SplitStep:
         scale = self.loss_scale.scale if self.loss_scale else 1.0
         losses, logits, labels = [], [], []
         originals = [m.forward for m in self.embedding_modules]
-        try:
+        try:  # 2. the dense part, micro-batch by micro-batch, on slices of the pooled embeddings
             for i in range(n):
                 rows = slice(i * micro, (i + 1) * micro)
                 for module, (kt, leaf) in zip(self.embedding_modules, pooled, strict=True):
@@ -164,6 +164,7 @@ class SplitStep:
             if not finite:
                 self.optimizer.zero_grad()
                 return torch.stack(losses).mean(), torch.cat(logits), torch.cat(labels)
+        # 4. the embeddings' gradient back through the sharded modules once (FBGEMM updates), then dense
         for (kt, leaf) in pooled:
             if leaf.grad is not None:
                 kt.values().backward(leaf.grad)
