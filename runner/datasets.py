@@ -75,8 +75,7 @@ def _make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.
 
 def parquet_files(path: str) -> List[Path]:
     p = Path(path)
-    files = sorted(p.rglob("*.parquet")) if p.is_dir() else ([p] if p.is_file() else [])
-    return files
+    return sorted(p.rglob("*.parquet")) if p.is_dir() else ([p] if p.is_file() else [])
 
 
 def _shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
@@ -345,18 +344,26 @@ def check_data(cfg: Any) -> None:
                               f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
 
 
+def synthetic(cfg: Any, batch_size: int, num_batches: int, rank: int, eval_split: bool,
+              start_batch: int = 0) -> Any:
+    """The synthetic source for ``cfg``'s model and data settings (batch ``i`` depends on seed, rank,
+    split and ``i`` only)."""
+    from runner.data import SyntheticClicks
+
+    d, lay = cfg.data, layout(cfg)
+    return SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, batch_size, num_batches,
+                           cfg.train.seed, rank, eval_split, d.label_noise, start_batch=start_batch,
+                           ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
+                           zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))
+
+
 def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int = 0,
            num_batches: Optional[int] = None) -> Any:
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
-    from runner.data import SyntheticClicks
-
     d, lay, size = cfg.data, layout(cfg), samples_per_step(cfg)
     if d.name == "synthetic":
-        return SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, size, num_batches or 0,
-                               cfg.train.seed, rank, eval_split, d.label_noise, start_batch=start_batch,
-                               ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
-                               zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))
+        return synthetic(cfg, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
     cls = ParquetSource if d.name == "parquet" else CriteoSource
     workers = 0 if eval_split else d.num_workers
@@ -390,22 +397,20 @@ class AllRanksIterator:
         if AllRanksIterator._group is None:  # a CPU flag, whatever the training backend
             gloo = dist.get_backend() == "gloo"
             AllRanksIterator._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
-        self.ended_at: Optional[int] = None
-        self.count = 0
+        self._ended = False
 
     def __iter__(self) -> "AllRanksIterator":
         return self
 
     def __next__(self) -> Batch:
-        if self.ended_at is not None:
+        if self._ended:
             raise StopIteration
         batch = next(self._it, None)
         flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
         if flag.item() == 0:
-            self.ended_at = self.count
+            self._ended = True
             raise StopIteration
-        self.count += 1
         return batch
 
 
@@ -431,10 +436,7 @@ def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int,
     one row group per ``chunk_rows`` rows, so memory stays flat whatever the size."""
     import pyarrow.parquet as pq
 
-    from runner.data import SyntheticClicks
-
     lay = layout(cfg)
-    d = cfg.data
     written = []
     for split, total, nfiles in (("train", rows, files), ("eval", eval_rows, 1)):
         folder = out / split
@@ -442,10 +444,7 @@ def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int,
         for i in range(nfiles):
             lo, hi = _shard_range(total, i, nfiles)
             n, chunk = hi - lo, min(chunk_rows, max(hi - lo, 1))
-            gen = SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, chunk, -(-n // chunk),
-                                  cfg.train.seed, i, split == "eval", d.label_noise,
-                                  ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
-                                  zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))
+            gen = synthetic(cfg, chunk, -(-n // chunk), i, split == "eval")  # file i: the stream of "rank" i
             path = folder / f"part-{i:05d}.parquet"
             tmp = path.with_suffix(".parquet.tmp")
             writer = None
