@@ -40,7 +40,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--bind-cores", action="store_true",
+                    help="bind each rank to its own slice of the cores (as the runner's cluster.cpu_affinity=auto)")
     args = ap.parse_args()
+
+    if args.bind_cores:
+        cores, local, local_world = sorted(os.sched_getaffinity(0)), int(os.environ["LOCAL_RANK"]), int(
+            os.environ["LOCAL_WORLD_SIZE"])
+        per = len(cores) // local_world
+        os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from runner.affinity import threads_per_worker, workers_on_host
+
 
 def _cuda_present() -> bool:
     import torch
@@ -32,9 +34,11 @@ def main(argv: list[str]) -> int:
     cfg = OmegaConf.load(run_dir / "resolved.yaml")
     c = cfg.cluster
     # OpenMP (FBGEMM's CPU kernels) would start a thread per core in every worker: oversubscribed.
-    threads = cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // c.workers_per_node)
+    host_workers = workers_on_host(c)
+    threads = threads_per_worker(cfg.train.threads_per_worker, host_workers)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
+    os.environ["RUNNER_HOST_WORKERS"] = str(host_workers)  # workers pick their cores from it
     # imported only now: OpenMP reads OMP_NUM_THREADS when torch loads it, and forked workers inherit that
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -413,6 +413,9 @@ class AllRanksIterator:
             raise StopIteration
         return batch
 
+    def close(self) -> None:
+        getattr(self._it, "close", lambda: None)()
+
 
 def _arrow_table(lay: Layout, b: Batch, rows: int) -> Any:
     import pyarrow as pa
@@ -473,3 +476,66 @@ def criteo_lines(rows: int, seed: int = 0, missing: float = 0.1) -> str:
             "" if rng.random() < missing else f"{v:08x}" for v in cats]
         out.write("\t".join(fields) + "\n")
     return out.getvalue()
+
+
+class Prefetcher:
+    """Iterates ``batches`` in a background thread, ``depth`` batches ahead of the training loop.
+
+    Building a batch (drawing ids, or turning Arrow columns into a KeyedJaggedTensor) then runs while
+    the training thread waits on a collective, instead of between steps. Batches come in the source's
+    order; an error in the source is raised in the consumer at the batch where it happened. The thread
+    stops when the source ends, when the consumer calls :meth:`close`, or at exit (daemon).
+    """
+
+    _END = object()
+
+    def __init__(self, batches: Any, depth: int) -> None:
+        import queue
+        import threading
+
+        self._queue: Any = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._fill, args=(iter(batches),), name="runner-prefetch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, it: Iterator[Batch]) -> None:
+        try:
+            for batch in it:
+                if not self._put(batch):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is self._END or isinstance(item, BaseException):
+            self._done = True
+            self._stop.set()
+            if item is self._END:
+                raise StopIteration
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        self._thread.join(timeout=5)

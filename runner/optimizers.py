@@ -120,6 +120,30 @@ def scheduled_rates(o: Any, step: int, total: int) -> Tuple[float, float]:
     return sparse, o.dense_lr * lr_factor(o.dense_schedule, step, total)
 
 
+class Schedule:
+    """:func:`scheduled_rates` over plain Python copies of the optimizer config, for the training loop.
+
+    Reading an OmegaConf node costs microseconds per attribute: the schedule read from the config every
+    step cost ~0.2 ms, over 1% of a CPU step of the default model.
+    """
+
+    def __init__(self, opt_cfg: Any, total: int) -> None:
+        from types import SimpleNamespace
+
+        from omegaconf import OmegaConf
+
+        def plain(node: Any) -> Any:
+            return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))
+
+        self._o = SimpleNamespace(sparse_lr=float(opt_cfg.sparse_lr), dense_lr=float(opt_cfg.dense_lr),
+                                  sparse_schedule=plain(opt_cfg.sparse_schedule),
+                                  dense_schedule=plain(opt_cfg.dense_schedule))
+        self._total = total
+
+    def __call__(self, step: int) -> Tuple[float, float]:
+        return scheduled_rates(self._o, step, self._total)
+
+
 def set_learning_rates(optimizer: CombinedOptimizer, sparse_lr: float, dense_lr: float) -> Tuple[float, float]:
     """Apply the rates to both parts before a step runs; returns them.
 

@@ -165,10 +165,14 @@ class Reporter:
         self.extra["checkpoint"] = str(path)
         self._tags({"runner.last_checkpoint": str(path)})
 
-    def measured(self, per_rank: List[Dict[str, float]]) -> None:
-        """Measured step time and peak memory per rank, next to the planner's estimates."""
+    def measured(self, per_rank: List[Dict[str, Any]]) -> None:
+        """Measured step time and peak memory per rank, next to the planner's estimates; the CPU cores
+        each rank was bound to (tag ``runner.cpu_cores``)."""
         if not self.active:
             return
+        self._tags({"runner.cpu_cores": "; ".join(
+            f"rank{r}: {','.join(map(str, x['cores'])) if x.get('cores') else 'unbound'}"
+            for r, x in enumerate(per_rank))})
         m: Dict[str, float] = {}
         for r, x in enumerate(per_rank):
             m[f"measured/rank{r}/step_ms"] = x["step_ms"]

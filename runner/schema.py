@@ -234,6 +234,9 @@ class ClusterSchema:
     start_method: str = "auto"
     """How agents start workers: ``fork`` (workers inherit the agent's imports: faster start-up) |
     ``spawn`` (fresh interpreters) | ``auto`` (fork for CPU workers, spawn for CUDA workers)."""
+    cpu_affinity: str = "auto"
+    """``auto``: bind each CPU worker to its own slice of the host's cores (none when the host has fewer
+    cores than workers) | ``none``: let the kernel move workers between cores."""
 
 
 @dataclass
@@ -280,6 +283,8 @@ class DataSchema:
     """Held-out data of the same kind (null: evaluate on the first ``eval_batches`` of ``path``)."""
     num_workers: int = 0
     """Dataloader worker processes per rank reading ``path`` (0: read in the training process)."""
+    prefetch_batches: int = 2
+    """Training batches built ahead in a background thread of each rank (0: built between steps)."""
     hash_ids: bool = True
     """File sources: ids (criteo: hex values) taken modulo their table's size; false: out-of-range ids
     are an error."""

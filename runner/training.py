@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-from runner.optimizers import scheduled_rates, set_learning_rates
+from runner.optimizers import Schedule, set_learning_rates
 from runner.schema import samples_per_step
 from runner.steps import LossScale, SplitStep
 
@@ -85,6 +85,8 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     dmp.train()
     world, batch = dist.get_world_size(), samples_per_step(cfg)
     tasks = list(cfg.model.tasks)
+    # the loop reads no OmegaConf node: each read costs microseconds, every step
+    schedule, log_every, autocast_dtype = Schedule(cfg.optimizer, steps), cfg.train.log_every, cfg.precision.autocast
     window_loss, window_tasks, window_steps = 0.0, [0.0] * len(tasks), 0
     window_start, paused = time.perf_counter(), 0.0
     applied: tuple = (float("nan"), float("nan"))
@@ -116,11 +118,11 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
         window_loss, window_tasks, window_steps, window_start, paused = 0.0, [0.0] * len(tasks), 0, now, 0.0
 
     for step in range(start + 1, steps + 1):
-        rates = scheduled_rates(cfg.optimizer, step, steps)
+        rates = schedule(step)
         if rates != applied:  # constant schedules touch the optimizers once
             applied = set_learning_rates(optimizer, *rates)
         try:
-            with autocast(device, cfg.precision.autocast):
+            with autocast(device, autocast_dtype):
                 loss, logits, labels = pipeline.progress(it)
         except StopIteration:  # every rank's data check said: some rank has no batch left
             result.data_ended = True
@@ -133,7 +135,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
         if result.first_step_unix is None:
             result.first_step_unix = time.time()
         progress.update(1)
-        if step % cfg.train.log_every == 0 or step == steps:
+        if step % log_every == 0 or step == steps:
             log_window(step)
         if on_checkpoint is not None and step < steps and due(step):
             t0 = time.perf_counter()
@@ -160,9 +162,10 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def gather_measurements(result: TrainResult, device: torch.device) -> List[Dict[str, float]]:
-    """Every rank's measured step time and peak memory, gathered to every rank."""
-    mine = {"step_ms": result.step_time_ms, "peak_mem_bytes": float(peak_memory_bytes(device))}
+def gather_measurements(result: TrainResult, device: torch.device,
+                        cores: Optional[List[int]] = None) -> List[Dict[str, Any]]:
+    """Every rank's measured step time, peak memory and bound CPU cores, gathered to every rank."""
+    mine = {"step_ms": result.step_time_ms, "peak_mem_bytes": float(peak_memory_bytes(device)), "cores": cores}
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.affinity import AFFINITY_MODES
 from runner.schema import (
     AUTOCAST_DTYPES,
     COMPUTE_KERNELS,
@@ -172,6 +173,7 @@ def _validate_cluster(c: Any) -> None:
            f"null or an integer in [0, cluster.nodes={c.nodes})")
     _check(c.pg_timeout_s > 0, "cluster.pg_timeout_s", c.pg_timeout_s, "a positive number of seconds")
     _check_choices("cluster.start_method", [c.start_method], ("auto", "fork", "spawn"))
+    _check_choices("cluster.cpu_affinity", [c.cpu_affinity], AFFINITY_MODES)
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
 
 
@@ -183,6 +185,7 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
         _check(getattr(p, key) in (None, "fp16", "bf16"), f"precision.{key}", getattr(p, key), "null, fp16 or bf16")
     _check_choices("data.name", [d.name], DATA_SOURCES)
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "an integer >= 0")
+    _check(d.prefetch_batches >= 0, "data.prefetch_batches", d.prefetch_batches, "an integer >= 0")
     for key in ("write_rows", "write_files", "write_eval_rows"):
         _check(getattr(d, key) > 0, f"data.{key}", getattr(d, key), "a positive integer")
     _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")

@@ -15,13 +15,14 @@ import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from runner import reporting
+from runner import affinity, reporting
+from runner.affinity import threads_per_worker
 from runner.checkpoint import CheckpointError
 from runner.plan_io import PlanError
 from runner.validation import ConfigError, validate
@@ -45,6 +46,20 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = enabled
         torch.backends.cudnn.allow_tf32 = enabled
+
+
+def bind_cores(cfg: Any, device: torch.device, rank: int, local_rank: int, local_world: int) -> Optional[List[int]]:
+    """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
+    :mod:`runner.affinity`); returns the cores, or None when the worker is left unbound."""
+    if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
+        return None
+    host_workers = _env_int("RUNNER_HOST_WORKERS", local_world)
+    cores = affinity.worker_cores(affinity.host_slot(rank, local_rank, local_world, host_workers), host_workers,
+                                  affinity.allowed_cores())
+    if not cores:
+        return None
+    affinity.bind(cores)
+    return sorted(os.sched_getaffinity(0))  # what the kernel now applies, as reported in runner.cpu_cores
 
 
 def _quiet_logs(rank: int) -> None:
@@ -116,7 +131,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
     from runner import checkpoint
-    from runner.datasets import AllRanksIterator
+    from runner.datasets import AllRanksIterator, Prefetcher
     from runner.datasets import source as data_source
     from runner.model import build_model
     from runner.optimizers import apply_sparse_optimizer, check_device_support, combined_optimizer
@@ -131,9 +146,11 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     pids.mkdir(exist_ok=True)
     (pids / f"rank{rank}.pid").write_text(str(os.getpid()))
     device, backend = select_device(cfg.cluster.device, local_rank)
+    cores = bind_cores(cfg, device, rank, local_rank, local_world)  # before gloo and OpenMP start threads
     set_tf32(cfg.precision.tf32, device)
     check_device_support(cfg.optimizer, device.type)
-    torch.set_num_threads(cfg.train.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world))
+    host_workers = _env_int("RUNNER_HOST_WORKERS", local_world)
+    torch.set_num_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers, cores))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
     marks["process_group"] = time.time()
     reporter = reporting.Reporter(cfg, run_dir, rank)
@@ -163,6 +180,8 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
 
         def data(num_batches: int, eval_split: bool, first: int = 0) -> Any:
             batches = data_source(cfg, rank, world, eval_split, first, num_batches)
+            if not eval_split and cfg.data.prefetch_batches > 0:
+                batches = Prefetcher(batches, cfg.data.prefetch_batches)
             # synthetic sources have the same length on every rank; files may end unevenly
             return batches if cfg.data.name == "synthetic" else AllRanksIterator(batches)
 
@@ -177,15 +196,19 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
             reporter.eval_metrics(step, evaluated)
             save(step, evaluated)
 
-        with reporter.progress(cfg.train.steps, start) as bar:
-            result = train(dmp, optimizer, data(cfg.train.steps, False, start), start, cfg.train.steps, device,
-                           cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint, loss_scale)
+        train_data = data(cfg.train.steps, False, start)
+        try:
+            with reporter.progress(cfg.train.steps, start) as bar:
+                result = train(dmp, optimizer, train_data, start, cfg.train.steps, device,
+                               cfg, reporter.train_metrics, bar, checkpointer.due, on_checkpoint, loss_scale)
+        finally:
+            getattr(train_data, "close", lambda: None)()
         reporter.plan_chart()
         if result.first_step_unix is not None:
             reporter.startup(dict(marks, first_step=result.first_step_unix))
         if result.data_ended:
             reporter.data_ended(result.last_step)
-        reporter.measured(gather_measurements(result, device))
+        reporter.measured(gather_measurements(result, device, cores))
         eval_metrics = evaluate(dmp, data(cfg.data.eval_batches, True), device, cfg)
         if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
             save(result.last_step, eval_metrics)

@@ -93,6 +93,8 @@ def test_bad_value_inside_a_sweep_fails_before_any_job(tmp_path) -> None:
     (["model.tasks=[click,conversion]"], "model.tasks"),
     (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
     (["cluster.start_method=forkserver"], "cluster.start_method"),
+    (["cluster.cpu_affinity=numa"], "cluster.cpu_affinity"),
+    (["data.prefetch_batches=-1"], "data.prefetch_batches"),
     (["sharding=dataparallel", "train.grad_accumulation_steps=2"], "sharding.types"),
     (["sharding=dataparallel", "precision=fp16"], "sharding.types"),
 ])

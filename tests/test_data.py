@@ -11,7 +11,15 @@ import torch
 from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs
 from omegaconf import OmegaConf
 
-from runner.datasets import CriteoSource, Layout, ParquetSource, criteo_lines, hex_to_int, write_parquet
+from runner.datasets import (
+    CriteoSource,
+    Layout,
+    ParquetSource,
+    Prefetcher,
+    criteo_lines,
+    hex_to_int,
+    write_parquet,
+)
 from runner.schema import RunnerConfig
 
 CRITEO_LAYOUT = Layout(("label",), 13, tuple(f"C{i}" for i in range(1, 27)), tuple([1000] * 26))
@@ -173,3 +181,32 @@ def test_parquet_resume_skips_to_the_same_batches(tmp_path: Path) -> None:
     for a, b in zip(full[4:9], resumed, strict=True):
         assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
         assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+
+def test_prefetcher_keeps_order_raises_where_the_source_failed_and_stops() -> None:
+    import threading
+
+    from runner.data import SyntheticClicks
+
+    source = SyntheticClicks(["a", "b"], [100, 50], 3, batch_size=8, num_batches=12, seed=1, rank=0)
+    direct, ahead = list(source), list(Prefetcher(source, depth=3))
+    assert len(ahead) == 12
+    for a, b in zip(direct, ahead, strict=True):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+    def failing():
+        yield from range(3)
+        raise ValueError("row 3 unreadable")
+
+    it = Prefetcher(failing(), depth=2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="row 3 unreadable"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+    endless = Prefetcher(iter(int, 1), depth=2)  # a source that never ends; the consumer stops early
+    assert next(endless) == 0
+    endless.close()
+    assert not any(t.name == "runner-prefetch" and t.is_alive() for t in threading.enumerate())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> N
     assert p["train.steps"] == "60" and p["cluster.workers_per_node"] == "2"
     assert p["sharding.storage_reserve_percent"] == "0.15" and p["optimizer.sparse"] == "rowwise_adagrad"
     assert run.data.tags["runner.world_size"] == "2"
+    # each worker bound to its own half of the cores this test may use (unbound on a 1-core machine)
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    expected = ("; ".join(f"rank{r}: {','.join(map(str, cores[r * half:(r + 1) * half]))}" for r in range(2))
+                if half else "rank0: unbound; rank1: unbound")
+    assert run.data.tags["runner.cpu_cores"] == expected
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert len(losses) == 6 and losses[-1] < losses[0], losses
     assert run.data.metrics["eval/auc"] > 0.6
@@ -79,6 +86,12 @@ def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     assert run.data.tags["runner.world_size"] == "4"
     assert run.data.tags["runner.local_world_size"] == "2"
     assert run.data.tags["runner.nodes"] == "2"
+    # four workers on this host: bound to one core each only when the host has four
+    bound = [part.split(": ")[1] for part in run.data.tags["runner.cpu_cores"].split("; ")]
+    if len(os.sched_getaffinity(0)) < 4:
+        assert bound == ["unbound"] * 4
+    else:
+        assert len(set(bound)) == 4
 
 
 def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) -> None:

@@ -31,6 +31,21 @@ def test_schedules() -> None:
     assert lr_factor(cos, 60, 110) == pytest.approx(0.55) and lr_factor(cos, 110, 110) == pytest.approx(0.1)
 
 
+def test_loop_schedule_equals_the_config_schedule() -> None:
+    """The training loop's plain-Python copy of the schedules gives the config's rates at every step."""
+    from runner.optimizers import Schedule, scheduled_rates
+    from runner.schema import RunnerConfig
+
+    o = OmegaConf.merge(OmegaConf.structured(RunnerConfig).optimizer, {
+        "sparse_lr": 0.1, "dense_lr": 0.01,
+        "sparse_schedule": {"name": "steps", "milestones": [5, 9], "gamma": 0.5, "warmup_steps": 2},
+        "dense_schedule": {"name": "cosine", "warmup_steps": 3, "min_factor": 0.1}})
+    loop = Schedule(o, 20)
+    rates = [loop(s) for s in range(1, 21)]
+    assert rates == [scheduled_rates(o, s, 20) for s in range(1, 21)]
+    assert rates[0] == pytest.approx((0.05, 0.01 / 3)) and rates[-1] == pytest.approx((0.025, 0.001))
+
+
 @pytest.mark.slow
 def test_schedules_optimizers_clipping_dcn_and_quantised_comms_train(store: str, tmp_path: Path) -> None:
     proc, run = finished_run(store, "opts", tmp_path, [
