@@ -1,5 +1,9 @@
 """One node's torch elastic agent: ``python -m runner.agent <run_dir> <node_rank> <port>``.
 
+``python -m runner.agent --warm <threads>`` is the same agent started before the job's config exists
+(see :func:`runner.launch.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
+runner, then reads ``<run_dir> <node_rank> <port>`` from stdin (end of input: exits without a job).
+
 The driver starts one per node that runs on this host (all of them when nodes are emulated). The
 agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and starts
 ``cluster.workers_per_node`` workers, restarting them up to ``cluster.max_restarts`` times.
@@ -25,7 +29,23 @@ def _cuda_present() -> bool:
     return torch.cuda.is_available()  # asks the driver (NVML); creates no CUDA context
 
 
+def _set_threads(threads: int) -> None:
+    # OpenMP (FBGEMM's CPU kernels) would start a thread per core in every worker: oversubscribed.
+    # Set before torch loads: OpenMP reads it then, and forked workers inherit that.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--warm":
+        _set_threads(int(argv[1]))
+        from runner.worker import preload
+
+        preload()
+        job = sys.stdin.readline()
+        if not job.strip():  # the driver did not need this agent
+            return 0
+        argv = [str(x) for x in json.loads(job)]
     run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # A failed worker's traceback goes to <run_dir>/errors/; the driver prints the one-line cause.
@@ -33,13 +53,9 @@ def main(argv: list[str]) -> int:
     logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)  # "Terminating process ..." on stop
     cfg = OmegaConf.load(run_dir / "resolved.yaml")
     c = cfg.cluster
-    # OpenMP (FBGEMM's CPU kernels) would start a thread per core in every worker: oversubscribed.
     host_workers = workers_on_host(c)
-    threads = threads_per_worker(cfg.train.threads_per_worker, host_workers)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
+    _set_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers))  # a warm agent: already set
     os.environ["RUNNER_HOST_WORKERS"] = str(host_workers)  # workers pick their cores from it
-    # imported only now: OpenMP reads OMP_NUM_THREADS when torch loads it, and forked workers inherit that
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -14,7 +14,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import STARTED, checkpoint, tracking
-from runner.launch import free_port, launch
+from runner.affinity import threads_per_worker, workers_on_host
+from runner.launch import discard_warm, free_port, launch, took_warm
 from runner.reporting import DRIVER, EVENTS, RESULTS, RUN_INFO, summary_line
 from runner.schema import SPARSE_OPTIMIZERS_CPU
 from runner.validation import ConfigError
@@ -93,6 +94,8 @@ def write_data(cfg: Any) -> Dict[str, Any]:
 
 def run_job(cfg: DictConfig) -> Dict[str, Any]:
     """Write the resolved config, launch, open the MLflow run while the workers start, close it."""
+    if cfg.mode != "train":
+        discard_warm()  # no workers: free the core the prewarmed agent would hold
     if cfg.mode == "write_data":
         return write_data(cfg)
     _mark_start()
@@ -128,6 +131,7 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
             uri, cfg.tracking.experiment, run_name(cfg, choices, hc.job.num if multirun else None),
             tracking.parent_run_id(hc.sweep.dir) if multirun else None,
             {"runner.kind": "job", "runner.overrides": " ".join(hc.overrides.task) or "(none)",
+             "runner.agent_prewarmed": str(took_warm()).lower(),
              "runner.run_dir": str(run_dir), **{f"runner.choice.{k}": v for k, v in choices.items()}},
         )
         opened["run_id"] = run_id
@@ -148,7 +152,9 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
         else:
             pre_launch_checks(cfg, run_dir)
             try:
-                launch(cfg.cluster, run_dir, port, while_starting=None if multi_host else open_run, pump=pump)
+                threads = threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
+                launch(cfg.cluster, run_dir, port, while_starting=None if multi_host else open_run, pump=pump,
+                       threads=threads)
             finally:
                 pump()  # what rank 0 reported before the end (or before a failure)
             if multi_host and "run_id" not in opened:

@@ -25,6 +25,58 @@ class WorkerFailure(RuntimeError):
     """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
 
 
+_warm: dict = {}  # the agent started by prewarm(): {"proc": Popen, "threads": int}
+
+
+def prewarm(threads: int) -> None:
+    """Start node 0's agent before the config is composed: it imports torch, TorchRec and the runner
+    (about 4 s) while the driver composes, checks and opens the MLflow run, then waits on stdin for
+    its job. ``threads`` is the OpenMP thread count it loads torch with; :func:`launch` uses it only
+    for a job that needs that count, and any agent not used is killed when the driver exits."""
+    import atexit
+
+    from runner import STARTED
+
+    env = dict(os.environ, RUNNER_START_UNIX=str(STARTED))  # the start-up marks' origin (driver._mark_start)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, str(threads))
+    _warm["proc"] = subprocess.Popen([sys.executable, "-m", "runner.agent", "--warm", str(threads)],
+                                     stdin=subprocess.PIPE, start_new_session=True, env=env)
+    _warm["threads"] = threads
+    atexit.register(discard_warm)
+
+
+def took_warm() -> bool:
+    """Whether a job of this driver ran on the prewarmed agent."""
+    return bool(_warm.get("taken"))
+
+
+def discard_warm() -> None:
+    """Stop the prewarmed agent if no job took it."""
+    proc = _warm.pop("proc", None)
+    if proc is not None:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _take_warm(run_dir: Path, node: int, port: int, threads: int) -> Optional[subprocess.Popen]:
+    """The prewarmed agent, handed this job, if it is alive and loaded torch with ``threads``."""
+    proc = _warm.get("proc")
+    if proc is None or proc.poll() is not None or _warm["threads"] != threads:
+        discard_warm()
+        return None
+    del _warm["proc"]
+    _warm["taken"] = True
+    try:
+        proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())
+        proc.stdin.close()
+    except OSError:  # it ended meanwhile
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
+        return None
+    return proc
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,8 +126,11 @@ def nodes_on_this_host(cluster: Any) -> List[int]:
 
 
 def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
-           pump: Optional[Callable[[], None]] = None) -> None:
+           pump: Optional[Callable[[], None]] = None, threads: Optional[int] = None) -> None:
     """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails.
+
+    The first node's agent is the prewarmed one when there is one and it loaded torch with
+    ``threads`` OpenMP threads (what this job's agent would set).
 
     ``while_starting`` runs once the agents are started (workers import and rendezvous meanwhile);
     if it raises, the agents are stopped. ``pump`` runs every supervision tick.
@@ -87,8 +142,9 @@ def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Call
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        for node in nodes_on_this_host(cluster):
-            procs.append(subprocess.Popen(
+        for i, node in enumerate(nodes_on_this_host(cluster)):
+            warm = _take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
+            procs.append(warm or subprocess.Popen(
                 [sys.executable, "-m", "runner.agent", str(run_dir), str(node), str(port)],
                 start_new_session=True,
             ))

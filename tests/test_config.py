@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, processes_tagged, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -67,9 +69,11 @@ def test_validate_names_key() -> None:
 ])
 def test_bad_value_fails_with_one_line(override: str, key: str, allowed: str, tmp_path) -> None:
     # a fresh store: its creation must not print either
-    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], timeout=120,
+    tag = uuid.uuid4().hex
+    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], timeout=120, tag=tag,
                    env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert proc.returncode != 0
+    assert processes_tagged(tag) == []  # the agent started ahead of the config is gone too
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and key in lines[0] and allowed in lines[0], lines[0]

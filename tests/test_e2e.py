@@ -33,6 +33,7 @@ def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> N
     assert p["train.steps"] == "60" and p["cluster.workers_per_node"] == "2"
     assert p["sharding.storage_reserve_percent"] == "0.15" and p["optimizer.sparse"] == "rowwise_adagrad"
     assert run.data.tags["runner.world_size"] == "2"
+    assert run.data.tags["runner.agent_prewarmed"] == "true"  # node 0's agent imported torch meanwhile
     # each worker bound to its own half of the cores this test may use (unbound on a 1-core machine)
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
@@ -59,7 +60,11 @@ def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> N
 
 
 def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path: Path) -> None:
-    proc, run = finished_run(store, "tw", tmp_path, [*FAST, "sharding=tablewise", "precision=bf16"])
+    # a thread count other than the default's: the prewarmed agent loaded torch with the wrong one
+    threads = max(1, len(os.sched_getaffinity(0)) // 2) + 1
+    proc, run = finished_run(store, "tw", tmp_path, [*FAST, "sharding=tablewise", "precision=bf16",
+                                                     f"train.threads_per_worker={threads}"])
+    assert run.data.tags["runner.agent_prewarmed"] == "false"
     assert run.data.params["precision.autocast"] == "bfloat16"
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0], losses
