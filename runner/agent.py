@@ -2,7 +2,8 @@
 
 ``python -m runner.agent --warm <threads>`` is the same agent started before the job's config exists
 (see :func:`runner.launch.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
-runner, then reads ``<run_dir> <node_rank> <port>`` from stdin (end of input: exits without a job).
+runner, then reads its job from stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input:
+exits without a job).
 
 The driver starts one per node that runs on this host (all of them when nodes are emulated). The
 agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and starts

@@ -66,7 +66,6 @@ def _take_warm(run_dir: Path, node: int, port: int, threads: int) -> Optional[su
         discard_warm()
         return None
     del _warm["proc"]
-    _warm["taken"] = True
     try:
         proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())
         proc.stdin.close()
@@ -74,6 +73,7 @@ def _take_warm(run_dir: Path, node: int, port: int, threads: int) -> Optional[su
         _kill_group(proc, signal.SIGKILL)
         proc.wait()
         return None
+    _warm["taken"] = True
     return proc
 
 
