@@ -57,6 +57,11 @@ def threads_per_worker(configured: Optional[int], host_workers: int, bound: Opti
     return max(1, len(allowed_cores()) // max(host_workers, 1))
 
 
+def agent_threads(cfg: Any) -> int:
+    """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
+    return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
+
+
 def bind(cores: List[int]) -> None:
     """Bind every thread of this process to ``cores`` (threads started later inherit it)."""
     core_set = set(cores)

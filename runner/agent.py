@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from runner.affinity import threads_per_worker, workers_on_host
+from runner.affinity import agent_threads, workers_on_host
 
 
 def _cuda_present() -> bool:
@@ -54,9 +54,8 @@ def main(argv: list[str]) -> int:
     logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)  # "Terminating process ..." on stop
     cfg = OmegaConf.load(run_dir / "resolved.yaml")
     c = cfg.cluster
-    host_workers = workers_on_host(c)
-    _set_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers))  # a warm agent: already set
-    os.environ["RUNNER_HOST_WORKERS"] = str(host_workers)  # workers pick their cores from it
+    _set_threads(agent_threads(cfg))  # a warm agent: already set
+    os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
@@ -490,9 +492,6 @@ class Prefetcher:
     _END = object()
 
     def __init__(self, batches: Any, depth: int) -> None:
-        import queue
-        import threading
-
         self._queue: Any = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -501,8 +500,6 @@ class Prefetcher:
         self._thread.start()
 
     def _put(self, item: Any) -> bool:
-        import queue
-
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)

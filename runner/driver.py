@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import STARTED, checkpoint, tracking
-from runner.affinity import threads_per_worker, workers_on_host
+from runner.affinity import agent_threads
 from runner.launch import discard_warm, free_port, launch, took_warm
 from runner.reporting import DRIVER, EVENTS, RESULTS, RUN_INFO, summary_line
 from runner.schema import SPARSE_OPTIMIZERS_CPU
@@ -152,9 +152,8 @@ def run_job(cfg: DictConfig) -> Dict[str, Any]:
         else:
             pre_launch_checks(cfg, run_dir)
             try:
-                threads = threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
                 launch(cfg.cluster, run_dir, port, while_starting=None if multi_host else open_run, pump=pump,
-                       threads=threads)
+                       threads=agent_threads(cfg))
             finally:
                 pump()  # what rank 0 reported before the end (or before a failure)
             if multi_host and "run_id" not in opened:

@@ -38,8 +38,6 @@ def prewarm(threads: int) -> None:
     from runner import STARTED
 
     env = dict(os.environ, RUNNER_START_UNIX=str(STARTED))  # the start-up marks' origin (driver._mark_start)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, str(threads))
     _warm["proc"] = subprocess.Popen([sys.executable, "-m", "runner.agent", "--warm", str(threads)],
                                      stdin=subprocess.PIPE, start_new_session=True, env=env)
     _warm["threads"] = threads

@@ -48,12 +48,12 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
-def bind_cores(cfg: Any, device: torch.device, rank: int, local_rank: int, local_world: int) -> Optional[List[int]]:
+def bind_cores(cfg: Any, device: torch.device, rank: int, local_rank: int, local_world: int,
+               host_workers: int) -> Optional[List[int]]:
     """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
     :mod:`runner.affinity`); returns the cores, or None when the worker is left unbound."""
     if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
         return None
-    host_workers = _env_int("RUNNER_HOST_WORKERS", local_world)
     cores = affinity.worker_cores(affinity.host_slot(rank, local_rank, local_world, host_workers), host_workers,
                                   affinity.allowed_cores())
     if not cores:
@@ -146,10 +146,10 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     pids.mkdir(exist_ok=True)
     (pids / f"rank{rank}.pid").write_text(str(os.getpid()))
     device, backend = select_device(cfg.cluster.device, local_rank)
-    cores = bind_cores(cfg, device, rank, local_rank, local_world)  # before gloo and OpenMP start threads
+    host_workers = _env_int("RUNNER_HOST_WORKERS", local_world)  # set by the runner's agents
+    cores = bind_cores(cfg, device, rank, local_rank, local_world, host_workers)  # before gloo/OpenMP threads
     set_tf32(cfg.precision.tf32, device)
     check_device_support(cfg.optimizer, device.type)
-    host_workers = _env_int("RUNNER_HOST_WORKERS", local_world)
     torch.set_num_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers, cores))
     _init_process_group(backend, timedelta(seconds=cfg.cluster.pg_timeout_s), rank, world, restarts)
     marks["process_group"] = time.time()
