@@ -14,8 +14,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.schema import register_schemas
-from runner.validation import ConfigError, validate
+from runner.config import rundir
+from runner.config.errors import ConfigError, one_line
+from runner.config.schema import register_schemas
+from runner.config.validation import validate
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 # Hydra flags that take a value; the value is not an override.
@@ -24,9 +26,6 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "
 _FLAGS_WITHOUT_CHECK = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
                         "--version", "--experimental-rerun"}
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
-
-failed_jobs: List[str] = []
-"""One line per failed job of this process (read by the sweep callback and for the exit code)."""
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 register_schemas()
@@ -125,40 +124,43 @@ def precheck(args: List[str]) -> Optional[str]:
     return None
 
 
-def describe(exc: BaseException) -> str:
-    """One line for a failed job: what kind of problem, then its own message."""
-    from runner.checkpoint import CheckpointError
-    from runner.launch import WorkerFailure
-    from runner.plan_io import PlanError
-
-    kinds = {ConfigError: "config error", PlanError: "plan error", CheckpointError: "checkpoint error",
-             WorkerFailure: "job failed"}
-    kind = next((v for k, v in kinds.items() if isinstance(exc, k)), type(exc).__name__)
-    return f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
-
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _job(cfg: DictConfig) -> Optional[float]:
+    """One job (a sweep's point, or the single run). Its outcome goes to its run folder's ``status.json``,
+    where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it."""
+    from pathlib import Path
+
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner.driver import run_job
+    from runner.launch.driver import run_job
 
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir).resolve()
     try:
         validate(cfg)
         results = run_job(cfg)
     except KeyboardInterrupt:
+        _record_status(run_dir, "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
         print("error: stopped; every worker was stopped", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Exception as exc:
-        line = describe(exc)
+        line = one_line(exc)
+        _record_status(run_dir, "FAILED", line)
         print(f"error: {line}", file=sys.stderr, flush=True)
-        if not multirun:
+        if hc.mode != RunMode.MULTIRUN:
             raise SystemExit(1) from None
-        failed_jobs.append(f"job {HydraConfig.get().job.num}: {line}")
-        return None
+        return None  # the sweep goes on; its outcome is read from every point's status
+    _record_status(run_dir, "FINISHED")
     return results.get("eval_auc")
+
+
+def _record_status(run_dir: object, status: str, error: Optional[str] = None) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[attr-defined]
+        rundir.write_status(run_dir, status, error)  # type: ignore[arg-type]
+    except OSError as exc:  # the job's own outcome matters more than its record
+        print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
 
 
 def _prewarm(args: List[str]) -> None:
@@ -166,15 +168,15 @@ def _prewarm(args: List[str]) -> None:
     ``--cfg``/``--help``), so that its imports overlap composing the config (start-up)."""
     if any(a.startswith("-") for a in args) or any(re.match(r"\+*mode=(plan|write_data)$", a) for a in args):
         return
-    from runner.affinity import threads_per_worker, workers_on_host
-    from runner.launch import prewarm
-    from runner.schema import ClusterSchema
+    from runner.config.schema_model import ClusterSchema
+    from runner.launch.warm import prewarm
+    from runner.train.affinity import threads_per_worker, workers_on_host
 
     prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count
 
 
 def main() -> None:
-    """Console entry: pre-check, run (or sweep), exit non-zero if any job failed."""
+    """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
     _prewarm(sys.argv[1:])
     error = precheck(sys.argv[1:])
     if error:
@@ -182,9 +184,6 @@ def main() -> None:
         sys.exit(2)
     try:
         _job()
-    except SystemExit as exc:
+    except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code not in (0, None):
             raise
-    if failed_jobs:
-        print(f"error: {len(failed_jobs)} job(s) failed:\n  " + "\n  ".join(failed_jobs), file=sys.stderr)
-        sys.exit(1)

@@ -1,0 +1,58 @@
+"""The error kinds a job can end with, and the one line a user sees for each.
+
+Every stage raises one of these with a message that is already the line to print (what is wrong, where,
+what to do); :func:`one_line` puts the kind in front. Workers record that line for the driver
+(:mod:`runner.config.rundir`), the driver and the CLI print it. Any other exception is shown by its class
+name and first line, and its traceback goes to the run folder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value outside what is allowed; ``str()`` is the one-line message users see."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{key}={value!r} is not allowed; expected {allowed}")
+        self.key = key
+
+    def __reduce__(self) -> tuple:  # pickles (broadcast between ranks) as the same one line
+        return (_rebuilt_config_error, (str(self), self.key))
+
+
+def _rebuilt_config_error(message: str, key: str) -> ConfigError:
+    exc = ConfigError.__new__(ConfigError)
+    ValueError.__init__(exc, message)
+    exc.key = key
+    return exc
+
+
+class PlanError(RuntimeError):
+    """A plan that cannot be made or used; ``str()`` is one actionable line."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be found or used; ``str()`` is one line naming the path."""
+
+
+class WorkerFailure(RuntimeError):
+    """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
+
+
+_KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
+          (WorkerFailure, "job failed"))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message ('' when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def one_line(exc: BaseException) -> str:
+    """``<kind>: <message>`` for the runner's own errors, ``<ClassName>: <message>`` for any other."""
+    kind = next((name for cls, name in _KINDS if isinstance(exc, cls)), type(exc).__name__)
+    message = first_line(exc)
+    return f"{kind}: {message}" if message else kind

@@ -1,0 +1,81 @@
+"""The run folder: one job's files, named in one place.
+
+``outputs/runs/<date>/<time>/`` (a sweep's point: ``outputs/multirun/<date>/<time>/<n>/``) holds:
+
+- ``resolved.yaml``: the config the workers run (composed and resolved once, by the driver);
+- ``driver.json``: written by the driver before launch (the rendezvous port); its presence tells rank 0
+  that a driver owns the MLflow run;
+- ``run.json``: the MLflow store and run id, published by the driver once the run exists;
+- ``events.jsonl``: what rank 0 reports for MLflow (metrics, tags, artifacts), one JSON line each;
+- ``results.json``: rank 0's results (losses, AUC, throughput; or the plan's estimates in ``mode=plan``);
+- ``status.json``: how the job ended (``FINISHED`` / ``FAILED`` with its one-line error / ``KILLED``):
+  what a sweep's outcome is computed from;
+- ``measured.json``, ``plan/``, ``checkpoints/``; ``pids/rank<R>.pid``; ``errors/`` (each failed rank's
+  line and traceback, each agent's record of a killed worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+RESOLVED = "resolved.yaml"
+DRIVER = "driver.json"
+RUN_INFO = "run.json"
+EVENTS = "events.jsonl"
+RESULTS = "results.json"
+STATUS = "status.json"
+MEASURED = "measured.json"
+PLAN = "plan"
+CHECKPOINTS = "checkpoints"
+PIDS = "pids"
+ERRORS = "errors"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically: readers see the old file or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[Any]:
+    """The JSON at ``path``, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
+    """How this job ended; ``error`` is its one line."""
+    write_json(run_dir / STATUS, {"status": status, "error": error, **extra})
+
+
+def read_status(run_dir: Path) -> Optional[Dict[str, Any]]:
+    return read_json(run_dir / STATUS)
+
+
+def record_error(run_dir: Path, name: str, record: Dict[str, Any], traceback_text: Optional[str] = None) -> None:
+    """``errors/<name>.json`` (and its traceback beside it): one failed rank's or agent's report."""
+    folder = run_dir / ERRORS
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / f"{name}.json", record)
+    if traceback_text is not None:
+        (folder / f"{name}.traceback.txt").write_text(traceback_text)
+
+
+def error_records(run_dir: Path) -> list:
+    """Every record in ``errors/`` (unreadable ones skipped)."""
+    folder = run_dir / ERRORS
+    found = (read_json(f) for f in sorted(folder.glob("*.json"))) if folder.is_dir() else ()
+    return [r for r in found if isinstance(r, dict)]
+
+
+def point_dirs(sweep_dir: Path) -> List[Path]:
+    """A sweep folder's point folders (``0``, ``1``, ...), in job order."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))

@@ -1,0 +1,66 @@
+"""Typed configuration schema: the single source of truth for every key and its default.
+
+The root dataclass is registered in Hydra's ConfigStore as ``runner_schema`` and named first in
+``conf/config.yaml``'s defaults list, so every group's YAML file merges onto its typed node and holds only
+what its option changes. A value of the wrong type fails while Hydra composes; ranges and cross-key rules
+are checked by :func:`runner.config.validation.validate` before anything is launched. The groups' fields
+are in :mod:`.schema_model` (model, sharding, cluster) and :mod:`.schema_training` (optimizer, precision,
+data, train).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
+from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, TrainSchema
+
+
+@dataclass
+class TrackingSchema:
+    uri: Optional[str] = None
+    """MLflow tracking URI. Default: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db."""
+    experiment: str = "runner"
+    """MLflow experiment name."""
+    run_name: Optional[str] = None
+    """MLflow run name (default: the config choices, e.g. ``dlrm-rowwise-local``)."""
+
+
+@dataclass
+class RunnerConfig:
+    mode: str = "train"
+    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) |
+    ``write_data`` (write the synthetic source for this model as Parquet to ``data.path``)."""
+    model: ModelSchema = field(default_factory=ModelSchema)
+    sharding: ShardingSchema = field(default_factory=ShardingSchema)
+    optimizer: OptimizerSchema = field(default_factory=OptimizerSchema)
+    cluster: ClusterSchema = field(default_factory=ClusterSchema)
+    precision: PrecisionSchema = field(default_factory=PrecisionSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    train: TrainSchema = field(default_factory=TrainSchema)
+    tracking: TrackingSchema = field(default_factory=TrackingSchema)
+
+
+def samples_per_step(cfg: Any) -> int:
+    """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""
+    return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
+
+
+def loss_scaling_enabled(cfg: Any) -> bool:
+    """``precision.grad_scaler.enabled``, whose null means: on with float16 autocast."""
+    enabled = cfg.precision.grad_scaler.enabled
+    return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
+
+
+def uses_split_step(cfg: Any) -> bool:
+    """Gradient accumulation and loss scaling train with the split step (:mod:`runner.train.split_step`), which
+    needs every table sharded by TorchRec: no ``data_parallel`` tables."""
+    return cfg.train.grad_accumulation_steps > 1 or loss_scaling_enabled(cfg)
+
+
+def register_schemas() -> None:
+    """Register the root schema; ``conf/config.yaml`` names it first, so every group merges onto it."""
+    ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)

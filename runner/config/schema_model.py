@@ -1,0 +1,151 @@
+"""Schema of what is trained and where: the model and its tables, the sharding policy, the cluster.
+
+Every field's docstring gives its unit, default and range; ``python -m runner --cfg job`` shows the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TableSchema:
+    name: str = MISSING
+    """Table name; its single feature has the same name."""
+    num_embeddings: int = MISSING
+    """Rows (hash size) of the table; ids are drawn in [0, num_embeddings)."""
+    embedding_dim: Optional[int] = None
+    """Width of this table (default: ``model.embedding_dim``; ``dlrm`` needs one width for all)."""
+
+
+@dataclass
+class GeneratedTablesSchema:
+    count: int = 0
+    """Tables to add after ``model.tables``, named ``g000``, ``g001``, ..."""
+    min_rows: int = 1000
+    """Smallest table; row counts are spread log-uniformly between min_rows and max_rows."""
+    max_rows: int = 100_000_000
+    """Largest table."""
+    dims: List[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    """Widths, assigned in turn (``dnn`` models only; ``dlrm`` uses ``model.embedding_dim``)."""
+    seed: int = 0
+    """Seed of the row counts (the same seed gives the same tables)."""
+
+
+@dataclass
+class ModelSchema:
+    name: str = "dlrm"
+    """Preset name, for display."""
+    family: str = "dlrm"
+    """``dlrm`` (TorchRec's DLRM, dot interaction) | ``dcn`` (TorchRec's DLRM with a DCN-v2 cross
+    network) | ``deepfm`` (TorchRec's DeepFM) | ``dnn`` (pooled embeddings of any widths concatenated
+    with the dense MLP's output, then the over MLP). All but ``dnn`` need one width for every table."""
+    dcn_num_layers: int = 3
+    """``dcn``: cross layers."""
+    dcn_low_rank_dim: int = 16
+    """``dcn``: rank of each cross layer's low-rank weight."""
+    embedding_dim: int = 64
+    """Width of every embedding table (DLRM's dot interaction needs one shared width)."""
+    tables: List[TableSchema] = field(default_factory=list)
+    """Sparse features, one embedding table each."""
+    generated_tables: GeneratedTablesSchema = field(default_factory=GeneratedTablesSchema)
+    """More tables, generated (for planning studies with many tables)."""
+    dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 64])
+    """Bottom MLP widths; for ``dlrm`` the last must equal ``embedding_dim``."""
+    over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
+    """Top MLP widths; the last must be 1 (one logit). ``mmoe``: each task tower's widths."""
+    tasks: List[str] = field(default_factory=lambda: ["label"])
+    """Labels the model predicts, one logit each (the data's label columns). Only ``mmoe`` takes more
+    than one; each task gets its own loss and metrics (``train/<task>/loss``, ``eval/<task>/auc``)."""
+    num_experts: int = 4
+    """``mmoe``: shared experts (MLPs over the dense output and the pooled embeddings)."""
+    expert_layer_sizes: List[int] = field(default_factory=lambda: [64, 32])
+    """``mmoe``: widths of each expert MLP."""
+
+
+@dataclass
+class TableConstraintSchema:
+    """TorchRec ``ParameterConstraints`` for one table; null fields leave the planner free."""
+
+    sharding_types: Optional[List[str]] = None
+    """Sharding types allowed for this table (overrides ``sharding.types``)."""
+    compute_kernels: Optional[List[str]] = None
+    """Compute kernels allowed for this table (overrides ``sharding.compute_kernels``)."""
+    min_partition: Optional[int] = None
+    """Smallest column-shard width for column-wise splits."""
+    pooling_factor: Optional[float] = None
+    """Average ids per sample of this table's feature (the planner's cost model input; default 1)."""
+    cache_load_factor: Optional[float] = None
+    """Fraction of rows cached in HBM with the ``fused_uvm_caching`` kernel (0..1)."""
+    enforce_hbm: Optional[bool] = None
+    """Keep this table's caching kernel's storage in HBM."""
+
+
+@dataclass
+class ShardingSchema:
+    name: str = "auto"
+    """Preset name, for display."""
+    types: List[str] = field(default_factory=list)
+    """Sharding types allowed for every table (empty: the planner chooses among all)."""
+    compute_kernels: List[str] = field(default_factory=list)
+    """Compute kernels allowed (empty: the device's defaults; on CPU ``fused``/``dense``)."""
+    storage_reserve_percent: float = 0.15
+    """Fraction (0..1) of every device's memory the planner keeps free for non-embedding use."""
+    storage_reserve_policy: str = "heuristic"
+    """``heuristic`` (TorchRec's estimate of dense parameters and activations, plus the percent) or
+    ``fixed`` (exactly the percent)."""
+    planner_batch_size: Optional[int] = None
+    """Per-rank batch size the planner assumes for its estimates (default: ``train.batch_size``)."""
+    constraints: Dict[str, Any] = field(default_factory=dict)
+    """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
+    ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
+    proposer: str = "default"
+    """``default`` (TorchRec's: grid search, greedy, uniform) | ``dynamic_programming`` | ``greedy`` |
+    ``grid_search`` | ``uniform``."""
+    dp_hbm_bins: int = 100
+    """HBM bins per device of the dynamic-programming proposer (its precision)."""
+    grid_max_proposals: int = 10000
+    """Proposals the grid-search proposer may try before it gives up."""
+    planner_timeout_s: Optional[int] = None
+    """Stop proposing after this many seconds and keep the best plan so far (null: no limit)."""
+    plan: Optional[str] = None
+    """Path of a ``plan.json`` written by an earlier run: reuse that plan exactly instead of planning."""
+
+
+@dataclass
+class ClusterSchema:
+    name: str = "local"
+    """Preset name, for display."""
+    nodes: int = 1
+    """Number of nodes (hosts). On one host, nodes > 1 are emulated by one elastic agent each."""
+    workers_per_node: int = 2
+    """Worker processes per node (one per GPU with CUDA)."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU) | ``cpu`` | ``cuda``."""
+    hbm_cap_gib: Optional[float] = None
+    """Accelerator memory per worker, GiB, that the planner may use (default: TorchRec's 32 GiB)."""
+    ddr_cap_gib: Optional[float] = None
+    """Host memory per worker, GiB, that the planner may use (default: TorchRec's 128 GiB)."""
+    intra_node_bandwidth: float = 600.0
+    """Bandwidth between workers of one node, GiB/s (TorchRec's default 600)."""
+    cross_node_bandwidth: float = 12.5
+    """Bandwidth between nodes, GiB/s per worker (TorchRec's default 12.5)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host (node 0's address on a real cluster)."""
+    master_port: Optional[int] = None
+    """Rendezvous port (default: a free port on this host)."""
+    node_rank: Optional[int] = None
+    """This host's node rank on a real multi-node job. Unset: all nodes run on this host."""
+    pg_timeout_s: int = 300
+    """Process-group (collective) timeout, seconds."""
+    max_restarts: int = 0
+    """How many times torch elastic restarts the workers after a worker fails."""
+    start_method: str = "auto"
+    """How agents start workers: ``fork`` (workers inherit the agent's imports: faster start-up) |
+    ``spawn`` (fresh interpreters) | ``auto`` (fork for CPU workers, spawn for CUDA workers)."""
+    cpu_affinity: str = "auto"
+    """``auto``: bind each CPU worker to its own slice of the host's cores (none when the host has fewer
+    cores than workers) | ``none``: let the kernel move workers between cores."""

@@ -1,0 +1,53 @@
+"""What a batch holds for a model (its :class:`Layout`), and building TorchRec ``Batch`` objects from arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Tuple
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from runner.config.tables import table_specs
+
+DENSE_PREFIX = "dense_"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a batch holds: label columns (one per task), dense features, sparse features with table sizes."""
+
+    tasks: Tuple[str, ...]
+    num_dense: int
+    features: Tuple[str, ...]
+    sizes: Tuple[int, ...]
+
+    @property
+    def dense_columns(self) -> List[str]:
+        return [f"{DENSE_PREFIX}{i}" for i in range(self.num_dense)]
+
+
+def layout(cfg: Any) -> Layout:
+    specs = table_specs(cfg.model)
+    return Layout(tuple(cfg.model.tasks), int(cfg.data.num_dense_features), tuple(t.name for t in specs),
+                  tuple(int(t.num_embeddings) for t in specs))
+
+
+def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
+                values: np.ndarray) -> Batch:
+    """``lengths``: (features, rows); ``values``: ids in feature-major order (KJT's layout)."""
+    lab = torch.from_numpy(np.array(labels, dtype=np.float32))  # a copy: Arrow's buffers are read-only
+    if lab.dim() == 2 and lab.shape[1] == 1:
+        lab = lab[:, 0]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(lay.features), values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
+        lengths=torch.from_numpy(np.ascontiguousarray(lengths.reshape(-1), dtype=np.int32)))
+    return Batch(dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
+                 sparse_features=kjt, labels=lab)
+
+
+def shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
+    """Rows ``[lo, hi)`` of shard ``shard`` of ``shards`` over ``total`` rows (sizes differ by at most 1)."""
+    return total * shard // shards, total * (shard + 1) // shards

@@ -1,0 +1,78 @@
+"""Parquet: a folder of files, rows split over ranks and dataloader workers by the files' row counts.
+
+Columns: one per task (label), ``dense_0..dense_{D-1}`` (float), one per sparse feature named as its
+table (int64, or list<int64> for multi-hot). Shards differ by at most one row (TorchEasyRec's
+rebalancing), so ranks end within one batch of each other; each shard reads only its row groups.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, List, Tuple
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+
+from runner.data.layout import make_batch, shard_range
+from runner.data.sharded import ShardedSource
+
+
+def parquet_files(path: str) -> List[Path]:
+    p = Path(path)
+    return sorted(p.rglob("*.parquet")) if p.is_dir() else ([p] if p.is_file() else [])
+
+
+def _row_range(files: List[Tuple[Path, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:
+    """Tables holding global rows ``[lo, hi)`` of ``files`` in order, read row group by row group."""
+    import pyarrow.parquet as pq
+
+    offset = 0
+    for path, n in files:
+        if offset + n <= lo or offset >= hi:
+            offset += n
+            continue
+        pf = pq.ParquetFile(path)
+        for g in range(pf.metadata.num_row_groups):
+            size = pf.metadata.row_group(g).num_rows
+            start, end = max(lo - offset, 0), min(hi - offset, size)
+            if start < end:
+                yield pf.read_row_group(g, columns=columns).slice(start, end - start)
+            offset += size
+            if offset >= hi:
+                return
+
+
+class ParquetSource(ShardedSource):
+    """Rows of a folder of Parquet files. Columns: one per task (label), ``dense_0..dense_{D-1}`` (float),
+    one per sparse feature named as its table (int64, or list<int64> for multi-hot)."""
+
+    def rows(self) -> List[Tuple[Path, int]]:
+        import pyarrow.parquet as pq
+
+        return [(f, pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(self.path)]
+
+    def __iter__(self) -> Iterator[Batch]:
+        shard, shards = self._shard()
+        files = self.rows()
+        lo, hi = shard_range(sum(n for _, n in files), shard, shards)
+        columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
+        yield from self._rebatch(_row_range(files, lo, hi, columns))  # only the row groups of the range
+
+    def _batch(self, t: Any) -> Batch:
+        import pyarrow as pa
+
+        labels = np.stack([t.column(c).to_numpy() for c in self.lay.tasks], axis=1)
+        dense = np.stack([t.column(c).to_numpy() for c in self.lay.dense_columns], axis=1) if \
+            self.lay.num_dense else np.zeros((t.num_rows, 0), np.float32)
+        lengths, values = [], []
+        for i, name in enumerate(self.lay.features):
+            col = t.column(name).combine_chunks()
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                offsets = col.offsets.to_numpy()
+                lengths.append(np.diff(offsets))
+                ids = col.values.to_numpy()[offsets[0]:offsets[-1]]
+            else:
+                lengths.append(np.ones(t.num_rows, np.int64))
+                ids = col.to_numpy()
+            values.append(self._ids(ids.astype(np.int64), i))
+        return make_batch(self.lay, labels, dense, np.stack(lengths), np.concatenate(values))

@@ -1,0 +1,116 @@
+"""Start and supervise this host's elastic agents; leave no process behind, whatever happens.
+
+Each agent runs in its own session (process group) with its workers, so that stopping a job is
+one signal per node: SIGTERM first (the agent stops its workers), SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from runner.config import rundir
+from runner.config.errors import WorkerFailure
+from runner.launch.warm import kill_group, take_warm
+
+GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
+TICK_S = 0.2  # supervision: how soon a failed agent is noticed
+PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop_all(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        kill_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:  # the agent may be gone while its workers linger: kill the whole group
+        kill_group(p, signal.SIGKILL)
+        p.wait()
+
+
+def root_cause(run_dir: Path) -> str:
+    """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
+    records = [r for r in rundir.error_records(run_dir) if "rank" in r and "time" in r]
+    if not records:
+        return "a worker process failed without recording an error (see the output above)"
+    # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
+    # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
+    workers = [r for r in records if r.get("source") == "worker"]
+    spoke = {str(r["rank"]) for r in workers}
+    killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
+    first = min(killed or workers or records, key=lambda r: r["time"])
+    return f"rank {first['rank']} failed: {first['error']}"
+
+
+def nodes_on_this_host(cluster: Any) -> List[int]:
+    """Every node when nodes are emulated on this host, else just ``cluster.node_rank``."""
+    return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
+
+
+def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]) -> List[subprocess.Popen]:
+    """One agent per node on this host; node 0's is the prewarmed one when it loaded torch with ``threads``."""
+    procs = []
+    for i, node in enumerate(nodes_on_this_host(cluster)):
+        warm = take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
+        procs.append(warm or subprocess.Popen(
+            [sys.executable, "-m", "runner.launch.agent", str(run_dir), str(node), str(port)],
+            start_new_session=True,
+        ))
+    return procs
+
+
+def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
+               pump: Optional[Callable[[], None]]) -> None:
+    """Until every agent has exited 0; on the first failure let the peers report, then raise."""
+    next_pump = time.monotonic() + PUMP_S
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            failed = next(i for i, c in enumerate(codes) if c not in (None, 0))
+            deadline = time.monotonic() + GRACE_S  # peers usually fail on their own: let them report
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.1)
+            _stop_all(procs)
+            raise WorkerFailure(root_cause(run_dir) + f" (node {nodes_on_this_host(cluster)[failed]})")
+        if all(c == 0 for c in codes):
+            return
+        if pump is not None and time.monotonic() >= next_pump:
+            pump()
+            next_pump = time.monotonic() + PUMP_S
+        time.sleep(TICK_S)
+
+
+def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
+           pump: Optional[Callable[[], None]] = None, threads: Optional[int] = None) -> None:
+    """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails.
+
+    ``threads`` is the OpenMP thread count this job's agents load torch with (the prewarmed agent is
+    used only when it matches). ``while_starting`` runs once the agents are started (workers import and
+    rendezvous meanwhile); if it raises, the agents are stopped. ``pump`` runs every few seconds.
+    """
+    procs: List[subprocess.Popen] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        procs = _start_agents(cluster, run_dir, port, threads)
+        if while_starting is not None:
+            while_starting()
+        _supervise(procs, cluster, run_dir, pump)
+    finally:
+        _stop_all(procs)
+        signal.signal(signal.SIGTERM, previous)

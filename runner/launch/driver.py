@@ -1,0 +1,186 @@
+"""The driver: one job = one run folder, one MLflow run, one launch of this host's agents.
+
+It writes the resolved config (what the workers run: they never compose again), starts the agents,
+opens the MLflow run while the workers import and rendezvous, writes rank 0's reports to the run as they
+come, and ends the run FINISHED, FAILED with the one-line reason, or KILLED. ``mode=plan`` plans in this
+process instead of launching; ``mode=write_data`` writes data and opens no run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from omegaconf import OmegaConf
+
+from runner import STARTED
+from runner.config import rundir
+from runner.config.choices import SPARSE_OPTIMIZERS_CPU
+from runner.config.device import check_sparse_optimizer, check_tf32, device_type
+from runner.launch.agents import free_port, launch
+from runner.launch.warm import discard_warm, took_warm
+from runner.track import store
+from runner.track.events import EventPump
+from runner.track.reporter import summary_line
+from runner.track.sweep import parent_run_id
+from runner.train.affinity import agent_threads
+from runner.train.checkpoint import checkpoint_root, resolve
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Where this job sits in Hydra's run: its folder, and for a sweep's point its number and sweep."""
+
+    run_dir: Path
+    job_num: Optional[int]  # None: a single run
+    sweep_dir: Optional[str]
+    overrides: str
+    choices: Mapping[str, Any]
+
+    @classmethod
+    def from_hydra(cls) -> "JobContext":
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        return cls(Path(hc.runtime.output_dir).resolve(), hc.job.num if multirun else None,
+                   hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
+                   {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")})
+
+
+def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
+    """What can be refused before any worker starts (torch is imported only when it must be asked)."""
+    resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
+    if cfg.data.name != "synthetic":
+        from runner.data.sources import check_data
+
+        check_data(cfg)
+    if cfg.cluster.device == "cuda" or cfg.precision.tf32 or cfg.optimizer.sparse not in SPARSE_OPTIMIZERS_CPU:
+        kind = device_type(cfg.cluster.device)
+        check_tf32(cfg.precision.tf32, kind)
+        check_sparse_optimizer(cfg.optimizer.sparse, kind)
+
+
+_JOBS = itertools.count()
+
+
+def _mark_start() -> None:
+    """Workers measure start-up from ``RUNNER_START_UNIX``: the command's start for its first job,
+    this job's start for later jobs of a sweep."""
+    os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
+
+
+class JobRun:
+    """The job's MLflow run: opened once, fed rank 0's reports, ended with the job's status.
+
+    On a real multi-host job (``cluster.node_rank`` set) every host runs a driver and c10d rendezvous puts
+    rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run.
+    """
+
+    def __init__(self, cfg: Any, ctx: JobContext, config: Dict[str, Any], port: int) -> None:
+        self.cfg, self.ctx, self.config, self.port = cfg, ctx, config, port
+        self.uri = store.tracking_uri(cfg)
+        self.multi_host = cfg.cluster.node_rank is not None
+        self.run_id: Optional[str] = None
+        self._pump: Optional[EventPump] = None
+
+    def rank0_here(self) -> bool:
+        return (self.ctx.run_dir / rundir.PIDS / "rank0.pid").exists()
+
+    def open(self) -> None:
+        """Create the run, log the config, publish ``run.json`` for rank 0."""
+        ctx = self.ctx
+        name = store.default_run_name(self.cfg, ctx.choices)
+        if ctx.job_num is not None and not self.cfg.tracking.run_name:
+            name = f"{name}-{ctx.job_num}"
+        tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
+                "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
+                **{f"runner.choice.{k}": v for k, v in ctx.choices.items()}}
+        self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, parent_run_id(ctx.sweep_dir), tags)
+        self._pump = EventPump(ctx.run_dir / rundir.EVENTS, self.uri, self.run_id)
+        store.log_artifacts(self.uri, self.run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
+        rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
+                          {"tracking_uri": self.uri, "run_id": self.run_id, "port": self.port})
+        print(f"[runner] MLflow run {self.run_id} | run folder {ctx.run_dir}", flush=True)
+
+    def pump(self) -> None:
+        """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
+        if self.multi_host and self.run_id is None and self.rank0_here():
+            self.open()
+        if self._pump is not None:
+            self._pump()
+
+    def end(self, status: str, error: Optional[str] = None) -> None:
+        if self.run_id is not None:
+            store.end_run(self.uri, self.run_id, status, error)
+
+    def ensure_on_record(self) -> None:
+        """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
+        if self.run_id is None and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
+            self.open()
+
+
+def _plan(cfg: Any, run: JobRun) -> Dict[str, Any]:
+    from runner.plan.plan_only import plan_only
+    from runner.train.models import planning_model
+
+    run.open()
+    return plan_only(cfg, run.ctx.run_dir, planning_model(cfg))
+
+
+def _train(cfg: Any, run: JobRun) -> Optional[Dict[str, Any]]:
+    """Launch this host's agents; rank 0's results (None when rank 0 ran on another host)."""
+    run_dir = run.ctx.run_dir
+    pre_launch_checks(cfg, run_dir)
+    try:
+        launch(cfg.cluster, run_dir, run.port, while_starting=None if run.multi_host else run.open, pump=run.pump,
+               threads=agent_threads(cfg))
+    finally:
+        run.pump()  # what rank 0 reported before the end (or before a failure)
+    if run.multi_host and run.run_id is None:
+        print(f"[runner] node {cfg.cluster.node_rank} finished; rank 0 ran on another host, whose driver "
+              "logged the MLflow run", flush=True)
+        return None
+    results = rundir.read_json(run_dir / rundir.RESULTS)
+    if results is None:
+        raise RuntimeError(f"every worker exited 0 but rank 0 wrote no {run_dir / rundir.RESULTS}")
+    return results
+
+
+def run_job(cfg: Any) -> Dict[str, Any]:
+    """Write the resolved config, launch (or plan), keep the MLflow run, return the results."""
+    if cfg.mode != "train":
+        discard_warm()  # no workers: free the core the prewarmed agent would hold
+    if cfg.mode == "write_data":
+        from runner.data.writer import write_data
+
+        return write_data(cfg)
+    _mark_start()
+    ctx = JobContext.from_hydra()
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    port = cfg.cluster.master_port or free_port()
+    rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
+    run = JobRun(cfg, ctx, config, port)  # type: ignore[arg-type]
+    try:
+        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)
+        if results is None:
+            return {}
+        run.pump()
+        results.update(run_id=run.run_id, tracking_uri=run.uri)
+    except KeyboardInterrupt:
+        run.end("KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
+        raise
+    except BaseException as exc:
+        run.ensure_on_record()
+        run.end("FAILED", str(exc))
+        raise
+    run.end("FINISHED")
+    print(summary_line(results), flush=True)
+    return results

@@ -1,0 +1,91 @@
+"""An agent started before the config exists, so that its imports overlap composing the config.
+
+For a single training job, ``python -m runner`` starts node 0's agent at once: it sets OpenMP's thread
+count, imports torch, TorchRec and the runner (about 4 s) while the driver composes, checks and opens the
+MLflow run, then waits on stdin for its job. The driver hands it the job only when the job needs the
+thread count it loaded torch with; otherwise, on a refused config, or when the job starts no workers,
+it is killed. State is this driver process's own (one prewarmed agent at most) and reached only
+through the functions below.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from runner import STARTED
+
+
+class WarmAgent:
+    """The prewarmed agent process and the OpenMP thread count it loaded torch with."""
+
+    def __init__(self, threads: int) -> None:
+        env = dict(os.environ, RUNNER_START_UNIX=str(STARTED))  # the start-up marks' origin
+        self.threads = threads
+        self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+            [sys.executable, "-m", "runner.launch.agent", "--warm", str(threads)],
+            stdin=subprocess.PIPE, start_new_session=True, env=env)
+        self.taken = False
+
+    def discard(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            kill_group(proc, signal.SIGKILL)
+            proc.wait()
+
+    def take(self, run_dir: Path, node: int, port: int, threads: int) -> Optional[subprocess.Popen]:
+        """The process, handed this job, if it is alive and loaded torch with ``threads``; else None."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None or self.threads != threads:
+            self.discard()
+            return None
+        self.proc = None
+        try:
+            proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:  # it ended meanwhile
+            kill_group(proc, signal.SIGKILL)
+            proc.wait()
+            return None
+        self.taken = True
+        return proc
+
+
+_agent: Optional[WarmAgent] = None
+
+
+def kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal ``proc``'s whole process group (an agent runs in its own session, with its workers)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def prewarm(threads: int) -> None:
+    """Start node 0's agent now, loading torch with ``threads`` OpenMP threads; killed at exit if unused."""
+    global _agent
+    _agent = WarmAgent(threads)
+    atexit.register(discard_warm)
+
+
+def take_warm(run_dir: Path, node: int, port: int, threads: int) -> Optional[subprocess.Popen]:
+    """The prewarmed agent handed this job, or None (none started, dead, or another thread count)."""
+    return _agent.take(run_dir, node, port, threads) if _agent is not None else None
+
+
+def took_warm() -> bool:
+    """Whether a job of this driver ran on the prewarmed agent."""
+    return _agent is not None and _agent.taken
+
+
+def discard_warm() -> None:
+    """Stop the prewarmed agent if no job took it."""
+    if _agent is not None:
+        _agent.discard()

@@ -1,0 +1,123 @@
+"""Sharding plans as files: JSON written by every run, a readable table, and loading a pinned plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+from torchrec.distributed.types import (
+    EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingPlan,
+    ShardMetadata,
+)
+
+from runner.config.errors import PlanError
+from runner.config.tables import TableSpec
+
+
+def plan_to_dict(plan: ShardingPlan, specs: List[TableSpec]) -> Dict[str, Dict[str, Any]]:
+    """JSON-ready plan: per module, per table: type, kernel, ranks, shape and every shard's offsets/sizes."""
+    by_name = {s.name: s for s in specs}
+    out: Dict[str, Dict[str, Any]] = {}
+    for module_path, module_plan in plan.plan.items():
+        tables: Dict[str, Any] = {}
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            shards = []
+            if ps.sharding_spec is not None:
+                for md in ps.sharding_spec.shards:
+                    shards.append({
+                        "rank": md.placement.rank() if md.placement is not None else None,
+                        "offsets": list(md.shard_offsets),
+                        "sizes": list(md.shard_sizes),
+                    })
+            spec = by_name.get(table)
+            tables[table] = {
+                "rows": spec.num_embeddings if spec else None,
+                "dim": spec.embedding_dim if spec else None,
+                "sharding_type": ps.sharding_type,
+                "compute_kernel": ps.compute_kernel,
+                "ranks": list(ps.ranks) if ps.ranks is not None else None,
+                "shards": shards,
+            }
+        out[module_path] = tables
+    return out
+
+
+def plan_table(plan_dict: Dict[str, Dict[str, Any]]) -> str:
+    """Readable fixed-width table of a plan dict: one line per table."""
+    rows = [("module", "table", "sharding_type", "kernel", "ranks", "shards (offsets:sizes)")]
+    for module, tables in plan_dict.items():
+        for table, p in tables.items():
+            ranks = "all" if p["ranks"] is None else ",".join(map(str, p["ranks"]))
+            shards = " ".join(
+                f"r{s['rank']}@{'x'.join(map(str, s['offsets']))}:{'x'.join(map(str, s['sizes']))}"
+                for s in p["shards"]
+            ) or "replicated"
+            rows.append((module or "<root>", table, p["sharding_type"], p["compute_kernel"], ranks, shards))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines) + "\n"
+
+
+def sharding_types_used(plan_dict: Dict[str, Dict[str, Any]]) -> Dict[str, int]:
+    """Number of tables per sharding type."""
+    counts: Dict[str, int] = {}
+    for tables in plan_dict.values():
+        for p in tables.values():
+            counts[p["sharding_type"]] = counts.get(p["sharding_type"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _placement(rank: int, device_type: str, local_world: int) -> str:
+    return f"rank:{rank}/cpu" if device_type == "cpu" else f"rank:{rank}/{device_type}:{rank % local_world}"
+
+
+def _check_shards(where: str, spec: TableSpec, shards: List[Dict[str, Any]]) -> None:
+    covered = sum(s["sizes"][0] * s["sizes"][1] for s in shards)
+    if covered != spec.num_embeddings * spec.embedding_dim:
+        raise PlanError(f"{where}: shards cover {covered} values but table {spec.name} has "
+                        f"{spec.num_embeddings} x {spec.embedding_dim}; the plan is for another model")
+
+
+def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, device_type: str) -> ShardingPlan:
+    """The ``plan.json`` at ``path`` as a TorchRec plan for this model and world, or :class:`PlanError`."""
+    where = f"sharding.plan={path}"
+    p = Path(path)
+    if not p.is_file():
+        raise PlanError(f"{where}: no such file")
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as exc:
+        raise PlanError(f"{where}: not a plan JSON ({exc})") from None
+    by_name = {s.name: s for s in specs}
+    planned = {t for tables in data.values() for t in tables}
+    if planned != set(by_name):
+        extra, missing = sorted(planned - set(by_name)), sorted(set(by_name) - planned)
+        raise PlanError(f"{where}: plan tables do not match the model (only in plan: {extra or '-'}; "
+                        f"only in model: {missing or '-'})")
+    plan: Dict[str, EmbeddingModuleShardingPlan] = {}
+    for module, tables in data.items():
+        module_plan = EmbeddingModuleShardingPlan()
+        for table, t in tables.items():
+            ranks = t["ranks"] if t["ranks"] is not None else list(range(world))
+            used = ranks + [s["rank"] for s in t["shards"]]
+            if max(used) >= world:
+                raise PlanError(f"{where}: table {table} is placed on rank {max(used)} but this job has {world} "
+                                "ranks (cluster.nodes x cluster.workers_per_node)")
+            spec = None
+            if t["shards"]:
+                _check_shards(where, by_name[table], t["shards"])
+                spec = EnumerableShardingSpec([
+                    ShardMetadata(shard_offsets=s["offsets"], shard_sizes=s["sizes"],
+                                  placement=_placement(s["rank"], device_type, local_world))
+                    for s in t["shards"]
+                ])
+            module_plan[table] = ParameterSharding(sharding_type=t["sharding_type"],
+                                                   compute_kernel=t["compute_kernel"], ranks=ranks,
+                                                   sharding_spec=spec)
+        plan[module] = module_plan
+    return ShardingPlan(plan)

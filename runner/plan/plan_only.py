@@ -1,0 +1,42 @@
+"""``mode=plan``: plan and report in the driver's process, with no workers and no process group.
+
+Plans for clusters that are not here (e.g. 16 GPUs from a CPU-only laptop): the caller builds the model
+on the meta device (:func:`runner.train.models.planning_model`) and TorchRec's planner sees the topology
+the cluster config describes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict
+
+from runner.config import rundir
+from runner.config.device import device_type
+from runner.track.reporter import Reporter
+
+
+def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
+    """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
+    the results."""
+    from runner.plan.planner import make_plan
+    from runner.plan.report import write_plan_report
+
+    logging.getLogger("torchrec").setLevel(logging.WARNING)  # the planner's INFO lines, per proposal
+    world = cfg.cluster.nodes * cfg.cluster.workers_per_node
+    local = cfg.cluster.workers_per_node
+    kind = device_type(cfg.cluster.device, planning=True)
+    plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind)
+    reporter = Reporter(cfg, run_dir, rank=0)
+    reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds))
+    reporter.plan_chart()
+    reporter.flush()
+    m = reporter.plan_metrics
+    results = {
+        "mode": "plan", "run_id": reporter.run_id, "tracking_uri": reporter.uri, "world_size": world,
+        "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
+        "max_mem_bytes": m.get("plan/max_mem_bytes"),
+        "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},
+    }
+    rundir.write_json(run_dir / rundir.RESULTS, results)
+    return results

@@ -1,0 +1,192 @@
+"""Planning: config in, TorchRec's planner and a sharding plan (with the planner's estimates) out.
+
+The only place that builds an ``EmbeddingShardingPlanner``: the topology and storage reservation from
+:mod:`.topology`, per-table constraints from the sharding policy and the data's pooling, the proposer the
+config names. Pure with respect to processes: :func:`build_planner` needs no process group, and
+:func:`make_plan` uses one only to share rank 0's plan. A plan that cannot be had is one
+:class:`PlanError` line that names the limit hit and the keys that change it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer,
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
+from torchrec.distributed.planner.types import ShardingOption, Stats
+from torchrec.distributed.types import CacheParams, ShardingPlan
+
+from runner.config.choices import SHARDING_TYPES
+from runner.config.errors import ConfigError, PlanError
+from runner.config.schema import samples_per_step, uses_split_step
+from runner.config.tables import table_specs
+from runner.config.validation import table_constraint
+from runner.plan.io import load_plan
+from runner.plan.sharders import sharders_for
+from runner.plan.topology import GIB, build_storage_reservation, build_topology, dense_bytes
+
+
+def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
+                      pooling: float) -> ParameterConstraints:
+    if kernels is None and types == ["data_parallel"]:
+        kernels = ["dense"]  # TorchRec runs data_parallel tables only with the dense kernel
+    kwargs: Dict[str, Any] = {"sharding_types": types, "compute_kernels": kernels, "pooling_factors": [pooling]}
+    if extra is not None:
+        if extra.min_partition is not None:
+            kwargs["min_partition"] = extra.min_partition
+        if extra.pooling_factor is not None:
+            kwargs["pooling_factors"] = [float(extra.pooling_factor)]
+        if extra.cache_load_factor is not None:
+            kwargs["cache_params"] = CacheParams(load_factor=float(extra.cache_load_factor))
+        if extra.enforce_hbm is not None:
+            kwargs["enforce_hbm"] = bool(extra.enforce_hbm)
+    return ParameterConstraints(**kwargs)
+
+
+def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.0,
+                      exclude: Tuple[str, ...] = ()) -> Dict[str, ParameterConstraints]:
+    """Per-table constraints: the group's allowed types and kernels, the data's ids per sample
+    (the planner's pooling factor), then each table's own entry. Types in ``exclude`` are left out
+    of every table the config leaves free."""
+    out: Dict[str, ParameterConstraints] = {}
+    for name in table_names:
+        extra = table_constraint(sharding, name)
+        types = list(extra.sharding_types) if extra is not None and extra.sharding_types is not None \
+            else (list(sharding.types) or None)
+        if types is None and exclude:
+            types = [t for t in SHARDING_TYPES if t not in exclude]
+        kernels = list(extra.compute_kernels) if extra is not None and extra.compute_kernels is not None \
+            else (list(sharding.compute_kernels) or None)
+        if types is None and kernels is None and extra is None and pooling == 1.0:
+            continue
+        out[name] = _table_constraint(types, kernels, extra, pooling)
+    return out
+
+
+@dataclass
+class PlanEstimates(Stats):
+    """Planner stats hook that keeps the chosen sharding options, for per-rank estimates."""
+
+    best_plan: List[ShardingOption] = field(default_factory=list)
+    world_size: int = 0
+
+    def log(self, sharding_plan: ShardingPlan, topology: Topology, *args: Any, **kwargs: Any) -> None:
+        self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
+        self.world_size = topology.world_size
+
+
+class BoundedGridSearchProposer(GridSearchProposer):
+    """TorchRec's grid search, failing loudly where TorchRec's silently proposes nothing.
+
+    Above ``max_proposals`` combinations TorchRec's proposer skips itself, and the planner then reports
+    a misleading "insufficient storage".
+    """
+
+    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+        per_table: Dict[str, int] = {}
+        for option in search_space:
+            per_table[option.fqn] = per_table.get(option.fqn, 0) + 1
+        total = math.prod(per_table.values())
+        if total > self._max_proposals:
+            raise PlanError(
+                f"sharding.proposer=grid_search: {total:.3g} combinations of {len(per_table)} tables exceed "
+                f"sharding.grid_max_proposals={self._max_proposals}; raise it, constrain sharding.types, or use "
+                "greedy or dynamic_programming")
+        super().load(search_space, enumerator)
+
+
+def build_proposer(sharding: Any, device_type: str) -> Any:
+    """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list."""
+    if sharding.proposer == "dynamic_programming":
+        if device_type != "cuda":
+            raise ConfigError("sharding.proposer", sharding.proposer,
+                              "another proposer on CPU workers (it bins HBM, which they do not have)")
+        return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
+    if sharding.proposer == "greedy":
+        return [GreedyProposer(), GreedyProposer(use_depth=False)]
+    if sharding.proposer == "grid_search":
+        return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
+    if sharding.proposer == "uniform":
+        return UniformProposer()
+    return None
+
+
+def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
+                  estimates: Optional[PlanEstimates] = None,
+                  dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
+    """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node."""
+    topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=cfg.sharding.planner_batch_size or samples_per_step(cfg),
+        storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
+        proposer=build_proposer(cfg.sharding, device_type),
+        constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
+                                      float(cfg.data.ids_per_feature),
+                                      ("data_parallel",) if uses_split_step(cfg) else ()),
+        stats=[estimates] if estimates is not None else None,
+        debug=False,
+        timeout_seconds=cfg.sharding.planner_timeout_s,
+    )
+
+
+def explain_planner_error(exc: Exception, cfg: Any, world: int, device_type: str) -> str:
+    """One actionable line for a planner failure, naming the largest table and the budget per rank."""
+    from torchrec.distributed.planner.types import PlannerErrorType
+
+    if getattr(exc, "error_type", None) != PlannerErrorType.INSUFFICIENT_STORAGE:
+        text = str(exc).strip().splitlines()
+        return f"the planner found no plan: {text[0] if text else type(exc).__name__}"
+    specs = table_specs(cfg.model)
+    biggest = max(specs, key=lambda s: s.num_embeddings * s.embedding_dim)
+    table_gib = biggest.num_embeddings * biggest.embedding_dim * 4 / GIB
+    total_gib = sum(s.num_embeddings * s.embedding_dim * 4 for s in specs) / GIB
+    cap_key = "hbm_cap_gib" if device_type == "cuda" else "ddr_cap_gib"
+    cap = cfg.cluster[cap_key] or (32.0 if device_type == "cuda" else 128.0)
+    reserve = cfg.sharding.storage_reserve_percent
+    return (
+        f"no sharding plan fits in memory: largest table {biggest.name} ({biggest.num_embeddings} x "
+        f"{biggest.embedding_dim} fp32) is {table_gib:.2f} GiB before optimizer state, all tables "
+        f"{total_gib:.2f} GiB; each of {world} ranks has {cap * (1 - reserve):.2f} GiB (cluster.{cap_key}="
+        f"{cap:g} less sharding.storage_reserve_percent={reserve:g}, policy {cfg.sharding.storage_reserve_policy}); "
+        "raise the cap, lower the reserve, add ranks or allow row_wise/column_wise sharding"
+    )
+
+
+def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
+              pg: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+    """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts.
+
+    Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
+    Raises :class:`PlanError` with one line on every rank when no plan can be had.
+    """
+    import torch.distributed as dist
+
+    sharders = sharders_for(cfg.precision)
+    t0 = time.perf_counter()
+    if cfg.sharding.plan:
+        plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)
+        return plan, [], time.perf_counter() - t0, sharders
+    estimates = PlanEstimates()
+    result: List[Any] = [None]
+    if pg is None or dist.get_rank(pg) == 0:
+        try:
+            planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model))
+            result[0] = planner.plan(model, sharders)
+        except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
+            result[0] = PlanError(str(exc))
+        except Exception as exc:  # PlannerError and the planner's assertions
+            result[0] = PlanError(explain_planner_error(exc, cfg, world, device_type))
+    if pg is not None:
+        dist.broadcast_object_list(result, src=0, group=pg)
+    if isinstance(result[0], PlanError):
+        raise result[0]
+    return result[0], estimates.best_plan, time.perf_counter() - t0, sharders

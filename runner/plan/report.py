@@ -1,0 +1,96 @@
+"""The plan report every run writes into ``<run_dir>/plan/``: JSON, table, estimates, comms, chart."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from runner.config.schema import samples_per_step
+from runner.config.tables import table_specs
+from runner.plan.analysis import COLLECTIVES, chart, comms_per_rank, per_rank_estimates, plan_metrics
+from runner.plan.io import plan_table, plan_to_dict, sharding_types_used
+
+PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
+
+
+@dataclass
+class PlanReport:
+    """What a written plan report holds, for rank 0's reporter to print and log."""
+
+    folder: Path
+    plan: Dict[str, Dict[str, Any]]
+    metrics: Dict[str, float]
+    tags: Dict[str, Any]
+    console: str
+    draw_chart: Optional[Callable[[], Optional[Path]]] = None
+    """Renders ``plan.png`` (matplotlib, ~1 s): left to the caller, off the path to the first step."""
+
+
+def _markdown(cfg: Any, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
+              comms: Dict[str, List[float]], types: Dict[str, int], world: int, local: int,
+              device_type: str) -> str:
+    c = cfg.cluster
+    lines = [
+        f"# Sharding plan: {world} ranks ({world // local} nodes x {local}), {device_type}",
+        "",
+        f"intra-node {c.intra_node_bandwidth:g} GiB/s, cross-node {c.cross_node_bandwidth:g} GiB/s, "
+        f"storage reserve {cfg.sharding.storage_reserve_percent:g} ({cfg.sharding.storage_reserve_policy}), "
+        f"proposer {cfg.sharding.proposer}",
+        "",
+        "## Tables per sharding type and the collectives they use",
+        "",
+        "| sharding type | tables | collectives |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {t} | {n} | {COLLECTIVES.get(t, '')} |" for t, n in types.items()]
+    lines += ["", "## Per-rank estimates (planner) and estimated traffic per step", "",
+              "| rank | HBM GiB | DDR GiB | fwd compute ms | fwd comms ms | bwd compute ms | bwd comms ms "
+              "| total ms | sent in node MiB | sent across nodes MiB |", "|---" * 10 + "|"]
+    for r, e in enumerate(ranks):
+        lines.append(
+            f"| {r} | {e['hbm_bytes'] / 2**30:.3f} | {e['ddr_bytes'] / 2**30:.3f} | {e['fwd_compute_ms']:.3f} | "
+            f"{e['fwd_comms_ms']:.3f} | {e['bwd_compute_ms']:.3f} | {e['bwd_comms_ms']:.3f} | "
+            f"{e['total_ms']:.3f} | {comms['intra_node_bytes'][r] / 2**20:.2f} | "
+            f"{comms['cross_node_bytes'][r] / 2**20:.2f} |")
+    lines += ["", "## Tables", "", "```", plan_table(plan).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
+                      out: Path, seconds: float) -> PlanReport:
+    """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    specs = table_specs(cfg.model)
+    plan_dict = plan_to_dict(plan, specs)
+    types = sharding_types_used(plan_dict)
+    ranks = per_rank_estimates(best_plan, world)
+    pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
+    pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
+    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
+    comms = comms_per_rank(plan_dict, world, local, batch, pooling)
+    metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
+               **plan_metrics(ranks, comms, types, device_type)}
+    (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
+    table = plan_table(plan_dict)
+    (out / "plan.txt").write_text(table)
+    (out / "estimates.json").write_text(json.dumps({"per_rank": ranks, "comms_bytes_per_step": comms}, indent=2))
+    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type))
+    title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
+             + ", ".join(f"{n} {t}" for t, n in types.items()))
+
+    def draw_chart() -> Optional[Path]:
+        if not best_plan:
+            return None
+        chart(ranks, comms, device_type, out / "plan.png", title)
+        return out / "plan.png"
+    counts = ", ".join(f"{n} {t}" for t, n in types.items())
+    head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
+    if "plan/est_step_ms" in metrics:
+        head += (f"; estimated step {metrics['plan/est_step_ms']:.3f} ms, "
+                 f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank")
+    console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
+    tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
+            "runner.device": device_type, "runner.sharding_types": ",".join(types)}
+    return PlanReport(out, plan_dict, metrics, tags, console, draw_chart)

@@ -1,0 +1,232 @@
+"""What rank 0 reports while a job runs: the plan, progress, metrics and results.
+
+Other ranks get the same calls and stay quiet, so training code never branches on rank. What is
+reported arrives as plain data (a plan report's metrics, tags and folder; a training result's numbers):
+this module knows the run folder and MLflow, not how plans are made or models trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from omegaconf import OmegaConf
+
+from runner.config import rundir
+from runner.config.errors import one_line
+from runner.track import store
+from runner.track.events import BackgroundWriter, EventLog
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+
+class Reporter:
+    """Rank 0's link to the run folder and the job's MLflow run.
+
+    Launched by the driver, rank 0 appends MLflow events to ``events.jsonl`` and the driver writes
+    them to the store; under a plain torchrun rank 0 opens the run itself and writes from a background
+    thread.
+    Either way training never waits for the store.
+    """
+
+    def __init__(self, cfg: Any, run_dir: Path, rank: int) -> None:
+        self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
+        self.active = rank == 0
+        self.standalone = not (run_dir / rundir.DRIVER).exists()
+        self.plan_metrics: Dict[str, float] = {}
+        self.extra: Dict[str, Any] = {}
+        self.uri: Optional[str] = None
+        self.run_id: Optional[str] = None
+        self._sink: Any = None
+        if self.active and self.standalone:
+            # opened now, not in the writer thread: a failing job must find its run to mark it FAILED
+            self.uri, self.run_id = self._open_own_run()
+            self._sink = BackgroundWriter(self.uri, self.run_id)
+        elif self.active:
+            self._sink = EventLog(run_dir / rundir.EVENTS)
+
+    def _open_own_run(self) -> tuple:
+        uri = store.tracking_uri(self.cfg)
+        run_id = store.open_job_run(uri, self.cfg, OmegaConf.to_container(self.cfg), store.default_run_name(self.cfg),
+                                    None, {"runner.launcher": "torchrun"})
+        return uri, run_id
+
+    def flush(self) -> None:
+        """Everything handed over: written (own run) or in the event log (the driver writes it)."""
+        sink, self._sink = self._sink, None
+        if sink is None:
+            return
+        sink.close()
+        if self.standalone:
+            return
+        data = rundir.read_json(self.run_dir / rundir.RUN_INFO)
+        if data:
+            self.uri, self.run_id = data["tracking_uri"], data["run_id"]
+
+    def failed(self, exc: BaseException) -> None:
+        """Under a plain torchrun rank 0 owns the run: it ends FAILED with the error (a driver does that
+        itself otherwise)."""
+        if not (self.active and self.standalone):
+            return
+        try:
+            self.flush()
+            if self.run_id:
+                store.end_run(self.uri, self.run_id, "FAILED", one_line(exc))
+        except Exception as inner:  # the job's own error matters more
+            print(f"[runner] warning: could not mark the MLflow run FAILED: {inner}", file=sys.stderr, flush=True)
+
+    def _log(self, metrics: Dict[str, float], step: int) -> None:
+        if self._sink is not None:
+            self._sink.metrics(metrics, step)
+
+    def _tags(self, tags: Dict[str, Any]) -> None:
+        if self._sink is not None:
+            self._sink.tags(tags)
+
+    def plan(self, report: Any) -> None:
+        """Print and log a written plan report (its ``console`` text, ``metrics``, ``tags``, the files in
+        its ``folder``; ``draw_chart`` renders the chart later, see :meth:`plan_chart`)."""
+        if not self.active:
+            return
+        print(report.console, flush=True)
+        self._log(report.metrics, 0)
+        self._tags(report.tags)
+        self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
+        self.plan_metrics = report.metrics
+        self._draw_chart = report.draw_chart
+
+    def plan_chart(self) -> None:
+        """Render and log ``plan/plan.png`` (called after training: matplotlib is slow to start)."""
+        draw, self._draw_chart = getattr(self, "_draw_chart", None), None
+        if not self.active or draw is None:
+            return
+        png = draw()
+        if png is not None:
+            self._sink.artifacts([png], rundir.PLAN)
+
+    def started(self, step: int, restarts: int, source: Optional[Path]) -> None:
+        """Where training starts: from scratch, a resumed checkpoint, or after an elastic restart."""
+        self.extra.update({"start_step": step, "restarts": restarts,
+                           "resumed_from": str(source) if source else None})
+        if not self.active:
+            return
+        tags: Dict[str, Any] = {"runner.restarts": restarts}
+        if source is not None:
+            tags["runner.resumed_from"] = str(source)
+            print(f"[runner] resumed from {source} at step {step}" +
+                  (f" (elastic restart {restarts})" if restarts else ""), flush=True)
+        self._tags(tags)
+        self._log({"restarts": float(restarts)}, step)
+
+    def startup(self, marks: Dict[str, float]) -> None:
+        """Seconds from the command's start (``RUNNER_START_UNIX``, else this worker's start) to each
+        phase of rank 0's start-up: logged as ``startup/<phase>_s`` and printed in one line."""
+        if not self.active:
+            return
+        t0 = float(os.environ.get("RUNNER_START_UNIX") or marks["worker_started"])
+        phases = {k: v - t0 for k, v in marks.items()}
+        self.extra["startup_s"] = phases
+        self._log({f"startup/{k}_s": v for k, v in phases.items()}, 0)
+        print("[runner] start-up (s from launch): " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}"
+                                                             for k, v in phases.items()), flush=True)
+
+    def data_ended(self, step: int) -> None:
+        """The data ran out on some rank before ``train.steps``: every rank stopped after ``step``."""
+        self.extra["data_ended_at_step"] = step
+        if not self.active:
+            return
+        print(f"[runner] data ended after step {step} of {self.cfg.train.steps} (every rank stopped there)",
+              flush=True)
+        self._tags({"runner.data_ended_at_step": step})
+
+    def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+        self._log(metrics, step)
+
+    def checkpointed(self, step: int, path: Path, metrics: Dict[str, float]) -> None:
+        self.extra["checkpoint"] = str(path)
+        self._tags({"runner.last_checkpoint": str(path)})
+
+    def measured(self, per_rank: List[Dict[str, Any]]) -> None:
+        """Measured step time and peak memory per rank, next to the planner's estimates; the CPU cores
+        each rank was bound to (tag ``runner.cpu_cores``)."""
+        if not self.active:
+            return
+        self._tags({"runner.cpu_cores": "; ".join(
+            f"rank{r}: {','.join(map(str, x['cores'])) if x.get('cores') else 'unbound'}"
+            for r, x in enumerate(per_rank))})
+        m: Dict[str, float] = {}
+        for r, x in enumerate(per_rank):
+            m[f"measured/rank{r}/step_ms"] = x["step_ms"]
+            m[f"measured/rank{r}/peak_mem_bytes"] = x["peak_mem_bytes"]
+        m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
+        m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
+        est_step, est_mem = self.plan_metrics.get("plan/est_step_ms"), self.plan_metrics.get("plan/max_mem_bytes")
+        if est_step:
+            m["ratio/step_measured_over_estimated"] = m["measured/step_ms"] / est_step
+        if est_mem:
+            m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
+        self._log(m, self.cfg.train.steps)
+        rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
+
+    @contextlib.contextmanager
+    def progress(self, steps: int, initial: int = 0) -> Iterator[Any]:
+        if not self.active:
+            yield _Silent()
+            return
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=initial, desc="train", unit="step", file=sys.stderr, mininterval=1.0,
+                   dynamic_ncols=True)
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+    def train_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+        self._log(metrics, step)
+
+    def finish(self, result: Any, eval_metrics: Dict[str, float], world: int) -> Dict[str, Any]:
+        """Log final metrics; write ``results.json`` for the driver's summary line."""
+        if not self.active:
+            return {}
+        final = dict(eval_metrics)
+        if result.losses:
+            final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
+                          "train/avg_step_ms": result.step_time_ms})
+        self._log(final, self.cfg.train.steps)
+        self.flush()
+        results = {
+            "run_id": self.run_id, "tracking_uri": self.uri, "world_size": world,
+            "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
+            "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
+            "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra,
+        }
+        rundir.write_json(self.run_dir / rundir.RESULTS, results)
+        if self.standalone:
+            store.end_run(self.uri, self.run_id, "FINISHED")
+            print(summary_line(results), flush=True)
+        return results
+
+
+def summary_line(results: Dict[str, Any]) -> str:
+    if results.get("mode") == "plan":
+        types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
+        est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
+               f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
+        return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
+                f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; "
+                f"view: {store.ui_command(results['tracking_uri'])}")
+    return (
+        f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
+        f"{results['samples_per_s']:.0f} samples/s, MLflow run {results['run_id']}; "
+        f"view: {store.ui_command(results['tracking_uri'])}"
+    )

@@ -1,0 +1,149 @@
+"""The MLflow store: where runs go, creating and ending them, and logging to them.
+
+A job's run is written from one process at a time: the driver creates it (config as params), writes what
+rank 0 reports while the workers run (:mod:`runner.track.events`), and sets the final status. Under an
+external ``torchrun`` there is no driver and rank 0 does all of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+from runner import PROJECT_ROOT
+
+_MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
+_MAX_BATCH = 100  # MLflow's limit on params per log_batch call
+
+
+def tracking_uri(cfg: Any) -> str:
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else a SQLite store in the project folder."""
+    uri = cfg.tracking.uri if cfg is not None else None
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def ui_command(uri: str) -> str:
+    """The command that shows ``uri`` in the MLflow UI."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    return f"{PROJECT_ROOT / '.venv/bin/mlflow'} ui --backend-store-uri {uri}"
+
+
+@functools.lru_cache(maxsize=8)
+def client(uri: str) -> Any:
+    """One client per store and process: building one (and its SQL engine) costs more than a write."""
+    import logging
+
+    from mlflow.tracking import MlflowClient  # deferred: mlflow takes seconds to import
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # e.g. "Creating initial MLflow database tables"
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """Id of experiment ``name``, created on first use; local stores keep artifacts beside the DB."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
+    """Dot-keyed string params of a nested config, each within MLflow's value length."""
+    out: Dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            text = "null" if value is None else str(value)
+            out[name] = text if len(text) <= _MAX_PARAM_VALUE else text[: _MAX_PARAM_VALUE - 3] + "..."
+    return out
+
+
+def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    c = client(uri)
+    for i in range(0, len(items), _MAX_BATCH):
+        c.log_batch(run_id, params=items[i : i + _MAX_BATCH])
+
+
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+    log_metric_points(uri, run_id, [(metrics, step)])
+
+
+def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str, float], int]]) -> None:
+    """Metrics of several steps in as few store transactions as MLflow's batch limit allows."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, step) for metrics, step in points for k, v in metrics.items()]
+    c = client(uri)
+    for i in range(0, len(items), _MAX_BATCH):
+        c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
+
+
+def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def log_artifacts(uri: str, run_id: str, paths: Iterable[Path], artifact_path: Optional[str] = None) -> None:
+    c = client(uri)
+    for p in paths:
+        if p.is_dir():
+            c.log_artifacts(run_id, str(p), artifact_path=(artifact_path or "") + p.name)
+        elif p.exists():
+            c.log_artifact(run_id, str(p), artifact_path=artifact_path)
+
+
+def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
+              tags: Mapping[str, Any]) -> str:
+    """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+    all_tags = {MLFLOW_RUN_NAME: run_name, **{k: str(v) for k, v in tags.items()}}
+    if parent_run_id:
+        all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+    run = client(uri).create_run(experiment_id(uri, experiment), tags=all_tags, run_name=run_name)
+    return run.info.run_id
+
+
+def open_job_run(uri: str, cfg: Any, config: Mapping[str, Any], run_name: str, parent_run_id: Optional[str],
+                 tags: Mapping[str, Any]) -> str:
+    """A job's run: created RUNNING in ``tracking.experiment``, the resolved ``config`` as its params."""
+    run_id = start_run(uri, cfg.tracking.experiment, run_name, parent_run_id, tags)
+    log_params(uri, run_id, flatten(config))
+    return run_id
+
+
+def default_run_name(cfg: Any, choices: Optional[Mapping[str, Any]] = None) -> str:
+    """``tracking.run_name``, else ``<model>-<sharding>-<cluster>`` (the options chosen)."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
+    choices = choices or {}
+    return "-".join(str(choices.get(group) or cfg[group].name) for group in ("model", "sharding", "cluster"))
+
+
+def end_run(uri: str, run_id: str, status: str, error: Optional[str] = None) -> None:
+    """Set the final status; a failure's reason goes into the ``error`` tag."""
+    c = client(uri)
+    if error:
+        c.set_tag(run_id, "error", error[:5000])
+    c.set_terminated(run_id, status)

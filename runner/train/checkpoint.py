@@ -1,0 +1,174 @@
+"""Checkpoints with torch.distributed.checkpoint: written atomically, found again, loaded into any sharding.
+
+Layout: ``<checkpoints>/step-00000020/`` holds the DCP files of ``{"model", "optim"}``, ``meta.json``
+(step, world, sharding types, eval metrics) and ``plan.json``. A checkpoint is written under a
+``.tmp-`` name and renamed once complete, so an interrupted save is never picked up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from runner.config import rundir
+from runner.config.errors import CheckpointError
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+META = "meta.json"
+BEST = "best.json"
+
+
+def checkpoint_root(cfg: Any, run_dir: Path) -> Path:
+    return Path(cfg.train.checkpoint.dir).resolve() if cfg.train.checkpoint.dir else run_dir / rundir.CHECKPOINTS
+
+
+def complete_checkpoints(root: Path) -> List[Path]:
+    """Finished checkpoints under ``root``, oldest first (temporary folders are never listed)."""
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if d.is_dir() and STEP_DIR.match(d.name) and (d / META).is_file()]
+    return sorted(found, key=lambda d: int(STEP_DIR.match(d.name).group(1)))  # type: ignore[union-attr]
+
+
+def resolve(resume: Optional[str], root: Path) -> Optional[Path]:
+    """The checkpoint ``train.resume`` names, or :class:`CheckpointError` saying what is wrong."""
+    if resume is None:
+        return None
+    where = f"train.resume={resume}"
+    if resume == "latest":
+        found = complete_checkpoints(root)
+        if not found:
+            raise CheckpointError(f"{where}: no complete checkpoint in {root}")
+        return found[-1]
+    path = Path(resume).expanduser().resolve()
+    if not path.exists():
+        raise CheckpointError(f"{where}: no such file or folder")
+    if (path / META).is_file():
+        if not (path / ".metadata").is_file():
+            raise CheckpointError(f"{where}: incomplete checkpoint (no DCP .metadata file)")
+        return path
+    found = complete_checkpoints(path)
+    if found:
+        return found[-1]
+    raise CheckpointError(f"{where}: not a checkpoint (no {META}) and holds no step-* checkpoint")
+
+
+def read_meta(path: Path) -> Dict[str, Any]:
+    try:
+        return json.loads((path / META).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path}: unreadable {META} ({exc})") from None
+
+
+def _state(dmp: Any, optimizer: Any, with_optimizer: bool) -> Dict[str, Any]:
+    state = {"model": dmp.state_dict()}
+    if with_optimizer:
+        state["optim"] = optimizer.state_dict()
+    return state
+
+
+def _failure_detail(exc: BaseException) -> str:
+    """The first line of the underlying error (DCP wraps each rank's failure)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _materialise_dense_state(optimizer: Any) -> None:
+    """torch optimizers create state at their first step; DCP loads only into state that exists."""
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+    for _, opt in optimizer.optimizers:
+        if isinstance(opt, KeyedOptimizerWrapper):
+            opt.init_state()
+            opt.zero_grad(set_to_none=True)
+
+
+def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int) -> Dict[str, Any]:
+    """Load ``path`` into this job's sharding (resharding as needed); return its meta."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    meta = read_meta(path)
+    if resume_optimizer:
+        _materialise_dense_state(optimizer)
+    state = _state(dmp, optimizer, resume_optimizer)
+    try:
+        dcp.load(state, checkpoint_id=str(path),
+                 planner=DefaultLoadPlanner(allow_partial_load=not resume_optimizer))
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        detail = _failure_detail(exc)
+        if resume_optimizer and "optim" in detail:
+            raise CheckpointError(
+                f"checkpoint {path}: its optimizer state does not fit this sharding ({detail}); set "
+                "train.resume_optimizer=false to load the weights and start optimizer state fresh") from None
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({detail})") from None
+    dmp.load_state_dict(state["model"])
+    if resume_optimizer:
+        optimizer.load_state_dict(state["optim"])
+    elif rank == 0:
+        print(f"[runner] warning: {path}: weights loaded, optimizer state starts fresh "
+              "(train.resume_optimizer=false)", flush=True)
+    return meta
+
+
+class Checkpointer:
+    """Saves on every rank (DCP is collective); rank 0 finalises, prunes and tracks the best."""
+
+    def __init__(self, cfg: Any, run_dir: Path, rank: int) -> None:
+        self.cfg = cfg.train.checkpoint
+        self.root = checkpoint_root(cfg, run_dir)
+        self.rank = rank
+
+    def due(self, step: int) -> bool:
+        return bool(self.cfg.enabled and self.cfg.every_steps and step % self.cfg.every_steps == 0)
+
+    def save(self, step: int, dmp: Any, optimizer: Any, meta: Dict[str, Any], plan_file: Path) -> Path:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        tmp, final = self.root / f".tmp-step-{step:08d}", self.root / f"step-{step:08d}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dcp.save(_state(dmp, optimizer, True), checkpoint_id=str(tmp))
+        dist.barrier()
+        if self.rank == 0:
+            (tmp / META).write_text(json.dumps({"step": step, "time": time.time(), **meta}, indent=2))
+            if plan_file.exists():
+                shutil.copy(plan_file, tmp / "plan.json")
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)  # the only moment a checkpoint becomes visible
+            self._update_best(final, meta)
+            self._prune()
+        dist.barrier()
+        return final
+
+    def _update_best(self, path: Path, meta: Dict[str, Any]) -> None:
+        key = self.cfg.best_metric
+        value = meta.get("metrics", {}).get(key) if key else None
+        if value is None:
+            return
+        best_file = self.root / BEST
+        best = json.loads(best_file.read_text()) if best_file.exists() else None
+        better = best is None or (value > best["value"] if self.cfg.best_mode == "max" else value < best["value"])
+        if better or (best and best["path"] == str(path)):
+            best_file.write_text(json.dumps({"path": str(path), "metric": key, "value": value}))
+
+    def _prune(self) -> None:
+        best_file = self.root / BEST
+        best = json.loads(best_file.read_text())["path"] if best_file.exists() else None
+        for old in complete_checkpoints(self.root)[: -self.cfg.keep_last]:
+            if str(old) != best:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(".tmp-step-*"):  # left by an interrupted save
+            shutil.rmtree(stale, ignore_errors=True)

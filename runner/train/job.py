@@ -1,0 +1,115 @@
+"""One rank's part of a job, once its process group exists: model -> plan -> DMP -> optimizers ->
+(resume) -> train -> measure -> evaluate -> checkpoint -> results.
+
+TorchRec's own wiring, as in its examples: the model is built with its tables on the meta device, the
+planner (:mod:`runner.plan`) shards them, ``DistributedModelParallel`` materialises this rank's shards,
+the tables' optimizer is fused into backward and the dense optimizer is combined with it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+
+from runner.config import rundir
+from runner.data.pipeline import batches_for
+from runner.plan.planner import make_plan
+from runner.plan.report import write_plan_report
+from runner.train import checkpoint
+from runner.train.evaluate import evaluate, gather_measurements
+from runner.train.loop import LoopHooks, train
+from runner.train.models import build_model
+from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
+from runner.train.split_step import loss_scale_for
+
+
+class RankJob:
+    """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
+
+    def __init__(self, cfg: Any, run_dir: Path, env: Any, device: Any, reporter: Any,
+                 marks: Dict[str, float]) -> None:
+        self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
+        self.reporter, self.marks = reporter, marks
+        self.dmp, self.optimizer, self.sharding_types = self._build()
+        self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
+        self.loss_scale = loss_scale_for(cfg)
+
+    def _build(self) -> tuple:
+        """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
+        cfg, env = self.cfg, self.env
+        model = build_model(cfg, self.device)
+        apply_sparse_optimizer(model, cfg.optimizer)
+        plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
+                                                       dist.GroupMember.WORLD)
+        self.marks["planned"] = time.time()
+        # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
+        wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
+        dmp = DistributedModelParallel(module=model, device=self.device, plan=plan, sharders=sharders,
+                                       data_parallel_wrapper=wrapper)
+        types: List[str] = []
+        if self.reporter.active:
+            report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
+                                       self.run_dir / rundir.PLAN, seconds)
+            self.reporter.plan(report)
+            types = sorted(report.tags["runner.sharding_types"].split(","))
+        return dmp, combined_optimizer(dmp, cfg.optimizer), types
+
+    def _resume(self) -> int:
+        """Load ``train.resume`` (after an elastic restart: this run's newest checkpoint); the start step."""
+        cfg = self.cfg
+        if cfg.train.resume is None and self.env.restarts > 0:
+            found = checkpoint.complete_checkpoints(self.checkpointer.root)
+            source: Optional[Path] = found[-1] if found else None
+        else:
+            source = checkpoint.resolve(cfg.train.resume, self.checkpointer.root)
+        meta = checkpoint.load(source, self.dmp, self.optimizer, cfg.train.resume_optimizer,
+                               self.env.rank) if source else {}
+        if self.loss_scale is not None and meta.get("loss_scale"):
+            self.loss_scale.load_state_dict(meta["loss_scale"])
+        self.reporter.started(meta.get("step", 0), self.env.restarts, source)
+        return meta.get("step", 0)
+
+    def data(self, num_batches: int, eval_split: bool, first: int = 0) -> Any:
+        return batches_for(self.cfg, self.env.rank, self.env.world, eval_split, first, num_batches)
+
+    def evaluate(self) -> Dict[str, float]:
+        return evaluate(self.dmp, self.data(self.cfg.data.eval_batches, True), self.device, self.cfg)
+
+    def save(self, step: int, metrics: Dict[str, float]) -> None:
+        meta = {"world_size": self.env.world, "sharding_types": self.sharding_types, "metrics": metrics,
+                "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None}
+        path = self.checkpointer.save(step, self.dmp, self.optimizer, meta, self.run_dir / rundir.PLAN / "plan.json")
+        self.reporter.checkpointed(step, path, metrics)
+
+    def evaluate_and_save(self, step: int) -> None:
+        """A checkpoint during training: evaluated first, so the best one can be kept."""
+        metrics = self.evaluate()
+        self.reporter.eval_metrics(step, metrics)
+        self.save(step, metrics)
+
+    def run(self, cores: Optional[List[int]]) -> Dict[str, Any]:
+        cfg, reporter = self.cfg, self.reporter
+        start = self._resume()
+        self.marks["model_ready"] = time.time()
+        train_data = self.data(cfg.train.steps, False, start)
+        try:
+            with reporter.progress(cfg.train.steps, start) as bar:
+                hooks = LoopHooks(reporter.train_metrics, bar, self.checkpointer.due, self.evaluate_and_save)
+                result = train(self.dmp, self.optimizer, train_data, start, cfg.train.steps, self.device, cfg,
+                               hooks, self.loss_scale)
+        finally:
+            getattr(train_data, "close", lambda: None)()
+        reporter.plan_chart()
+        if result.first_step_unix is not None:
+            reporter.startup(dict(self.marks, first_step=result.first_step_unix))
+        if result.data_ended:
+            reporter.data_ended(result.last_step)
+        reporter.measured(gather_measurements(result, self.device, cores))
+        eval_metrics = self.evaluate()
+        if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
+            self.save(result.last_step, eval_metrics)
+        return reporter.finish(result, eval_metrics, self.env.world)

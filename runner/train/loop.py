@@ -1,0 +1,191 @@
+"""The training loop: one optimizer step per batch, metrics every ``train.log_every`` steps, checkpoints
+when due; every rank stops at the same step when the data ends.
+
+The step is TorchRec's ``TrainPipelineSparseDist`` (or ``TrainPipelineBase``), or the split step
+(:mod:`.split_step`) when accumulating micro-batches or scaling an fp16 loss. The loop reads no OmegaConf
+node per step (each read costs microseconds): schedule and settings are copied to plain Python first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+from runner.config.schema import samples_per_step
+from runner.train.optimizers import Schedule, set_learning_rates
+from runner.train.split_step import LossScale, SplitStep
+
+
+def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
+    if dtype_name is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
+
+
+def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any, loss_scale: Optional[LossScale]) -> Any:
+    """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
+    if cfg.train.grad_accumulation_steps == 1 and loss_scale is None:
+        if cfg.train.pipeline == "base":
+            return _BasePipeline(dmp, optimizer, device)
+        return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
+    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast,
+                     loss_scale)
+
+
+class _BasePipeline(TrainPipelineBase):
+    """TorchRec's unpipelined step (input dist, forward, backward, step in order), pausable like
+    the sparse pipeline."""
+
+    def detach(self) -> None:
+        pass
+
+    def attach(self, model: Any) -> None:
+        pass
+
+
+@dataclass
+class TrainResult:
+    losses: List[float] = field(default_factory=list)
+    steps: List[int] = field(default_factory=list)
+    first_step_unix: Optional[float] = None
+    final_loss: float = float("nan")
+    samples_per_s: float = 0.0
+    step_time_ms: float = 0.0
+    last_step: int = 0
+    data_ended: bool = False
+
+
+def _mean_across_ranks(values: List[float], device: torch.device) -> List[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> List[float]:
+    """Each task's BCE of one step (multi-task models: logits and labels are (batch, tasks))."""
+    per = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), labels.float().reshape(logits.shape), reduction="none").mean(0)
+    return per.tolist()
+
+
+class _Window:
+    """The steps since the last log: their summed losses and wall time (checkpoint pauses excluded).
+
+    Also keeps the run's timed total over every window but the first, which holds the pipeline's
+    tracing (unless it is the only one).
+    """
+
+    def __init__(self, tasks: int) -> None:
+        self.tasks = tasks
+        self.timed_s, self.timed_steps, self._first = 0.0, 0, True
+        self._reset(time.perf_counter())
+
+    def _reset(self, now: float) -> None:
+        self.loss, self.task_losses, self.steps, self.start, self.paused = 0.0, [0.0] * self.tasks, 0, now, 0.0
+
+    def add(self, loss: float, task_losses: Optional[List[float]]) -> None:
+        self.loss += loss
+        if task_losses is not None:
+            self.task_losses = [a + b for a, b in zip(self.task_losses, task_losses, strict=True)]
+        self.steps += 1
+
+    def close(self, last: bool) -> tuple:
+        """End the window: (mean loss and each task's, steps, seconds); start the next."""
+        now = time.perf_counter()
+        elapsed = now - self.start - self.paused  # wall time of the window: logging included, pauses not
+        if not self._first or last and self.timed_steps == 0:
+            self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + self.steps
+        self._first = False
+        means = [self.loss / self.steps] + [t / self.steps for t in self.task_losses]
+        steps = self.steps
+        self._reset(now)
+        return means, steps, elapsed
+
+
+@dataclass
+class LoopHooks:
+    """What the loop reports to and asks of its caller; every rank calls each at the same steps."""
+
+    on_log: Callable[[int, Dict[str, float]], None]
+    progress: Any
+    due: Callable[[int], bool] = lambda step: False
+    on_checkpoint: Optional[Callable[[int], None]] = None
+
+
+def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str], samples: int,
+         loss_scale: Optional[LossScale], device: torch.device, result: TrainResult, hooks: LoopHooks) -> None:
+    """Close the window: its metrics, averaged over ranks, to ``hooks.on_log`` and the result."""
+    sums, steps, elapsed = window.close(last)
+    means = _mean_across_ranks(sums, device)
+    metrics = {"train/loss": means[0], "train/samples_per_s": samples * steps / max(elapsed, 1e-9),
+               "train/lr_dense": rates[1], "train/lr_sparse": rates[0]}
+    if len(tasks) > 1:
+        metrics.update({f"train/{t}/loss": v for t, v in zip(tasks, means[1:], strict=True)})
+    if loss_scale is not None:
+        metrics["train/loss_scale"] = float(loss_scale.scale)
+        metrics["train/skipped_steps"] = float(loss_scale.skipped)
+    result.losses.append(means[0])
+    result.steps.append(step)
+    hooks.progress.set_postfix(loss=f"{means[0]:.4f}", refresh=False)
+    hooks.on_log(step, metrics)
+
+
+def _pause_for_checkpoint(pipeline: Any, dmp: Any, step: int, hooks: LoopHooks) -> float:
+    """Evaluate and save outside the pipeline; the seconds it took (left out of the timing)."""
+    t0 = time.perf_counter()
+    pipeline.detach()  # evaluation and saving run the model outside the pipeline
+    hooks.on_checkpoint(step)  # type: ignore[misc]
+    dmp.train()
+    pipeline.attach(dmp)
+    return time.perf_counter() - t0
+
+
+def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: Any,
+          hooks: LoopHooks, loss_scale: Optional[LossScale] = None) -> TrainResult:
+    """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
+    step). Every ``train.log_every`` steps report metrics; at steps where ``hooks.due(step)``, hand the
+    model to ``hooks.on_checkpoint`` (outside the pipeline). ``loss_scale`` (fp16) is updated in place,
+    so that checkpoints can save it."""
+    result = TrainResult(last_step=start)
+    if start >= steps:
+        return result
+    pipeline = make_step(dmp, optimizer, device, cfg, loss_scale)
+    it = iter(batches)
+    dmp.train()
+    tasks = list(cfg.model.tasks)
+    samples = dist.get_world_size() * samples_per_step(cfg)
+    schedule, log_every, autocast_dtype = Schedule(cfg.optimizer, steps), cfg.train.log_every, cfg.precision.autocast
+    window, applied = _Window(len(tasks)), (float("nan"), float("nan"))
+    for step in range(start + 1, steps + 1):
+        rates = schedule(step)
+        if rates != applied:  # constant schedules touch the optimizers once
+            applied = set_learning_rates(optimizer, *rates)
+        try:
+            with autocast(device, autocast_dtype):
+                loss, logits, labels = pipeline.progress(it)
+        except StopIteration:  # every rank's data check said: some rank has no batch left
+            result.data_ended = True
+            break
+        result.last_step = step
+        window.add(float(loss.detach().float().mean()), _task_losses(logits, labels) if len(tasks) > 1 else None)
+        if result.first_step_unix is None:
+            result.first_step_unix = time.time()
+        hooks.progress.update(1)
+        if step % log_every == 0 or step == steps:
+            _log(window, step, step == steps, applied, tasks, samples, loss_scale, device, result, hooks)
+        if hooks.on_checkpoint is not None and step < steps and hooks.due(step):
+            window.paused += _pause_for_checkpoint(pipeline, dmp, step, hooks)
+    if window.steps:  # the data ended inside a window
+        _log(window, result.last_step, result.last_step == steps, applied, tasks, samples, loss_scale, device,
+             result, hooks)
+    pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
+    result.final_loss = result.losses[-1] if result.losses else float("nan")
+    result.samples_per_s = samples * window.timed_steps / max(window.timed_s, 1e-9)
+    result.step_time_ms = 1000.0 * window.timed_s / max(window.timed_steps, 1)
+    return result

@@ -1,0 +1,147 @@
+"""Model construction on the meta device; DistributedModelParallel materialises the shards.
+
+Every model is wrapped so that ``forward(batch) -> (loss, (loss, logits, labels))``, the contract of
+TorchRec's ``DLRMTrain`` that ``TrainPipelineSparseDist`` and evaluation rely on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
+from torchrec.models.deepfm import SimpleDeepFMNN
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+from torchrec.modules.mlp import MLP
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from runner.config.tables import table_specs
+from runner.train.optimizers import apply_sparse_optimizer
+
+
+def table_configs(model_cfg: Any, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
+    """One TorchRec table per configured table; its single feature carries the table's name."""
+    data_type = DataType.FP16 if embedding_dtype == "fp16" else DataType.FP32
+    return [
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                           feature_names=[t.name], data_type=data_type)
+        for t in table_specs(model_cfg)
+    ]
+
+
+class EmbeddingMLP(nn.Module):
+    """Pooled embeddings of any widths, concatenated with the dense MLP's output, into the over MLP."""
+
+    def __init__(self, ebc: EmbeddingBagCollection, dense_in: int, dense_sizes: List[int],
+                 over_sizes: List[int], dense_device: torch.device) -> None:
+        super().__init__()
+        self.embedding_bag_collection = ebc
+        self.features = [f for cfg in ebc.embedding_bag_configs() for f in cfg.feature_names]
+        emb_width = sum(cfg.embedding_dim for cfg in ebc.embedding_bag_configs())
+        self.dense_arch = MLP(dense_in, dense_sizes, device=dense_device)
+        in_width, hidden = dense_sizes[-1] + emb_width, over_sizes[:-1]
+        layers: List[nn.Module] = [MLP(in_width, hidden, device=dense_device)] if hidden else []
+        layers.append(nn.Linear(hidden[-1] if hidden else in_width, 1, device=dense_device))
+        self.over_arch = nn.Sequential(*layers)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(sparse).to_dict()  # fixed order, whatever the sharding
+        x = torch.cat([self.dense_arch(dense)] + [pooled[f] for f in self.features], dim=1)
+        return self.over_arch(x)
+
+
+class ClickModelTrain(nn.Module):
+    """Any ``model(dense, sparse) -> logits`` with TorchRec's ``DLRMTrain`` contract and BCE loss."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+class MMoE(nn.Module):
+    """Multi-gate mixture of experts (Ma et al., KDD 2018) over the dense MLP's output and the pooled
+    embeddings: shared expert MLPs, one softmax gate and one tower per task; one logit per task."""
+
+    def __init__(self, ebc: EmbeddingBagCollection, dense_in: int, dense_sizes: List[int], num_experts: int,
+                 expert_sizes: List[int], tower_sizes: List[int], tasks: int, dense_device: torch.device) -> None:
+        super().__init__()
+        self.embedding_bag_collection = ebc
+        self.features = [f for cfg in ebc.embedding_bag_configs() for f in cfg.feature_names]
+        width = dense_sizes[-1] + sum(cfg.embedding_dim for cfg in ebc.embedding_bag_configs())
+        self.dense_arch = MLP(dense_in, dense_sizes, device=dense_device)
+        self.experts = nn.ModuleList(MLP(width, expert_sizes, device=dense_device) for _ in range(num_experts))
+        self.gates = nn.ModuleList(nn.Linear(width, num_experts, device=dense_device) for _ in range(tasks))
+        hidden = tower_sizes[:-1]
+        self.towers = nn.ModuleList(
+            nn.Sequential(*([MLP(expert_sizes[-1], hidden, device=dense_device)] if hidden else []),
+                          nn.Linear(hidden[-1] if hidden else expert_sizes[-1], 1, device=dense_device))
+            for _ in range(tasks))
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(sparse).to_dict()
+        x = torch.cat([self.dense_arch(dense)] + [pooled[f] for f in self.features], dim=1)
+        experts = torch.stack([e(x) for e in self.experts], dim=1)  # (batch, experts, width)
+        logits = []
+        for gate, tower in zip(self.gates, self.towers, strict=True):
+            weights = torch.softmax(gate(x), dim=-1).unsqueeze(-1)  # (batch, experts, 1)
+            logits.append(tower((weights * experts).sum(1)))
+        return torch.cat(logits, dim=1)  # (batch, tasks)
+
+
+class MultiTaskTrain(nn.Module):
+    """``model(dense, sparse) -> (batch, tasks)`` logits; the loss is the sum of the tasks' BCE losses."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="none")
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        labels = batch.labels.float().reshape(logits.shape)
+        loss = self.loss_fn(logits, labels).mean(0).sum()
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
+    """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
+    ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
+                                 device=torch.device("meta"))
+    m = cfg.model
+    dense_in, dense_sizes, over_sizes = cfg.data.num_dense_features, list(m.dense_arch_layer_sizes), list(
+        m.over_arch_layer_sizes)
+    if m.family == "dlrm":
+        return DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                              dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
+                              dense_device=dense_device))
+    if m.family == "dcn":
+        return DLRMTrain(DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                                  dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
+                                  dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
+                                  dense_device=dense_device))
+    if m.family == "deepfm":
+        with torch.device(dense_device):  # TorchRec's DeepFM takes no device argument
+            deepfm = SimpleDeepFMNN(num_dense_features=dense_in, embedding_bag_collection=ebc,
+                                    hidden_layer_size=dense_sizes[0], deep_fm_dimension=over_sizes[0])
+        return ClickModelTrain(deepfm)
+    if m.family == "mmoe":
+        return MultiTaskTrain(MMoE(ebc, dense_in, dense_sizes, m.num_experts, list(m.expert_layer_sizes),
+                                   over_sizes, len(m.tasks), dense_device))
+    return ClickModelTrain(EmbeddingMLP(ebc, dense_in, dense_sizes, over_sizes, dense_device))
+
+
+def planning_model(cfg: Any) -> nn.Module:
+    """The model on the meta device with its tables' fused optimizer set (the planner's storage estimate
+    reads it): what ``mode=plan`` plans, allocating nothing."""
+    model = build_model(cfg, torch.device("meta"))
+    apply_sparse_optimizer(model, cfg.optimizer)
+    return model

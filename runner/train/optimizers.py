@@ -1,0 +1,155 @@
+"""Optimizers: FBGEMM's fused sparse optimizers, the dense optimizer, schedules and clipping.
+
+Embedding tables get their optimizer inside backward (``apply_optimizer_in_backward``; TorchRec maps
+the class onto an FBGEMM fused kernel). The dense parameters get a torch optimizer, wrapped so that
+the training pipeline's ``step()`` clips first. Learning rates follow a schedule, set before each step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, Tuple
+
+import torch
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+
+def sparse_parameters(model: torch.nn.Module) -> Any:
+    """Parameters of the embedding tables (they get the fused optimizer)."""
+    return (p for n, p in model.named_parameters() if "embedding_bag_collection" in n)
+
+
+def sparse_optimizer(o: Any) -> Tuple[type, Dict[str, Any]]:
+    """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused optimizer."""
+    from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+    from torchrec import optim as trec
+
+    classes = {"rowwise_adagrad": trec.RowWiseAdagrad, "adagrad": trec.Adagrad, "sgd": trec.SGD,
+               "adam": trec.Adam, "lamb": trec.LAMB, "partial_rowwise_adam": trec.PartialRowWiseAdam,
+               "partial_rowwise_lamb": trec.PartialRowWiseLAMB}
+    kwargs: Dict[str, Any] = {"lr": o.sparse_lr * lr_factor(o.sparse_schedule, 1, 1)}
+    if o.sparse != "sgd":
+        kwargs["eps"] = o.sparse_eps
+    if o.sparse_weight_decay > 0:
+        kwargs["weight_decay"] = o.sparse_weight_decay
+        kwargs["weight_decay_mode"] = (WeightDecayMode.DECOUPLE if o.sparse_weight_decay_mode == "decoupled"
+                                       else WeightDecayMode.L2)
+    return classes[o.sparse], kwargs
+
+
+def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: Any) -> None:
+    """Mark the embedding tables for the fused optimizer (before sharding: planner and sharder read it)."""
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    cls, kwargs = sparse_optimizer(opt_cfg)
+    apply_optimizer_in_backward(cls, sparse_parameters(model), kwargs)
+
+
+class ClippedOptimizer(KeyedOptimizerWrapper):
+    """The dense optimizer; its ``step()`` clips the (already all-reduced) gradients first."""
+
+    def __init__(self, params: Dict[str, torch.nn.Parameter], make: Any, clip: Any) -> None:
+        super().__init__(params, make)
+        self._clip = clip
+
+    def step(self, closure: Any = None) -> None:
+        grads = [p for p in self.params.values() if p.grad is not None]
+        if self._clip.kind == "norm":
+            torch.nn.utils.clip_grad_norm_(grads, self._clip.max)
+        elif self._clip.kind == "value":
+            torch.nn.utils.clip_grad_value_(grads, self._clip.max)
+        super().step(closure)
+
+
+def dense_optimizer(model: torch.nn.Module, o: Any) -> KeyedOptimizerWrapper:
+    """The dense optimizer over every parameter not already updated in backward."""
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    lr = o.dense_lr * lr_factor(o.dense_schedule, 1, 1)
+
+    def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if o.dense == "adam":
+            return torch.optim.Adam(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
+        if o.dense == "adamw":
+            return torch.optim.AdamW(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
+        if o.dense == "adagrad":
+            return torch.optim.Adagrad(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
+        return torch.optim.SGD(p, lr=lr, momentum=o.dense_momentum, weight_decay=o.dense_weight_decay)
+
+    return ClippedOptimizer(params, make, o.clip)
+
+
+def combined_optimizer(dmp: Any, opt_cfg: Any) -> CombinedOptimizer:
+    return CombinedOptimizer([("sparse", dmp.fused_optimizer), ("dense", dense_optimizer(dmp, opt_cfg))])
+
+
+def lr_factor(s: Any, step: int, total: int) -> float:
+    """Multiplier of the base learning rate at 1-based ``step`` of ``total``."""
+    if s.warmup_steps and step <= s.warmup_steps:
+        return step / s.warmup_steps
+    t = step - s.warmup_steps
+    if s.name == "exp_decay":
+        return max(s.min_factor, s.decay_rate ** (t / s.decay_steps))
+    if s.name == "steps":
+        return s.gamma ** sum(1 for m in s.milestones if step >= m)
+    if s.name == "cosine":
+        progress = min(t / max(total - s.warmup_steps, 1), 1.0)
+        return s.min_factor + (1 - s.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def _leaves(optimizer: Any) -> Iterable[Any]:
+    children = getattr(optimizer, "optimizers", None)
+    if children is None:
+        yield optimizer
+        return
+    for _, child in children:
+        yield from _leaves(child)
+
+
+def scheduled_rates(o: Any, step: int, total: int) -> Tuple[float, float]:
+    """(sparse, dense) learning rates of 1-based ``step`` of ``total``."""
+    sparse = o.sparse_lr * lr_factor(o.sparse_schedule, step, total)
+    return sparse, o.dense_lr * lr_factor(o.dense_schedule, step, total)
+
+
+class Schedule:
+    """:func:`scheduled_rates` over plain Python copies of the optimizer config, for the training loop.
+
+    Reading an OmegaConf node costs microseconds per attribute: the schedule read from the config every
+    step cost ~0.2 ms, over 1% of a CPU step of the default model.
+    """
+
+    def __init__(self, opt_cfg: Any, total: int) -> None:
+        from types import SimpleNamespace
+
+        from omegaconf import OmegaConf
+
+        def plain(node: Any) -> Any:
+            return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))
+
+        self._o = SimpleNamespace(sparse_lr=float(opt_cfg.sparse_lr), dense_lr=float(opt_cfg.dense_lr),
+                                  sparse_schedule=plain(opt_cfg.sparse_schedule),
+                                  dense_schedule=plain(opt_cfg.dense_schedule))
+        self._total = total
+
+    def __call__(self, step: int) -> Tuple[float, float]:
+        return scheduled_rates(self._o, step, self._total)
+
+
+def set_learning_rates(optimizer: CombinedOptimizer, sparse_lr: float, dense_lr: float) -> Tuple[float, float]:
+    """Apply the rates to both parts before a step runs; returns them.
+
+    FBGEMM's fused kernels read their rate when the optimizer steps, which is after the backward that
+    uses it; setting it on the kernel directly makes the coming step use its own rate.
+    """
+    (_, sparse), (_, dense) = optimizer.optimizers
+    for group in sparse.param_groups:
+        group["lr"] = sparse_lr
+    for leaf in _leaves(sparse):
+        emb = getattr(leaf, "_emb_module", None)
+        if emb is not None:
+            emb.set_learning_rate(sparse_lr)
+    for group in dense.param_groups:
+        group["lr"] = dense_lr
+    return sparse_lr, dense_lr

@@ -1,0 +1,189 @@
+"""Worker: one process per rank. Its environment, device, cores and process group; then the rank's job.
+
+Started by the runner's elastic agents (:func:`elastic_entry`), or by an external ``torchrun``:
+``torchrun --nproc_per_node=2 -m runner.train.worker <run_dir>/resolved.yaml``. A rank that fails
+records its one-line error and traceback in the run folder (the driver reports the earliest: the root
+cause, not its peers' broken connections).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from runner.config import rundir
+from runner.config.device import backend, check_sparse_optimizer, check_tf32, device_type
+from runner.config.errors import ConfigError, one_line
+from runner.config.validation import validate
+from runner.train import affinity
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """Where this rank sits: from the launcher's environment, checked against the cluster config."""
+
+    rank: int
+    local_rank: int
+    world: int
+    local_world: int
+    restarts: int
+    host_workers: int
+
+    @classmethod
+    def from_environment(cls, cfg: Any) -> "RankEnv":
+        rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+        world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
+        expected = cfg.cluster.nodes * cfg.cluster.workers_per_node
+        if world != expected:
+            raise ConfigError("cluster.nodes*cluster.workers_per_node", expected,
+                              f"the launcher's WORLD_SIZE ({world})")
+        if local_world != cfg.cluster.workers_per_node:
+            raise ConfigError("cluster.workers_per_node", cfg.cluster.workers_per_node,
+                              f"the launcher's LOCAL_WORLD_SIZE ({local_world})")
+        # RUNNER_HOST_WORKERS: set by the runner's agents (all of a host's workers, emulated nodes included)
+        return cls(rank, local_rank, world, local_world, _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+                   _env_int("RUNNER_HOST_WORKERS", local_world))
+
+
+def select_device(cluster_device: str, local_rank: int) -> torch.device:
+    """``cuda:LOCAL_RANK`` when CUDA is requested or present, else the CPU."""
+    if device_type(cluster_device) == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def set_tf32(enabled: bool, device: torch.device) -> None:
+    check_tf32(enabled, device.type)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def bind_cores(cfg: Any, device: torch.device, env: RankEnv) -> Optional[List[int]]:
+    """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
+    :mod:`runner.train.affinity`); returns the cores, or None when the worker is left unbound."""
+    if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
+        return None
+    slot = affinity.host_slot(env.rank, env.local_rank, env.local_world, env.host_workers)
+    cores = affinity.worker_cores(slot, env.host_workers, affinity.allowed_cores())
+    if not cores:
+        return None
+    affinity.bind(cores)
+    return sorted(os.sched_getaffinity(0))  # what the kernel now applies, as reported in runner.cpu_cores
+
+
+def _quiet_logs() -> None:
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    for name in ("torch", "torchrec", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _init_process_group(device: torch.device, timeout: timedelta, env: RankEnv) -> None:
+    """The default process group, its keys under a per-attempt prefix of the launcher's store.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys; without the
+    prefix a fast rank can read a dead peer's address and fail with "connection refused".
+    """
+    kind = backend(device.type)
+    if "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend=kind, timeout=timeout)
+        return
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]),
+                          world_size=env.world, is_master=not agent_store and env.rank == 0, timeout=timeout,
+                          multi_tenant=not agent_store)
+    dist.init_process_group(backend=kind, store=dist.PrefixStore(f"runner/attempt-{env.restarts}", store),
+                            rank=env.rank, world_size=env.world, timeout=timeout)
+
+
+def preload() -> None:
+    """Import what :func:`run` needs, in the agent before it forks the workers (start-up time)."""
+    import torchrec.distributed.model_parallel  # noqa: F401
+
+    import runner.train.job  # noqa: F401
+
+
+def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+    """Set this process up as one rank, then run its part of the job; rank 0 returns the results."""
+    from runner.track.reporter import Reporter
+    from runner.train.job import RankJob
+
+    marks = {"worker_started": time.time()}  # forked: just started; spawned: its imports done
+    env = RankEnv.from_environment(cfg)
+    pids = run_dir / rundir.PIDS  # for operators (and tests) that need to find a rank's process
+    pids.mkdir(exist_ok=True)
+    (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
+    device = select_device(cfg.cluster.device, env.local_rank)
+    cores = bind_cores(cfg, device, env)  # before gloo or OpenMP start threads
+    set_tf32(cfg.precision.tf32, device)
+    check_sparse_optimizer(cfg.optimizer.sparse, device.type)
+    torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, cores))
+    _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)
+    marks["process_group"] = time.time()
+    reporter = Reporter(cfg, run_dir, env.rank)
+    try:
+        return RankJob(cfg, run_dir, env, device, reporter, marks).run(cores)
+    except BaseException as exc:
+        reporter.failed(exc)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _record_error(run_dir: Path, exc: BaseException) -> None:
+    """One line per failed rank, for the driver to report (the earliest is the root cause)."""
+    rank = os.environ.get("RANK", "?")
+    record = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
+    rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
+
+
+def _run_guarded(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+    _quiet_logs()
+    try:
+        return run(cfg, run_dir)
+    except BaseException as exc:
+        _record_error(run_dir, exc)
+        raise
+
+
+def elastic_entry(run_dir: str) -> Dict[str, Any]:
+    """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
+    return _run_guarded(OmegaConf.load(Path(run_dir) / rundir.RESOLVED), Path(run_dir))
+
+
+def main(argv: list[str]) -> int:
+    """``torchrun ... -m runner.train.worker <config.yaml>``: results go to the config file's folder."""
+    if len(argv) != 1:
+        print("usage: torchrun --nproc_per_node=N -m runner.train.worker <resolved config.yaml>", file=sys.stderr)
+        return 2
+    path = Path(argv[0]).resolve()
+    cfg = OmegaConf.load(path)
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _run_guarded(cfg, path.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""The config: every option composes, every bad value fails with one line before any launch."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from conftest import ROOT, processes_tagged, run_cli
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import runner.cli  # noqa: F401  (registers the schema and resolvers)
+from runner.config.errors import ConfigError
+from runner.config.validation import validate
+
+GROUPS = ["model", "sharding", "optimizer", "cluster", "precision", "data"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+def test_expected_options_exist() -> None:
+    assert {"auto", "rowwise", "tablewise", "columnwise", "tablerowwise", "dataparallel"} <= set(
+        options("sharding"))
+    assert {"local", "2node"} <= set(options("cluster"))
+    assert {"fp32", "bf16"} <= set(options("precision"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_validates(group: str, option: str) -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"{group}={option}"])
+    validate(cfg)
+    assert cfg[group].name == option
+
+
+def test_experiment_presets_compose() -> None:
+    for preset in sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml")):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            validate(compose(config_name="config", overrides=[f"experiment={preset}"]))
+
+
+def test_2node_is_two_nodes_of_two() -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["cluster=2node", "sharding=rowwise"])
+    assert (cfg.cluster.nodes, cfg.cluster.workers_per_node) == (2, 2)
+    assert list(cfg.sharding.types) == ["row_wise"]
+
+
+def test_validate_names_key() -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model.dense_arch_layer_sizes=[32,16]"])
+    with pytest.raises(ConfigError, match="model.dense_arch_layer_sizes"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("override,key,allowed", [
+    ("sharding.storage_reserve_percent=1.5", "sharding.storage_reserve_percent", "[0, 1)"),
+    ("cluster=3node", "cluster", "2node, gpu_1x8, gpu_2x8, gpu_4x8, local"),
+    ("cluster.intra_node_bandwidth=-1", "cluster.intra_node_bandwidth", "positive"),
+    ("train.steps=abc", "train.steps", "integer"),
+    ("sharding.types=[diagonal]", "sharding.types", "row_wise"),
+    ("optimizer.sparse=adam", "optimizer.sparse", "rowwise_adagrad"),
+    ("train.no_such_key=1", "train.no_such_key", ""),
+])
+def test_bad_value_fails_with_one_line(override: str, key: str, allowed: str, tmp_path) -> None:
+    # a fresh store: its creation must not print either
+    tag = uuid.uuid4().hex
+    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], timeout=120, tag=tag,
+                   env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert proc.returncode != 0
+    assert processes_tagged(tag) == []  # the agent started ahead of the config is gone too
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and key in lines[0] and allowed in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_bad_value_inside_a_sweep_fails_before_any_job(tmp_path) -> None:
+    proc = run_cli(["-m", "sharding.storage_reserve_percent=0.1,2.0", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode != 0
+    assert "sharding.storage_reserve_percent=2.0" in proc.stderr
+    assert not (tmp_path / "0").exists()  # no job was launched
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["train.grad_accumulation_steps=0"], "train.grad_accumulation_steps"),
+    (["train.pipeline=async"], "train.pipeline"),
+    (["precision.autocast=float8"], "precision.autocast"),
+    (["precision.grad_scaler.backoff_factor=2"], "precision.grad_scaler"),
+    (["data.name=csv"], "data.name"),
+    (["data.num_workers=-1"], "data.num_workers"),
+    (["model.tasks=[click,conversion]"], "model.tasks"),
+    (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
+    (["cluster.start_method=forkserver"], "cluster.start_method"),
+    (["cluster.cpu_affinity=numa"], "cluster.cpu_affinity"),
+    (["data.prefetch_batches=-1"], "data.prefetch_batches"),
+    (["sharding=dataparallel", "train.grad_accumulation_steps=2"], "sharding.types"),
+    (["sharding=dataparallel", "precision=fp16"], "sharding.types"),
+])
+def test_training_option_rules(overrides: list, key: str) -> None:
+    from runner.config.errors import ConfigError
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key

@@ -1,0 +1,208 @@
+"""Data sources: Parquet and Criteo readers split rows over ranks and dataloader workers; uneven ends stop
+every rank together; the write command and both sources train end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs
+from omegaconf import OmegaConf
+
+from runner.config.schema import RunnerConfig
+from runner.data.criteo import CriteoSource, criteo_lines, hex_to_int
+from runner.data.layout import Layout
+from runner.data.parquet import ParquetSource
+from runner.data.pipeline import Prefetcher
+from runner.data.writer import write_parquet
+
+CRITEO_LAYOUT = Layout(("label",), 13, tuple(f"C{i}" for i in range(1, 27)), tuple([1000] * 26))
+
+
+def small_cfg(rows_per_table: int = 1000, tasks: tuple = ("label",)):
+    return OmegaConf.merge(OmegaConf.structured(RunnerConfig), {
+        "model": {"tables": [{"name": f"t{i}", "num_embeddings": rows_per_table} for i in range(3)],
+                  "tasks": list(tasks)},
+        "data": {"ids_per_feature": 2, "variable_lengths": True}})
+
+
+def read_all(ds_for_rank, world: int, workers: int) -> list[list]:
+    """Every rank's batches through a real DataLoader with ``workers`` processes."""
+    out = []
+    for rank in range(world):
+        ds = ds_for_rank(rank)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+        out.append(list(loader))
+    return out
+
+
+def test_hex_hashing() -> None:
+    assert hex_to_int(["0", "ff", "", "7fffffff", "FFFFFFFFFFFFFFFF"]).tolist() == [0, 255, 0, 2**31 - 1, 2**64 - 1]
+
+
+def test_parquet_rows_split_evenly_over_ranks_and_workers(tmp_path: Path) -> None:
+    cfg = small_cfg(tasks=("click", "conversion"))
+    write_parquet(cfg, tmp_path, rows=1000, files=3, eval_rows=64)
+    from runner.data.layout import layout
+
+    lay = layout(cfg)
+    batches = read_all(lambda r: ParquetSource(str(tmp_path / "train"), lay, 50, r, 2, 2, True), world=2,
+                       workers=2)
+    # 2 ranks x 2 workers = 4 shards of 250 rows: 5 batches of 50 each, every row exactly once
+    assert [len(b) for b in batches] == [10, 10]
+    seen = torch.cat([b.dense_features[:, 0] for rank in batches for b in rank])
+    import pyarrow.parquet as pq
+
+    everything = np.concatenate([pq.read_table(f).column("dense_0").to_numpy()
+                                 for f in sorted((tmp_path / "train").glob("*.parquet"))])
+    assert sorted(seen.tolist()) == sorted(everything.tolist())
+    b = batches[0][0]
+    assert b.labels.shape == (50, 2) and b.dense_features.shape == (50, 13)
+    assert b.sparse_features.keys() == ["t0", "t1", "t2"]
+    lengths = b.sparse_features.lengths()
+    assert lengths.min() >= 1 and lengths.max() <= 3 and lengths.float().mean() > 1.2  # multi-hot kept
+    # the shard of (rank 1, worker 0) is rows 500..749 in file order
+    (first,) = read_all(lambda r: ParquetSource(str(tmp_path / "train"), lay, 250, 1, 2, 2, True), world=1,
+                        workers=0)
+    assert torch.equal(first[0].dense_features[:, 0], torch.from_numpy(everything[500:750]))
+
+
+def test_parquet_ids_out_of_range_need_hashing(tmp_path: Path) -> None:
+    write_parquet(small_cfg(rows_per_table=1000), tmp_path, rows=200, files=1, eval_rows=8)
+    from runner.data.layout import layout
+
+    lay = layout(small_cfg(rows_per_table=10))  # the files hold ids up to 999
+    hashed = next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, True)))
+    assert hashed.sparse_features.values().max() < 10
+    with pytest.raises(ValueError, match="outside \\[0, 10\\)"):
+        next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, False)))
+
+
+@pytest.mark.parametrize("block_bytes", [4 << 20, 97], ids=["4MiB-blocks", "97-byte-blocks"])
+def test_criteo_lines_split_by_bytes_each_read_once(tmp_path: Path, block_bytes: int) -> None:
+    (tmp_path / "day_0").write_text(criteo_lines(300, seed=1))
+    (tmp_path / "day_1").write_text(criteo_lines(200, seed=2))
+
+    def shard(rank: int) -> CriteoSource:
+        src = CriteoSource(str(tmp_path), CRITEO_LAYOUT, 1, rank, 3, 1, True)
+        src.block_bytes = block_bytes  # lines cross block ends (97 bytes is shorter than any line)
+        return src
+
+    batches = read_all(shard, world=3, workers=0)
+    assert sum(len(b) for b in batches) == 500  # every line once, none split between shards
+    counts = [len(b) for b in batches]
+    assert max(counts) - min(counts) < 40  # byte ranges: close to even, not exactly
+    lines = [ln.split("\t") for f in ("day_0", "day_1") for ln in (tmp_path / f).read_text().splitlines()]
+    want = sorted((int(c[0]), int(c[14] or "0", 16) % 1000) for c in lines)
+    got = sorted((int(b.labels.item()), b.sparse_features["C1"].values().item()) for r in batches for b in r)
+    assert got == want
+    text = (tmp_path / "day_0").read_text().splitlines()[0].split("\t")
+    first = batches[0][0]
+    assert first.labels.item() == int(text[0])
+    assert first.dense_features[0, 1].item() == pytest.approx(np.log1p(max(int(text[2] or 0), 0)), rel=1e-6)
+    expected_c1 = int(text[14] or "0", 16) % 1000
+    assert first.sparse_features["C1"].values().item() == expected_c1
+
+
+def criteo_model_overrides() -> list[str]:
+    tables = ",".join(f"{{name:C{i},num_embeddings:500}}" for i in range(1, 27))
+    return ["model=dlrm_criteo", f"model.tables=[{tables}]", "model.embedding_dim=16",
+            "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]"]
+
+
+@pytest.mark.slow
+def test_criteo_trains_and_uneven_ends_stop_every_rank(store: str, tmp_path: Path) -> None:
+    data = tmp_path / "criteo"
+    data.mkdir()
+    # long lines first, short ones (many missing values) after: equal byte ranges hold unequal line counts
+    (data / "day_0").write_text(criteo_lines(1200, seed=3, missing=0.0) + criteo_lines(1200, seed=4, missing=0.9))
+    # how many full batches of 64 each rank's byte range holds: the job must stop after the smallest
+    per_rank = [sum(1 for _ in CriteoSource(str(data), CRITEO_LAYOUT, 64, r, 2, 1, True)) for r in range(2)]
+    assert per_rank[0] != per_rank[1], "the test file should end unevenly across the two ranks"
+    proc = run_cli(["train.steps=1000", "train.log_every=5", "train.batch_size=64", "data=criteo",
+                    f"data.path={data}", "data.num_workers=1", "data.eval_batches=2", *criteo_model_overrides(),
+                    f"tracking.uri={store}", "tracking.experiment=criteo", f"hydra.run.dir={tmp_path / 'run'}"],
+                   timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"data ended after step {min(per_rank)} of 1000" in proc.stdout
+    (run,) = runs(store, "criteo")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["runner.data_ended_at_step"] == str(min(per_rank))
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    assert losses[-1] < losses[0]
+    assert run.data.metrics["eval/samples"] == 2 * 2 * 64
+    assert (tmp_path / "run" / "checkpoints" / f"step-{min(per_rank):08d}").is_dir()
+
+
+@pytest.mark.slow
+def test_write_parquet_then_train_on_it(store: str, tmp_path: Path) -> None:
+    out = tmp_path / "clicks"
+    proc = run_cli(["mode=write_data", "data=parquet", f"data.path={out}", "data.write_rows=8000",
+                    "data.write_files=3", "data.write_eval_rows=1024"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((out / "train").glob("*.parquet"))) == 3 and "train on it: python -m runner" in proc.stdout
+    proc, run = finished_run(store, "parquet", tmp_path / 'run', [
+            *FAST, "data=parquet", f"data.path={out / 'train'}", f"data.eval_path={out / 'eval'}",
+            "data.num_workers=2"])
+    losses = metric_history(store, run.info.run_id, "train/loss")
+    # 8000 rows / (2 ranks x 2 workers) = 2000 rows per worker = 15 batches of 128; 30 steps fit exactly
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert "runner.data_ended_at_step" not in run.data.tags
+    assert run.data.metrics["eval/auc"] > 0.6 and run.data.params["data.name"] == "parquet"
+
+
+@pytest.mark.slow
+def test_missing_data_path_fails_in_one_line(store: str, tmp_path: Path) -> None:
+    proc = run_cli(["data=parquet", f"data.path={tmp_path / 'nothing'}", f"tracking.uri={store}",
+                    "tracking.experiment=nodata", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "data.path=" in err[0] and "parquet" in err[0], proc.stderr
+    (run,) = runs(store, "nodata")
+    assert run.info.status == "FAILED"
+    assert ROOT.exists()
+
+
+def test_parquet_resume_skips_to_the_same_batches(tmp_path: Path) -> None:
+    cfg = small_cfg()
+    write_parquet(cfg, tmp_path, rows=600, files=2, eval_rows=8, chunk_rows=128)
+    from runner.data.layout import layout
+
+    lay = layout(cfg)
+    full = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True))
+    resumed = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True, skip_batches=4, max_batches=9))
+    assert len(full) == 12 and len(resumed) == 5
+    for a, b in zip(full[4:9], resumed, strict=True):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+
+def test_prefetcher_keeps_order_raises_where_the_source_failed_and_stops() -> None:
+    import threading
+
+    from runner.data.synthetic import SyntheticClicks
+
+    source = SyntheticClicks(["a", "b"], [100, 50], 3, batch_size=8, num_batches=12, seed=1, rank=0)
+    direct, ahead = list(source), list(Prefetcher(source, depth=3))
+    assert len(ahead) == 12
+    for a, b in zip(direct, ahead, strict=True):
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+    def failing():
+        yield from range(3)
+        raise ValueError("row 3 unreadable")
+
+    it = Prefetcher(failing(), depth=2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="row 3 unreadable"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+    endless = Prefetcher(iter(int, 1), depth=2)  # a source that never ends; the consumer stops early
+    assert next(endless) == 0
+    endless.close()
+    assert not any(t.name == "runner-prefetch" and t.is_alive() for t in threading.enumerate())

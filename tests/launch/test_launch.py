@@ -1,0 +1,105 @@
+"""Launching: under an external torchrun, and stopping a running job with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
+
+pytestmark = pytest.mark.slow
+
+
+def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Resolve a config with the runner, then run its worker under a plain torchrun."""
+    printed = run_cli([*FAST, *overrides, "--cfg", "job", "--resolve"])
+    assert printed.returncode == 0, printed.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text(printed.stdout)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    return subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.train.worker", str(job)],
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+
+
+def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
+    proc = torchrun_job([f"tracking.uri={store}", "tracking.experiment=torchrun"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[runner] done:" in proc.stdout
+    (run,) = runs(store, "torchrun")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["runner.world_size"] == "2"
+    assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
+    assert (tmp_path / "plan" / "plan.json").exists()
+
+
+def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", *FAST, "train.steps=100000", f"tracking.uri={store}",
+         "tracking.experiment=sigterm", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "plan" / "plan.json").exists():  # workers are training
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert took < 15, took
+    deadline = time.monotonic() + 5
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_tagged(tag) == []
+    (run,) = runs(store, "sigterm")
+    assert run.info.status == "KILLED"
+
+
+def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_path: Path) -> None:
+    proc = torchrun_job(["cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=torchrun_fail"],
+                        tmp_path)
+    assert proc.returncode != 0
+    (run,) = runs(store, "torchrun_fail")
+    assert run.info.status == "FAILED" and "no sharding plan fits" in run.data.tags["error"]
+
+
+def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) -> None:
+    """A 2-host job as a cluster runs it: one `python -m runner cluster.node_rank=K` per host (here two
+    drivers on this host, each with its own run folder). Only the host where rank 0 lands logs the run."""
+    from runner.launch.agents import free_port
+
+    port, tag = free_port(), uuid.uuid4().hex
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    drivers = [subprocess.Popen(
+        [sys.executable, "-m", "runner", *FAST, "cluster=2node", f"cluster.node_rank={k}",
+         f"cluster.master_port={port}", f"tracking.uri={store}", "tracking.experiment=hosts",
+         f"hydra.run.dir={tmp_path / f'host{k}'}"], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in (0, 1)]
+    outs = [d.communicate(timeout=300) for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0], [o[1][-2000:] for o in outs]
+    (run,) = runs(store, "hosts")
+    assert run.info.status == "FINISHED" and run.data.tags["runner.world_size"] == "4"
+    assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
+    hosting = [k for k in (0, 1) if (tmp_path / f"host{k}" / "pids" / "rank0.pid").exists()]
+    assert len(hosting) == 1
+    other = 1 - hosting[0]
+    assert run.info.run_id in outs[hosting[0]][0] and "[runner] done:" in outs[hosting[0]][0]
+    assert "rank 0 ran on another host" in outs[other][0] and "MLflow run" not in outs[other][0].replace(
+        "logged the MLflow run", "")
+    assert not processes_tagged(tag)

@@ -1,0 +1,208 @@
+"""Planning without processes: the real TorchRec planner on a meta model, plans read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
+
+import runner.cli  # noqa: F401  (schema and resolvers)
+from runner.config.errors import ConfigError, PlanError
+from runner.config.tables import table_specs
+from runner.config.validation import validate
+from runner.plan.analysis import comms_per_rank
+from runner.plan.io import load_plan, plan_to_dict
+from runner.plan.planner import make_plan
+from runner.plan.topology import gibps_to_bytes_per_ms
+from runner.train.models import build_model
+from runner.train.optimizers import apply_sparse_optimizer
+
+ROOT = Path(__file__).resolve().parents[2]
+# dim 256: TorchRec splits columns only at widths >= 128, so column/grid shards are real splits
+WIDE = ["model.embedding_dim=256", "model.dense_arch_layer_sizes=[256]"]
+
+
+def cfg_for(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def plan_for(cfg, world: int = 2, local: int = 2, device: str = "cpu"):
+    model = build_model(cfg, torch.device("meta"))
+    apply_sparse_optimizer(model, cfg.optimizer)
+    plan, best, _, _ = make_plan(cfg, model, world, local, device)
+    return plan_to_dict(plan, table_specs(cfg.model)), best
+
+
+def types_of(plan: dict) -> dict:
+    return {t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()}
+
+
+def test_config_bandwidths_are_gib_per_s_like_torchrec_defaults() -> None:
+    assert gibps_to_bytes_per_ms(600.0) == pytest.approx(INTRA_NODE_BANDWIDTH)
+    assert gibps_to_bytes_per_ms(12.5) == pytest.approx(CROSS_NODE_BANDWIDTH)
+
+
+@pytest.mark.parametrize("option,expected,world,local", [
+    ("rowwise", "row_wise", 2, 2), ("tablewise", "table_wise", 2, 2), ("columnwise", "column_wise", 2, 2),
+    ("tablecolumnwise", "table_column_wise", 2, 2), ("dataparallel", "data_parallel", 2, 2),
+    ("tablerowwise", "table_row_wise", 4, 2), ("gridshard", "grid_shard", 4, 2),
+])
+def test_each_sharding_option_gives_that_type_for_every_table_on_cpu(option, expected, world, local) -> None:
+    plan, _ = plan_for(cfg_for(f"sharding={option}", *WIDE), world, local)
+    assert set(types_of(plan).values()) == {expected}
+    for tables in plan.values():
+        for p in tables.values():
+            if expected in ("column_wise", "table_column_wise", "grid_shard"):
+                assert len({s["offsets"][1] for s in p["shards"]}) > 1  # really split by columns
+            if expected == "data_parallel":
+                assert p["compute_kernel"] == "dense" and p["shards"] == []
+            else:
+                assert p["compute_kernel"] == "fused"
+
+
+def test_per_table_constraints_override_the_group() -> None:
+    cfg = cfg_for("sharding=tablewise", "+sharding.constraints.t0.sharding_types=[row_wise]",
+                  "+sharding.constraints.t5.sharding_types=[data_parallel]")
+    types = types_of(plan_for(cfg)[0])
+    assert types.pop("t0") == "row_wise" and types.pop("t5") == "data_parallel"
+    assert set(types.values()) == {"table_wise"}
+
+
+def test_constraint_on_unknown_table_is_refused() -> None:
+    with pytest.raises(ConfigError, match="sharding.constraints.nope"):
+        cfg_for("+sharding.constraints.nope.sharding_types=[row_wise]")
+
+
+def test_kernel_the_cpu_cannot_run_fails_in_one_line() -> None:
+    with pytest.raises(PlanError) as e:
+        plan_for(cfg_for("sharding=rowwise", "sharding.compute_kernels=[fused_uvm_caching]"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("proposer", ["default", "dynamic_programming", "greedy", "uniform"])
+def test_every_proposer_plans(proposer: str) -> None:
+    # the dynamic-programming proposer bins HBM: plan for GPUs
+    plan, best = plan_for(cfg_for(f"sharding.proposer={proposer}"), 2, 2, "cuda")
+    assert len(types_of(plan)) == 6 and len(best) == 6
+    if proposer == "uniform":
+        assert len(set(types_of(plan).values())) == 1
+
+
+def test_grid_search_plans_small_models_and_refuses_big_searches_in_one_line() -> None:
+    two = "model.tables=[{name:a,num_embeddings:1000},{name:b,num_embeddings:500}]"
+    plan, _ = plan_for(cfg_for("sharding.proposer=grid_search", two))
+    assert set(types_of(plan)) == {"a", "b"}
+    with pytest.raises(PlanError, match="grid_max_proposals=10000"):
+        plan_for(cfg_for("sharding.proposer=grid_search"))
+
+
+def test_dynamic_programming_on_cpu_is_refused_in_one_line() -> None:
+    with pytest.raises(PlanError, match="sharding.proposer='dynamic_programming'"):
+        plan_for(cfg_for("sharding.proposer=dynamic_programming"))
+
+
+def test_reserve_too_high_names_table_and_budget() -> None:
+    ok = cfg_for("cluster.ddr_cap_gib=0.05", "sharding.storage_reserve_policy=fixed",
+                 "sharding.storage_reserve_percent=0.1")
+    plan_for(ok)
+    tight = cfg_for("cluster.ddr_cap_gib=0.05", "sharding.storage_reserve_policy=fixed",
+                    "sharding.storage_reserve_percent=0.95")
+    with pytest.raises(PlanError) as e:
+        plan_for(tight)
+    msg = str(e.value)
+    assert "t0" in msg and "0.95" in msg and "GiB" in msg and "\n" not in msg
+
+
+def test_plan_json_round_trips_through_load_plan(tmp_path: Path) -> None:
+    cfg = cfg_for("sharding=gridshard", *WIDE)
+    plan, _ = plan_for(cfg, 4, 2)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    loaded = load_plan(str(path), table_specs(cfg.model), 4, 2, "cpu")
+    assert plan_to_dict(loaded, table_specs(cfg.model)) == plan
+
+
+def test_pinned_plan_errors_are_one_line(tmp_path: Path) -> None:
+    cfg = cfg_for("sharding=rowwise", "cluster=2node")
+    plan, _ = plan_for(cfg, 4, 2)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    specs = table_specs(cfg.model)
+    with pytest.raises(PlanError, match="no such file"):
+        load_plan(str(tmp_path / "missing.json"), specs, 4, 2, "cpu")
+    with pytest.raises(PlanError, match="rank 3 but this job has 2 ranks"):
+        load_plan(str(path), specs, 2, 2, "cpu")
+    with pytest.raises(PlanError, match="do not match the model"):
+        load_plan(str(path), specs[:3], 4, 2, "cpu")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(PlanError, match="not a plan JSON"):
+        load_plan(str(tmp_path / "bad.json"), specs, 4, 2, "cpu")
+
+
+def test_comms_follow_topology() -> None:
+    cfg = cfg_for("sharding=tablewise")
+    plan, _ = plan_for(cfg, 4, 2)
+    two_nodes = comms_per_rank(plan, 4, 2, 128, {})
+    one_node = comms_per_rank(plan, 4, 4, 128, {})
+    assert max(two_nodes["cross_node_bytes"]) > 0
+    assert one_node["cross_node_bytes"] == [0.0] * 4
+    assert sum(one_node["intra_node_bytes"]) == pytest.approx(
+        sum(two_nodes["intra_node_bytes"]) + sum(two_nodes["cross_node_bytes"]))
+
+
+def test_data_parallel_traffic_is_a_ring_all_reduce() -> None:
+    cfg = cfg_for("sharding=dataparallel")
+    plan, _ = plan_for(cfg, 2, 2)
+    comms = comms_per_rank(plan, 2, 2, 128, {})
+    table_bytes = sum(t.num_embeddings * t.embedding_dim * 4 for t in table_specs(cfg.model))
+    assert comms["intra_node_bytes"][0] == pytest.approx(2 * (2 - 1) / 2 * table_bytes)
+
+
+def test_plans_for_a_16_gpu_cluster_on_this_machine() -> None:
+    cfg = cfg_for("cluster=gpu_2x8", "mode=plan")
+    plan, best = plan_for(cfg, 16, 8, "cuda")
+    ranks = {s["rank"] for tables in plan.values() for p in tables.values() for s in p["shards"]}
+    assert ranks and max(ranks) <= 15 and len(best) == 6
+
+
+def test_generated_tables_are_deterministic_and_mixed() -> None:
+    cfg = cfg_for("model=dnn_many")
+    specs = table_specs(cfg.model)
+    assert len(specs) == 100 and specs == table_specs(cfg.model)
+    rows = [s.num_embeddings for s in specs]
+    assert min(rows) >= 1000 and max(rows) <= 100_000_000 and max(rows) / min(rows) > 1e4
+    assert {s.embedding_dim for s in specs} == {32, 64, 128, 256}
+
+
+def test_ids_per_feature_is_the_planners_pooling_factor() -> None:
+    from runner.plan.planner import build_constraints
+
+    cfg = cfg_for("data.ids_per_feature=3", "+sharding.constraints.t1.pooling_factor=7")
+    constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], 3.0)
+    assert constraints["t0"].pooling_factors == [3.0] and constraints["t1"].pooling_factors == [7.0]
+    plan_many, _ = plan_for(cfg)
+    assert len(types_of(plan_many)) == 6
+
+
+def test_split_step_plans_leave_out_data_parallel() -> None:
+    from runner.config.schema import uses_split_step
+    from runner.plan.planner import build_constraints
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        plain = compose(config_name="config")
+        accum = compose(config_name="config", overrides=["train.grad_accumulation_steps=2"])
+        fp16 = compose(config_name="config", overrides=["precision=fp16"])
+    assert not uses_split_step(plain) and uses_split_step(accum) and uses_split_step(fp16)
+    free = build_constraints(accum.sharding, ["t0", "t1"], 1.0, ("data_parallel",))
+    assert all("data_parallel" not in c.sharding_types and "row_wise" in c.sharding_types for c in free.values())
+    assert build_constraints(plain.sharding, ["t0", "t1"], 1.0) == {}

@@ -1,0 +1,119 @@
+"""The package's layout: imports run one way down the stages, no circle, small modules.
+
+Every import is counted, at module level or inside a function (a deferred import is still a
+dependency). Stages and what each may import:
+
+    cli -> launch -> train -> (plan, data) -> track -> config     (plan may use track; data may not)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Set
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "runner"
+
+ALLOWED: Dict[str, Set[str]] = {
+    "config": set(),
+    "track": {"config"},
+    "data": {"config"},
+    "plan": {"config", "track"},
+    "train": {"config", "track", "data", "plan"},
+    "launch": {"config", "track", "data", "plan", "train"},
+    "cli": {"config", "track", "data", "plan", "train", "launch"},
+}
+MAX_LINES = 300
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "root"
+    return "cli" if parts[1] in ("cli", "__main__") else parts[1]
+
+
+def _imports(path: Path, modules: Set[str], package: str = "") -> Set[str]:
+    """Modules of the package that ``path`` imports (``from a import b`` counts ``a.b`` when it is a module)."""
+    found = set()
+    package = package or (_module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0])
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in modules)
+    return found
+
+
+def _graph() -> Dict[str, Set[str]]:
+    files = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    return {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+
+
+def test_stages_import_only_downwards() -> None:
+    wrong = []
+    for module, targets in _graph().items():
+        stage = _stage(module)
+        for target in targets:
+            other = _stage(target)
+            if other in (stage, "root"):
+                continue
+            if stage == "root" or other not in ALLOWED[stage]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the stage order:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_circle() -> None:
+    graph = _graph()
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(node: str, path: list) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_import_walk_sees_deferred_imports(tmp_path: Path) -> None:
+    """The walk finds imports inside functions too (a circle made of one would otherwise go unseen)."""
+    (tmp_path / "a.py").write_text("def f():\n    from runner.config import rundir\n")
+    found = _imports(tmp_path / "a.py", {"runner.config", "runner.config.rundir"}, "runner.x")
+    assert found == {"runner.config.rundir"}
+
+
+@pytest.mark.parametrize("stage", sorted(set(ALLOWED) - {"cli"}))
+def test_every_stage_says_what_it_owns_and_imports_nothing_on_import(stage: str) -> None:
+    init = PACKAGE / stage / "__init__.py"
+    tree = ast.parse(init.read_text())
+    doc = ast.get_docstring(tree)
+    assert doc and len(doc) > 200, f"{init} needs a paragraph on what the stage owns and may import"
+    assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], init
+
+
+def test_modules_stay_small() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
