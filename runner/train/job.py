@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
@@ -41,6 +42,7 @@ class RankJob:
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
         cfg, env = self.cfg, self.env
+        torch.manual_seed(cfg.train.seed)
         model = build_model(cfg, self.device)
         apply_sparse_optimizer(model, cfg.optimizer)
         plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
