@@ -6,6 +6,7 @@ a wrong value fails at once with one line naming the key and what is allowed.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from typing import List, Optional
@@ -137,6 +138,7 @@ def _job(cfg: DictConfig) -> Optional[float]:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
+    logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     try:
         validate(cfg)
         results = run_job(cfg)

@@ -114,6 +114,14 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     points = {(c.data.params["cluster.intra_node_bandwidth"],
                c.data.params["sharding.storage_reserve_percent"]) for c in children}
     assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}
+    # each child is named after its point; the parent holds the swept values and what the sweep found
+    assert {c.info.run_name for c in children} == {f"ibw={i} reserve={r}" for i in ("100.0", "600.0")
+                                                   for r in ("0.1", "0.3")}
+    assert all(c.data.tags["runner.sweep.sharding.storage_reserve_percent"] == c.data.params[
+        "sharding.storage_reserve_percent"] for c in children)
+    assert parent.data.params["sweep.cluster.intra_node_bandwidth"] == "100,600"
+    assert parent.data.params["sweep.sharding.storage_reserve_percent"] == "0.1,0.3"
+    assert parent.data.metrics["sweep/points"] == 4 and parent.data.metrics["sweep/failed_points"] == 0
 
 
 def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, tmp_path: Path) -> None:

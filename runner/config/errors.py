@@ -33,6 +33,10 @@ class PlanError(RuntimeError):
     """A plan that cannot be made or used; ``str()`` is one actionable line."""
 
 
+class NoPlanFits(PlanError):
+    """The planner found no plan for this model on this cluster (in ``mode=plan``: an answer, not a failure)."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be found or used; ``str()`` is one line naming the path."""
 

@@ -26,7 +26,7 @@ from runner.launch.warm import discard_warm, took_warm
 from runner.track import store
 from runner.track.events import EventPump
 from runner.track.reporter import summary_line
-from runner.track.sweep import parent_run_id
+from runner.track.sweep import point_name, point_values, sweep_info
 from runner.train.affinity import agent_threads
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -95,13 +95,18 @@ class JobRun:
     def open(self) -> None:
         """Create the run, log the config, publish ``run.json`` for rank 0."""
         ctx = self.ctx
+        sweep = sweep_info(ctx.sweep_dir)
+        point = point_values(sweep.get("swept", []), self.cfg, ctx.choices)
         name = store.default_run_name(self.cfg, ctx.choices)
-        if ctx.job_num is not None and not self.cfg.tracking.run_name:
-            name = f"{name}-{ctx.job_num}"
+        if ctx.job_num is not None and not self.cfg.tracking.run_name:  # a sweep's point: named after its values
+            name = point_name(point) if point else f"{name}-{ctx.job_num}"
         tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
                 "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
-                **{f"runner.choice.{k}": v for k, v in ctx.choices.items()}}
-        self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, parent_run_id(ctx.sweep_dir), tags)
+                **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
+                **{f"runner.sweep.{k}": v for k, v in point.items()}}
+        if ctx.job_num is not None:
+            tags["runner.job"] = ctx.job_num
+        self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
         self._pump = EventPump(ctx.run_dir / rundir.EVENTS, self.uri, self.run_id)
         store.log_artifacts(self.uri, self.run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
         rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
@@ -127,10 +132,11 @@ class JobRun:
 
 def _plan(cfg: Any, run: JobRun) -> Dict[str, Any]:
     from runner.plan.plan_only import plan_only
+    from runner.plan.reuse import reused_model
     from runner.train.models import planning_model
 
     run.open()
-    return plan_only(cfg, run.ctx.run_dir, planning_model(cfg))
+    return plan_only(cfg, run.ctx.run_dir, reused_model(cfg, planning_model))
 
 
 def _train(cfg: Any, run: JobRun) -> Optional[Dict[str, Any]]:

@@ -1,6 +1,8 @@
 """``mode=plan``: plan and report in the driver's process, with no workers and no process group.
 
-Plans for clusters that are not here (e.g. 16 GPUs from a CPU-only laptop): the caller builds the model
+"No plan fits" is this mode's answer, not a failure: the run ends FINISHED with tags
+``runner.plan_status=infeasible`` and ``runner.plan_reason`` (the one line naming the limit hit), and the
+command exits 0. Plans for clusters that are not here (e.g. 16 GPUs from a CPU-only laptop): the caller builds the model
 on the meta device (:func:`runner.train.models.planning_model`) and TorchRec's planner sees the topology
 the cluster config describes.
 """
@@ -13,6 +15,7 @@ from typing import Any, Dict
 
 from runner.config import rundir
 from runner.config.device import device_type
+from runner.config.errors import NoPlanFits
 from runner.track.reporter import Reporter
 
 
@@ -26,14 +29,23 @@ def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node
     local = cfg.cluster.workers_per_node
     kind = device_type(cfg.cluster.device, planning=True)
-    plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind)
     reporter = Reporter(cfg, run_dir, rank=0)
+    base = {"mode": "plan", "world_size": world}
+    try:
+        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True)
+    except NoPlanFits as exc:
+        reporter.plan_infeasible(str(exc))
+        reporter.flush()
+        results = {**base, "plan_status": "infeasible", "reason": str(exc), "run_id": reporter.run_id,
+                   "tracking_uri": reporter.uri}
+        rundir.write_json(run_dir / rundir.RESULTS, results)
+        return results
     reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds))
     reporter.plan_chart()
     reporter.flush()
     m = reporter.plan_metrics
     results = {
-        "mode": "plan", "run_id": reporter.run_id, "tracking_uri": reporter.uri, "world_size": world,
+        **base, "plan_status": "feasible", "run_id": reporter.run_id, "tracking_uri": reporter.uri,
         "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
         "max_mem_bytes": m.get("plan/max_mem_bytes"),
         "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},

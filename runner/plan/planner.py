@@ -25,13 +25,15 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from runner.config.choices import SHARDING_TYPES
-from runner.config.errors import ConfigError, PlanError
+from runner.config.errors import ConfigError, NoPlanFits, PlanError
 from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
+from runner.plan.infeasible import explain
 from runner.plan.io import load_plan
+from runner.plan.reuse import ReusingEnumerator, enumeration_key
 from runner.plan.sharders import sharders_for
-from runner.plan.topology import GIB, build_storage_reservation, build_topology, dense_bytes
+from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
@@ -120,50 +122,58 @@ def build_proposer(sharding: Any, device_type: str) -> Any:
 
 
 def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
-                  estimates: Optional[PlanEstimates] = None,
-                  dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
-    """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node."""
+                  estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
+                  reuse: bool = False) -> EmbeddingShardingPlanner:
+    """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
+    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`)."""
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
+    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
+    constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
+                                    float(cfg.data.ids_per_feature), ("data_parallel",) if uses_split_step(cfg) else ())
+    enumerator = None
+    if reuse:
+        key = enumeration_key(cfg, world_size, local_world_size, device_type, batch)
+        enumerator = ReusingEnumerator(key, topology=topology, batch_size=batch, constraints=constraints)
     return EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=cfg.sharding.planner_batch_size or samples_per_step(cfg),
+        batch_size=batch,
+        enumerator=enumerator,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
         proposer=build_proposer(cfg.sharding, device_type),
-        constraints=build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
-                                      float(cfg.data.ids_per_feature),
-                                      ("data_parallel",) if uses_split_step(cfg) else ()),
+        constraints=constraints,
         stats=[estimates] if estimates is not None else None,
         debug=False,
         timeout_seconds=cfg.sharding.planner_timeout_s,
     )
 
 
-def explain_planner_error(exc: Exception, cfg: Any, world: int, device_type: str) -> str:
-    """One actionable line for a planner failure, naming the largest table and the budget per rank."""
-    from torchrec.distributed.planner.types import PlannerErrorType
+def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, device_type: str) -> str:
+    """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
+    line when its state says nothing about memory."""
+    line = explain(planner, cfg, world, device_type) if planner is not None else None
+    if line is not None:
+        return line
+    text = str(exc).strip().splitlines()
+    return f"the planner found no plan: {text[0] if text else type(exc).__name__}"
 
-    if getattr(exc, "error_type", None) != PlannerErrorType.INSUFFICIENT_STORAGE:
-        text = str(exc).strip().splitlines()
-        return f"the planner found no plan: {text[0] if text else type(exc).__name__}"
-    specs = table_specs(cfg.model)
-    biggest = max(specs, key=lambda s: s.num_embeddings * s.embedding_dim)
-    table_gib = biggest.num_embeddings * biggest.embedding_dim * 4 / GIB
-    total_gib = sum(s.num_embeddings * s.embedding_dim * 4 for s in specs) / GIB
-    cap_key = "hbm_cap_gib" if device_type == "cuda" else "ddr_cap_gib"
-    cap = cfg.cluster[cap_key] or (32.0 if device_type == "cuda" else 128.0)
-    reserve = cfg.sharding.storage_reserve_percent
-    return (
-        f"no sharding plan fits in memory: largest table {biggest.name} ({biggest.num_embeddings} x "
-        f"{biggest.embedding_dim} fp32) is {table_gib:.2f} GiB before optimizer state, all tables "
-        f"{total_gib:.2f} GiB; each of {world} ranks has {cap * (1 - reserve):.2f} GiB (cluster.{cap_key}="
-        f"{cap:g} less sharding.storage_reserve_percent={reserve:g}, policy {cfg.sharding.storage_reserve_policy}); "
-        "raise the cap, lower the reserve, add ranks or allow row_wise/column_wise sharding"
-    )
+
+def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+               estimates: PlanEstimates, reuse: bool) -> Any:
+    """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
+    planner = None
+    try:
+        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse)
+        return planner.plan(model, sharders)
+    except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
+        return PlanError(str(exc))
+    except Exception as exc:  # PlannerError and the planner's assertions
+        return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
 
 
 def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
-              pg: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
-    """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts.
+              pg: Any = None, reuse: bool = False) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+    """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
+    shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -178,13 +188,7 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
-        try:
-            planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model))
-            result[0] = planner.plan(model, sharders)
-        except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
-            result[0] = PlanError(str(exc))
-        except Exception as exc:  # PlannerError and the planner's assertions
-            result[0] = PlanError(explain_planner_error(exc, cfg, world, device_type))
+        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse)
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):

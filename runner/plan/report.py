@@ -92,5 +92,5 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank")
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
-            "runner.device": device_type, "runner.sharding_types": ",".join(types)}
+            "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible"}
     return PlanReport(out, plan_dict, metrics, tags, console, draw_chart)

@@ -104,6 +104,13 @@ class Reporter:
         self.plan_metrics = report.metrics
         self._draw_chart = report.draw_chart
 
+    def plan_infeasible(self, reason: str) -> None:
+        """``mode=plan``'s answer when no plan fits: printed, and tagged on the run (which still finishes)."""
+        if not self.active:
+            return
+        print(f"[runner] no sharding plan: {reason}", flush=True)
+        self._tags({"runner.plan_status": "infeasible", "runner.plan_reason": reason[:5000]})
+
     def plan_chart(self) -> None:
         """Render and log ``plan/plan.png`` (called after training: matplotlib is slow to start)."""
         draw, self._draw_chart = getattr(self, "_draw_chart", None), None
@@ -218,15 +225,17 @@ class Reporter:
 
 
 def summary_line(results: Dict[str, Any]) -> str:
+    """The job's last line: what came out, and where to see it in the MLflow UI."""
+    view = store.view_hint(results["tracking_uri"], results.get("run_id"))
+    if results.get("plan_status") == "infeasible":
+        return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {results['run_id']}; {view}"
     if results.get("mode") == "plan":
         types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
         est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
                f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
         return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
-                f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; "
-                f"view: {store.ui_command(results['tracking_uri'])}")
+                f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; {view}")
     return (
         f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
-        f"{results['samples_per_s']:.0f} samples/s, MLflow run {results['run_id']}; "
-        f"view: {store.ui_command(results['tracking_uri'])}"
+        f"{results['samples_per_s']:.0f} samples/s, MLflow run {results['run_id']}; {view}"
     )

@@ -32,6 +32,41 @@ def ui_command(uri: str) -> str:
     return f"{PROJECT_ROOT / '.venv/bin/mlflow'} ui --backend-store-uri {uri}"
 
 
+UI_DEFAULT = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves a local store
+
+
+def ui_base(uri: str) -> str:
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
+
+
+def run_url(uri: str, run_id: str) -> str:
+    """The run's page in the MLflow UI."""
+    exp = client(uri).get_run(run_id).info.experiment_id
+    return f"{ui_base(uri)}/#/experiments/{exp}/runs/{run_id}"
+
+
+def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
+    """The UI's compare view of ``run_ids`` (parallel coordinates, scatter and contour plots)."""
+    import json
+    from urllib.parse import quote
+
+    runs, experiments = quote(json.dumps(list(run_ids))), quote(json.dumps([experiment_id]))
+    return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}"
+
+
+def view_hint(uri: str, run_id: Optional[str]) -> str:
+    """``view: <url>`` for a run (after ``mlflow ui ...`` when the store is local)."""
+    if not run_id:
+        return f"view: {ui_command(uri)}"
+    try:
+        url = run_url(uri, run_id)
+    except Exception:  # the link is a convenience; the run id is printed anyway
+        return f"view: {ui_command(uri)}"
+    if uri.startswith(("http://", "https://")):
+        return f"view: {url}"
+    return f"view: {url} (after: {ui_command(uri)})"
+
+
 @functools.lru_cache(maxsize=8)
 def client(uri: str) -> Any:
     """One client per store and process: building one (and its SQL engine) costs more than a write."""

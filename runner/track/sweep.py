@@ -1,10 +1,12 @@
 """A Hydra sweep as MLflow sees it: one parent run, each point's run its child, an outcome read from the points.
 
 :class:`SweepParentRun` is the Hydra callback named in ``conf/config.yaml``. When the multirun starts it
-creates the parent run and leaves its id in the sweep folder, where each point's driver finds it. When
-the multirun ends it reads what every point left in its run folder (``status.json``, whichever launcher
-and process ran it), writes the sweep report, and ends the parent FINISHED, or FAILED naming the points
-that failed (the command then exits non-zero).
+creates the parent run (the swept keys and their values as params) and leaves ``sweep.json`` in the sweep
+folder, where each point's driver finds the parent's id and the swept keys (to name its run after its
+point, e.g. ``xbw=6 reserve=0.15``). When the multirun ends it reads what every point left in its run
+folder (``status.json``, ``results.json``), whichever launcher and process ran it, writes the sweep
+report, logs what the sweep found, and ends the parent FINISHED, or FAILED naming the points that failed
+(the command then exits non-zero).
 """
 
 from __future__ import annotations
@@ -12,24 +14,73 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner.config import rundir
-from runner.track.store import end_run, log_artifacts, start_run, tracking_uri
+from runner.track.store import (
+    compare_url,
+    end_run,
+    log_artifacts,
+    log_metrics,
+    log_params,
+    set_tags,
+    start_run,
+    tracking_uri,
+)
 from runner.track.sweep_report import write_sweep_report
 
-PARENT_RUN_FILE = "mlflow_parent_run_id"
+SWEEP_FILE = "sweep.json"
+SHORT_NAMES = {"cross_node_bandwidth": "xbw", "intra_node_bandwidth": "ibw", "storage_reserve_percent": "reserve"}
+
+
+def swept_params(config: DictConfig) -> Dict[str, List[str]]:
+    """Swept key -> its values, from the command line's sweep overrides and ``hydra.sweeper.params``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    texts = list(config.hydra.overrides.task)
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    texts += [f"{k}={v}" for k, v in params.items()]
+    out: Dict[str, List[str]] = {}
+    for text in texts:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([text])
+        except Exception:
+            continue
+        if not override.is_sweep_override():
+            continue
+        key = override.get_key_element().lstrip("+~")
+        try:
+            out[key] = [str(v) for v in override.sweep_string_iterator()]
+        except Exception:  # glob() and samplers' ranges: shown as written
+            out[key] = [text.split("=", 1)[1]]
+    return out
+
+
+def sweep_info(sweep_dir: Optional[str]) -> Dict[str, Any]:
+    """``sweep.json`` of a sweep folder: ``parent_run_id`` and ``swept`` keys ({} outside a sweep)."""
+    return (rundir.read_json(Path(sweep_dir) / SWEEP_FILE) or {}) if sweep_dir else {}
 
 
 def parent_run_id(sweep_dir: Optional[str]) -> Optional[str]:
     """The sweep's parent run id, written by :class:`SweepParentRun` into the sweep folder."""
-    if not sweep_dir:
-        return None
-    f = Path(sweep_dir) / PARENT_RUN_FILE
-    return f.read_text().strip() if f.exists() else None
+    return sweep_info(sweep_dir).get("parent_run_id")
+
+
+def point_values(swept: List[str], cfg: Any, choices: Mapping[str, Any]) -> Dict[str, str]:
+    """This point's value of each swept key (a group's chosen option, or the config value)."""
+    out = {}
+    for key in swept:
+        value = choices.get(key) if key in choices else OmegaConf.select(cfg, key, default=None)
+        out[key] = "null" if value is None else str(value)
+    return out
+
+
+def point_name(values: Mapping[str, str]) -> str:
+    """A run name that says which point it is: ``xbw=6 reserve=0.15`` (short names of the swept keys)."""
+    return " ".join(f"{SHORT_NAMES.get(k.split('.')[-1], k.split('.')[-1])}={v}" for k, v in values.items())
 
 
 @dataclass
@@ -57,16 +108,19 @@ class SweepParentRun(Callback):
     def __init__(self) -> None:
         self._run_id: Optional[str] = None
         self._uri = ""
+        self._experiment = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._uri = tracking_uri(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
         self._run_id = start_run(self._uri, config.tracking.experiment, f"sweep {sweep_dir.name}", None,
-                                 {"runner.kind": "sweep", "runner.overrides": overrides,
-                                  "runner.sweep_dir": str(sweep_dir)})
-        (sweep_dir / PARENT_RUN_FILE).write_text(self._run_id)
+                                 {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
+                                  "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
+        log_params(self._uri, self._run_id, {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()})
+        rundir.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self._run_id, "swept": list(swept)})
         print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -74,22 +128,34 @@ class SweepParentRun(Callback):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         log_artifacts(self._uri, self._run_id, [p for p in [sweep_dir / "multirun.yaml"] if p.exists()])
-        self._report(sweep_dir)
+        found = self._report(sweep_dir)
         points = outcomes(sweep_dir)
         failed = [p for p in points if p.status != "FINISHED"]
         lines = [f"job {p.job}: {p.status.lower()}: {p.error or 'no reason recorded'}" for p in failed]
+        log_metrics(self._uri, self._run_id, {"sweep/points": len(points), "sweep/failed_points": len(failed),
+                                              **found.get("metrics", {})}, 0)
+        if found.get("tags"):
+            set_tags(self._uri, self._run_id, found["tags"])
         end_run(self._uri, self._run_id, "FAILED" if failed else "FINISHED", "; ".join(lines) or None)
+        if found.get("run_ids"):
+            print(f"[runner] sweep done: {len(points)} points; compare them: "
+                  f"{compare_url(self._uri, found['experiment_id'], found['run_ids'])}", flush=True)
         if failed:
             print(f"error: {len(failed)} of {len(points)} job(s) failed:\n  " + "\n  ".join(lines), file=sys.stderr,
                   flush=True)
             raise SystemExit(1)
 
-    def _report(self, sweep_dir: Path) -> None:
+    def _report(self, sweep_dir: Path) -> Dict[str, Any]:
+        """Write and log the report; what it found (metrics and tags for the parent run)."""
         try:
-            report = write_sweep_report(sweep_dir)
+            report, found = write_sweep_report(sweep_dir)
         except Exception as exc:  # a report problem must not hide the sweep's own outcome
             print(f"[runner] warning: sweep report failed: {type(exc).__name__}: {exc}", flush=True)
-            return
+            return {}
         if report is not None:
             log_artifacts(self._uri, self._run_id, sorted(report.iterdir()), artifact_path="report")
             print(f"[runner] sweep report: {report / 'report.md'}", flush=True)
+            from runner.track.store import client
+
+            found["experiment_id"] = client(self._uri).get_run(self._run_id).info.experiment_id
+        return found

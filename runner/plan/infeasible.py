@@ -1,0 +1,87 @@
+"""Why no sharding plan fits, in one line: which limit was hit, the sizes, the budget per rank after the
+storage reserve, and the keys that change it.
+
+Read from what the planner computed before it gave up: its enumerated options (every table's shards
+and their storage estimates, optimizer state included) and the reserved topology (each rank's memory
+after ``sharding.storage_reserve_percent`` and, with the ``heuristic`` policy, the dense part's
+estimate). Three causes, checked in order:
+
+1. one table does not fit on one rank in any of its allowed sharding options;
+2. all tables together, each in its smallest option, exceed the cluster's memory;
+3. neither, but the proposer found no combination that packs (e.g. the greedy or uniform proposer
+   on a tight budget): another proposer or a smaller reserve may find one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+GIB = 1024**3
+KINDS = {"cuda": ("hbm", "HBM", "hbm_cap_gib"), "cpu": ("ddr", "host memory", "ddr_cap_gib")}
+
+
+def _fmt(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _fits(option: Any, budget: Dict[str, float]) -> bool:
+    return all(s.storage is not None and s.storage.hbm <= budget["hbm"] and s.storage.ddr <= budget["ddr"]
+               for s in option.shards)
+
+
+def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
+    """(least per-rank bytes, least total bytes, the option with the least per-rank bytes) of one table."""
+    per_rank = min(options, key=lambda o: max(getattr(s.storage, mem) for s in o.shards))
+    return (max(getattr(s.storage, mem) for s in per_rank.shards),
+            min(sum(getattr(s.storage, mem) for s in o.shards) for o in options), per_rank)
+
+
+def _budget_text(cfg: Any, device_type: str, per_rank: float, world: int) -> str:
+    _, word, cap_key = KINDS[device_type]
+    cap = cfg.cluster[cap_key]
+    s = cfg.sharding
+    reserve = f"sharding.storage_reserve_percent={s.storage_reserve_percent:g}"
+    policy = ", policy heuristic: the dense part's estimate too" if s.storage_reserve_policy == "heuristic" else ""
+    cap_text = f"cluster.{cap_key}={cap:g}" if cap is not None else f"cluster.{cap_key}=null (TorchRec's default)"
+    return f"each of {world} ranks has {_fmt(per_rank)} of {word} for tables ({cap_text} less {reserve}{policy})"
+
+
+def explain(planner: Any, cfg: Any, world: int, device_type: str) -> Optional[str]:
+    """The one line for a planner that found no plan, or None when its state says nothing useful."""
+    reservation = getattr(planner, "_storage_reservation", None)
+    reserved = getattr(reservation, "_last_reserved_topology", None)
+    space = getattr(getattr(planner, "_enumerator", None), "last_stored_search_space", None)
+    if reserved is None or not space:
+        return None
+    mem, word, cap_key = KINDS.get(device_type, KINDS["cpu"])
+    budget = {"hbm": min(d.storage.hbm for d in reserved.devices), "ddr": min(d.storage.ddr for d in reserved.devices)}
+    by_table: Dict[str, List[Any]] = {}
+    for option in space:
+        by_table.setdefault(option.name, []).append(option)
+    where = _budget_text(cfg, device_type, budget[mem], world)
+    more = (f"raise cluster.{cap_key}, lower sharding.storage_reserve_percent, add ranks (cluster.nodes, "
+            "cluster.workers_per_node)")
+    too_big = [(name, opts) for name, opts in by_table.items() if not any(_fits(o, budget) for o in opts)]
+    if too_big:
+        name, opts = max(too_big, key=lambda t: _smallest(t[1], mem)[0])
+        need, _, option = _smallest(opts, mem)
+        split = "" if {o.sharding_type for o in opts} & {"row_wise", "table_row_wise", "grid_shard"} else \
+            " or allow row_wise sharding for it (sharding.types, or +sharding.constraints." + name + \
+            ".sharding_types=[row_wise])"
+        return (f"no sharding plan fits in memory: table {name} ({option.tensor.shape[0]} x {option.tensor.shape[1]})"
+                f" needs at least {_fmt(need)} of {word} on one rank in its smallest allowed option "
+                f"({option.sharding_type}, {option.compute_kernel}; optimizer state included) but {where}"
+                f"{f'; {len(too_big)} tables do not fit' if len(too_big) > 1 else ''}; {more}{split}")
+    totals = {name: _smallest(opts, mem)[1] for name, opts in by_table.items()}
+    total, capacity = sum(totals.values()), sum(getattr(d.storage, mem) for d in reserved.devices)
+    largest = max(totals, key=totals.get)  # type: ignore[arg-type]
+    shape = by_table[largest][0].tensor.shape
+    if total > capacity:
+        return (f"no sharding plan fits in memory: all {len(by_table)} tables need at least {_fmt(total)} of {word} "
+                f"(each in its smallest allowed option, optimizer state included; the largest, {largest} "
+                f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
+                f"{where}; {more}")
+    return (f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}: the tables need at least "
+            f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each fits on one rank ({where}), but "
+            "no combination it tried packs; try another proposer (sharding.proposer=default tries grid search, "
+            f"greedy and uniform) or {more}")

@@ -1,0 +1,81 @@
+"""What a plan-only sweep computes once per process instead of once per point.
+
+The points of a typical study (bandwidths x storage reserve x proposer) share the model, its tables'
+sharding options (every table x sharding type x kernel, with each shard's size) and those options'
+storage estimates; only the perf estimate reads the bandwidths, and only the proposers and partitioner
+read the reserve. :class:`ReusingEnumerator` is TorchRec's ``EmbeddingEnumerator`` that keeps the
+enumerated options of its key and, on a later call with the same key, hands out a copy with the perf
+estimate redone for this point's topology: the planner then sees exactly what a fresh enumeration
+would give (``tests/plan/test_reuse.py`` compares plans and estimates with fresh planner calls).
+
+The key holds every config value enumeration reads: the model and its optimizer and precision, the
+batch size and pooling, the sharding types, kernels and constraints, and the cluster's shape and
+memory; not the bandwidths, the reserve or the proposer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, List, Tuple
+
+from omegaconf import OmegaConf
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import ShardingOption
+
+_SWEEPABLE = {"sharding": ("name", "storage_reserve_percent", "storage_reserve_policy", "proposer", "dp_hbm_bins",
+                           "grid_max_proposals", "planner_timeout_s", "plan"),
+              "cluster": ("name", "intra_node_bandwidth", "cross_node_bandwidth", "master_addr", "master_port",
+                          "node_rank", "pg_timeout_s", "max_restarts", "start_method", "cpu_affinity")}
+_OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
+_MODELS: Dict[str, Any] = {}
+
+
+def _subtree(cfg: Any, group: str) -> Dict[str, Any]:
+    tree = OmegaConf.to_container(cfg[group], resolve=True)
+    return {k: v for k, v in tree.items() if k not in _SWEEPABLE.get(group, ())}  # type: ignore[union-attr]
+
+
+def model_key(cfg: Any) -> str:
+    """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs."""
+    return json.dumps({g: _subtree(cfg, g) for g in ("model", "optimizer", "precision")} |
+                      {"num_dense": cfg.data.num_dense_features}, sort_keys=True, default=str)
+
+
+def enumeration_key(cfg: Any, world: int, local_world: int, device_type: str, batch: int) -> str:
+    """Everything enumeration and the storage estimate read; not bandwidths, reserve or proposer."""
+    return json.dumps({"model": model_key(cfg), "sharding": _subtree(cfg, "sharding"),
+                       "cluster": _subtree(cfg, "cluster"), "data": _subtree(cfg, "data"), "world": world,
+                       "local": local_world, "device": device_type, "batch": batch,
+                       "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
+
+
+def reused_model(cfg: Any, build: Any) -> Any:
+    """``build(cfg)``'s model on the meta device, built once per process for each :func:`model_key`."""
+    key = model_key(cfg)
+    if key not in _MODELS:
+        _MODELS[key] = build(cfg)
+    return _MODELS[key]
+
+
+class ReusingEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator, whose options and storage estimates are reused by later calls with its key."""
+
+    def __init__(self, key: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._key = key
+
+    def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
+        hit = _OPTIONS.get(self._key)
+        if hit is None:
+            options = super().enumerate(module, sharders)
+            _OPTIONS[self._key] = (copy.deepcopy(options), self._sharder_map, self._sharder_data_map)
+            return options
+        cached, self._sharder_map, self._sharder_data_map = hit
+        options = copy.deepcopy(cached)
+        for estimator in self._estimators:  # perf reads this point's bandwidths; storage is the same
+            if "Storage" not in type(estimator).__name__:
+                estimator.estimate(options, sharder_data_map=self._sharder_data_map)
+        self._last_stored_module, self._last_stored_sharders = module, sharders
+        self._last_stored_search_space = copy.deepcopy(options)
+        return options

@@ -1,0 +1,60 @@
+"""Sweeps whose every point is answered: infeasible plans as answers, failed points from any launcher."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from conftest import run_cli, runs
+
+# DLRM's six tables planned for 2 GPUs of 0.05 GiB (fixed reserve): 10% leaves room, 90% leaves none.
+TIGHT_PLAN = ["mode=plan", "cluster.device=cuda", "cluster.hbm_cap_gib=0.05", "sharding.storage_reserve_policy=fixed",
+              "sharding.compute_kernels=[fused]"]
+
+
+def split(store: str, experiment: str) -> tuple:
+    all_runs = runs(store, experiment)
+    parents = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
+    children = sorted((r for r in all_runs if r.data.tags.get("runner.kind") == "job"),
+                      key=lambda r: int(r.data.tags["runner.job"]))
+    assert len(parents) == 1, [r.data.tags for r in all_runs]
+    return parents[0], children
+
+
+def test_plan_sweep_answers_an_infeasible_point(store: str, tmp_path: Path) -> None:
+    proc = run_cli(["-m", *TIGHT_PLAN, "sharding.storage_reserve_percent=0.1,0.9", f"tracking.uri={store}",
+                    "tracking.experiment=infeasible", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no sharding plan fits in memory" in proc.stdout and "storage_reserve_percent=0.9" in proc.stdout
+    parent, (fits, full) = split(store, "infeasible")
+    assert parent.info.status == "FINISHED" and fits.info.status == "FINISHED" and full.info.status == "FINISHED"
+    assert fits.data.tags["runner.plan_status"] == "feasible" and full.data.tags["runner.plan_status"] == "infeasible"
+    assert "each of 2 ranks has" in full.data.tags["runner.plan_reason"]
+    assert (fits.info.run_name, full.info.run_name) == ("reserve=0.1", "reserve=0.9")
+    assert parent.data.metrics["sweep/infeasible_points"] == 1 and parent.data.metrics["sweep/points"] == 2
+    assert parent.data.tags["runner.best_run_id"] == fits.info.run_id
+    rows = list(csv.DictReader((tmp_path / "report" / "points.csv").open()))
+    assert [r["plan_status"] for r in rows] == ["feasible", "infeasible"]
+    assert "no sharding plan fits" in rows[1]["reason"]
+    assert "**infeasible**" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_single_plan_job_with_no_plan_exits_0_with_the_reason(store: str, tmp_path: Path) -> None:
+    proc = run_cli([*TIGHT_PLAN, "sharding.storage_reserve_percent=0.9", f"tracking.uri={store}",
+                    "tracking.experiment=infeasible_one", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plan done: no plan fits (no sharding plan fits in memory" in proc.stdout
+    assert "warn" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr  # library noise: log file
+    (run,) = runs(store, "infeasible_one")
+    assert run.info.status == "FINISHED" and run.data.tags["runner.plan_status"] == "infeasible"
+
+
+def test_joblib_sweep_with_a_failing_point_fails_the_parent(store: str, tmp_path: Path) -> None:
+    proc = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TIGHT_PLAN,
+                    f"sharding.plan=null,{tmp_path / 'missing.json'}", f"tracking.uri={store}",
+                    "tracking.experiment=joblib_fail", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "1 of 2 job(s) failed" in proc.stderr and "job 1: failed: plan error" in proc.stderr, proc.stderr[-2000:]
+    parent, (ok, bad) = split(store, "joblib_fail")
+    assert parent.info.status == "FAILED" and "job 1" in parent.data.tags["error"]
+    assert ok.info.status == "FINISHED" and bad.info.status == "FAILED"
