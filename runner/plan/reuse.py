@@ -2,11 +2,12 @@
 
 The points of a typical study (bandwidths x storage reserve x proposer) share the model, its tables'
 sharding options (every table x sharding type x kernel, with each shard's size) and those options'
-storage estimates; only the perf estimate reads the bandwidths, and only the proposers and partitioner
-read the reserve. :class:`ReusingEnumerator` is TorchRec's ``EmbeddingEnumerator`` that keeps the
-enumerated options of its key and, on a later call with the same key, hands out a copy with the perf
-estimate redone for this point's topology: the planner then sees exactly what a fresh enumeration
-would give (``tests/plan/test_reuse.py`` compares plans and estimates with fresh planner calls).
+storage estimates; only the perf estimate (most of an enumeration's time) reads the bandwidths, and only
+the proposers and partitioner read the reserve. :class:`ReusingEnumerator` is TorchRec's
+``EmbeddingEnumerator`` that keeps the enumerated options of its key, with their estimates per pair of
+bandwidths: a later call with the same key and bandwidths gets a copy, one with other bandwidths a copy
+with the perf estimate redone. The planner then sees exactly what a fresh enumeration would give
+(``tests/plan/test_reuse.py`` compares plans and estimates with fresh planner calls).
 
 The key holds every config value enumeration reads: the model and its optimizer and precision, the
 batch size and pooling, the sharding types, kernels and constraints, and the cluster's shape and
@@ -59,23 +60,38 @@ def reused_model(cfg: Any, build: Any) -> Any:
 
 
 class ReusingEnumerator(EmbeddingEnumerator):
-    """TorchRec's enumerator, whose options and storage estimates are reused by later calls with its key."""
+    """TorchRec's enumerator, whose options and estimates are reused by later calls with its key: all of
+    them for the same bandwidths, all but the perf estimate (redone) for others."""
 
     def __init__(self, key: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        topology = kwargs["topology"]
         self._key = key
+        self._bw_key = f"{key}|{topology.intra_host_bw!r}|{topology.inter_host_bw!r}"
 
     def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
-        hit = _OPTIONS.get(self._key)
-        if hit is None:
+        exact = _OPTIONS.get(self._bw_key)
+        if exact is not None:
+            return self._hand_out(exact, module, sharders)
+        near = _OPTIONS.get(self._key)
+        if near is None:
             options = super().enumerate(module, sharders)
-            _OPTIONS[self._key] = (copy.deepcopy(options), self._sharder_map, self._sharder_data_map)
+            _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (copy.deepcopy(options), self._sharder_map,
+                                                            self._sharder_data_map)
             return options
-        cached, self._sharder_map, self._sharder_data_map = hit
-        options = copy.deepcopy(cached)
+        options = copy.deepcopy(near[0])
+        self._sharder_map, self._sharder_data_map = near[1], near[2]
         for estimator in self._estimators:  # perf reads this point's bandwidths; storage is the same
             if "Storage" not in type(estimator).__name__:
                 estimator.estimate(options, sharder_data_map=self._sharder_data_map)
+        _OPTIONS[self._bw_key] = (copy.deepcopy(options), near[1], near[2])
         self._last_stored_module, self._last_stored_sharders = module, sharders
-        self._last_stored_search_space = copy.deepcopy(options)
+        self._last_stored_search_space = _OPTIONS[self._bw_key][0]  # read-only: TorchRec copies it on reuse
         return options
+
+    def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: Any,
+                  sharders: List[Any]) -> List[ShardingOption]:
+        self._sharder_map, self._sharder_data_map = entry[1], entry[2]
+        self._last_stored_module, self._last_stored_sharders = module, sharders
+        self._last_stored_search_space = entry[0]
+        return copy.deepcopy(entry[0])
