@@ -113,5 +113,8 @@ def test_plan_sweep_report_matches_children(store: str, tmp_path: Path) -> None:
         child_types[row["cluster.cross_node_bandwidth"]] = types
     flipped = {t for t in child_types["0.5"] if child_types["0.5"][t] != child_types["12.5"][t]}
     report = open(client.download_artifacts(parent.info.run_id, "report/report.md")).read()
-    assert f"changed between points ({len(flipped)})" in report
+    assert f"changed between feasible points ({len(flipped)})" in report
     assert all(f"| {t} |" in report for t in flipped)
+    # per swept key, each flip with the values it happened between
+    assert f"## What changes with cluster.cross_node_bandwidth ({len(flipped)})" in report
+    assert all(f"cross_node_bandwidth 0.5 -> 12.5: {t} (" in report for t in flipped)
