@@ -41,12 +41,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be found or used; ``str()`` is one line naming the path."""
 
 
+class TrackingError(RuntimeError):
+    """The MLflow store cannot be reached or opened; ``str()`` names the URI and what to do."""
+
+
 class WorkerFailure(RuntimeError):
     """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
 
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
-          (WorkerFailure, "job failed"))
+          (TrackingError, "tracking error"), (WorkerFailure, "job failed"))
 
 
 def first_line(exc: BaseException) -> str:

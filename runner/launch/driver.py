@@ -174,6 +174,7 @@ def run_job(cfg: Any) -> Dict[str, Any]:
     port = cfg.cluster.master_port or free_port()
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = JobRun(cfg, ctx, config, port)  # type: ignore[arg-type]
+    store.check_store(run.uri)  # an unreachable server is refused before any worker starts
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)
         if results is None:

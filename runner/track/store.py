@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
+from runner.config.errors import TrackingError, first_line
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 _MAX_BATCH = 100  # MLflow's limit on params per log_batch call
@@ -76,6 +77,34 @@ def client(uri: str) -> Any:
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # e.g. "Creating initial MLflow database tables"
     return MlflowClient(tracking_uri=uri)
+
+
+PROBE_TIMEOUT_S = 5.0  # how long an unreachable tracking server may hold up a job before it is refused
+
+
+@functools.lru_cache(maxsize=8)
+def check_store(uri: str) -> None:
+    """Refuse, in one line and within seconds, a store that cannot be reached or opened: before any worker
+    starts (a server's client would otherwise retry for minutes). Checked once per store and process."""
+    fix = "start it (mlflow server --host 127.0.0.1 --port 5000) or set tracking.uri / $MLFLOW_TRACKING_URI"
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S):
+                return
+        except urllib.error.HTTPError:
+            return  # a server answered (a proxy may not route /health): reachable
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise TrackingError(f"tracking.uri={uri}: no MLflow server answers ({first_line(reason)}); "
+                                f"{fix}") from None
+    try:
+        client(uri).search_experiments(max_results=1)
+    except Exception as exc:
+        raise TrackingError(f"tracking.uri={uri}: MLflow cannot open this store ({first_line(exc)[:300]}); "
+                            "use sqlite:///<path>, a folder path, or http(s)://<server>") from None
 
 
 def experiment_id(uri: str, name: str) -> str:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config import rundir
 from runner.track.store import (
+    check_store,
     compare_url,
     end_run,
     log_artifacts,
@@ -112,6 +113,7 @@ class SweepParentRun(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._uri = tracking_uri(config)
+        check_store(self._uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         swept = swept_params(config)
