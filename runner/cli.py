@@ -51,16 +51,20 @@ def _split_args(args: List[str]) -> tuple[List[str], Optional[str], bool]:
     return overrides, config_name, checkable
 
 
-def _combinations(overrides: List[str]) -> List[List[str]]:
-    """First value of every sweep, then each other sweep value once: every value is composed once."""
+def _combinations(overrides: List[str], loader: object = None) -> List[List[str]]:
+    """First value of every sweep, then each other sweep value once: every value is composed once.
+    ``glob()`` is expanded over the group's options; a sampler's ``interval()`` is left to the sweeper."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     values = []
     for text, o in zip(overrides, parsed, strict=True):
+        if o.is_interval_sweep():
+            continue
         if o.is_sweep_override():
+            o.config_loader = loader  # glob() reads the group's options through it
             key = o.get_key_element()
-            values.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+            values.append([f"{key}={v}" for v in o.sweep_string_iterator()] or [text])
         else:
             values.append([text])
     combos = [[v[0] for v in values]]
@@ -68,6 +72,17 @@ def _combinations(overrides: List[str]) -> List[List[str]]:
         for v in vs[1:]:
             combos.append([c if j != i else v for j, c in enumerate(combos[0])])
     return combos
+
+
+def _file_sweeps(overrides: List[str], config_name: Optional[str], loader: object) -> List[str]:
+    """Sweeps an experiment file sets in ``hydra.sweeper.params`` (not overridden on the command line)."""
+    from hydra import compose
+
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    first = _combinations(overrides, loader)[0]
+    cfg = compose(config_name=config_name or "config", overrides=first, return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    return [f"{k}={v}" for k, v in params.items() if k not in keys]
 
 
 def _group_error(override: str, loader: object) -> Optional[str]:
@@ -94,34 +109,44 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
 
 def precheck(args: List[str]) -> Optional[str]:
     """Compose and validate what ``args`` ask for; the one-line error, or None when all is well."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     overrides, config_name, checkable = _split_args(args)
     if not checkable:
         return None
-    try:
-        combos = _combinations(overrides)
-    except Exception as exc:  # override syntax
-        return str(exc).strip().splitlines()[0]
+    multirun = any(a in ("-m", "--multirun") for a in args)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
-            for combo in combos:
-                for o in combo:
-                    err = _group_error(o, loader)
-                    if err:
-                        return err
-                try:
-                    cfg = compose(config_name=config_name or "config", overrides=combo)
-                    validate(cfg)
-                except ConfigError as exc:
-                    return str(exc)
-                except Exception as exc:
-                    return _format(exc, combo)
+            try:
+                if multirun:
+                    overrides = overrides + _file_sweeps(overrides, config_name, loader)
+                combos = _combinations(overrides, loader)
+            except Exception as exc:  # override syntax
+                return str(exc).strip().splitlines()[0]
+            return _check_combos(combos, config_name, loader)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: object) -> Optional[str]:
+    """The first combination's error (compose + validate), naming the point when it is a sweep's."""
+    from hydra import compose
+
+    for combo in combos:
+        where = f" (sweep point: {' '.join(combo)})" if len(combos) > 1 else ""
+        for o in combo:
+            err = _group_error(o, loader)
+            if err:
+                return err + where
+        try:
+            validate(compose(config_name=config_name or "config", overrides=combo))
+        except ConfigError as exc:
+            return str(exc) + where
+        except Exception as exc:
+            return _format(exc, combo)
     return None
 
 

@@ -112,3 +112,25 @@ def test_training_option_rules(overrides: list, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == key
+
+
+def test_glob_sweep_runs_every_matching_option(tmp_path) -> None:
+    proc = run_cli(["-m", "mode=plan", "sharding=glob([tablew*,tablerow*])", f"hydra.sweep.dir={tmp_path}",
+                    f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    planned = sorted((tmp_path / d / "plan" / "plan.json").exists() for d in ("0", "1"))
+    assert planned == [True, True] and not (tmp_path / "2").exists()
+
+
+def test_experiment_file_sweep_with_a_bad_value_fails_before_any_job(tmp_path) -> None:
+    preset = ROOT / "experiments" / f"_test_bad_sweep_{tmp_path.name}.yaml"
+    preset.write_text("# @package _global_\nmode: plan\nhydra:\n  sweeper:\n    params:\n"
+                      "      sharding.storage_reserve_percent: 0.1,1.5\n")
+    try:
+        proc = run_cli(["-m", f"experiment={preset.stem}", f"hydra.sweep.dir={tmp_path}"])
+    finally:
+        preset.unlink()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert "sharding.storage_reserve_percent=1.5 is not allowed" in line and "sweep point:" in line, line
+    assert not (tmp_path / "0").exists()  # no job was launched
