@@ -22,6 +22,7 @@ from runner.config import rundir
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.device import check_sparse_optimizer, check_tf32, device_type
 from runner.launch.agents import free_port, launch
+from runner.launch.cores import job_cores, parallel_jobs
 from runner.launch.warm import discard_warm, took_warm
 from runner.track import store
 from runner.track.events import EventPump
@@ -40,6 +41,7 @@ class JobContext:
     sweep_dir: Optional[str]
     overrides: str
     choices: Mapping[str, Any]
+    parallel: int = 1  # jobs the launcher runs at once on this host
 
     @classmethod
     def from_hydra(cls) -> "JobContext":
@@ -50,7 +52,8 @@ class JobContext:
         multirun = hc.mode == RunMode.MULTIRUN
         return cls(Path(hc.runtime.output_dir).resolve(), hc.job.num if multirun else None,
                    hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
-                   {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")})
+                   {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
+                   parallel_jobs(hc.launcher) if multirun else 1)
 
 
 def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
@@ -175,6 +178,12 @@ def run_job(cfg: Any) -> Dict[str, Any]:
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = JobRun(cfg, ctx, config, port)  # type: ignore[arg-type]
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts
+    with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
+        return _run(cfg, run)
+
+
+def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
+    """Plan or train, keeping the MLflow run's status in step with the outcome."""
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)
         if results is None:

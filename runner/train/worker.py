@@ -81,10 +81,11 @@ def bind_cores(cfg: Any, device: torch.device, env: RankEnv) -> Optional[List[in
     :mod:`runner.train.affinity`); returns the cores, or None when the worker is left unbound."""
     if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
         return None
+    allowed = affinity.allowed_cores()
     slot = affinity.host_slot(env.rank, env.local_rank, env.local_world, env.host_workers)
-    cores = affinity.worker_cores(slot, env.host_workers, affinity.allowed_cores())
-    if not cores:
-        return None
+    cores = affinity.worker_cores(slot, env.host_workers, allowed)
+    if not cores:  # fewer cores than workers: shared, within the job's slice when it has one
+        return allowed if len(allowed) < (os.cpu_count() or len(allowed)) else None
     affinity.bind(cores)
     return sorted(os.sched_getaffinity(0))  # what the kernel now applies, as reported in runner.cpu_cores
 

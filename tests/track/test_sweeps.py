@@ -58,3 +58,22 @@ def test_joblib_sweep_with_a_failing_point_fails_the_parent(store: str, tmp_path
     parent, (ok, bad) = split(store, "joblib_fail")
     assert parent.info.status == "FAILED" and "job 1" in parent.data.tags["error"]
     assert ok.info.status == "FINISHED" and bad.info.status == "FAILED"
+
+
+def test_concurrent_training_jobs_get_disjoint_cores(store: str, tmp_path: Path) -> None:
+    import os
+
+    import pytest
+    from conftest import FAST
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to give two concurrent jobs one each")
+    proc = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "train.steps=10",
+                    "train.seed=1,2", f"tracking.uri={store}", "tracking.experiment=cores",
+                    f"hydra.sweep.dir={tmp_path}"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, children = split(store, "cores")
+    per_job = [{c for part in r.data.tags["runner.cpu_cores"].split("; ") for c in part.split(": ")[1].split(",")}
+               for r in children]
+    assert len(per_job) == 2 and "unbound" not in per_job[0] | per_job[1], per_job
+    assert not per_job[0] & per_job[1], per_job  # no core shared between the two jobs

@@ -1,0 +1,59 @@
+"""Cores for jobs that share a host: with a parallel launcher, each running job gets its own slice.
+
+``hydra/launcher=joblib`` runs ``n_jobs`` points at once on this host. Without a share each job would
+bind its ranks from the first core on, so two jobs' rank 0 would both sit on core 0. Here a job first
+takes a free slot of ``cores // parallel`` cores (an ``flock`` on a per-user lock file, so concurrent
+jobs in other processes see it, and a job that dies frees its slot) and restricts its own process to
+that slice; its agents and workers inherit the restriction, and :mod:`runner.train.affinity` binds
+within it. A job that finds no free slot runs on all allowed cores, as it would alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+SLOT_DIR = Path(tempfile.gettempdir()) / f"runner-core-slots-{os.getuid()}"
+
+
+def parallel_jobs(launcher: object) -> int:
+    """How many jobs the launcher runs at once on this host (joblib's ``n_jobs``; -1: one per core)."""
+    n = getattr(launcher, "get", lambda *_: None)("n_jobs")
+    if n is None:
+        return 1
+    n = int(n)
+    return len(os.sched_getaffinity(0)) if n < 0 else max(n, 1)
+
+
+@contextlib.contextmanager
+def job_cores(parallel: int) -> Iterator[Optional[List[int]]]:
+    """Restrict this process (and what it starts) to a free slice of the host's cores while the job runs."""
+    allowed = sorted(os.sched_getaffinity(0))
+    n = min(parallel, len(allowed))
+    if n <= 1:
+        yield None
+        return
+    per = len(allowed) // n
+    SLOT_DIR.mkdir(exist_ok=True)
+    key = hashlib.sha1(",".join(map(str, allowed)).encode()).hexdigest()[:10]
+    for slot in range(n):
+        fd = os.open(SLOT_DIR / f"{key}-{n}-{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        cores = allowed[slot * per:(slot + 1) * per]
+        os.sched_setaffinity(0, cores)
+        try:
+            yield cores
+        finally:
+            os.sched_setaffinity(0, allowed)
+            os.close(fd)  # releases the lock
+        return
+    yield None
