@@ -51,7 +51,8 @@ def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
     import json
     from urllib.parse import quote
 
-    runs, experiments = quote(json.dumps(list(run_ids))), quote(json.dumps([experiment_id]))
+    compact = {"separators": (",", ":")}
+    runs, experiments = quote(json.dumps(list(run_ids), **compact)), quote(json.dumps([experiment_id], **compact))
     return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}"
 
 
