@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench clean-outputs mlflow-ui
+.PHONY: run test lint bench bench-plan clean-outputs mlflow-ui
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,3 +35,6 @@ clean-outputs:
 
 bench: $(STAMP)
 	$(PY) benchmarks/compare.py $(ARGS)
+
+bench-plan: $(STAMP)
+	$(PY) benchmarks/plan_sweep.py $(ARGS)

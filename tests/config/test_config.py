@@ -114,6 +114,7 @@ def test_training_option_rules(overrides: list, key: str) -> None:
     assert err.value.key == key
 
 
+@pytest.mark.slow
 def test_glob_sweep_runs_every_matching_option(tmp_path) -> None:
     proc = run_cli(["-m", "mode=plan", "sharding=glob([tablew*,tablerow*])", f"hydra.sweep.dir={tmp_path}",
                     f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])

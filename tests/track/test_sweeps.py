@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 from conftest import run_cli, runs
+
+pytestmark = pytest.mark.slow  # each test runs a whole sweep
 
 # DLRM's six tables planned for 2 GPUs of 0.05 GiB (fixed reserve): 10% leaves room, 90% leaves none.
 TIGHT_PLAN = ["mode=plan", "cluster.device=cuda", "cluster.hbm_cap_gib=0.05", "sharding.storage_reserve_policy=fixed",
@@ -63,7 +66,6 @@ def test_joblib_sweep_with_a_failing_point_fails_the_parent(store: str, tmp_path
 def test_concurrent_training_jobs_get_disjoint_cores(store: str, tmp_path: Path) -> None:
     import os
 
-    import pytest
     from conftest import FAST
 
     if len(os.sched_getaffinity(0)) < 2:
