@@ -12,10 +12,14 @@ $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# CPU build of torch from the machine's wheel cache; a CUDA machine follows README's GPU path instead
 	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
-	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	# the rest before torchrec: pip checks declared dependencies on every resolving install, and torchrec
+	# declares the CUDA fbgemm-gpu, which the CPU stack replaces (so it goes in last, with --no-deps)
 	$(PY) -m pip install --quiet -r requirements/runtime.txt -c requirements/lock.txt
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
 	$(PY) -m pip install --quiet --no-deps -e .
-	$(PY) -c "import torchrec, fbgemm_gpu, hydra, mlflow; print('environment ready:', torchrec.__version__)"
+	$(PY) -c "import torch, fbgemm_gpu, torchrec, hydra, mlflow; print('environment ready: torch', torch.__version__, \
+	'| fbgemm', fbgemm_gpu.__version__, '| torchrec', torchrec.__version__, '| hydra', hydra.__version__, \
+	'| mlflow', mlflow.__version__, '|', 'CUDA' if torch.cuda.is_available() else 'CPU')"
 	touch $(STAMP)
 
 run: $(STAMP)
