@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import hydra
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
 from runner.config import rundir
-from runner.config.errors import ConfigError, one_line
+from runner.config.errors import ConfigError, first_line, one_line
 from runner.config.schema import register_schemas
 from runner.config.validation import validate
 
@@ -98,7 +99,7 @@ def _group_error(override: str, loader: object) -> Optional[str]:
 def _format(exc: BaseException, override_text: List[str]) -> str:
     cause = exc.__cause__ or exc
     full_key = getattr(cause, "full_key", None)
-    msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    msg = first_line(cause) or type(cause).__name__
     m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", msg)
     if full_key and m:
         return f"{full_key}={m.group(1)!r} is not allowed; expected {_TYPE_WORDS.get(m.group(2), m.group(2))}"
@@ -125,7 +126,7 @@ def precheck(args: List[str]) -> Optional[str]:
                     overrides = overrides + _file_sweeps(overrides, config_name, loader)
                 combos = _combinations(overrides, loader)
             except Exception as exc:  # override syntax
-                return str(exc).strip().splitlines()[0]
+                return first_line(exc)
             return _check_combos(combos, config_name, loader)
     finally:
         GlobalHydra.instance().clear()
@@ -154,8 +155,6 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
 def _job(cfg: DictConfig) -> Optional[float]:
     """One job (a sweep's point, or the single run). Its outcome goes to its run folder's ``status.json``,
     where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it."""
-    from pathlib import Path
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -182,10 +181,10 @@ def _job(cfg: DictConfig) -> Optional[float]:
     return results.get("eval_auc")
 
 
-def _record_status(run_dir: object, status: str, error: Optional[str] = None) -> None:
+def _record_status(run_dir: Path, status: str, error: Optional[str] = None) -> None:
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[attr-defined]
-        rundir.write_status(run_dir, status, error)  # type: ignore[arg-type]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_status(run_dir, status, error)
     except OSError as exc:  # the job's own outcome matters more than its record
         print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
 

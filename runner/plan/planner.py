@@ -25,7 +25,7 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from runner.config.choices import SHARDING_TYPES
-from runner.config.errors import ConfigError, NoPlanFits, PlanError
+from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
@@ -153,8 +153,7 @@ def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, de
     line = explain(planner, cfg, world, device_type) if planner is not None else None
     if line is not None:
         return line
-    text = str(exc).strip().splitlines()
-    return f"the planner found no plan: {text[0] if text else type(exc).__name__}"
+    return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
 def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],

@@ -80,18 +80,16 @@ class ReusingEnumerator(EmbeddingEnumerator):
                                                             self._sharder_data_map)
             return options
         options = copy.deepcopy(near[0])
-        self._sharder_map, self._sharder_data_map = near[1], near[2]
         for estimator in self._estimators:  # perf reads this point's bandwidths; storage is the same
             if "Storage" not in type(estimator).__name__:
-                estimator.estimate(options, sharder_data_map=self._sharder_data_map)
-        _OPTIONS[self._bw_key] = (copy.deepcopy(options), near[1], near[2])
-        self._last_stored_module, self._last_stored_sharders = module, sharders
-        self._last_stored_search_space = _OPTIONS[self._bw_key][0]  # read-only: TorchRec copies it on reuse
-        return options
+                estimator.estimate(options, sharder_data_map=near[2])
+        _OPTIONS[self._bw_key] = (options, near[1], near[2])
+        return self._hand_out(_OPTIONS[self._bw_key], module, sharders)
 
     def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: Any,
                   sharders: List[Any]) -> List[ShardingOption]:
+        """A copy of a kept entry, with the state TorchRec's own enumerate leaves behind."""
         self._sharder_map, self._sharder_data_map = entry[1], entry[2]
         self._last_stored_module, self._last_stored_sharders = module, sharders
-        self._last_stored_search_space = entry[0]
+        self._last_stored_search_space = entry[0]  # read-only: TorchRec copies it when it reuses it
         return copy.deepcopy(entry[0])

@@ -24,6 +24,7 @@ from runner.track.store import (
     check_store,
     compare_url,
     end_run,
+    experiment_id,
     log_artifacts,
     log_metrics,
     log_params,
@@ -109,7 +110,7 @@ class SweepParentRun(Callback):
     def __init__(self) -> None:
         self._run_id: Optional[str] = None
         self._uri = ""
-        self._experiment = ""
+        self._experiment_id = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._uri = tracking_uri(config)
@@ -118,6 +119,7 @@ class SweepParentRun(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
+        self._experiment_id = experiment_id(self._uri, config.tracking.experiment)
         self._run_id = start_run(self._uri, config.tracking.experiment, f"sweep {sweep_dir.name}", None,
                                  {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
                                   "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
@@ -141,7 +143,7 @@ class SweepParentRun(Callback):
         end_run(self._uri, self._run_id, "FAILED" if failed else "FINISHED", "; ".join(lines) or None)
         if found.get("run_ids"):
             print(f"[runner] sweep done: {len(points)} points; compare them: "
-                  f"{compare_url(self._uri, found['experiment_id'], found['run_ids'])}", flush=True)
+                  f"{compare_url(self._uri, self._experiment_id, found['run_ids'])}", flush=True)
         if failed:
             print(f"error: {len(failed)} of {len(points)} job(s) failed:\n  " + "\n  ".join(lines), file=sys.stderr,
                   flush=True)
@@ -157,7 +159,4 @@ class SweepParentRun(Callback):
         if report is not None:
             log_artifacts(self._uri, self._run_id, sorted(report.iterdir()), artifact_path="report")
             print(f"[runner] sweep report: {report / 'report.md'}", flush=True)
-            from runner.track.store import client
-
-            found["experiment_id"] = client(self._uri).get_run(self._run_id).info.experiment_id
         return found
