@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.errors import ConfigError, first_line, one_line
 from runner.config.schema import register_schemas
 from runner.config.validation import validate
@@ -166,10 +166,12 @@ def _job(cfg: DictConfig) -> Optional[float]:
     try:
         validate(cfg)
         results = run_job(cfg)
-    except KeyboardInterrupt:
-        _record_status(run_dir, "KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
-        print("error: stopped; every worker was stopped", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:
+        stop = signals.stopped(exc)
+        _record_status(run_dir, "KILLED", f"stopped by {stop.name}")
+        print(f"error: stopped by {stop.name}; every worker was stopped, the run is KILLED ({run_dir})",
+              file=sys.stderr, flush=True)
+        raise SystemExit(stop.exit_code) from None
     except Exception as exc:
         line = one_line(exc)
         _record_status(run_dir, "FAILED", line)
@@ -203,13 +205,18 @@ def _prewarm(args: List[str]) -> None:
 
 def main() -> None:
     """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
-    _prewarm(sys.argv[1:])
-    error = precheck(sys.argv[1:])
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    signals.install()
     try:
+        _prewarm(sys.argv[1:])
+        error = precheck(sys.argv[1:])
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
         _job()
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code not in (0, None):
             raise
+    except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _job)
+        stop = signals.stopped(exc)
+        print(f"error: stopped by {stop.name}", file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)

@@ -10,6 +10,7 @@
 - ``results.json``: rank 0's results (losses, AUC, throughput; or the plan's estimates in ``mode=plan``);
 - ``status.json``: how the job ended (``FINISHED`` / ``FAILED`` with its one-line error / ``KILLED``):
   what a sweep's outcome is computed from;
+- ``runner.log``: the libraries' warnings and log lines (driver, agents, workers), full tracebacks;
 - ``measured.json``, ``plan/``, ``checkpoints/``; ``pids/rank<R>.pid``; ``errors/`` (each failed rank's
   line and traceback, each agent's record of a killed worker).
 """
@@ -32,6 +33,7 @@ PLAN = "plan"
 CHECKPOINTS = "checkpoints"
 PIDS = "pids"
 ERRORS = "errors"
+LOG = "runner.log"  # Hydra's job log (``hydra.job.name`` is ``runner``); agents and workers append to it
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -13,7 +13,6 @@ agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -24,7 +23,10 @@ from omegaconf import OmegaConf
 
 from runner.config import rundir
 from runner.config.device import device_type
+from runner.launch.deathwatch import DeathWatch
 from runner.train.affinity import agent_threads, workers_on_host
+from runner.train.lifeline import AGENT_PID, DRIVER_PID, die_with_parent
+from runner.train.logfile import log_to_file
 
 
 def _set_threads(threads: int) -> None:
@@ -43,13 +45,6 @@ def _job_from_stdin() -> list | None:
     return [str(x) for x in json.loads(job)] if job.strip() else None
 
 
-def _quiet_logs() -> None:
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    # A failed worker's traceback goes to <run_dir>/errors/; the driver prints the one-line cause.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)  # "Terminating process ..." on stop
-
-
 def _start_method(c: Any) -> str:
     """``cluster.start_method``; ``auto``: fork CPU workers (they inherit the imports), spawn CUDA ones
     (fork needs a parent that has not touched CUDA; spawn is always safe)."""
@@ -58,19 +53,60 @@ def _start_method(c: Any) -> str:
     return "fork" if c.device == "cpu" or (c.device == "auto" and device_type("auto") == "cpu") else "spawn"
 
 
-def _record_failure(run_dir: Path, node_rank: int, exc: Any) -> None:
-    """The first failed worker as the agent saw it: a signal that killed it, else its last error line."""
-    rank, failure = exc.get_first_failure()
-    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
-    killed = failure.signal_name() not in ("<N/A>", "")
-    if killed:
-        message = f"killed by {failure.signal_name()}"
-    line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-    rundir.record_error(run_dir, f"agent{node_rank}", {"rank": rank, "time": failure.timestamp or time.time(),
-                                                      "error": line, "source": "agent", "signal": killed})
+def _rank_of(run_dir: Path, pid: int) -> str:
+    for f in (run_dir / rundir.PIDS).glob("rank*.pid"):
+        try:
+            if int(f.read_text().strip()) == pid:
+                return f.stem[len("rank"):]
+        except (OSError, ValueError):
+            continue
+    return "?"
+
+
+def _record_failures(run_dir: Path, node_rank: int, exc: Any, watch: DeathWatch) -> None:
+    """Each worker that died by a signal (with the kernel's word on why, when it has one): such a rank
+    records nothing itself. Then torch elastic's own failure record, when it names another rank."""
+    killed = watch.killed()
+    for death in killed:
+        rank = _rank_of(run_dir, int(death["pid"]))  # type: ignore[arg-type]
+        line = f"killed by {death['signal']}{likely_cause(int(death['pid']), str(death['signal']))}"  # type: ignore[arg-type]
+        rundir.record_error(run_dir, f"agent{node_rank}-rank{rank}",
+                            {"rank": rank, "time": death["time"], "error": line, "source": "agent",
+                             "signal": death["signal"], "node": node_rank, "pid": death["pid"]})
+    pids = {d["pid"] for d in killed}
+    for rank, failure in sorted(exc.failures.items()):
+        if failure.pid in pids:
+            continue
+        message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+        name = failure.signal_name()
+        killed_by = name not in ("<N/A>", "")
+        if killed_by:
+            message = f"killed by {name}{likely_cause(failure.pid, name)}"
+        line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+        rundir.record_error(run_dir, f"agent{node_rank}-elastic{rank}",
+                            {"rank": rank, "time": failure.timestamp or time.time(), "error": line,
+                             "source": "agent", "signal": name if killed_by else None, "node": node_rank,
+                             "pid": failure.pid})
+
+
+def likely_cause(pid: int, signal_name: str) -> str:
+    """``" (the kernel's OOM killer: ...)"`` when the kernel log says it killed ``pid``; else a hint."""
+    if signal_name != "SIGKILL":
+        return ""
+    import subprocess
+
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=3).stdout
+    except (OSError, subprocess.SubprocessError):
+        log = ""
+    for line in reversed(log.splitlines()):
+        if f"Killed process {pid} " in line or f"Killed process {pid}," in line:
+            return f" (the kernel's OOM killer: {line.split(']', 1)[-1].strip()})"
+    return " (by another process or the kernel's OOM killer: check memory, e.g. dmesg)"
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent(DRIVER_PID)  # a driver killed with SIGKILL takes its agents (and so their workers) along
     if argv[0] == "--warm":
         _set_threads(int(argv[1]))
         job = _job_from_stdin()
@@ -78,15 +114,17 @@ def main(argv: list[str]) -> int:
             return 0
         argv = job
     run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
-    _quiet_logs()
     cfg = OmegaConf.load(run_dir / rundir.RESOLVED)
     c = cfg.cluster
     _set_threads(agent_threads(cfg))  # a warm agent: already set
     os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from runner.train.worker import elastic_entry, preload
+
+    log_to_file(run_dir, f"agent{node_rank}")  # once torch elastic's loggers exist
 
     start_method = _start_method(c)
     if start_method == "fork":
@@ -103,11 +141,15 @@ def main(argv: list[str]) -> int:
         monitor_interval=0.5,
         start_method=start_method,
     )
+    os.environ[AGENT_PID] = str(os.getpid())  # the workers die with this agent
+    watch = DeathWatch()
     try:
         elastic_launch(config, elastic_entry)(str(run_dir))
     except ChildFailedError as exc:
-        _record_failure(run_dir, node_rank, exc)
+        _record_failures(run_dir, node_rank, exc, watch)
         return 1
+    except SignalException as exc:  # the driver stopped the job: torch elastic has stopped the workers
+        return 128 + int(exc.sigval)
     return 0
 
 

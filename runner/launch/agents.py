@@ -6,6 +6,7 @@ one signal per node: SIGTERM first (the agent stops its workers), SIGKILL after 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any, Callable, List, Optional
 from runner.config import rundir
 from runner.config.errors import WorkerFailure
 from runner.launch.warm import kill_group, take_warm
+from runner.train.lifeline import DRIVER_PID
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
@@ -30,28 +32,48 @@ def free_port() -> int:
 
 
 def _stop_all(procs: List[subprocess.Popen]) -> None:
-    for p in procs:
-        kill_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(0.1)
-    for p in procs:  # the agent may be gone while its workers linger: kill the whole group
-        kill_group(p, signal.SIGKILL)
-        p.wait()
+    """SIGTERM to every agent's group (an agent stops its workers), SIGKILL after the grace period, or at
+    once on a second Ctrl-C."""
+    try:
+        for p in procs:
+            kill_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+    except KeyboardInterrupt:  # asked twice: no more grace
+        pass
+    finally:
+        for p in procs:  # the agent may be gone while its workers linger: kill the whole group
+            kill_group(p, signal.SIGKILL)
+            p.wait()
 
 
 def root_cause(run_dir: Path) -> str:
     """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
     records = [r for r in rundir.error_records(run_dir) if "rank" in r and "time" in r]
     if not records:
-        return "a worker process failed without recording an error (see the output above)"
+        return f"a worker process failed without recording an error (see {run_dir / rundir.LOG})"
     # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
     # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
     workers = [r for r in records if r.get("source") == "worker"]
     spoke = {str(r["rank"]) for r in workers}
     killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
+    # SIGTERM is what stopping the others after a failure sends: an echo, unless nothing else was recorded
+    killed = [r for r in killed if r["signal"] != "SIGTERM"] or (killed if not workers else [])
     first = min(killed or workers or records, key=lambda r: r["time"])
-    return f"rank {first['rank']} failed: {first['error']}"
+    where = f" on node {first['node']}" if "node" in first else ""
+    return f"rank {first['rank']}{where} failed: {first['error']}"
+
+
+def _agent_death(proc: subprocess.Popen, node: int) -> Optional[str]:
+    """The line for an agent that was killed by a signal (its workers died with it), else None."""
+    if proc.returncode is None or proc.returncode >= 0:
+        return None
+    try:
+        name = signal.Signals(-proc.returncode).name
+    except ValueError:
+        name = f"signal {-proc.returncode}"
+    return f"node {node}'s agent (pid {proc.pid}) was killed by {name}; its workers were stopped with it"
 
 
 def nodes_on_this_host(cluster: Any) -> List[int]:
@@ -66,7 +88,7 @@ def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]
         warm = take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
         procs.append(warm or subprocess.Popen(
             [sys.executable, "-m", "runner.launch.agent", str(run_dir), str(node), str(port)],
-            start_new_session=True,
+            start_new_session=True, env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}),
         ))
     return procs
 
@@ -83,7 +105,8 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.1)
             _stop_all(procs)
-            raise WorkerFailure(root_cause(run_dir) + f" (node {nodes_on_this_host(cluster)[failed]})")
+            node = nodes_on_this_host(cluster)[failed]
+            raise WorkerFailure(_agent_death(procs[failed], node) or root_cause(run_dir))
         if all(c == 0 for c in codes):
             return
         if pump is not None and time.monotonic() >= next_pump:
@@ -101,16 +124,10 @@ def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Call
     rendezvous meanwhile); if it raises, the agents are stopped. ``pump`` runs every few seconds.
     """
     procs: List[subprocess.Popen] = []
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         procs = _start_agents(cluster, run_dir, port, threads)
         if while_starting is not None:
             while_starting()
         _supervise(procs, cluster, run_dir, pump)
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM (raised as runner.config.signals.Stopped)
         _stop_all(procs)
-        signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional
 from omegaconf import OmegaConf
 
 from runner import STARTED
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.device import check_sparse_optimizer, check_tf32, device_type
 from runner.launch.agents import free_port, launch
@@ -190,8 +190,8 @@ def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
             return {}
         run.pump()
         results.update(run_id=run.run_id, tracking_uri=run.uri)
-    except KeyboardInterrupt:
-        run.end("KILLED", "stopped by a signal (Ctrl-C or SIGTERM)")
+    except KeyboardInterrupt as exc:
+        run.end("KILLED", f"stopped by {signals.stopped(exc).name}")
         raise
     except BaseException as exc:
         run.ensure_on_record()

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Optional
 
 from runner import STARTED
+from runner.train.lifeline import DRIVER_PID
 
 
 class WarmAgent:
     """The prewarmed agent process and the OpenMP thread count it loaded torch with."""
 
     def __init__(self, threads: int) -> None:
-        env = dict(os.environ, RUNNER_START_UNIX=str(STARTED))  # the start-up marks' origin
+        env = dict(os.environ, RUNNER_START_UNIX=str(STARTED),  # the start-up marks' origin
+                   **{DRIVER_PID: str(os.getpid())})  # it dies with this driver
         self.threads = threads
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
             [sys.executable, "-m", "runner.launch.agent", "--warm", str(threads)],

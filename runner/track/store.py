@@ -15,9 +15,30 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
+from runner.config.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 _MAX_BATCH = 100  # MLflow's limit on params per log_batch call
+LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s of backoff in all
+
+
+def _store_write(fn: Any) -> Any:
+    """A write to the store: never cut by Ctrl-C or SIGTERM (:func:`uninterrupted`), and retried with
+    backoff while another process holds the SQLite store's write lock."""
+
+    @functools.wraps(fn)
+    def write(*args: Any, **kwargs: Any) -> Any:
+        with uninterrupted():
+            for attempt in range(LOCKED_RETRIES):
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as exc:
+                    if "database is locked" not in str(exc) or attempt == LOCKED_RETRIES - 1:
+                        raise
+                    time.sleep(min(0.1 * 2 ** attempt, 4.0))
+        return None
+
+    return write
 
 
 def tracking_uri(cfg: Any) -> str:
@@ -139,6 +160,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
     return out
 
 
+@_store_write
 def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
@@ -152,6 +174,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) 
     log_metric_points(uri, run_id, [(metrics, step)])
 
 
+@_store_write
 def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str, float], int]]) -> None:
     """Metrics of several steps in as few store transactions as MLflow's batch limit allows."""
     from mlflow.entities import Metric
@@ -163,12 +186,14 @@ def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str,
         c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
 
 
+@_store_write
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
     client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+@_store_write
 def log_artifacts(uri: str, run_id: str, paths: Iterable[Path], artifact_path: Optional[str] = None) -> None:
     c = client(uri)
     for p in paths:
@@ -178,6 +203,7 @@ def log_artifacts(uri: str, run_id: str, paths: Iterable[Path], artifact_path: O
             c.log_artifact(run_id, str(p), artifact_path=artifact_path)
 
 
+@_store_write
 def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
               tags: Mapping[str, Any]) -> str:
     """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
@@ -206,6 +232,7 @@ def default_run_name(cfg: Any, choices: Optional[Mapping[str, Any]] = None) -> s
     return "-".join(str(choices.get(group) or cfg[group].name) for group in ("model", "sharding", "cluster"))
 
 
+@_store_write
 def end_run(uri: str, run_id: str, status: str, error: Optional[str] = None) -> None:
     """Set the final status; a failure's reason goes into the ``error`` tag."""
     c = client(uri)

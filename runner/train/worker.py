@@ -8,12 +8,10 @@ cause, not its peers' broken connections).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +26,8 @@ from runner.config.device import backend, check_sparse_optimizer, check_tf32, de
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
 from runner.train import affinity
+from runner.train.lifeline import AGENT_PID, die_with_parent
+from runner.train.logfile import log_to_file
 
 
 def _env_int(name: str, default: int) -> int:
@@ -90,13 +90,6 @@ def bind_cores(cfg: Any, device: torch.device, env: RankEnv) -> Optional[List[in
     return sorted(os.sched_getaffinity(0))  # what the kernel now applies, as reported in runner.cpu_cores
 
 
-def _quiet_logs() -> None:
-    warnings.filterwarnings("ignore")
-    logging.getLogger().setLevel(logging.ERROR)
-    for name in ("torch", "torchrec", "fbgemm_gpu"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _init_process_group(device: torch.device, timeout: timedelta, env: RankEnv) -> None:
     """The default process group, its keys under a per-attempt prefix of the launcher's store.
 
@@ -157,7 +150,8 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
 
 
 def _run_guarded(cfg: Any, run_dir: Path) -> Dict[str, Any]:
-    _quiet_logs()
+    die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
+    log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:
         return run(cfg, run_dir)
     except BaseException as exc:

@@ -1,0 +1,71 @@
+"""Ctrl-C and SIGTERM in the driver: a :class:`Stopped` raised where it is safe to stop.
+
+``scancel``, ``timeout`` and container stops send SIGTERM; a terminal's Ctrl-C sends SIGINT. Both become
+:class:`Stopped` (a ``KeyboardInterrupt``) carrying the signal, so that the job ends KILLED with exit code
+128 + the signal's number. A write to the MLflow store runs :func:`uninterrupted`: a signal that arrives
+meanwhile is raised when the write is done, never inside it (a write cut in the middle can leave the
+embedded SQLite store locked, and the run's final status unwritten).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Any, Iterator, Optional
+
+
+class Stopped(KeyboardInterrupt):
+    """The job was stopped by ``signum`` (SIGINT: Ctrl-C; SIGTERM: scancel, timeout, a container stop)."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def stopped(exc: BaseException) -> Stopped:
+    """``exc`` as a :class:`Stopped` (a plain ``KeyboardInterrupt`` is Ctrl-C's SIGINT)."""
+    return exc if isinstance(exc, Stopped) else Stopped(signal.SIGINT)
+
+
+class _Guard:
+    depth = 0
+    pending: Optional[int] = None
+
+
+_guard = _Guard()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _guard.depth > 0 and threading.current_thread() is threading.main_thread():
+        _guard.pending = signum  # raised when the write in progress is done
+        return
+    raise Stopped(signum)
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM to :class:`Stopped` (in the main thread of the driver)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Run the block whole: a Ctrl-C or SIGTERM meanwhile is raised as :class:`Stopped` after it."""
+    _guard.depth += 1
+    try:
+        yield
+    finally:
+        _guard.depth -= 1
+        if _guard.depth == 0 and _guard.pending is not None:
+            signum, _guard.pending = _guard.pending, None
+            raise Stopped(signum)

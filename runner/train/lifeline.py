@@ -1,0 +1,50 @@
+"""No process outlives the one that started it: agents die with their driver, workers with their agent.
+
+An agent runs in its own session (so that one signal stops it and its workers), which also means that
+nothing stops it when its driver dies by SIGKILL (the OOM killer, ``kill -9``). Each child therefore asks
+the kernel for a parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``), then checks that its parent is
+still the one it expected (it may have died before the request); where the kernel offers no such signal,
+a daemon thread watches the parent's pid instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+PR_SET_PDEATHSIG = 1
+WATCH_S = 1.0  # the fallback's polling interval
+DRIVER_PID = "RUNNER_DRIVER_PID"  # set by the driver for its agents
+AGENT_PID = "RUNNER_AGENT_PID"  # set by an agent for its workers
+
+
+def _request_death_signal(sig: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def _watch(parent: int, sig: int) -> None:
+    while True:
+        time.sleep(WATCH_S)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+
+def die_with_parent(env_var: str, sig: int = signal.SIGKILL) -> None:
+    """End this process with ``sig`` when its parent dies. The parent is the pid in ``env_var`` when set
+    (what the parent said it is: this process may have been orphaned before it got here), else the
+    current parent."""
+    expected: Optional[str] = os.environ.get(env_var)
+    parent = int(expected) if expected and expected.isdigit() else os.getppid()
+    armed = _request_death_signal(sig)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    if not armed:
+        threading.Thread(target=_watch, args=(parent, sig), name="lifeline", daemon=True).start()

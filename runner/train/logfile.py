@@ -1,0 +1,36 @@
+"""Agents' and workers' log lines and warnings go to the run's log file, never the terminal.
+
+The terminal gets the runner's own lines (progress, the job's one line on failure); what torch, torch
+elastic, TorchRec and FBGEMM log (restarts, "Received 15 death signal", deprecations) is appended to
+``<run folder>/runner.log``, where Hydra's job log for the driver also goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+from runner.config import rundir
+
+_LIBRARIES = ("torch", "torchrec", "fbgemm_gpu")
+
+
+def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
+    """Route every logger (torch's own terminal handlers included) and ``warnings`` to the run's log."""
+    handler = logging.FileHandler(run_dir / rundir.LOG, delay=True)
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s][{who}][%(name)s][%(levelname)s] %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split(".")[0] in _LIBRARIES:
+            logger.handlers, logger.propagate = [], True  # torch installs terminal handlers of its own
+    for name in _LIBRARIES:
+        logging.getLogger(name).handlers = []
+        logging.getLogger(name).propagate = True
+        logging.getLogger(name).setLevel(level)
+    warnings.simplefilter("once")
+    logging.captureWarnings(True)
