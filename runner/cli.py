@@ -103,6 +103,11 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
     m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", msg)
     if full_key and m:
         return f"{full_key}={m.group(1)!r} is not allowed; expected {_TYPE_WORDS.get(m.group(2), m.group(2))}"
+    if full_key and "is not in struct" in msg:  # a new key under a dict-valued setting
+        given = next((o for o in override_text if o.split("=", 1)[0] == str(full_key)
+                      or o.startswith(f"{full_key}.")), f"{full_key}=...")
+        return (f"{full_key}: no such key yet; a new entry of a dict-valued setting is added with a leading +, "
+                f"e.g. +{given.lstrip('+')}")
     if full_key:
         return f"{full_key}: {msg}"
     return f"{msg} (in: {' '.join(override_text)})"
@@ -174,6 +179,9 @@ def _job(cfg: DictConfig) -> Optional[float]:
         raise SystemExit(stop.exit_code) from None
     except Exception as exc:
         line = one_line(exc)
+        logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
+        if line.startswith("unexpected error"):
+            line += f" (traceback in {run_dir / rundir.LOG})"
         _record_status(run_dir, "FAILED", line)
         print(f"error: {line}", file=sys.stderr, flush=True)
         if hc.mode != RunMode.MULTIRUN:

@@ -45,12 +45,16 @@ class TrackingError(RuntimeError):
     """The MLflow store cannot be reached or opened; ``str()`` names the URI and what to do."""
 
 
+class DataError(RuntimeError):
+    """The data cannot be read as configured; ``str()`` names the file (and line) and what is expected."""
+
+
 class WorkerFailure(RuntimeError):
     """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
 
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
-          (TrackingError, "tracking error"), (WorkerFailure, "job failed"))
+          (TrackingError, "tracking error"), (DataError, "data error"), (WorkerFailure, "job failed"))
 
 
 def first_line(exc: BaseException) -> str:
@@ -59,8 +63,20 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _original(text: str) -> str:
+    """The error a DataLoader worker raised, out of the "Caught X in DataLoader worker process N" wrapper
+    (its last line, ``module.Class: message``), without the class."""
+    last = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
+    head, sep, rest = last.partition(": ")
+    return rest if sep and " " not in head else last
+
+
 def one_line(exc: BaseException) -> str:
-    """``<kind>: <message>`` for the runner's own errors, ``<ClassName>: <message>`` for any other."""
-    kind = next((name for cls, name in _KINDS if isinstance(exc, cls)), type(exc).__name__)
-    message = first_line(exc)
-    return f"{kind}: {message}" if message else kind
+    """``<kind>: <message>`` for the runner's own errors, ``error: <message>`` for any other (the class
+    name and traceback go to the run's log file, not the user's line)."""
+    kind = next((name for cls, name in _KINDS if isinstance(exc, cls)), "unexpected error")
+    text = str(exc)
+    message = _original(text) if text.startswith("Caught ") and "Original Traceback" in text else first_line(exc)
+    if not message:
+        message = type(exc).__name__
+    return f"{kind}: {message}"

@@ -76,6 +76,26 @@ def error_records(run_dir: Path) -> list:
     return [r for r in found if isinstance(r, dict)]
 
 
+PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the same folder
+_JOB_FILES = (DRIVER, RUN_INFO, EVENTS, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, "delivered.json")
+
+
+def set_aside_previous(run_dir: Path) -> Optional[Path]:
+    """Move an earlier job's files in ``run_dir`` to ``previous/<n>/`` (checkpoints stay, for
+    ``train.resume=latest``), so that this job never reads them; the folder moved to, or None."""
+    found = [run_dir / name for name in _JOB_FILES if (run_dir / name).exists()]
+    if not found:
+        return None
+    n = 1
+    while (run_dir / PREVIOUS / str(n)).exists():
+        n += 1
+    dest = run_dir / PREVIOUS / str(n)
+    dest.mkdir(parents=True)
+    for path in found:
+        os.replace(path, dest / path.name)
+    return dest
+
+
 def point_dirs(sweep_dir: Path) -> List[Path]:
     """A sweep folder's point folders (``0``, ``1``, ...), in job order."""
     if not sweep_dir.is_dir():

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
+from runner.config.errors import DataError
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
 
@@ -47,6 +48,19 @@ def hex_to_int(strings: Any) -> np.ndarray:
     return (digits * _POWERS).sum(axis=1, dtype=np.uint64)
 
 
+CRITEO_LAYOUT = "40 tab-separated fields: label, 13 integer, 26 hex categorical"
+
+
+def bad_line(path: Path) -> Optional[str]:
+    """``<file> line N has K fields; ...`` for the first line of ``path`` that is not the Criteo layout."""
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            fields = line.rstrip(b"\r\n").count(b"\t") + 1
+            if fields != 1 + CRITEO_DENSE + CRITEO_SPARSE:
+                return f"{path} line {n} has {fields} fields; Criteo lines have {CRITEO_LAYOUT}"
+    return None
+
+
 def criteo_files(path: str) -> List[Path]:
     p = Path(path)
     if p.is_file():
@@ -63,9 +77,9 @@ class CriteoSource(ShardedSource):
     block_bytes = 4 << 20
 
     def __iter__(self) -> Iterator[Batch]:
-        yield from self._rebatch(self._parse(block) for block in self._blocks())
+        yield from self._rebatch(self._parse(path, block) for path, block in self._blocks())
 
-    def _blocks(self) -> Iterator[bytes]:
+    def _blocks(self) -> Iterator[Tuple[Path, bytes]]:
         """This shard's byte range of the concatenated files, as blocks of whole lines."""
         shard, shards = self._shard()
         files = criteo_files(self.path)
@@ -76,9 +90,9 @@ class CriteoSource(ShardedSource):
             start, end = max(lo - offset, 0), min(hi - offset, size)
             offset += size
             if start < end:
-                yield from _blocks_starting_in(path, start, end, self.block_bytes)
+                yield from ((path, b) for b in _blocks_starting_in(path, start, end, self.block_bytes))
 
-    def _parse(self, block: bytes) -> Any:
+    def _parse(self, path: Path, block: bytes) -> Any:
         """Whole lines, parsed by Arrow's CSV reader (C++): label, 13 numbers, 26 strings."""
         import pyarrow as pa
         import pyarrow.csv as pcsv
@@ -95,8 +109,8 @@ class CriteoSource(ShardedSource):
                                  convert_options=pcsv.ConvertOptions(column_types=types,
                                                                      strings_can_be_null=False))
         except pa.ArrowInvalid as exc:
-            raise ValueError(f"{self.path}: not the Criteo layout (label, 13 integer, 26 categorical, "
-                             f"tab-separated): {str(exc).splitlines()[0]}") from None
+            raise DataError(bad_line(path) or f"{path}: not the Criteo layout ({CRITEO_LAYOUT}): "
+                            f"{str(exc).splitlines()[0]}") from None
 
     def _batch(self, t: Any) -> Batch:
         def numbers(name: str) -> np.ndarray:  # missing values (null) -> NaN -> 0

@@ -12,9 +12,9 @@ from typing import Any, Iterator, Optional
 import torch
 from torchrec.datasets.utils import Batch
 
-from runner.config.errors import ConfigError
+from runner.config.errors import ConfigError, DataError, first_line
 from runner.config.schema import samples_per_step
-from runner.data.criteo import CRITEO_DENSE, CRITEO_SPARSE, CriteoSource, criteo_files
+from runner.data.criteo import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, CriteoSource, criteo_files
 from runner.data.layout import layout
 from runner.data.parquet import ParquetSource, parquet_files
 from runner.data.synthetic import synthetic
@@ -35,6 +35,9 @@ def check_data(cfg: Any) -> None:
         if not found:
             kind = "*.parquet files" if d.name == "parquet" else "files"
             raise ConfigError(f"data.{key}", value, f"a file or folder with {kind} (none found)")
+    for key in ("path", "eval_path"):
+        if getattr(d, key) is not None:
+            _check_files(d.name, f"data.{key}", getattr(d, key))
     if d.name == "criteo":
         lay = layout(cfg)
         if len(lay.features) != CRITEO_SPARSE or lay.num_dense != CRITEO_DENSE or len(lay.tasks) != 1:
@@ -51,6 +54,28 @@ def check_data(cfg: Any) -> None:
         if missing:
             raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"
                               f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
+
+
+def _check_files(kind: str, key: str, value: str) -> None:
+    """Every file non-empty and of its format (a Parquet footer; a Criteo first line of 40 fields)."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        for f in parquet_files(value):
+            try:
+                pq.read_metadata(f)
+            except Exception as exc:  # ArrowInvalid, OSError
+                raise DataError(f"{key}={value}: {f} is not a Parquet file ({first_line(exc)})") from None
+        return
+    files = criteo_files(value)
+    if all(f.stat().st_size == 0 for f in files):
+        raise DataError(f"{key}={value}: {'the file is' if len(files) == 1 else 'every file is'} empty; "
+                        f"Criteo files have lines of {CRITEO_LAYOUT}")
+    with files[0].open("rb") as fh:
+        first = fh.readline().rstrip(b"\r\n")
+    fields = first.count(b"\t") + 1
+    if fields != 1 + CRITEO_DENSE + CRITEO_SPARSE:
+        raise DataError(f"{files[0]} line 1 has {fields} fields; Criteo lines have {CRITEO_LAYOUT} ({key}={value})")
 
 
 def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int = 0,

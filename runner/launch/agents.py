@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,6 @@ from runner.train.lifeline import DRIVER_PID
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
 PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop_all(procs: List[subprocess.Popen]) -> None:
@@ -62,7 +55,9 @@ def root_cause(run_dir: Path) -> str:
     killed = [r for r in killed if r["signal"] != "SIGTERM"] or (killed if not workers else [])
     first = min(killed or workers or records, key=lambda r: r["time"])
     where = f" on node {first['node']}" if "node" in first else ""
-    return f"rank {first['rank']}{where} failed: {first['error']}"
+    trace = run_dir / rundir.ERRORS / f"rank{first['rank']}.traceback.txt"
+    more = f" (traceback: {trace})" if first.get("source") == "worker" and trace.exists() else ""
+    return f"rank {first['rank']}{where} failed: {first['error']}{more}"
 
 
 def _agent_death(proc: subprocess.Popen, node: int) -> Optional[str]:

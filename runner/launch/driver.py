@@ -21,7 +21,8 @@ from runner import STARTED
 from runner.config import rundir, signals
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.device import check_sparse_optimizer, check_tf32, device_type
-from runner.launch.agents import free_port, launch
+from runner.launch.agents import launch
+from runner.launch.ports import check_master_port, free_port
 from runner.launch.cores import job_cores, parallel_jobs
 from runner.launch.warm import discard_warm, took_warm
 from runner.track import store
@@ -172,9 +173,15 @@ def run_job(cfg: Any) -> Dict[str, Any]:
     _mark_start()
     ctx = JobContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    earlier = rundir.set_aside_previous(ctx.run_dir)  # a job reads only its own files
+    if earlier is not None:
+        print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
+              "for train.resume=latest)", flush=True)
     config = OmegaConf.to_container(cfg, resolve=True)
     (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
     port = cfg.cluster.master_port or free_port()
+    if cfg.cluster.master_port and cfg.mode == "train" and cfg.cluster.node_rank in (None, 0):
+        check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = JobRun(cfg, ctx, config, port)  # type: ignore[arg-type]
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts

@@ -122,6 +122,13 @@ def check_store(uri: str) -> None:
             reason = getattr(exc, "reason", None) or exc
             raise TrackingError(f"tracking.uri={uri}: no MLflow server answers ({first_line(reason)}); "
                                 f"{fix}") from None
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///"):]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrackingError(f"tracking.uri={uri}: the store's folder {folder} cannot be created "
+                                f"({exc.strerror}); use a writable path, e.g. sqlite:///$HOME/mlflow.db") from None
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:

@@ -81,7 +81,7 @@ def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_pa
 def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) -> None:
     """A 2-host job as a cluster runs it: one `python -m runner cluster.node_rank=K` per host (here two
     drivers on this host, each with its own run folder). Only the host where rank 0 lands logs the run."""
-    from runner.launch.agents import free_port
+    from runner.launch.ports import free_port
 
     port, tag = free_port(), uuid.uuid4().hex
     env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)

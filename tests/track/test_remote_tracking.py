@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, metric_history, run_cli, runs
 
-from runner.launch.agents import free_port
+from runner.launch.ports import free_port
 
 pytestmark = pytest.mark.slow
 
