@@ -214,6 +214,10 @@ def _prewarm(args: List[str]) -> None:
 def main() -> None:
     """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
     signals.install()
+    if sys.argv[1:2] == ["sync"]:
+        from runner.track.sync import sync
+
+        sys.exit(sync(sys.argv[2:]))
     try:
         _prewarm(sys.argv[1:])
         error = precheck(sys.argv[1:])

@@ -7,6 +7,8 @@
   that a driver owns the MLflow run;
 - ``run.json``: the MLflow store and run id, published by the driver once the run exists;
 - ``events.jsonl``: what rank 0 reports for MLflow (metrics, tags, artifacts), one JSON line each;
+- ``delivered.json``: how much of it is in the store, and the final status while the store was unreachable
+  (``python -m runner sync <run folder>`` delivers the rest);
 - ``results.json``: rank 0's results (losses, AUC, throughput; or the plan's estimates in ``mode=plan``);
 - ``status.json``: how the job ended (``FINISHED`` / ``FAILED`` with its one-line error / ``KILLED``):
   what a sweep's outcome is computed from;
@@ -33,6 +35,7 @@ PLAN = "plan"
 CHECKPOINTS = "checkpoints"
 PIDS = "pids"
 ERRORS = "errors"
+DELIVERED = "delivered.json"  # how much of events.jsonl is in the store; the final status while it is not
 LOG = "runner.log"  # Hydra's job log (``hydra.job.name`` is ``runner``); agents and workers append to it
 
 
@@ -77,7 +80,7 @@ def error_records(run_dir: Path) -> list:
 
 
 PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the same folder
-_JOB_FILES = (DRIVER, RUN_INFO, EVENTS, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, "delivered.json")
+_JOB_FILES = (DRIVER, RUN_INFO, EVENTS, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, DELIVERED)
 
 
 def set_aside_previous(run_dir: Path) -> Optional[Path]:

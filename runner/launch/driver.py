@@ -22,13 +22,14 @@ from runner.config import rundir, signals
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.device import check_sparse_optimizer, check_tf32, device_type
 from runner.launch.agents import launch
-from runner.launch.ports import check_master_port, free_port
 from runner.launch.cores import job_cores, parallel_jobs
+from runner.launch.ports import check_master_port, free_port
 from runner.launch.warm import discard_warm, took_warm
 from runner.track import store
 from runner.track.events import EventPump
 from runner.track.reporter import summary_line
 from runner.track.sweep import point_name, point_values, sweep_info
+from runner.track.sync import end_or_keep
 from runner.train.affinity import agent_threads
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -124,9 +125,12 @@ class JobRun:
         if self._pump is not None:
             self._pump()
 
-    def end(self, status: str, error: Optional[str] = None) -> None:
-        if self.run_id is not None:
-            store.end_run(self.uri, self.run_id, status, error)
+    def end(self, status: str, error: Optional[str] = None) -> bool:
+        """End the run (what rank 0 reported first); False when the store is unreachable and the ending
+        is kept in the run folder for ``python -m runner sync``."""
+        if self.run_id is None:
+            return True
+        return end_or_keep(self.ctx.run_dir, self._pump, self.uri, self.run_id, status, error)
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
@@ -204,6 +208,7 @@ def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
         run.ensure_on_record()
         run.end("FAILED", str(exc))
         raise
-    run.end("FINISHED")
+    if not run.end("FINISHED"):
+        results["tracking_pending"] = str(run.ctx.run_dir)
     print(summary_line(results), flush=True)
     return results

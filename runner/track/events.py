@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from runner.track.store import log_artifacts, log_metric_points, log_metrics, set_tags
+from runner.config.rundir import DELIVERED, read_json, write_json
+from runner.track.store import log_artifacts, log_metric_points, outage_reason, set_tags
 
 
 class EventLog:
-    """Rank 0's side when a driver owns the run: MLflow events appended as JSON lines."""
+    """Rank 0's side when a driver owns the run: MLflow events appended as JSON lines, each metric point
+    stamped with the time rank 0 measured it (what the store gets, however late it is delivered)."""
 
     def __init__(self, path: Path) -> None:
         self._f = path.open("a", buffering=1)
@@ -28,7 +31,8 @@ class EventLog:
         self._f.write(json.dumps(event) + "\n")
 
     def metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._write({"kind": "metrics", "metrics": {k: float(v) for k, v in metrics.items()}, "step": step})
+        self._write({"kind": "metrics", "metrics": {k: float(v) for k, v in metrics.items()}, "step": step,
+                     "time": int(time.time() * 1000)})
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         self._write({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
@@ -40,36 +44,85 @@ class EventLog:
         self._f.close()
 
 
+_BATCH_POINTS = 200  # metric events per delivery (each delivered group is recorded as done)
+
+
 class EventPump:
-    """The driver's side: writes the complete new lines of rank 0's event log to the run."""
+    """The driver's side (and ``python -m runner sync``'s): delivers the complete new lines of rank 0's
+    event log to the run, in order, and records in ``delivered.json`` how far it got.
 
-    def __init__(self, path: Path, uri: str, run_id: str) -> None:
-        self.path, self.uri, self.run_id = path, uri, run_id
-        self._offset = 0
+    The store may be unreachable for a while (a tracking server restarted, a network outage): then the
+    pump says so once, keeps every line where it is, and tries again on its next call; training does
+    not wait. When the store answers again it delivers the backlog and says so.
+    """
 
-    def __call__(self) -> None:
+    def __init__(self, path: Path, uri: str, run_id: str, say: Callable[[str], None] = print) -> None:
+        self.path, self.uri, self.run_id, self._say = path, uri, run_id, say
+        self._state_path = path.with_name(DELIVERED)
+        self._offset = int((read_json(self._state_path) or {}).get("offset", 0))
+        self.down: Optional[str] = None  # why the store is unreachable, while it is
+
+    def __call__(self) -> bool:
+        """Deliver what is new; True when everything written so far is in the store."""
         if not self.path.exists():
-            return
+            return self._up()
         with self.path.open("rb") as f:
             f.seek(self._offset)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        self._offset += end
-        points: list = []  # consecutive metric events go to the store in one batch
-        for line in data[:end].splitlines():
-            event = json.loads(line)
-            if event["kind"] == "metrics":
-                points.append((event["metrics"], event["step"]))
-                continue
-            if points:
-                log_metric_points(self.uri, self.run_id, points)
-                points = []
-            if event["kind"] == "tags":
-                set_tags(self.uri, self.run_id, event["tags"])
-            elif event["kind"] == "artifacts":
-                log_artifacts(self.uri, self.run_id, [Path(p) for p in event["paths"]], event["artifact_path"])
-        if points:
-            log_metric_points(self.uri, self.run_id, points)
+        for group, size in _groups(data[:end]):
+            try:
+                self._deliver(group)
+            except Exception as exc:  # noqa: BLE001 - any store failure is an outage to ride out
+                return self.went_down(exc)
+            self._offset += size
+            write_json(self._state_path, {**(read_json(self._state_path) or {}), "offset": self._offset})
+        return self._up()
+
+    def pending(self) -> int:
+        """Lines of the event log not yet in the store."""
+        if not self.path.exists():
+            return 0
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            return f.read().count(b"\n")
+
+    def _deliver(self, group: List[Dict[str, Any]]) -> None:
+        kind = group[0]["kind"]
+        if kind == "metrics":
+            log_metric_points(self.uri, self.run_id, [(e["metrics"], e["step"], e.get("time")) for e in group])
+        elif kind == "tags":
+            set_tags(self.uri, self.run_id, group[0]["tags"])
+        elif kind == "artifacts":
+            log_artifacts(self.uri, self.run_id, [Path(p) for p in group[0]["paths"]], group[0]["artifact_path"])
+
+    def went_down(self, exc: BaseException) -> bool:
+        if self.down is None:
+            self.down = outage_reason(exc)
+            self._say(f"[runner] tracking store {self.uri} unreachable ({self.down}); training goes on, its "
+                      f"reports are kept in {self.path} and sent when the store is back")
+        return False
+
+    def _up(self) -> bool:
+        if self.down is not None:
+            self.down = None
+            self._say(f"[runner] tracking store {self.uri} is back; the reports kept meanwhile are sent")
+        return True
+
+
+def _groups(data: bytes) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
+    """The lines of ``data`` as delivery groups (consecutive metric events together), with their bytes."""
+    group: List[Dict[str, Any]] = []
+    size = 0
+    for line in data.splitlines(keepends=True):
+        event = json.loads(line)
+        if group and (event["kind"] != "metrics" or group[0]["kind"] != "metrics" or len(group) >= _BATCH_POINTS):
+            yield group, size
+            group, size = [], 0
+        group.append(event)
+        size += len(line)
+    if group:
+        yield group, size
 
 
 class BackgroundWriter:
@@ -100,7 +153,8 @@ class BackgroundWriter:
                     self._error = exc
 
     def metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self.put(lambda uri, run_id: log_metrics(uri, run_id, metrics, step))
+        measured = int(time.time() * 1000)
+        self.put(lambda uri, run_id: log_metric_points(uri, run_id, [(metrics, step, measured)]))
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         self.put(lambda uri, run_id: set_tags(uri, run_id, tags))

@@ -227,6 +227,8 @@ class Reporter:
 def summary_line(results: Dict[str, Any]) -> str:
     """The job's last line: what came out, and where to see it in the MLflow UI."""
     view = store.view_hint(results["tracking_uri"], results.get("run_id"))
+    if results.get("tracking_pending"):
+        view = f"tracking pending (the store is unreachable): python -m runner sync {results['tracking_pending']}"
     if results.get("plan_status") == "infeasible":
         return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {results['run_id']}; {view}"
     if results.get("mode") == "plan":

@@ -98,6 +98,10 @@ def client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient  # deferred: mlflow takes seconds to import
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # e.g. "Creating initial MLflow database tables"
+    if uri.startswith(("http://", "https://")):  # an outage is ridden out by the runner (events.EventPump), not
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # by minutes of the client's retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the runner prints the run's link
     return MlflowClient(tracking_uri=uri)
 
 
@@ -134,6 +138,17 @@ def check_store(uri: str) -> None:
     except Exception as exc:
         raise TrackingError(f"tracking.uri={uri}: MLflow cannot open this store ({first_line(exc)[:300]}); "
                             "use sqlite:///<path>, a folder path, or http(s)://<server>") from None
+
+
+_OUTAGES = ("Connection refused", "Connection reset", "timed out", "Name or service not known",
+            "Temporary failure in name resolution", "No route to host", "Max retries exceeded")
+
+
+def outage_reason(exc: BaseException) -> str:
+    """A short reason for a failed store call (``Connection refused``), not the client's whole message."""
+    text = str(exc)
+    found = next((phrase for phrase in _OUTAGES if phrase in text), None)
+    return found.lower() if found else (first_line(exc)[:160] or type(exc).__name__)
 
 
 def experiment_id(uri: str, name: str) -> str:
@@ -182,12 +197,14 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) 
 
 
 @_store_write
-def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Mapping[str, float], int]]) -> None:
-    """Metrics of several steps in as few store transactions as MLflow's batch limit allows."""
+def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
+    """Metrics of several steps, ``(metrics, step[, unix ms measured])`` each, in as few store
+    transactions as MLflow's batch limit allows (points without a time get now)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, step) for metrics, step in points for k, v in metrics.items()]
+    items = [Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
+             for p in points for k, v in p[0].items()]
     c = client(uri)
     for i in range(0, len(items), _MAX_BATCH):
         c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
