@@ -56,7 +56,8 @@ def root_cause(run_dir: Path) -> str:
     first = min(killed or workers or records, key=lambda r: r["time"])
     where = f" on node {first['node']}" if "node" in first else ""
     trace = run_dir / rundir.ERRORS / f"rank{first['rank']}.traceback.txt"
-    more = f" (traceback: {trace})" if first.get("source") == "worker" and trace.exists() else ""
+    unexpected = str(first["error"]).startswith("unexpected error")
+    more = f" (traceback: {trace})" if unexpected and trace.exists() else ""
     return f"rank {first['rank']}{where} failed: {first['error']}{more}"
 
 

@@ -120,6 +120,61 @@ def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int
     return meta
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def state_bytes(state: Any, rank: int) -> int:
+    """Bytes this rank writes for ``state``: its shards of sharded tensors, and whole plain tensors on rank
+    0 only (DCP writes a replicated tensor once)."""
+    import torch
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, ShardedTensor):
+            total += sum(s.tensor.numel() * s.tensor.element_size() for s in item.local_shards())
+        elif isinstance(item, DTensor):
+            local = item.to_local()
+            total += local.numel() * local.element_size()
+        elif isinstance(item, torch.Tensor) and rank == 0:
+            total += item.numel() * item.element_size()
+    return total
+
+
+def check_space(root: Path, my_bytes: int, step: int) -> int:
+    """Refuse, on every rank and before writing, a checkpoint its disks cannot hold: each host checks the
+    free space of its checkpoint folder against what its ranks will write. Returns this host's bytes."""
+    import socket
+
+    import torch.distributed as dist
+
+    host = socket.gethostname()
+    sizes: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(sizes, (host, my_bytes))
+    needed = int(sum(b for h, b in sizes if h == host) * 1.05) + (1 << 20)  # + metadata and file overhead
+    free = shutil.disk_usage(root).free
+    verdict = None if needed <= free else (
+        f"checkpoint at step {step}: {root} has {_mib(free)} free on {host}, the checkpoint needs about "
+        f"{_mib(needed)}; nothing was written and earlier checkpoints are complete (train.resume=latest); free "
+        "space, set train.checkpoint.dir to a larger disk, or lower train.checkpoint.keep_last")
+    verdicts: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict)
+    refusal = next((v for v in verdicts if v), None)
+    if refusal:
+        if dist.get_rank() == 0:
+            shutil.rmtree(root / f".tmp-step-{step:08d}", ignore_errors=True)
+        raise CheckpointError(refusal)
+    return needed
+
+
 class Checkpointer:
     """Saves on every rank (DCP is collective); rank 0 finalises, prunes and tracks the best."""
 
@@ -134,13 +189,29 @@ class Checkpointer:
     def save(self, step: int, dmp: Any, optimizer: Any, meta: Dict[str, Any], plan_file: Path) -> Path:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         tmp, final = self.root / f".tmp-step-{step:08d}", self.root / f"step-{step:08d}"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(_state(dmp, optimizer, True), checkpoint_id=str(tmp))
+        state = _state(dmp, optimizer, True)
+        needed = check_space(self.root, state_bytes(state, self.rank), step)
+        try:
+            dcp.save(state, checkpoint_id=str(tmp))
+        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+            full = shutil.disk_usage(self.root).free < (4 << 20)  # torch's writer says "unexpected pos", not ENOSPC
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # never a partial checkpoint
+            detail = _failure_detail(exc)
+            if full or "No space left" in detail or "Errno 28" in detail:
+                raise CheckpointError(
+                    f"checkpoint at step {step}: the disk of {self.root} filled up while writing (about "
+                    f"{_mib(needed)} needed, {_mib(shutil.disk_usage(self.root).free)} free now); the partial "
+                    "checkpoint was removed and earlier ones are complete (train.resume=latest); free space or set "
+                    "train.checkpoint.dir to a larger disk") from None
+            raise CheckpointError(f"checkpoint at step {step} in {self.root}: cannot be written ({detail})") from None
         dist.barrier()
         if self.rank == 0:
             (tmp / META).write_text(json.dumps({"step": step, "time": time.time(), **meta}, indent=2))
