@@ -174,8 +174,7 @@ def _job(cfg: DictConfig) -> Optional[float]:
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         _record_status(run_dir, "KILLED", f"stopped by {stop.name}")
-        print(f"error: stopped by {stop.name}; every worker was stopped, the run is KILLED ({run_dir})",
-              file=sys.stderr, flush=True)
+        _say_error(f"stopped by {stop.name}; every worker was stopped, the run is KILLED ({run_dir})")
         raise SystemExit(stop.exit_code) from None
     except Exception as exc:
         line = one_line(exc)
@@ -183,12 +182,17 @@ def _job(cfg: DictConfig) -> Optional[float]:
         if line.startswith("unexpected error"):
             line += f" (traceback in {run_dir / rundir.LOG})"
         _record_status(run_dir, "FAILED", line)
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        _say_error(line)
         if hc.mode != RunMode.MULTIRUN:
             raise SystemExit(1) from None
         return None  # the sweep goes on; its outcome is read from every point's status
     _record_status(run_dir, "FINISHED")
     return results.get("eval_auc")
+
+
+def _say_error(line: str) -> None:
+    """``error: <line>`` on stderr, on a line of its own (rank 0's progress bar may not have ended one)."""
+    print(f"{chr(10) if sys.stderr.isatty() else ''}error: {line}", file=sys.stderr, flush=True)
 
 
 def _record_status(run_dir: Path, status: str, error: Optional[str] = None) -> None:

@@ -74,3 +74,53 @@ def finished_run(store: str, experiment: str, run_dir: Path, args: List[str], **
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = runs(store, experiment)
     return proc, run
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite backend, local artifacts), stoppable and restartable
+    on the same port and store."""
+
+    def __init__(self, folder: Path) -> None:
+        from runner.launch.ports import free_port
+
+        self.port, self.folder = free_port(), folder
+        self.url, self.artifacts = f"http://127.0.0.1:{self.port}", folder / "artifacts"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, within: float = 180) -> float:
+        """Start and wait until it answers; the seconds it took."""
+        import time
+        import urllib.request
+
+        t0 = time.monotonic()
+        mlflow_bin = Path(sys.executable).parent / "mlflow"
+        self.proc = subprocess.Popen(
+            [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}", "--artifacts-destination",
+             str(self.artifacts)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            assert self.proc.poll() is None, "mlflow server exited"
+            assert time.monotonic() - t0 < within, "mlflow server did not come up"
+            time.sleep(0.3)
+
+    def stop(self, sig: int = 15) -> None:
+        """Stop it (SIGKILL: it dies as a crashed server does) and its workers."""
+        import signal
+
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        self.proc = None

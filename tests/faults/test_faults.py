@@ -1,0 +1,217 @@
+"""Faults injected into running jobs: signals to the driver, an agent or a worker; a full disk.
+
+Each case asserts the exit code, one line on stderr (no traceback, no library warning), the MLflow run's
+final status, and that no process of the job is left: the job's process tree is recorded before the
+fault (walking /proc's children links, not matching process names) and every one of them must be gone.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+from conftest import FAST, ROOT, runs
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> Set[int]:
+    """Every live process under ``pid`` (its children's children too)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            todo.extend(k for k in kids if k not in found)
+            found.update(kids)
+    return found
+
+
+def alive(pids: Set[int]) -> List[int]:
+    out = []
+    for p in pids:
+        try:
+            if "\nState:\tZ" not in Path(f"/proc/{p}/status").read_text():
+                out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def wait_gone(pids: Set[int], within: float) -> List[int]:
+    deadline = time.monotonic() + within
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+PROGRESS = re.compile(r"^\s*\w+:\s+\d+%\|[^\]]*\]")  # a progress bar, maybe not ended by a newline
+
+
+class Job:
+    """``python -m runner`` in the background, its output in a file."""
+
+    def __init__(self, tmp: Path, store: str, experiment: str, args: List[str]) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.run_dir, self.out = tmp / "run", tmp / "out.txt"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=uuid.uuid4().hex)
+        env.pop("MLFLOW_TRACKING_URI", None)
+        self.err = tmp / "err.txt"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args, f"tracking.uri={store}", f"tracking.experiment={experiment}",
+             f"hydra.run.dir={self.run_dir}"], cwd=ROOT, env=env, stdout=self.out.open("w"), stderr=self.err.open("w"))
+
+    def wait_for(self, path: str, within: float = 120) -> None:
+        deadline = time.monotonic() + within
+        while not (self.run_dir / path).exists():
+            assert self.proc.poll() is None, self.err.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no {path} after {within} s"
+            time.sleep(0.1)
+
+    def training(self) -> None:
+        self.wait_for("pids/rank1.pid")
+        self.wait_for("events.jsonl")
+
+    def finish(self, within: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout=within)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def error_lines(self) -> List[str]:
+        """stderr's lines, without rank 0's progress bar (tqdm redraws it with carriage returns)."""
+        segments = (PROGRESS.sub("", ln) for ln in re.split(r"[\r\n]", self.err.read_text()))
+        return [ln for ln in segments if ln.strip()]
+
+
+def one_clean_line(job: Job) -> str:
+    lines = job.error_lines()
+    assert len(lines) == 1, lines
+    everything = job.out.read_text() + job.err.read_text()
+    assert "Traceback" not in everything and "Warning" not in everything and "W1" not in everything, everything[-3000:]
+    assert not re.search(r"\b[A-Z][a-z]+[A-Za-z]*(Error|Exception)\b", lines[0]), lines[0]
+    return lines[0]
+
+
+def only_run(store: str, experiment: str):
+    (run,) = runs(store, experiment)
+    return run
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_driver_signal_ends_run_killed(store: str, tmp_path: Path, sig: int, code: int) -> None:
+    exp = f"fault_{sig.name}"
+    job = Job(tmp_path, store, exp, [*FAST, "train.steps=100000"])
+    job.training()
+    tree = descendants(job.proc.pid)
+    t0 = time.monotonic()
+    job.proc.send_signal(sig)
+    assert job.finish() == code
+    took = time.monotonic() - t0
+    line = one_clean_line(job)
+    assert line.startswith(f"error: stopped by {sig.name}"), line
+    assert wait_gone(tree, 10) == []
+    assert only_run(store, exp).info.status == "KILLED"
+    print(f"{sig.name} -> exit {code} in {took:.1f}s: {line}")
+
+
+def test_driver_killed_takes_every_process_along(store: str, tmp_path: Path) -> None:
+    job = Job(tmp_path, store, "fault_kill_driver", [*FAST, "train.steps=100000"])
+    job.training()
+    tree = descendants(job.proc.pid)
+    assert len(tree) >= 3  # the agent and two workers
+    t0 = time.monotonic()
+    job.proc.kill()
+    job.finish()
+    assert wait_gone(tree, 10) == [], "orphans outlived their driver"
+    print(f"SIGKILL to the driver: {len(tree)} processes gone in {time.monotonic() - t0:.1f}s")
+
+
+@pytest.mark.parametrize("target", ["agent", "worker"])
+def test_killed_agent_or_worker_is_named(store: str, tmp_path: Path, target: str) -> None:
+    exp = f"fault_kill_{target}"
+    job = Job(tmp_path, store, exp, [*FAST, "train.steps=100000", "cluster.max_restarts=0"])
+    job.training()
+    tree = descendants(job.proc.pid)
+    worker = int((job.run_dir / "pids" / "rank1.pid").read_text())
+    victim = worker if target == "worker" else next(p for p in tree if worker in descendants(p))
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    assert job.finish() == 1
+    line = one_clean_line(job)
+    if target == "worker":
+        assert "rank 1" in line and "killed by SIGKILL" in line, line
+    else:
+        assert "node 0's agent" in line and "SIGKILL" in line, line
+    assert wait_gone(tree, 10) == []
+    run = only_run(store, exp)
+    assert run.info.status == "FAILED" and "SIGKILL" in run.data.tags["error"]
+    print(f"SIGKILL to the {target}: exit 1 in {time.monotonic() - t0:.1f}s: {line}")
+
+
+def test_twenty_interrupts_at_random_moments_all_end_killed(store: str, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    exp = "fault_interrupts"
+    left: Set[int] = set()
+    for i in range(20):
+        job = Job(tmp_path / str(i), store, exp, [*FAST, "train.steps=400"])
+        job.wait_for("run.json")  # the run exists: from here on it must end KILLED
+        time.sleep(rng.uniform(0.0, 3.0))
+        tree = descendants(job.proc.pid)
+        job.proc.send_signal(rng.choice([signal.SIGINT, signal.SIGTERM]))
+        code = job.finish()
+        assert code in (130, 143, 0), (code, job.err.read_text()[-2000:])
+        if code == 0:  # finished before the signal landed: allowed, but then FINISHED
+            continue
+        one_clean_line(job)
+        left |= set(wait_gone(tree, 10))
+    statuses = [r.info.status for r in runs(store, exp)]
+    assert len(statuses) == 20 and all(s in ("KILLED", "FINISHED") for s in statuses), statuses
+    assert statuses.count("KILLED") >= 18, statuses
+    assert left == set()
+    print(f"20 interrupts: {statuses.count('KILLED')} KILLED, {statuses.count('FINISHED')} finished first, "
+          "no process left")
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_full_disk_refuses_checkpoint_and_keeps_earlier_ones(store: str, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "80m"):
+        pytest.skip("needs root and mount to make a small tmpfs for the checkpoint folder")
+    try:
+        args = [*FAST, "train.checkpoint.every_steps=10", "train.checkpoint.keep_last=1",
+                f"train.checkpoint.dir={disk}"]  # each checkpoint ~49 MB: the first fits, the second does not
+        job = Job(tmp_path / "a", store, "fault_disk", args)
+        assert job.finish(120) == 1
+        line = one_clean_line(job)
+        assert "checkpoint at step 20" in line and str(disk) in line and "free" in line and "needs" in line, line
+        assert sorted(p.name for p in disk.iterdir() if p.name.startswith(("step-", ".tmp"))) == ["step-00000010"]
+        assert only_run(store, "fault_disk").info.status == "FAILED"
+        resumed = Job(tmp_path / "b", store, "fault_disk_resume",
+                      [*FAST, "train.resume=latest", "train.checkpoint.enabled=false", f"train.checkpoint.dir={disk}"])
+        assert resumed.finish(120) == 0, resumed.err.read_text()[-2000:]
+        assert "resumed from" in resumed.out.read_text() and "step-00000010" in resumed.out.read_text()
+        print(f"disk full: {line}")
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
