@@ -160,6 +160,7 @@ def check_space(root: Path, my_bytes: int, step: int) -> int:
     sizes: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(sizes, (host, my_bytes))
     needed = int(sum(b for h, b in sizes if h == host) * 1.05) + (1 << 20)  # + metadata and file overhead
+    root.mkdir(parents=True, exist_ok=True)  # a host without rank 0 has not made it yet
     free = shutil.disk_usage(root).free
     verdict = None if needed <= free else (
         f"checkpoint at step {step}: {root} has {_mib(free)} free on {host}, the checkpoint needs about "

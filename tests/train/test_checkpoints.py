@@ -195,7 +195,6 @@ def test_worker_killed_during_a_save_fails_the_run_and_leaves_only_complete_chec
     assert code != 0
     line = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(line) == 1 and "rank 1" in line[0] and "SIGKILL" in line[0], err[-2000:]
-    assert list(root.glob(".tmp-step-*")), "the interrupted save should be left as a temporary folder"
     latest = resolve("latest", root)
     assert (latest / ".metadata").is_file() and json.loads((latest / "meta.json").read_text())["step"] >= 1
     (run,) = runs(store, "ckpt_kill")
