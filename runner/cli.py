@@ -234,5 +234,5 @@ def main() -> None:
             raise
     except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _job)
         stop = signals.stopped(exc)
-        print(f"error: stopped by {stop.name}", file=sys.stderr, flush=True)
+        _say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)

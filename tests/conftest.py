@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -31,6 +32,16 @@ def run_cli(args: List[str], timeout: float = 300, tag: str | None = None,
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "runner", *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout)
+
+
+_PROGRESS = re.compile(r"^\s*\w+:\s+\d+%\|[^\]]*\]")  # rank 0's progress bar, maybe not ended by a newline
+
+
+def stderr_lines(text: str) -> List[str]:
+    """The non-empty lines of a job's stderr without the progress bar (tqdm redraws it with carriage
+    returns, and an error line may follow it on the same line)."""
+    segments = (_PROGRESS.sub("", ln) for ln in re.split(r"[\r\n]", text))
+    return [ln for ln in segments if ln.strip()]
 
 
 def processes_tagged(tag: str) -> List[int]:

@@ -46,6 +46,11 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def update_json(path: Path, **fields: Any) -> None:
+    """Set ``fields`` in the JSON object at ``path`` (created when missing), atomically."""
+    write_json(path, {**(read_json(path) or {}), **fields})
+
+
 def read_json(path: Path) -> Optional[Any]:
     """The JSON at ``path``, or None when it is missing or unreadable."""
     try:

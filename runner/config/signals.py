@@ -44,8 +44,8 @@ class _Guard:
 _guard = _Guard()
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    if _guard.depth > 0 and threading.current_thread() is threading.main_thread():
+def _on_signal(signum: int, frame: Any) -> None:  # Python runs it in the main thread
+    if _guard.depth > 0:
         _guard.pending = signum  # raised when the write in progress is done
         return
     raise Stopped(signum)
@@ -60,7 +60,11 @@ def install() -> None:
 
 @contextlib.contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Run the block whole: a Ctrl-C or SIGTERM meanwhile is raised as :class:`Stopped` after it."""
+    """Run the block whole: a Ctrl-C or SIGTERM meanwhile is raised as :class:`Stopped` after it. Only the
+    main thread's blocks count: signals are taken there, and another thread's write must not hold them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _guard.depth += 1
     try:
         yield

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from runner.config.rundir import DELIVERED, read_json, write_json
+from runner.config.rundir import DELIVERED, read_json, update_json
 from runner.track.store import log_artifacts, log_metric_points, outage_reason, set_tags
 
 
@@ -76,7 +76,7 @@ class EventPump:
             except Exception as exc:  # noqa: BLE001 - any store failure is an outage to ride out
                 return self.went_down(exc)
             self._offset += size
-            write_json(self._state_path, {**(read_json(self._state_path) or {}), "offset": self._offset})
+            update_json(self._state_path, offset=self._offset)
         return self._up()
 
     def pending(self) -> int:

@@ -105,6 +105,11 @@ def client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
+def sqlite_folder(uri: str) -> Optional[Path]:
+    """The folder of a ``sqlite:///<path>`` store (None for other stores)."""
+    return Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
+
+
 PROBE_TIMEOUT_S = 5.0  # how long an unreachable tracking server may hold up a job before it is refused
 
 
@@ -126,8 +131,8 @@ def check_store(uri: str) -> None:
             reason = getattr(exc, "reason", None) or exc
             raise TrackingError(f"tracking.uri={uri}: no MLflow server answers ({first_line(reason)}); "
                                 f"{fix}") from None
-    if uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///"):]).parent
+    folder = sqlite_folder(uri)
+    if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -157,9 +162,8 @@ def experiment_id(uri: str, name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    folder = sqlite_folder(uri)
+    location = (folder / "mlartifacts").as_uri() if folder is not None else None
     try:
         return c.create_experiment(name, artifact_location=location)
     except Exception:  # another process created it first

@@ -17,11 +17,6 @@ from runner.track.events import EventPump
 from runner.track.store import end_run, outage_reason
 
 
-def _record(run_dir: Path, **fields: object) -> None:
-    path = run_dir / rundir.DELIVERED
-    rundir.write_json(path, {**(rundir.read_json(path) or {}), **fields})
-
-
 def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: str, status: str,
                 error: Optional[str] = None) -> bool:
     """Deliver what is left and end the run with ``status``; if the store is unreachable, keep the
@@ -29,12 +24,12 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: str,
     if pump is None or pump():
         try:
             end_run(uri, run_id, status, error)
-            _record(run_dir, final=None, ended=status)
+            rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=status)
             return True
         except Exception as exc:  # noqa: BLE001 - the store went away between the two calls
             if pump is not None:
                 pump.went_down(exc)
-    _record(run_dir, final={"status": status, "error": error})
+    rundir.update_json(run_dir / rundir.DELIVERED, final={"status": status, "error": error})
     kept = pump.pending() if pump is not None else 0
     print(f"[runner] tracking pending: the store {uri} is unreachable; {kept} reports and the final status "
           f"({status}) are kept in {run_dir}; deliver them with: python -m runner sync {run_dir}", flush=True)
@@ -58,7 +53,7 @@ def _sync_one(run_dir: Path) -> Optional[str]:
             end_run(uri, run_id, final["status"], final.get("error"))
         except Exception as exc:  # noqa: BLE001
             return f"{run_dir}: the store {uri} refused the final status ({outage_reason(exc)})"
-        _record(run_dir, final=None, ended=final["status"])
+        rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=final["status"])
     ended = f", ended {final['status']}" if final else ""
     print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}{ended}", flush=True)
     return None

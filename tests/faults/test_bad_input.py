@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, processes_tagged, run_cli
+from conftest import FAST, processes_tagged, run_cli, stderr_lines
 
 from runner.data.criteo import criteo_lines
 
@@ -83,7 +83,7 @@ def test_bad_input_is_one_line(args: list, says: str, broken, store: str, tmp_pa
         extra.append(f"tracking.uri={store}")
     proc = run_cli([*args, *extra] if args[0] != "sync" else args, timeout=180, tag=tag)
     assert proc.returncode != 0
-    lines = [ln for ln in re.split(r"[\r\n]", proc.stderr) if ln.strip() and not re.match(r"^\s*\w+:\s+\d+%\|", ln)]
+    lines = stderr_lines(proc.stderr)
     assert len(lines) == 1, proc.stderr[-3000:]
     line = lines[0]
     assert line.startswith("error: ") and says in line, line

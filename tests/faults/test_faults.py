@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List, Set
 
 import pytest
-from conftest import FAST, ROOT, runs
+from conftest import FAST, ROOT, runs, stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +58,6 @@ def wait_gone(pids: Set[int], within: float) -> List[int]:
     return alive(pids)
 
 
-PROGRESS = re.compile(r"^\s*\w+:\s+\d+%\|[^\]]*\]")  # a progress bar, maybe not ended by a newline
-
-
 class Job:
     """``python -m runner`` in the background, its output in a file."""
 
@@ -93,9 +90,7 @@ class Job:
                 self.proc.kill()
 
     def error_lines(self) -> List[str]:
-        """stderr's lines, without rank 0's progress bar (tqdm redraws it with carriage returns)."""
-        segments = (PROGRESS.sub("", ln) for ln in re.split(r"[\r\n]", self.err.read_text()))
-        return [ln for ln in segments if ln.strip()]
+        return stderr_lines(self.err.read_text())
 
 
 def one_clean_line(job: Job) -> str:
