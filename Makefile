@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-plan clean-outputs mlflow-ui
+.PHONY: run test lint bench bench-plan clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements/runtime.txt -c requirements/lock.txt
 	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
 	$(PY) -m pip install --quiet --no-deps -e .
+	# Hydra finds launcher plugins only in its hydra_plugins namespace: the runner's lives in runner/launch/plugins
+	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'runner_hydra_plugins.pth')\
+	.write_text('$(CURDIR)/runner/launch/plugins\n')"
 	$(PY) -c "import torch, fbgemm_gpu, torchrec, hydra, mlflow; print('environment ready: torch', torch.__version__, \
 	'| fbgemm', fbgemm_gpu.__version__, '| torchrec', torchrec.__version__, '| hydra', hydra.__version__, \
 	'| mlflow', mlflow.__version__, '|', 'CUDA' if torch.cuda.is_available() else 'CPU')"
@@ -42,3 +45,11 @@ bench: $(STAMP)
 
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_sweep.py $(ARGS)
+
+# A Slurm of two emulated nodes on this machine (root; installs Debian's packages when missing), for
+# hydra/launcher=slurm and the tests marked slurm. slurm-down stops it and leaves nothing running.
+slurm-up:
+	bash tests/slurm/cluster.sh up
+
+slurm-down:
+	bash tests/slurm/cluster.sh down

@@ -132,7 +132,7 @@ def precheck(args: List[str]) -> Optional[str]:
                 combos = _combinations(overrides, loader)
             except Exception as exc:  # override syntax
                 return first_line(exc)
-            return _check_combos(combos, config_name, loader)
+            return _check_combos(combos, config_name, loader) or _check_launcher(combos[0], config_name)
     finally:
         GlobalHydra.instance().clear()
 
@@ -156,26 +156,53 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
     return None
 
 
+def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[str]:
+    """A Slurm launch: what its nodes must reach (the store, the sweep folder), before anything is submitted."""
+    if "hydra/launcher=slurm" not in combo:
+        return None
+    from hydra import compose
+
+    from runner.launch.slurm_submit import check_submission
+
+    try:
+        check_submission(compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _job(cfg: DictConfig) -> Optional[float]:
     """One job (a sweep's point, or the single run). Its outcome goes to its run folder's ``status.json``,
-    where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it."""
+    where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it. As a Slurm
+    task, a failed or stopped job also fails its Slurm job (and node k > 0 keeps its files in ``node<k>/``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from runner.launch.driver import run_job
+    from runner.launch.slurm import adopt, stop_outcome, task_for
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
+    slurm = False
     try:
         validate(cfg)
+        task = task_for(cfg)
+        if task is not None:
+            slurm = True
+            _as_slurm_task()
+            if cfg.mode != "train" and task.node_rank > 0:
+                print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
+                return None
+            if cfg.mode == "train":
+                run_dir = adopt(cfg, task, run_dir)
         results = run_job(cfg)
     except KeyboardInterrupt as exc:
-        stop = signals.stopped(exc)
-        _record_status(run_dir, "KILLED", f"stopped by {stop.name}")
-        _say_error(f"stopped by {stop.name}; every worker was stopped, the run is KILLED ({run_dir})")
-        raise SystemExit(stop.exit_code) from None
+        status, line = stop_outcome(cfg, signals.stopped(exc).name)
+        _record_status(run_dir, status, line)
+        _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir})")
+        raise SystemExit(signals.stopped(exc).exit_code) from None
     except Exception as exc:
         line = one_line(exc)
         logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
@@ -183,11 +210,20 @@ def _job(cfg: DictConfig) -> Optional[float]:
             line += f" (traceback in {run_dir / rundir.LOG})"
         _record_status(run_dir, "FAILED", line)
         _say_error(line)
-        if hc.mode != RunMode.MULTIRUN:
+        if hc.mode != RunMode.MULTIRUN or slurm:  # a Slurm job fails with its run
             raise SystemExit(1) from None
         return None  # the sweep goes on; its outcome is read from every point's status
-    _record_status(run_dir, "FINISHED")
+    _record_status(run_dir, "FINISHED", summary=results.get("summary"))
     return results.get("eval_auc")
+
+
+def _as_slurm_task() -> None:
+    """Signals as the command line has them (submitit's own handlers ignore SIGTERM), and a line on Slurm's
+    early time-limit signal."""
+    from runner.launch.slurm import on_time_limit_warning
+
+    signals.install()
+    on_time_limit_warning()
 
 
 def _say_error(line: str) -> None:
@@ -195,10 +231,10 @@ def _say_error(line: str) -> None:
     print(f"{chr(10) if sys.stderr.isatty() else ''}error: {line}", file=sys.stderr, flush=True)
 
 
-def _record_status(run_dir: Path, status: str, error: Optional[str] = None) -> None:
+def _record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: object) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_status(run_dir, status, error)
+        rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
     except OSError as exc:  # the job's own outcome matters more than its record
         print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
 

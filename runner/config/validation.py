@@ -19,6 +19,7 @@ from runner.config.choices import (
     MODES,
     ONE_WIDTH_FAMILIES,
     PROPOSERS,
+    SCHEDULERS,
     SCHEDULES,
     SHARDING_TYPES,
     SPARSE_OPTIMIZERS,
@@ -167,6 +168,7 @@ def _validate_cluster(c: Any) -> None:
     _check(c.pg_timeout_s > 0, "cluster.pg_timeout_s", c.pg_timeout_s, "a positive number of seconds")
     _check_choices("cluster.start_method", [c.start_method], START_METHODS)
     _check_choices("cluster.cpu_affinity", [c.cpu_affinity], AFFINITY_MODES)
+    _check_choices("cluster.scheduler", [c.scheduler], SCHEDULERS)
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
 
 

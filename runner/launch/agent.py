@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,8 @@ def likely_cause(pid: int, signal_name: str) -> str:
 
 def main(argv: list[str]) -> int:
     die_with_parent(DRIVER_PID)  # a driver killed with SIGKILL takes its agents (and so their workers) along
+    # Slurm's early time-limit signal reaches every process of the step; the driver answers it (workers inherit)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     if argv[0] == "--warm":
         _set_threads(int(argv[1]))
         job = _job_from_stdin()
@@ -129,14 +132,17 @@ def main(argv: list[str]) -> int:
     start_method = _start_method(c)
     if start_method == "fork":
         preload()  # the workers inherit torch, TorchRec and the runner already imported
+    # A Slurm job: static rendezvous, node rank = group rank (rank 0 on node 0, whose task opens the run).
+    static = c.scheduler == "slurm"
     config = LaunchConfig(
         min_nodes=c.nodes,
         max_nodes=c.nodes,
         nproc_per_node=c.workers_per_node,
         run_id=f"runner-{port}",  # the same on every host (their run folders' names differ)
-        rdzv_backend="c10d",
+        rdzv_backend="static" if static else "c10d",
         rdzv_endpoint=f"{c.master_addr}:{port}",
-        rdzv_configs={"is_host": node_rank == 0, "join_timeout": c.pg_timeout_s},
+        rdzv_configs=({"rank": node_rank, "timeout": c.pg_timeout_s} if static
+                      else {"is_host": node_rank == 0, "join_timeout": c.pg_timeout_s}),
         max_restarts=c.max_restarts,
         monitor_interval=0.5,
         start_method=start_method,

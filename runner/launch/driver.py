@@ -24,6 +24,7 @@ from runner.config.device import check_sparse_optimizer, check_tf32, device_type
 from runner.launch.agents import launch
 from runner.launch.cores import job_cores, parallel_jobs
 from runner.launch.ports import check_master_port, free_port
+from runner.launch.slurm import node_run_dir, run_tags, stop_outcome
 from runner.launch.warm import discard_warm, took_warm
 from runner.track import store
 from runner.track.events import EventPump
@@ -46,13 +47,13 @@ class JobContext:
     parallel: int = 1  # jobs the launcher runs at once on this host
 
     @classmethod
-    def from_hydra(cls) -> "JobContext":
+    def from_hydra(cls, cfg: Any) -> "JobContext":
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
-        return cls(Path(hc.runtime.output_dir).resolve(), hc.job.num if multirun else None,
+        return cls(node_run_dir(Path(hc.runtime.output_dir).resolve(), cfg), hc.job.num if multirun else None,
                    hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
                    {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
                    parallel_jobs(hc.launcher) if multirun else 1)
@@ -84,18 +85,27 @@ class JobRun:
     """The job's MLflow run: opened once, fed rank 0's reports, ended with the job's status.
 
     On a real multi-host job (``cluster.node_rank`` set) every host runs a driver and c10d rendezvous puts
-    rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run.
+    rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run. A Slurm
+    job's static rendezvous puts rank 0 on node 0: node 0's task opens the run at once, the others never.
     """
 
     def __init__(self, cfg: Any, ctx: JobContext, config: Dict[str, Any], port: int) -> None:
         self.cfg, self.ctx, self.config, self.port = cfg, ctx, config, port
         self.uri = store.tracking_uri(cfg)
         self.multi_host = cfg.cluster.node_rank is not None
+        self.slurm = cfg.cluster.scheduler == "slurm"
         self.run_id: Optional[str] = None
         self._pump: Optional[EventPump] = None
 
     def rank0_here(self) -> bool:
+        if self.slurm:
+            return self.cfg.cluster.node_rank == 0
         return (self.ctx.run_dir / rundir.PIDS / "rank0.pid").exists()
+
+    @property
+    def opens_early(self) -> bool:
+        """Whether this driver opens the run while its workers start (it knows rank 0 is on its host)."""
+        return not self.multi_host or (self.slurm and self.rank0_here())
 
     def open(self) -> None:
         """Create the run, log the config, publish ``run.json`` for rank 0."""
@@ -108,7 +118,7 @@ class JobRun:
         tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
                 "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
                 **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
-                **{f"runner.sweep.{k}": v for k, v in point.items()}}
+                **{f"runner.sweep.{k}": v for k, v in point.items()}, **run_tags(self.cfg)}
         if ctx.job_num is not None:
             tags["runner.job"] = ctx.job_num
         self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
@@ -152,13 +162,13 @@ def _train(cfg: Any, run: JobRun) -> Optional[Dict[str, Any]]:
     run_dir = run.ctx.run_dir
     pre_launch_checks(cfg, run_dir)
     try:
-        launch(cfg.cluster, run_dir, run.port, while_starting=None if run.multi_host else run.open, pump=run.pump,
+        launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=run.pump,
                threads=agent_threads(cfg))
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
     if run.multi_host and run.run_id is None:
-        print(f"[runner] node {cfg.cluster.node_rank} finished; rank 0 ran on another host, whose driver "
-              "logged the MLflow run", flush=True)
+        who = "node 0's task" if run.slurm else "rank 0 ran on another host, whose driver"
+        print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)
         return None
     results = rundir.read_json(run_dir / rundir.RESULTS)
     if results is None:
@@ -175,7 +185,7 @@ def run_job(cfg: Any) -> Dict[str, Any]:
 
         return write_data(cfg)
     _mark_start()
-    ctx = JobContext.from_hydra()
+    ctx = JobContext.from_hydra(cfg)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     earlier = rundir.set_aside_previous(ctx.run_dir)  # a job reads only its own files
     if earlier is not None:
@@ -202,7 +212,7 @@ def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
         run.pump()
         results.update(run_id=run.run_id, tracking_uri=run.uri)
     except KeyboardInterrupt as exc:
-        run.end("KILLED", f"stopped by {signals.stopped(exc).name}")
+        run.end(*stop_outcome(cfg, signals.stopped(exc).name))
         raise
     except BaseException as exc:
         run.ensure_on_record()
@@ -210,5 +220,6 @@ def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
         raise
     if not run.end("FINISHED"):
         results["tracking_pending"] = str(run.ctx.run_dir)
-    print(summary_line(results), flush=True)
+    results["summary"] = summary_line(results)
+    print(results["summary"], flush=True)
     return results

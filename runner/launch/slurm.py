@@ -1,0 +1,168 @@
+"""A job as a task of a Slurm job step: one task per node, each starting its node's elastic agent.
+
+``hydra/launcher=slurm`` (one Slurm job per sweep point) and a hand-written ``srun python -m runner ...``
+both land here. The node rank is ``SLURM_NODEID``; the rendezvous host is the job's first node, at the
+address Slurm knows it by (``scontrol show node``'s ``NodeAddr``, never a silent fallback: a node that
+rendezvoused with itself would form a world of one and wait); the port comes from the job id, so two jobs
+on one host never collide. The agents use torch elastic's static rendezvous (``rank`` = node rank, as
+torchrun does with ``--node-rank``), so rank 0 is always on node 0, whose task alone opens the MLflow run.
+Other nodes keep their files in ``<run folder>/node<k>/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from runner.config import rundir
+from runner.config.errors import ConfigError
+
+TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
+PORT_SPAN = 2000
+
+
+def _scontrol(*args: str) -> str:
+    try:
+        out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"scontrol {' '.join(args)} failed ({exc}); the runner needs Slurm's commands on "
+                          "every node to find the job's nodes") from None
+    if out.returncode != 0:
+        raise ConfigError(f"scontrol {' '.join(args)} failed: {(out.stderr or out.stdout).strip()}")
+    return out.stdout
+
+
+def hostnames(nodelist: str) -> List[str]:
+    """``n[1-2]`` -> ``["n1", "n2"]``, as Slurm expands it."""
+    return _scontrol("show", "hostnames", nodelist).split()
+
+
+def node_address(name: str) -> str:
+    """The address Slurm reaches node ``name`` at (its ``NodeAddr``)."""
+    m = re.search(r"\bNodeAddr=(\S+)", _scontrol("show", "node", name))
+    if not m:
+        raise ConfigError(f"scontrol show node {name} gives no NodeAddr: cannot find the rendezvous host")
+    return m.group(1)
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """This process as Slurm's task of a job step (what the environment says)."""
+
+    job_id: str  # SLURM_JOB_ID: unique per array element too
+    shown_id: str  # as squeue shows it: ``<array job>_<index>`` for an array element
+    node_rank: int
+    nodes: int
+    tasks: int
+    nodelist: str
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str] = os.environ) -> Optional["SlurmTask"]:
+        """The task, when this process runs in a Slurm job step (``srun``, or submitit's); else None."""
+        if not all(k in env for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID", "SLURM_NNODES")):
+            return None
+        array, index = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        shown = f"{array}_{index}" if array and index else env["SLURM_JOB_ID"]
+        return cls(env["SLURM_JOB_ID"], shown, int(env["SLURM_NODEID"]), int(env["SLURM_NNODES"]),
+                   int(env.get("SLURM_NTASKS", env["SLURM_NNODES"])),
+                   env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+
+    @property
+    def port(self) -> int:
+        digits = re.sub(r"\D", "", self.job_id) or "0"
+        return TORCH_PORT + int(digits) % PORT_SPAN
+
+    def node_names(self) -> List[str]:
+        return hostnames(self.nodelist)
+
+
+def task_for(cfg: Any) -> Optional[SlurmTask]:
+    """The Slurm task this job runs as, per ``cluster.scheduler`` (``auto``: when Slurm's environment says so)."""
+    mode = cfg.cluster.scheduler
+    task = SlurmTask.detect() if mode in ("auto", "slurm") else None
+    if mode == "slurm" and task is None:
+        raise ConfigError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
+                          "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
+                          "-m hydra/launcher=slurm")
+    return task
+
+
+def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
+    """Take node rank, rendezvous host and port from the Slurm job (one task per node, ``cluster.nodes``
+    nodes); this node's run folder. Every node checkpoints into the job's folder (one distributed checkpoint)."""
+    c = cfg.cluster
+    if task.nodes != c.nodes:
+        raise ConfigError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
+                          f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
+                          "hydra/launcher=slurm does) or set cluster.nodes")
+    if task.tasks != task.nodes:
+        raise ConfigError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
+                          "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
+                          "cluster.workers_per_node workers")
+    names = task.node_names()
+    c.scheduler = "slurm"
+    c.node_rank = task.node_rank
+    c.master_addr = node_address(names[0])
+    if c.master_port is None:
+        c.master_port = task.port
+    if task.node_rank and not cfg.train.checkpoint.dir:
+        cfg.train.checkpoint.dir = str(run_dir / rundir.CHECKPOINTS)
+    return node_run_dir(run_dir, cfg)
+
+
+def node_run_dir(run_dir: Path, cfg: Any) -> Path:
+    """Node 0 keeps the job's run folder; another node of a Slurm job keeps its files in ``node<k>/``."""
+    k = cfg.cluster.node_rank
+    return run_dir / f"node{k}" if cfg.cluster.scheduler == "slurm" and k else run_dir
+
+
+def run_tags(cfg: Any) -> Dict[str, str]:
+    """MLflow tags of a Slurm job's run."""
+    task = SlurmTask.detect() if cfg.cluster.scheduler == "slurm" else None
+    if task is None:
+        return {}
+    return {"runner.scheduler": "slurm", "runner.slurm_job_id": task.shown_id,
+            "runner.slurm_nodes": ",".join(task.node_names())}
+
+
+def _time_limit_reached(task: SlurmTask) -> bool:
+    """Whether Slurm is ending the job for its time limit (its reason while it completes)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", task.job_id, "-o", "%r"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "TimeLimit" in out
+
+
+def _limit_text(task: SlurmTask) -> str:
+    try:
+        m = re.search(r"\bTimeLimit=(\S+)", _scontrol("show", "job", task.job_id))
+    except ConfigError:
+        m = None
+    return f" ({m.group(1)})" if m else ""
+
+
+def stop_outcome(cfg: Any, signame: str) -> Tuple[str, str]:
+    """``(status, line)`` for a job stopped by ``signame``: KILLED, or FAILED when it is Slurm's time limit."""
+    task = SlurmTask.detect() if cfg.cluster.scheduler == "slurm" else None
+    if task is not None and signame == "SIGTERM" and _time_limit_reached(task):
+        return "FAILED", (f"Slurm job {task.shown_id} reached its time limit{_limit_text(task)}; every worker was "
+                          "stopped; raise hydra.launcher.timeout_min (or sbatch --time), or resume from the "
+                          "latest checkpoint with train.resume=latest")
+    scancel = f" (Slurm job {task.shown_id} was cancelled)" if task is not None and signame == "SIGTERM" else ""
+    return "KILLED", f"stopped by {signame}{scancel}"
+
+
+def on_time_limit_warning() -> None:
+    """Slurm's early signal (SIGUSR2 ``hydra.launcher.signal_delay_s`` before the time limit): say so, go on."""
+    def _say(signum: int, frame: Any) -> None:
+        print("[runner] Slurm: the job's time limit is near (SIGUSR2); it will be stopped at the limit",
+              flush=True)
+
+    signal.signal(signal.SIGUSR2, _say)

@@ -1,0 +1,240 @@
+"""``hydra/launcher=slurm``: every sweep point is one Slurm job of ``cluster.nodes`` nodes, one task per node.
+
+The launcher (``conf/hydra/launcher/slurm.yaml``, on hydra-submitit-launcher) submits the points as job
+arrays through submitit, one array per distinct shape (nodes, CPUs, GPUs per node), and waits, printing
+each point's outcome as it ends. A point's outcome is its run folder's ``status.json`` (what the sweep's
+report reads), not submitit's result pickle: a job that Slurm killed before the runner could record an
+outcome is recorded FAILED here, with its state and log. Ctrl-C while waiting cancels the jobs.
+:func:`check_submission` refuses, before anything is submitted, a tracking store or sweep folder that the
+job's nodes cannot reach.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import OmegaConf, open_dict
+
+from runner.config import rundir
+from runner.config.errors import ConfigError
+from runner.launch.slurm import node_address
+from runner.track.store import sqlite_folder, tracking_uri
+
+# Filesystems that every node of a cluster mounts alike (the store and the sweep folder must be on one).
+SHARED_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs", "cifs",
+             "smb3", "9p", "virtiofs", "wekafs", "panfs", "fuse.sshfs", "fuse.juicefs", "fuse.s3fs", "orangefs"}
+POLL_S = 2.0
+UNLISTED_S = 60.0  # a job squeue has never listed counts as ended after this long
+
+
+def _run(cmd: List[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"hydra/launcher=slurm: {cmd[0]} failed ({exc}); is Slurm installed here "
+                          "(make slurm-up starts a 2-node one on this machine)?") from None
+    if out.returncode != 0:
+        raise ConfigError(f"hydra/launcher=slurm: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()} "
+                          "(is slurmctld up? make slurm-up starts a 2-node cluster on this machine)")
+    return out.stdout
+
+
+def partition_nodes(partition: Optional[str]) -> List[str]:
+    """The nodes a job of ``partition`` (None: the default one) may run on."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %P", *(["-p", partition] if partition else [])])
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    if not partition:  # the default partition is marked with a *
+        rows = [r for r in rows if r[1].endswith("*")] or rows
+    if not rows:
+        raise ConfigError(f"hydra.launcher.partition={partition!r}: Slurm has no such partition (sinfo lists "
+                          f"{', '.join(sorted({r.split()[1] for r in _run(['sinfo', '-h', '-o', '%P']).split()}))})")
+    return sorted({r[0] for r in rows})
+
+
+def _this_host(addr: str) -> bool:
+    if addr in ("localhost", "::1") or addr.startswith("127."):
+        return True
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return addr in names
+
+
+def filesystem(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (its longest mount point in /proc/mounts)."""
+    path, best, kind = path.resolve(), "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and (str(path) + "/").startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(best):
+            best, kind = parts[1], parts[2]
+    return kind
+
+
+def check_submission(cfg: Any) -> None:
+    """What the job's nodes must reach, checked before submission: the tracking store and the sweep folder
+    (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
+    partition = cfg.hydra.launcher.get("partition")
+    nodes = partition_nodes(partition)
+    if all(_this_host(node_address(n)) for n in nodes):
+        return
+    where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
+    uri = tracking_uri(cfg)
+    folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
+    if folder is None and "://" not in uri:
+        folder = Path(uri)
+    if folder is not None and filesystem(folder) not in SHARED_FS:
+        raise ConfigError(f"tracking.uri={uri} is on this host's {filesystem(folder)} disk and {where}: run an "
+                          "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
+                          "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
+                          "filesystem")
+    host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
+        raise ConfigError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
+                          "the nodes reach (and start it with --host 0.0.0.0)")
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    if filesystem(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
+        raise ConfigError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
+                          "shared filesystem (the points' run folders and the sweep's report live there)")
+
+
+@dataclass
+class Point:
+    num: int
+    overrides: List[str]
+    run_dir: Path
+    shape: Tuple[int, int, Optional[int]]  # nodes, CPUs per task, GPUs per node
+    job: Any = None
+
+
+def _shape(cfg: Any, params: Dict[str, Any]) -> Tuple[int, int, Optional[int]]:
+    train = cfg.mode == "train"
+    c = cfg.cluster
+    nodes = int(c.nodes) if train else 1
+    cpus = params.get("cpus_per_task") or (int(c.workers_per_node) if train else 1)
+    gpus = params.get("gpus_per_node")
+    if gpus is None and train and c.device == "cuda":
+        gpus = int(c.workers_per_node)
+    return nodes, int(cpus), gpus
+
+
+def _points(launcher: Any, job_overrides: Sequence[Sequence[str]], first: int) -> List[Point]:
+    points = []
+    for i, overrides in enumerate(job_overrides):
+        cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        with open_dict(cfg.hydra.job):
+            cfg.hydra.job.num = first + i
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        points.append(Point(first + i, list(overrides), run_dir, _shape(cfg, launcher.params)))
+    return points
+
+
+def _submit(launcher: Any, points: List[Point]) -> None:
+    import submitit
+    from hydra.core.singleton import Singleton
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    params = dict(launcher.params)
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    init_keys = {"submitit_folder", "max_num_timeout"}
+    for shape in sorted({p.shape for p in points}, key=str):
+        group = [p for p in points if p.shape == shape]
+        executor = submitit.AutoExecutor(cluster="slurm", folder=params["submitit_folder"],
+                                         slurm_max_num_timeout=params.get("max_num_timeout", 0))
+        nodes, cpus, gpus = shape
+        chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus}
+        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in chosen.items()
+                                      if k not in init_keys and v is not None})
+        jobs = executor.map_array(launcher, [p.overrides for p in group], ["hydra.sweep.dir"] * len(group),
+                                  [p.num for p in group], [f"job_id_for_{p.num}" for p in group],
+                                  [Singleton.get_state()] * len(group))
+        for p, job in zip(group, jobs, strict=True):
+            p.job = job
+
+
+def _ended(p: Point, state: str) -> Dict[str, Any]:
+    """The point's outcome; recorded FAILED when the job ended without one (killed before the runner could)."""
+    status = rundir.read_status(p.run_dir)
+    if status is None:
+        line = (f"Slurm job {p.job.job_id} ended {state} before the runner recorded an outcome "
+                f"(log: {p.job.paths.stdout})")
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_status(p.run_dir, "FAILED", line, slurm_state=state)
+        status = rundir.read_status(p.run_dir) or {}
+    return status
+
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+          "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
+
+
+def job_states() -> Dict[str, str]:
+    """Slurm's state of every job it still lists (``squeue``; no accounting daemon needed), by job id."""
+    out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def _job_return(p: Point) -> Any:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    task0 = p.job.task(0) if p.job.num_tasks > 1 else p.job
+    if task0.paths.result_pickle.exists():
+        try:
+            ret = task0.result()
+            if isinstance(ret, JobReturn):
+                return ret
+        except Exception:  # noqa: BLE001  the outcome is in status.json; submitit's pickle holds a traceback
+            pass
+    ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.COMPLETED)
+    ret.return_value = None
+    return ret
+
+
+def _wait(points: List[Point]) -> None:
+    pending, seen, since = list(points), set(), time.monotonic()
+    while pending:
+        states = job_states()
+        seen.update(states)
+        for p in [p for p in pending if states.get(p.job.job_id) not in ACTIVE]:
+            if p.job.job_id not in states and p.job.job_id not in seen and time.monotonic() - since < UNLISTED_S:
+                continue  # not listed yet
+
+            pending.remove(p)
+            status = _ended(p, states.get(p.job.job_id, "(no longer listed by squeue)"))
+            said = status.get("summary", "").replace("[runner] ", "", 1) or f"error: {status.get('error')}"
+            print(f"[runner] point {p.num} (Slurm job {p.job.job_id}) {status.get('status')}: {said}", flush=True)
+        if pending:
+            time.sleep(POLL_S)
+
+
+def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[Any]:
+    """Submit every point, wait for all, return Hydra's job returns (the outcome is in each ``status.json``)."""
+    import logging
+
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # its job watcher's sacct warnings: we ask squeue
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    points = _points(launcher, job_overrides, initial_job_idx)
+    _submit(launcher, points)
+    listed = ", ".join(f"{p.job.job_id} (point {p.num}: {' '.join(p.overrides) or 'defaults'})" for p in points)
+    folder = str(launcher.params["submitit_folder"]).replace("%j", "<job id>")
+    print(f"[runner] Slurm: submitted {listed}; logs in {folder}", flush=True)
+    try:
+        _wait(points)
+    except KeyboardInterrupt:
+        ids = [p.job.job_id for p in points]
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
+        print(f"[runner] Slurm: cancelled {', '.join(ids)}", flush=True)
+        raise
+    return [_job_return(p) for p in points]
