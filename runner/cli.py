@@ -30,6 +30,20 @@ _FLAGS_WITHOUT_CHECK = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
+
+
+def _run_subdir() -> str:
+    """A single run's folder under outputs/runs: ``<date>/<time>``; the tasks of one Slurm job step
+    (``srun python -m runner``) share ``slurm/<job id>.<step id>`` (node k > 0 keeps its files in ``node<k>/``)."""
+    import os
+    from datetime import datetime
+
+    if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" in os.environ:
+        return f"slurm/{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+
+
+OmegaConf.register_new_resolver("run_subdir", _run_subdir, use_cache=True, replace=True)
 register_schemas()
 
 

@@ -78,9 +78,10 @@ def record_error(run_dir: Path, name: str, record: Dict[str, Any], traceback_tex
 
 
 def error_records(run_dir: Path) -> list:
-    """Every record in ``errors/`` (unreadable ones skipped)."""
-    folder = run_dir / ERRORS
-    found = (read_json(f) for f in sorted(folder.glob("*.json"))) if folder.is_dir() else ()
+    """Every record in ``errors/``, and in the other nodes' ``node<k>/errors/`` of a Slurm job when they
+    share the folder (unreadable ones skipped)."""
+    files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + sorted(run_dir.glob(f"node[0-9]*/{ERRORS}/*.json"))
+    found = (read_json(f) for f in files)
     return [r for r in found if isinstance(r, dict)]
 
 

@@ -22,6 +22,7 @@ from runner.train.lifeline import DRIVER_PID
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
 PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
+PEER_RECORD_S = 3.0  # how long a Slurm job's node 0 waits for the other nodes' failure records
 
 
 def _stop_all(procs: List[subprocess.Popen]) -> None:
@@ -89,6 +90,16 @@ def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]
     return procs
 
 
+def _await_other_nodes(cluster: Any, run_dir: Path) -> None:
+    """A Slurm job's other nodes record their ranks' failures in ``node<k>/`` (a shared folder): give them a
+    moment, so that the root cause is the rank that failed there, not this node's broken connections."""
+    if cluster.scheduler != "slurm" or cluster.nodes < 2:
+        return
+    deadline = time.monotonic() + PEER_RECORD_S
+    while time.monotonic() < deadline and not any(run_dir.glob(f"node[0-9]*/{rundir.ERRORS}/*.json")):
+        time.sleep(0.2)
+
+
 def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
                pump: Optional[Callable[[], None]]) -> None:
     """Until every agent has exited 0; on the first failure let the peers report, then raise."""
@@ -102,6 +113,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
                 time.sleep(0.1)
             _stop_all(procs)
             node = nodes_on_this_host(cluster)[failed]
+            _await_other_nodes(cluster, run_dir)
             raise WorkerFailure(_agent_death(procs[failed], node) or root_cause(run_dir))
         if all(c == 0 for c in codes):
             return

@@ -145,16 +145,16 @@ def _limit_text(task: SlurmTask) -> str:
         m = re.search(r"\bTimeLimit=(\S+)", _scontrol("show", "job", task.job_id))
     except ConfigError:
         m = None
-    return f" ({m.group(1)})" if m else ""
+    return f" of {m.group(1)}" if m else ""
 
 
 def stop_outcome(cfg: Any, signame: str) -> Tuple[str, str]:
     """``(status, line)`` for a job stopped by ``signame``: KILLED, or FAILED when it is Slurm's time limit."""
     task = SlurmTask.detect() if cfg.cluster.scheduler == "slurm" else None
     if task is not None and signame == "SIGTERM" and _time_limit_reached(task):
-        return "FAILED", (f"Slurm job {task.shown_id} reached its time limit{_limit_text(task)}; every worker was "
-                          "stopped; raise hydra.launcher.timeout_min (or sbatch --time), or resume from the "
-                          "latest checkpoint with train.resume=latest")
+        return "FAILED", (f"Slurm job {task.shown_id} reached its time limit{_limit_text(task)} (raise "
+                          "hydra.launcher.timeout_min or sbatch --time, or go on from the latest checkpoint with "
+                          "train.resume=latest)")
     scancel = f" (Slurm job {task.shown_id} was cancelled)" if task is not None and signame == "SIGTERM" else ""
     return "KILLED", f"stopped by {signame}{scancel}"
 
