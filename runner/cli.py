@@ -176,11 +176,12 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
         return None
     from hydra import compose
 
+    from runner.config.errors import SchedulerError
     from runner.launch.slurm_submit import check_submission
 
     try:
         check_submission(compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True))
-    except ConfigError as exc:
+    except SchedulerError as exc:
         return str(exc)
     return None
 

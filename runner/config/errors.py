@@ -49,12 +49,17 @@ class DataError(RuntimeError):
     """The data cannot be read as configured; ``str()`` names the file (and line) and what is expected."""
 
 
+class SchedulerError(RuntimeError):
+    """The scheduler (Slurm) cannot run the job as asked; ``str()`` names the setting and what to do."""
+
+
 class WorkerFailure(RuntimeError):
     """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
 
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
-          (TrackingError, "tracking error"), (DataError, "data error"), (WorkerFailure, "job failed"))
+          (TrackingError, "tracking error"), (DataError, "data error"), (SchedulerError, "Slurm error"),
+          (WorkerFailure, "job failed"))
 
 
 def first_line(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from runner.config import rundir
-from runner.config.errors import ConfigError
+from runner.config.errors import SchedulerError
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
 PORT_SPAN = 2000
@@ -30,10 +30,10 @@ def _scontrol(*args: str) -> str:
     try:
         out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"scontrol {' '.join(args)} failed ({exc}); the runner needs Slurm's commands on "
+        raise SchedulerError(f"scontrol {' '.join(args)} failed ({exc}); the runner needs Slurm's commands on "
                           "every node to find the job's nodes") from None
     if out.returncode != 0:
-        raise ConfigError(f"scontrol {' '.join(args)} failed: {(out.stderr or out.stdout).strip()}")
+        raise SchedulerError(f"scontrol {' '.join(args)} failed: {(out.stderr or out.stdout).strip()}")
     return out.stdout
 
 
@@ -46,7 +46,7 @@ def node_address(name: str) -> str:
     """The address Slurm reaches node ``name`` at (its ``NodeAddr``)."""
     m = re.search(r"\bNodeAddr=(\S+)", _scontrol("show", "node", name))
     if not m:
-        raise ConfigError(f"scontrol show node {name} gives no NodeAddr: cannot find the rendezvous host")
+        raise SchedulerError(f"scontrol show node {name} gives no NodeAddr: cannot find the rendezvous host")
     return m.group(1)
 
 
@@ -86,7 +86,7 @@ def task_for(cfg: Any) -> Optional[SlurmTask]:
     mode = cfg.cluster.scheduler
     task = SlurmTask.detect() if mode in ("auto", "slurm") else None
     if mode == "slurm" and task is None:
-        raise ConfigError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
+        raise SchedulerError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
                           "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                           "-m hydra/launcher=slurm")
     return task
@@ -97,11 +97,11 @@ def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
     nodes); this node's run folder. Every node checkpoints into the job's folder (one distributed checkpoint)."""
     c = cfg.cluster
     if task.nodes != c.nodes:
-        raise ConfigError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
+        raise SchedulerError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
                           f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
                           "hydra/launcher=slurm does) or set cluster.nodes")
     if task.tasks != task.nodes:
-        raise ConfigError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
+        raise SchedulerError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
                           "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
                           "cluster.workers_per_node workers")
     names = task.node_names()
@@ -143,7 +143,7 @@ def _time_limit_reached(task: SlurmTask) -> bool:
 def _limit_text(task: SlurmTask) -> str:
     try:
         m = re.search(r"\bTimeLimit=(\S+)", _scontrol("show", "job", task.job_id))
-    except ConfigError:
+    except SchedulerError:
         m = None
     return f" of {m.group(1)}" if m else ""
 

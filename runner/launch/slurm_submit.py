@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf, open_dict
 
 from runner.config import rundir
-from runner.config.errors import ConfigError
+from runner.config.errors import SchedulerError
 from runner.launch.slurm import node_address
 from runner.track.store import sqlite_folder, tracking_uri
 
@@ -36,10 +36,10 @@ def _run(cmd: List[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"hydra/launcher=slurm: {cmd[0]} failed ({exc}); is Slurm installed here "
+        raise SchedulerError(f"hydra/launcher=slurm: {cmd[0]} failed ({exc}); is Slurm installed here "
                           "(make slurm-up starts a 2-node one on this machine)?") from None
     if out.returncode != 0:
-        raise ConfigError(f"hydra/launcher=slurm: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()} "
+        raise SchedulerError(f"hydra/launcher=slurm: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()} "
                           "(is slurmctld up? make slurm-up starts a 2-node cluster on this machine)")
     return out.stdout
 
@@ -51,8 +51,9 @@ def partition_nodes(partition: Optional[str]) -> List[str]:
     if not partition:  # the default partition is marked with a *
         rows = [r for r in rows if r[1].endswith("*")] or rows
     if not rows:
-        raise ConfigError(f"hydra.launcher.partition={partition!r}: Slurm has no such partition (sinfo lists "
-                          f"{', '.join(sorted({r.split()[1] for r in _run(['sinfo', '-h', '-o', '%P']).split()}))})")
+        known = sorted({p.rstrip("*") for p in _run(["sinfo", "-h", "-o", "%P"]).split()})
+        raise SchedulerError(f"hydra.launcher.partition={partition!r} is not a partition of this Slurm; expected one "
+                             f"of {', '.join(known)}")
     return sorted({r[0] for r in rows})
 
 
@@ -94,17 +95,17 @@ def check_submission(cfg: Any) -> None:
     if folder is None and "://" not in uri:
         folder = Path(uri)
     if folder is not None and filesystem(folder) not in SHARED_FS:
-        raise ConfigError(f"tracking.uri={uri} is on this host's {filesystem(folder)} disk and {where}: run an "
+        raise SchedulerError(f"tracking.uri={uri} is on this host's {filesystem(folder)} disk and {where}: run an "
                           "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
                           "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
                           "filesystem")
     host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
-        raise ConfigError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
+        raise SchedulerError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
                           "the nodes reach (and start it with --host 0.0.0.0)")
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     if filesystem(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
-        raise ConfigError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
+        raise SchedulerError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
                           "shared filesystem (the points' run folders and the sweep's report live there)")
 
 

@@ -73,6 +73,10 @@ InactiveLimit=0
 NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_CTLD + 1)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_CTLD + 2)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+# A node on another host (TEST-NET address, never reached, kept DOWN): what a submission to it must reach is
+# checked against real Slurm (tests/slurm). Jobs never run there.
+NodeName=far NodeAddr=192.0.2.1 Port=$((PORT_CTLD + 3)) CPUs=1 RealMemory=100 State=DOWN
+PartitionName=remote Nodes=far MaxTime=INFINITE State=UP
 CONF
 }
 
@@ -99,8 +103,8 @@ up() {
   running "$STATE/slurmctld.pid" || slurmctld -c
   for n in n1 n2; do running "$STATE/slurmd-$n.pid" || slurmd -N "$n"; done
   for _ in $(seq 100); do
-    if [ "$(sinfo -h -o '%t' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ]; then
-      say "up: nodes n1,n2 idle ($(sinfo -h -o '%D nodes, partition %P'))"; return
+    if [ "$(sinfo -h -p debug -o '%t' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ]; then
+      say "up: nodes n1,n2 idle ($(sinfo -h -p debug -o '%D nodes, partition %P'))"; return
     fi
     sleep 0.2
   done
@@ -130,6 +134,6 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  status) sinfo -h >/dev/null 2>&1 ;;
+  status) [ -f "$CONF" ] && grep -qF "$MARK" "$CONF" && [ "$(sinfo -h -p debug -o '%t' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ] ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

@@ -1,0 +1,191 @@
+"""The runner on a real Slurm: two emulated nodes on this machine (``tests/slurm/cluster.sh``, which these
+tests start when it is not up, as root; they skip, saying why, only where Slurm cannot be had).
+
+Jobs are small (30 steps, one worker per node where the world size does not matter) so that the whole
+file stays within a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import List
+
+import pytest
+from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+ONE_WORKER = ["cluster=2node", "cluster.workers_per_node=1"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slurm() -> None:
+    """A running 2-node Slurm: the one already up, else started here (and stopped at the end)."""
+    if subprocess.run(["bash", str(CLUSTER), "status"], capture_output=True).returncode == 0:
+        yield
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no Slurm is up and starting one needs root (make slurm-up)")
+    up = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        pytest.skip(f"Slurm could not be started here: {(up.stderr or up.stdout).strip()[-400:]}")
+    yield
+    subprocess.run(["bash", str(CLUSTER), "down"], capture_output=True, timeout=120)
+
+
+def job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    m = re.search(r"JobState=(\w+)", out)
+    return m.group(1) if m else "?"
+
+
+def slurm_sweep(store: str, experiment: str, sweep_dir: Path, args: List[str], tag: str,
+                timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_cli(["-m", "hydra/launcher=slurm", *args, f"tracking.uri={store}", f"tracking.experiment={experiment}",
+                    f"hydra.sweep.dir={sweep_dir}"], timeout=timeout, tag=tag)
+
+
+def start_sweep(store: str, experiment: str, sweep_dir: Path, args: List[str], tag: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm", *args,
+                             f"tracking.uri={store}", f"tracking.experiment={experiment}",
+                             f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(path: Path, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {within} s"
+        time.sleep(0.2)
+
+
+def no_process_left(tag: str, within: float = 20) -> None:
+    deadline = time.monotonic() + within
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_tagged(tag)
+
+
+def test_sweep_submits_one_two_node_job_per_point(store: str, tmp_path: Path) -> None:
+    """Two points, two Slurm jobs of 2 nodes x 2 workers; node 0's task opens each run; the losses are those of
+    the same job run by the local launcher."""
+    tag = uuid.uuid4().hex
+    proc = slurm_sweep(store, "slurm-sweep", tmp_path / "sweep", ["cluster=2node", "sharding=rowwise,tablewise",
+                                                                  *FAST], tag)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    all_runs = runs(store, "slurm-sweep")
+    (parent,) = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
+    children = sorted((r for r in all_runs if r.data.tags.get("runner.kind") == "job"),
+                      key=lambda r: int(r.data.tags["runner.job"]))
+    assert len(children) == 2 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    ids = [r.data.tags["runner.slurm_job_id"] for r in children]
+    assert len(set(ids)) == 2 and all(job_state(i) == "COMPLETED" for i in ids), ids
+    for r, kind in zip(children, ("row_wise", "table_wise"), strict=True):
+        t = r.data.tags
+        assert r.info.status == "FINISHED" and t["runner.scheduler"] == "slurm" and t["runner.slurm_nodes"] == "n1,n2"
+        assert t["runner.world_size"] == "4" and t["runner.nodes"] == "2" and kind in t["runner.sharding_types"]
+        assert r.data.params["cluster.node_rank"] == "0" and r.data.params["cluster.master_addr"] == "127.0.0.1"
+    point = tmp_path / "sweep" / "0"
+    assert (point / "run.json").exists() and not (point / "node1" / "run.json").exists()  # node 0 opened it
+    assert (point / "node1" / "status.json").exists()
+    assert "[runner] point 0 (Slurm job" in proc.stdout and "FINISHED: done:" in proc.stdout
+    _, local = finished_run(store, "slurm-local", tmp_path / "local", ["cluster=2node", "sharding=rowwise", *FAST])
+    slurm_loss = metric_history(store, children[0].info.run_id, "train/loss")
+    assert slurm_loss == pytest.approx(metric_history(store, local.info.run_id, "train/loss"), rel=1e-5)
+    no_process_left(tag)
+
+
+def test_worker_killed_on_node_1_fails_the_slurm_job(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    sweep = tmp_path / "sweep"
+    proc = start_sweep(store, "slurm-fail", sweep, [*ONE_WORKER, "train.steps=5000", "train.log_every=10"], tag)
+    pid_file = sweep / "0" / "node1" / "pids" / "rank1.pid"
+    wait_for(sweep / "0" / "events.jsonl")
+    wait_for(pid_file)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    (run,) = [r for r in runs(store, "slurm-fail") if r.data.tags.get("runner.kind") == "job"]
+    assert run.info.status == "FAILED"
+    assert "rank 1 on node 1 failed: killed by SIGKILL" in run.data.tags["error"]
+    assert job_state(run.data.tags["runner.slurm_job_id"]) == "FAILED"
+    assert "rank 1 on node 1 failed: killed by SIGKILL" in out
+    no_process_left(tag)
+
+
+def test_scancel_ends_the_run_killed(store: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    sweep = tmp_path / "sweep"
+    proc = start_sweep(store, "slurm-cancel", sweep, [*ONE_WORKER, "train.steps=5000", "train.log_every=10"], tag)
+    wait_for(sweep / "0" / "node1" / "pids" / "rank1.pid")
+    wait_for(sweep / "0" / "events.jsonl")
+    (job_id,) = [d.name for d in (sweep / ".submitit").iterdir() if d.is_dir()]
+    subprocess.run(["scancel", job_id], check=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    (run,) = [r for r in runs(store, "slurm-cancel") if r.data.tags.get("runner.kind") == "job"]
+    assert run.info.status == "KILLED" and "was cancelled" in run.data.tags["error"]
+    assert job_state(job_id) == "CANCELLED"
+    no_process_left(tag)
+
+
+def test_time_limit_ends_the_run_failed_saying_so(store: str, tmp_path: Path) -> None:
+    """Slurm's smallest limit is a minute: the job is stopped about a minute in."""
+    tag = uuid.uuid4().hex
+    proc = slurm_sweep(store, "slurm-limit", tmp_path / "sweep",
+                       [*ONE_WORKER, "train.steps=100000", "train.log_every=50", "hydra.launcher.timeout_min=1",
+                        "hydra.launcher.signal_delay_s=30"], tag, timeout=240)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (run,) = [r for r in runs(store, "slurm-limit") if r.data.tags.get("runner.kind") == "job"]
+    assert run.info.status == "FAILED" and "reached its time limit of 00:01:00" in run.data.tags["error"]
+    assert job_state(run.data.tags["runner.slurm_job_id"]) == "TIMEOUT"
+    log = next((tmp_path / "sweep" / ".submitit").rglob("*_0_log.out")).read_text()
+    assert "time limit is near (SIGUSR2)" in log
+    no_process_left(tag)
+
+
+def test_hand_written_sbatch_script(store: str, tmp_path: Path) -> None:
+    """experiments/train.sbatch (the README's): srun's tasks share one run folder; node 0 logs the one run."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, RUNNER_TEST_TAG=tag)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", "experiments/train.sbatch",
+                          *ONE_WORKER[1:], *FAST, f"tracking.uri={store}", "tracking.experiment=slurm-sbatch"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 180
+    while job_state(job) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert job_state(job) == "COMPLETED", log[-2000:]
+    (run,) = runs(store, "slurm-sbatch")
+    assert run.info.status == "FINISHED" and run.data.tags["runner.slurm_job_id"] == job
+    assert run.data.tags["runner.world_size"] == "2"
+    run_dir = Path(run.data.tags["runner.run_dir"])
+    assert run_dir == ROOT / "outputs" / "runs" / "slurm" / f"{job}.0" and (run_dir / "node1" / "status.json").exists()
+    assert "node 1 finished; node 0's task logged the MLflow run" in log
+    no_process_left(tag)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["hydra.launcher.partition=nope"], "hydra.launcher.partition='nope' is not a partition of this Slurm"),
+    (["hydra.launcher.partition=remote"], "are other hosts: run an mlflow server they reach"),
+    (["cluster.nodes=0"], "cluster.nodes=0 is not allowed"),
+])
+def test_refused_before_anything_is_submitted(store: str, tmp_path: Path, args: List[str], expected: str) -> None:
+    """The partition ``remote``'s node is another host: a SQLite store on this disk would not be reached."""
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    proc = slurm_sweep(store, "slurm-refused", tmp_path / "sweep", [*args, *FAST], uuid.uuid4().hex, timeout=60)
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "sweep").exists()
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
