@@ -146,7 +146,8 @@ def precheck(args: List[str]) -> Optional[str]:
                 combos = _combinations(overrides, loader)
             except Exception as exc:  # override syntax
                 return first_line(exc)
-            return _check_combos(combos, config_name, loader) or _check_launcher(combos[0], config_name)
+            return _check_combos(combos, config_name, loader) or next(
+                (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
     finally:
         GlobalHydra.instance().clear()
 
@@ -212,6 +213,8 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 return None
             if cfg.mode == "train":
                 run_dir = adopt(cfg, task, run_dir)
+            else:
+                cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
         results = run_job(cfg)
     except KeyboardInterrupt as exc:
         status, line = stop_outcome(cfg, signals.stopped(exc).name)

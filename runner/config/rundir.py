@@ -46,6 +46,9 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": "slurm", "job_ids": [...]}
+
+
 def update_json(path: Path, **fields: Any) -> None:
     """Set ``fields`` in the JSON object at ``path`` (created when missing), atomically."""
     write_json(path, {**(read_json(path) or {}), **fields})

@@ -85,6 +85,10 @@ def task_for(cfg: Any) -> Optional[SlurmTask]:
     """The Slurm task this job runs as, per ``cluster.scheduler`` (``auto``: when Slurm's environment says so)."""
     mode = cfg.cluster.scheduler
     task = SlurmTask.detect() if mode in ("auto", "slurm") else None
+    if mode == "auto" and task is None and int(os.environ.get("SLURM_NNODES", "1")) > 1:
+        print(f"[runner] warning: Slurm job {os.environ.get('SLURM_JOB_ID')} has {os.environ['SLURM_NNODES']} nodes "
+              "but this runner is not one of its step's tasks (no srun): every node of cluster.nodes runs here; "
+              "start it with srun --ntasks-per-node=1 (see experiments/train.sbatch)", flush=True)
     if mode == "slurm" and task is None:
         raise SchedulerError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
                           "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf, open_dict
 
 from runner.config import rundir
-from runner.config.errors import SchedulerError
+from runner.config.errors import SchedulerError, first_line
 from runner.launch.slurm import node_address
 from runner.track.store import sqlite_folder, tracking_uri
 
@@ -87,6 +87,10 @@ def check_submission(cfg: Any) -> None:
     (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
     partition = cfg.hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
+    if cfg.mode == "train" and cfg.cluster.nodes > len(nodes):
+        raise SchedulerError(f"cluster.nodes={cfg.cluster.nodes} but the Slurm partition {partition or '(default)'} "
+                             f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
+                             "partition with hydra.launcher.partition")
     if all(_this_host(node_address(n)) for n in nodes):
         return
     where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
@@ -116,6 +120,7 @@ class Point:
     run_dir: Path
     shape: Tuple[int, int, Optional[int]]  # nodes, CPUs per task, GPUs per node
     job: Any = None
+    refused: Optional[str] = None  # why sbatch did not take it
 
 
 def _shape(cfg: Any, params: Dict[str, Any]) -> Tuple[int, int, Optional[int]]:
@@ -156,9 +161,17 @@ def _submit(launcher: Any, points: List[Point]) -> None:
         chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus}
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in chosen.items()
                                       if k not in init_keys and v is not None})
-        jobs = executor.map_array(launcher, [p.overrides for p in group], ["hydra.sweep.dir"] * len(group),
-                                  [p.num for p in group], [f"job_id_for_{p.num}" for p in group],
-                                  [Singleton.get_state()] * len(group))
+        try:
+            jobs = executor.map_array(launcher, [p.overrides for p in group], ["hydra.sweep.dir"] * len(group),
+                                      [p.num for p in group], [f"job_id_for_{p.num}" for p in group],
+                                      [Singleton.get_state()] * len(group))
+        except Exception as exc:  # sbatch refused (resources, account, partition limits): an answer per point
+            said = [ln.strip() for ln in str(exc).splitlines() if "error:" in ln] or [first_line(exc)]
+            for p in group:
+                p.refused = f"Slurm refused the job: {'; '.join(said)}"
+                p.run_dir.mkdir(parents=True, exist_ok=True)
+                rundir.write_status(p.run_dir, "FAILED", p.refused)
+            continue
         for p, job in zip(group, jobs, strict=True):
             p.job = job
 
@@ -189,8 +202,8 @@ def job_states() -> Dict[str, str]:
 def _job_return(p: Point) -> Any:
     from hydra.core.utils import JobReturn, JobStatus
 
-    task0 = p.job.task(0) if p.job.num_tasks > 1 else p.job
-    if task0.paths.result_pickle.exists():
+    task0 = None if p.job is None else p.job.task(0) if p.job.num_tasks > 1 else p.job
+    if task0 is not None and task0.paths.result_pickle.exists():
         try:
             ret = task0.result()
             if isinstance(ret, JobReturn):
@@ -203,7 +216,10 @@ def _job_return(p: Point) -> Any:
 
 
 def _wait(points: List[Point]) -> None:
-    pending, seen, since = list(points), set(), time.monotonic()
+    for p in points:
+        if p.refused:
+            print(f"[runner] point {p.num} FAILED: error: {p.refused}", flush=True)
+    pending, seen, since = [p for p in points if p.job is not None], set(), time.monotonic()
     while pending:
         states = job_states()
         seen.update(states)
@@ -228,13 +244,18 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
     points = _points(launcher, job_overrides, initial_job_idx)
     _submit(launcher, points)
-    listed = ", ".join(f"{p.job.job_id} (point {p.num}: {' '.join(p.overrides) or 'defaults'})" for p in points)
+    submitted = [p for p in points if p.job is not None]
+    earlier = (rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}).get("job_ids", [])
+    rundir.write_json(sweep_dir / rundir.SCHEDULER, {"scheduler": "slurm",
+                                                     "job_ids": earlier + [p.job.job_id for p in submitted]})
+    listed = ", ".join(f"{p.job.job_id} (point {p.num}: {' '.join(p.overrides) or 'defaults'})" for p in submitted)
     folder = str(launcher.params["submitit_folder"]).replace("%j", "<job id>")
-    print(f"[runner] Slurm: submitted {listed}; logs in {folder}", flush=True)
+    if submitted:
+        print(f"[runner] Slurm: submitted {listed}; logs in {folder}", flush=True)
     try:
         _wait(points)
     except KeyboardInterrupt:
-        ids = [p.job.job_id for p in points]
+        ids = [p.job.job_id for p in submitted]
         subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
         print(f"[runner] Slurm: cancelled {', '.join(ids)}", flush=True)
         raise

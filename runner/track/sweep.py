@@ -138,8 +138,12 @@ class SweepParentRun(Callback):
         lines = [f"job {p.job}: {p.status.lower()}: {p.error or 'no reason recorded'}" for p in failed]
         log_metrics(self._uri, self._run_id, {"sweep/points": len(points), "sweep/failed_points": len(failed),
                                               **found.get("metrics", {})}, 0)
-        if found.get("tags"):
-            set_tags(self._uri, self._run_id, found["tags"])
+        scheduler = rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}
+        tags = {**found.get("tags", {}), **({"runner.scheduler": scheduler["scheduler"],
+                                              "runner.slurm_job_ids": ",".join(scheduler.get("job_ids", []))}
+                                             if scheduler.get("scheduler") else {})}
+        if tags:
+            set_tags(self._uri, self._run_id, tags)
         end_run(self._uri, self._run_id, "FAILED" if failed else "FINISHED", "; ".join(lines) or None)
         if found.get("run_ids"):
             print(f"[runner] sweep done: {len(points)} points; compare them: "

@@ -89,6 +89,7 @@ start_munge() {
   mkdir -p /run/munge /var/log/munge /var/lib/munge
   chown munge:munge /run/munge /var/log/munge /var/lib/munge
   runuser -u munge -- munged --force
+  mkdir -p "$STATE" && touch "$STATE/munged.ours"  # started here: 'down' stops it
   for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return; sleep 0.1; done
   die "munged did not start (see /var/log/munge/munged.log)"
 }
@@ -128,7 +129,12 @@ down() {
   for n in n1 n2; do stop_pidfile "$STATE/slurmd-$n.pid"; done
   stop_pidfile "$STATE/slurmctld.pid"
   pkill -f "slurmstepd: \[" 2>/dev/null || true
-  say "down: slurmctld and slurmd stopped (munged stays: other services may use it)"
+  if [ -f "$STATE/munged.ours" ]; then
+    stop_pidfile /run/munge/munged.pid; rm -f "$STATE/munged.ours"
+    say "down: slurmctld, slurmd and munged stopped"
+  else
+    say "down: slurmctld and slurmd stopped (munged was already running before: it stays)"
+  fi
 }
 
 case "${1:-}" in

@@ -89,6 +89,7 @@ def test_sweep_submits_one_two_node_job_per_point(store: str, tmp_path: Path) ->
     assert len(children) == 2 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
     ids = [r.data.tags["runner.slurm_job_id"] for r in children]
     assert len(set(ids)) == 2 and all(job_state(i) == "COMPLETED" for i in ids), ids
+    assert parent.data.tags["runner.scheduler"] == "slurm" and parent.data.tags["runner.slurm_job_ids"] == ",".join(ids)
     for r, kind in zip(children, ("row_wise", "table_wise"), strict=True):
         t = r.data.tags
         assert r.info.status == "FINISHED" and t["runner.scheduler"] == "slurm" and t["runner.slurm_nodes"] == "n1,n2"
@@ -138,17 +139,25 @@ def test_scancel_ends_the_run_killed(store: str, tmp_path: Path) -> None:
     no_process_left(tag)
 
 
-def test_time_limit_ends_the_run_failed_saying_so(store: str, tmp_path: Path) -> None:
-    """Slurm's smallest limit is a minute: the job is stopped about a minute in."""
+def test_restart_inside_the_allocation_then_the_time_limit(store: str, tmp_path: Path) -> None:
+    """A worker killed with cluster.max_restarts=1 is restarted in the same job; the job then runs into its
+    time limit (Slurm's smallest is a minute) and the run ends FAILED saying so."""
     tag = uuid.uuid4().hex
-    proc = slurm_sweep(store, "slurm-limit", tmp_path / "sweep",
-                       [*ONE_WORKER, "train.steps=100000", "train.log_every=50", "hydra.launcher.timeout_min=1",
-                        "hydra.launcher.signal_delay_s=30"], tag, timeout=240)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweep = tmp_path / "sweep"
+    proc = start_sweep(store, "slurm-limit", sweep, [*ONE_WORKER, "cluster.max_restarts=1", "train.steps=100000",
+                                                     "train.log_every=50", "hydra.launcher.timeout_min=1",
+                                                     "hydra.launcher.signal_delay_s=30"], tag)
+    pid_file = sweep / "0" / "node1" / "pids" / "rank1.pid"
+    wait_for(sweep / "0" / "events.jsonl")
+    wait_for(pid_file)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
     (run,) = [r for r in runs(store, "slurm-limit") if r.data.tags.get("runner.kind") == "job"]
     assert run.info.status == "FAILED" and "reached its time limit of 00:01:00" in run.data.tags["error"]
+    assert run.data.tags["runner.restarts"] == "1"
     assert job_state(run.data.tags["runner.slurm_job_id"]) == "TIMEOUT"
-    log = next((tmp_path / "sweep" / ".submitit").rglob("*_0_log.out")).read_text()
+    log = next((sweep / ".submitit").rglob("*_0_log.out")).read_text()
     assert "time limit is near (SIGUSR2)" in log
     no_process_left(tag)
 
@@ -180,6 +189,7 @@ def test_hand_written_sbatch_script(store: str, tmp_path: Path) -> None:
     (["hydra.launcher.partition=nope"], "hydra.launcher.partition='nope' is not a partition of this Slurm"),
     (["hydra.launcher.partition=remote"], "are other hosts: run an mlflow server they reach"),
     (["cluster.nodes=0"], "cluster.nodes=0 is not allowed"),
+    (["cluster=local,2node", "cluster.nodes=3"], "cluster.nodes=3 but the Slurm partition (default) has 2 node(s)"),
 ])
 def test_refused_before_anything_is_submitted(store: str, tmp_path: Path, args: List[str], expected: str) -> None:
     """The partition ``remote``'s node is another host: a SQLite store on this disk would not be reached."""
