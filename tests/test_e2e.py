@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, finished_run, metric_history, processes_tagged, run_cli, runs
+from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +92,13 @@ def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     assert run.data.tags["runner.world_size"] == "4"
     assert run.data.tags["runner.local_world_size"] == "2"
     assert run.data.tags["runner.nodes"] == "2"
+    # MLflow's context tags (Source, User, Git commit columns) and a Description with the command
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert run.data.tags["mlflow.source.type"] == "LOCAL" and run.data.tags["mlflow.user"]
+    assert run.data.tags["mlflow.source.name"].endswith("runner/__main__.py")
+    assert not head or run.data.tags["mlflow.source.git.commit"] == head
+    assert run.data.tags["mlflow.note.content"].startswith("Job: `python -m runner train.steps=30")
+    assert str(tmp_path) in run.data.tags["mlflow.note.content"]
     # four workers on this host: bound to one core each only when the host has four
     bound = [part.split(": ")[1] for part in run.data.tags["runner.cpu_cores"].split("; ")]
     if len(os.sched_getaffinity(0)) < 4:
@@ -111,6 +119,8 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert parent.data.tags["mlflow.note.content"].startswith("Sweep: `python -m runner -m ")
+    assert all(c.data.tags["mlflow.source.type"] == "LOCAL" for c in [parent, *children])
     points = {(c.data.params["cluster.intra_node_bandwidth"],
                c.data.params["sharding.storage_reserve_percent"]) for c in children}
     assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}

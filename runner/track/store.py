@@ -232,12 +232,30 @@ def log_artifacts(uri: str, run_id: str, paths: Iterable[Path], artifact_path: O
 
 
 @_store_write
+def context_tags(tags: Mapping[str, Any]) -> Dict[str, str]:
+    """MLflow's own context tags (user, source, git commit and branch when in a git work tree), as its fluent
+    API sets them, and a Description (``mlflow.note.content``): the command and the run folder."""
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.mlflow_tags import MLFLOW_SOURCE_NAME
+
+    found = {k: str(v) for k, v in resolve_tags({}).items()}
+    if not found.get(MLFLOW_SOURCE_NAME, "").startswith(str(PROJECT_ROOT)):  # e.g. a Slurm task's submitit
+        found[MLFLOW_SOURCE_NAME] = str(PROJECT_ROOT / "runner" / "__main__.py")
+    sweep = tags.get("runner.kind") == "sweep"
+    overrides = tags.get("runner.overrides", "(none)")
+    command = f"python -m runner {'-m ' if sweep else ''}{'' if overrides == '(none)' else overrides}".strip()
+    folder = tags.get("runner.sweep_dir" if sweep else "runner.run_dir")
+    found["mlflow.note.content"] = (f"{'Sweep' if sweep else 'Job'}: `{command}`"
+                                    + (f"\n\n{'Sweep' if sweep else 'Run'} folder: `{folder}`" if folder else ""))
+    return found
+
+
 def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
               tags: Mapping[str, Any]) -> str:
     """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-    all_tags = {MLFLOW_RUN_NAME: run_name, **{k: str(v) for k, v in tags.items()}}
+    all_tags = {**context_tags(tags), MLFLOW_RUN_NAME: run_name, **{k: str(v) for k, v in tags.items()}}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     run = client(uri).create_run(experiment_id(uri, experiment), tags=all_tags, run_name=run_name)
