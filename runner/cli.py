@@ -217,10 +217,11 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
         results = run_job(cfg)
     except KeyboardInterrupt as exc:
-        status, line = stop_outcome(cfg, signals.stopped(exc).name)
+        stop = signals.stopped(exc)
+        status, line = stop_outcome(cfg, stop.name)
         _record_status(run_dir, status, line)
         _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir})")
-        raise SystemExit(signals.stopped(exc).exit_code) from None
+        raise SystemExit(stop.exit_code) from None
     except Exception as exc:
         line = one_line(exc)
         logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file

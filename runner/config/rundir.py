@@ -37,6 +37,13 @@ PIDS = "pids"
 ERRORS = "errors"
 DELIVERED = "delivered.json"  # how much of events.jsonl is in the store; the final status while it is not
 LOG = "runner.log"  # Hydra's job log (``hydra.job.name`` is ``runner``); agents and workers append to it
+SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": "slurm", "job_ids": [...]}
+NODE_DIR = "node{}"  # a Slurm job's node k > 0 keeps its files in node<k>/ of the job's run folder
+
+
+def node_error_files(run_dir: Path) -> List[Path]:
+    """The other nodes' failure records (``node<k>/errors/*.json``) of a Slurm job in a shared folder."""
+    return sorted(run_dir.glob(f"{NODE_DIR.format('[0-9]*')}/{ERRORS}/*.json"))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -44,9 +51,6 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
-
-
-SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": "slurm", "job_ids": [...]}
 
 
 def update_json(path: Path, **fields: Any) -> None:
@@ -83,7 +87,7 @@ def record_error(run_dir: Path, name: str, record: Dict[str, Any], traceback_tex
 def error_records(run_dir: Path) -> list:
     """Every record in ``errors/``, and in the other nodes' ``node<k>/errors/`` of a Slurm job when they
     share the folder (unreadable ones skipped)."""
-    files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + sorted(run_dir.glob(f"node[0-9]*/{ERRORS}/*.json"))
+    files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + node_error_files(run_dir)
     found = (read_json(f) for f in files)
     return [r for r in found if isinstance(r, dict)]
 

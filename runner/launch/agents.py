@@ -96,7 +96,7 @@ def _await_other_nodes(cluster: Any, run_dir: Path) -> None:
     if cluster.scheduler != "slurm" or cluster.nodes < 2:
         return
     deadline = time.monotonic() + PEER_RECORD_S
-    while time.monotonic() < deadline and not any(run_dir.glob(f"node[0-9]*/{rundir.ERRORS}/*.json")):
+    while time.monotonic() < deadline and not rundir.node_error_files(run_dir):
         time.sleep(0.2)
 
 

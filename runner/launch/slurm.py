@@ -31,7 +31,7 @@ def _scontrol(*args: str) -> str:
         out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SchedulerError(f"scontrol {' '.join(args)} failed ({exc}); the runner needs Slurm's commands on "
-                          "every node to find the job's nodes") from None
+                             "every node to find the job's nodes") from None
     if out.returncode != 0:
         raise SchedulerError(f"scontrol {' '.join(args)} failed: {(out.stderr or out.stdout).strip()}")
     return out.stdout
@@ -91,8 +91,8 @@ def task_for(cfg: Any) -> Optional[SlurmTask]:
               "start it with srun --ntasks-per-node=1 (see experiments/train.sbatch)", flush=True)
     if mode == "slurm" and task is None:
         raise SchedulerError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
-                          "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
-                          "-m hydra/launcher=slurm")
+                             "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
+                             "-m hydra/launcher=slurm")
     return task
 
 
@@ -102,12 +102,12 @@ def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
     c = cfg.cluster
     if task.nodes != c.nodes:
         raise SchedulerError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
-                          f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
-                          "hydra/launcher=slurm does) or set cluster.nodes")
+                             f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
+                             "hydra/launcher=slurm does) or set cluster.nodes")
     if task.tasks != task.nodes:
         raise SchedulerError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
-                          "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
-                          "cluster.workers_per_node workers")
+                             "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
+                             "cluster.workers_per_node workers")
     names = task.node_names()
     c.scheduler = "slurm"
     c.node_rank = task.node_rank
@@ -122,7 +122,7 @@ def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
 def node_run_dir(run_dir: Path, cfg: Any) -> Path:
     """Node 0 keeps the job's run folder; another node of a Slurm job keeps its files in ``node<k>/``."""
     k = cfg.cluster.node_rank
-    return run_dir / f"node{k}" if cfg.cluster.scheduler == "slurm" and k else run_dir
+    return run_dir / rundir.NODE_DIR.format(k) if cfg.cluster.scheduler == "slurm" and k else run_dir
 
 
 def run_tags(cfg: Any) -> Dict[str, str]:

@@ -37,10 +37,10 @@ def _run(cmd: List[str]) -> str:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SchedulerError(f"hydra/launcher=slurm: {cmd[0]} failed ({exc}); is Slurm installed here "
-                          "(make slurm-up starts a 2-node one on this machine)?") from None
+                             "(make slurm-up starts a 2-node one on this machine)?") from None
     if out.returncode != 0:
         raise SchedulerError(f"hydra/launcher=slurm: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()} "
-                          "(is slurmctld up? make slurm-up starts a 2-node cluster on this machine)")
+                             "(is slurmctld up? make slurm-up starts a 2-node cluster on this machine)")
     return out.stdout
 
 
@@ -98,19 +98,20 @@ def check_submission(cfg: Any) -> None:
     folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
     if folder is None and "://" not in uri:
         folder = Path(uri)
-    if folder is not None and filesystem(folder) not in SHARED_FS:
-        raise SchedulerError(f"tracking.uri={uri} is on this host's {filesystem(folder)} disk and {where}: run an "
-                          "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
-                          "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
-                          "filesystem")
+    kind = filesystem(folder) if folder is not None else None
+    if kind is not None and kind not in SHARED_FS:
+        raise SchedulerError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an "
+                             "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
+                             "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
+                             "filesystem")
     host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
         raise SchedulerError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
-                          "the nodes reach (and start it with --host 0.0.0.0)")
+                             "the nodes reach (and start it with --host 0.0.0.0)")
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     if filesystem(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
         raise SchedulerError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
-                          "shared filesystem (the points' run folders and the sweep's report live there)")
+                             "shared filesystem (the points' run folders and the sweep's report live there)")
 
 
 @dataclass
@@ -183,8 +184,8 @@ def _ended(p: Point, state: str) -> Dict[str, Any]:
         line = (f"Slurm job {p.job.job_id} ended {state} before the runner recorded an outcome "
                 f"(log: {p.job.paths.stdout})")
         p.run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_status(p.run_dir, "FAILED", line, slurm_state=state)
-        status = rundir.read_status(p.run_dir) or {}
+        status = {"status": "FAILED", "error": line, "slurm_state": state}
+        rundir.write_status(p.run_dir, **status)
     return status
 
 
