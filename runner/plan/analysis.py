@@ -138,15 +138,16 @@ def plan_metrics(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], t
 
 def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Any,
           title: str) -> None:
-    """PNG: per-rank estimated memory, step time (by component) and traffic, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """PNG: per-rank estimated memory, step time (by component) and traffic, side by side. Drawn on a bare
+    Agg figure with a fixed layout (no pyplot state, no layout search: a sweep draws one per point)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     xs = list(range(len(ranks)))
     mem_key = "hbm_bytes" if device_type == "cuda" else "ddr_bytes"
-    fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(xs) + 6), 3.6))
+    fig = Figure(figsize=(max(9, 0.5 * len(xs) + 6), 3.6))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
     axes[0].bar(xs, [r[mem_key] / 2**30 for r in ranks], color="tab:blue")
     axes[0].set_title(f"estimated {mem_key.split('_')[0].upper()} (GiB)")
     bottom = [0.0] * len(xs)
@@ -156,16 +157,15 @@ def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_t
         axes[1].bar(xs, vals, bottom=bottom, color=color, label=key.replace("_ms", ""))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     axes[1].set_title("estimated step time (ms)")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="upper right")
     axes[2].bar(xs, [b / 2**20 for b in comms["intra_node_bytes"]], label="within node", color="tab:cyan")
     axes[2].bar(xs, [b / 2**20 for b in comms["cross_node_bytes"]], bottom=[
         b / 2**20 for b in comms["intra_node_bytes"]], label="across nodes", color="tab:purple")
     axes[2].set_title("estimated bytes sent per step (MiB)")
-    axes[2].legend(fontsize=7)
+    axes[2].legend(fontsize=7, loc="upper right")
     for ax in axes:
         ax.set_xlabel("rank")
         ax.set_xticks(xs)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.82, wspace=0.25)
     fig.savefig(path, dpi=110)
-    plt.close(fig)

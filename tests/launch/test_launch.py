@@ -103,3 +103,14 @@ def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) ->
     assert "rank 0 ran on another host" in outs[other][0] and "MLflow run" not in outs[other][0].replace(
         "logged the MLflow run", "")
     assert not processes_tagged(tag)
+
+
+def test_plan_only_joblib_sweep_runs_contiguous_batches_per_process() -> None:
+    from runner.cli import launcher_overrides  # (the entry registers the schema and resolvers)
+
+    sweep = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "mode=plan",
+             "cluster.cross_node_bandwidth=1,3,6", "sharding.storage_reserve_percent=0.1,0.2,0.3"]
+    assert launcher_overrides(sweep) == ["hydra.launcher.batch_size=5"]  # 9 points, 2 processes
+    assert launcher_overrides([*sweep, "hydra.launcher.batch_size=1"]) == []  # the user's choice stands
+    assert launcher_overrides([a for a in sweep if a != "mode=plan"]) == []  # training points: joblib's own
+    assert launcher_overrides([a for a in sweep if a != "-m"]) == []
