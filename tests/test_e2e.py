@@ -79,7 +79,7 @@ def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path:
 
 def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "cluster=2node", "sharding=rowwise", f"tracking.uri={store}",
-                    "tracking.experiment=rw2", f"hydra.run.dir={tmp_path}"])
+                    "tracking.experiment=rw2", f"hydra.run.dir={tmp_path}", "tracking.system_metrics_interval_s=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     types = plan_types(tmp_path)
     assert len(types) == 6 and set(types.values()) == {"row_wise"}
@@ -99,6 +99,16 @@ def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     assert not head or run.data.tags["mlflow.source.git.commit"] == head
     assert run.data.tags["mlflow.note.content"].startswith("Job: `python -m runner train.steps=30")
     assert str(tmp_path) in run.data.tags["mlflow.note.content"]
+    # system metrics, with the node in their names (2 nodes), sampled while it ran
+    from mlflow.tracking import MlflowClient
+
+    cpu = MlflowClient(store).get_metric_history(run.info.run_id, "system/node_0/cpu_utilization_percentage")
+    assert len(cpu) >= 2 and all(0 <= m.value <= 100 for m in cpu)
+    assert "system/node_0/system_memory_usage_megabytes" in run.data.metrics
+    # its data as inputs: synthetic, identified by the generator's settings (the default job's are the same)
+    inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
+    assert (inputs["train"].name, inputs["eval"].name) == ("synthetic-train", "synthetic-eval")
+    assert '"label_noise": "0.5"' in inputs["train"].source and inputs["train"].digest != inputs["eval"].digest
     # four workers on this host: bound to one core each only when the host has four
     bound = [part.split(": ")[1] for part in run.data.tags["runner.cpu_cores"].split("; ")]
     if len(os.sched_getaffinity(0)) < 4:

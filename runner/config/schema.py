@@ -27,6 +27,10 @@ class TrackingSchema:
     """MLflow experiment name."""
     run_name: Optional[str] = None
     """MLflow run name (default: the config choices, e.g. ``dlrm-rowwise-local``)."""
+    system_metrics: bool = True
+    """Record CPU, memory, disk, network (and GPU) use over a training run, per node, in the run's System metrics."""
+    system_metrics_interval_s: float = 10.0
+    """Seconds between system-metric samples."""
 
 
 @dataclass

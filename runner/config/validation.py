@@ -214,6 +214,8 @@ def validate(cfg: Any) -> None:
     _validate_optimizer(cfg.optimizer)
     _validate_cluster(cfg.cluster)
     _validate_run(cfg.precision, cfg.data, cfg.train)
+    _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
+           cfg.tracking.system_metrics_interval_s, "> 0")
     if uses_split_step(cfg):
         why = "sharding types without data_parallel with train.grad_accumulation_steps > 1 or fp16 loss scaling"
         _check("data_parallel" not in cfg.sharding.types, "sharding.types", list(cfg.sharding.types), why)

@@ -7,22 +7,22 @@ rebalancing), so ranks end within one batch of each other; each shard reads only
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
+from runner.data.files import DataFile, find_files
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
 
 
-def parquet_files(path: str) -> List[Path]:
-    p = Path(path)
-    return sorted(p.rglob("*.parquet")) if p.is_dir() else ([p] if p.is_file() else [])
+def parquet_files(path: str) -> List[DataFile]:
+    """``path`` itself, or the ``*.parquet`` files of a folder (local or in an object store, :mod:`.files`)."""
+    return find_files(path, (".parquet",))
 
 
-def _row_range(files: List[Tuple[Path, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:
+def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:
     """Tables holding global rows ``[lo, hi)`` of ``files`` in order, read row group by row group."""
     import pyarrow.parquet as pq
 
@@ -31,7 +31,7 @@ def _row_range(files: List[Tuple[Path, int]], lo: int, hi: int, columns: List[st
         if offset + n <= lo or offset >= hi:
             offset += n
             continue
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path.open())
         for g in range(pf.metadata.num_row_groups):
             size = pf.metadata.row_group(g).num_rows
             start, end = max(lo - offset, 0), min(hi - offset, size)
@@ -46,10 +46,10 @@ class ParquetSource(ShardedSource):
     """Rows of a folder of Parquet files. Columns: one per task (label), ``dense_0..dense_{D-1}`` (float),
     one per sparse feature named as its table (int64, or list<int64> for multi-hot)."""
 
-    def rows(self) -> List[Tuple[Path, int]]:
+    def rows(self) -> List[Tuple[DataFile, int]]:
         import pyarrow.parquet as pq
 
-        return [(f, pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(self.path)]
+        return [(f, pq.read_metadata(f.open()).num_rows) for f in parquet_files(self.path)]
 
     def __iter__(self) -> Iterator[Batch]:
         shard, shards = self._shard()

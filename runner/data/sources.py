@@ -49,7 +49,7 @@ def check_data(cfg: Any) -> None:
         import pyarrow.parquet as pq
 
         lay = layout(cfg)
-        schema = pq.read_schema(parquet_files(d.path)[0])
+        schema = pq.read_schema(parquet_files(d.path)[0].open())
         missing = [c for c in list(lay.tasks) + lay.dense_columns + list(lay.features) if c not in schema.names]
         if missing:
             raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"
@@ -63,7 +63,7 @@ def _check_files(kind: str, key: str, value: str) -> None:
 
         for f in parquet_files(value):
             try:
-                pq.read_metadata(f)
+                pq.read_metadata(f.open())
             except Exception as exc:  # ArrowInvalid, OSError
                 raise DataError(f"{key}={value}: {f} is not a Parquet file ({first_line(exc)})") from None
         return

@@ -31,6 +31,7 @@ from runner.track.events import EventPump
 from runner.track.reporter import summary_line
 from runner.track.sweep import point_name, point_values, sweep_info
 from runner.track.sync import end_or_keep
+from runner.track.system import start_system_metrics
 from runner.train.affinity import agent_threads
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -96,6 +97,7 @@ class JobRun:
         self.slurm = cfg.cluster.scheduler == "slurm"
         self.run_id: Optional[str] = None
         self._pump: Optional[EventPump] = None
+        self._system: Any = None  # this host's system-metrics monitor
 
     def rank0_here(self) -> bool:
         if self.slurm:
@@ -127,6 +129,9 @@ class JobRun:
         rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
                           {"tracking_uri": self.uri, "run_id": self.run_id, "port": self.port})
         print(f"[runner] MLflow run {self.run_id} | run folder {ctx.run_dir}", flush=True)
+        self._system = start_system_metrics(self.cfg, self.uri, self.run_id, self.cfg.cluster.node_rank or 0)
+        if self.cfg.mode == "train":
+            _log_datasets(self.cfg, self.uri, self.run_id)
 
     def pump(self) -> None:
         """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
@@ -134,10 +139,22 @@ class JobRun:
             self.open()
         if self._pump is not None:
             self._pump()
+        if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+            info = rundir.read_json(self.ctx.run_dir.parent / rundir.RUN_INFO)
+            if info and info.get("run_id"):
+                self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
+                self._system = self._system or False  # off: asked once
+
+    def stop_system_metrics(self) -> None:
+        """This host's last system-metric samples, logged before the run ends."""
+        if self._system:
+            self._system.stop()
+        self._system = False
 
     def end(self, status: str, error: Optional[str] = None) -> bool:
         """End the run (what rank 0 reported first); False when the store is unreachable and the ending
         is kept in the run folder for ``python -m runner sync``."""
+        self.stop_system_metrics()
         if self.run_id is None:
             return True
         return end_or_keep(self.ctx.run_dir, self._pump, self.uri, self.run_id, status, error)
@@ -146,6 +163,19 @@ class JobRun:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
         if self.run_id is None and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
             self.open()
+
+
+def _log_datasets(cfg: Any, uri: str, run_id: str) -> None:
+    """The run's training and evaluation data as MLflow inputs; a failure to describe them is logged, not fatal."""
+    import logging
+
+    from runner.data.lineage import datasets
+    from runner.track.inputs import log_datasets
+
+    try:
+        log_datasets(uri, run_id, datasets(cfg))
+    except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
+        logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
 
 
 def _plan(cfg: Any, run: JobRun) -> Dict[str, Any]:
@@ -166,6 +196,8 @@ def _train(cfg: Any, run: JobRun) -> Optional[Dict[str, Any]]:
                threads=agent_threads(cfg))
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
+        if run.run_id is None:  # node k of a multi-host job: the run is node 0's to end
+            run.stop_system_metrics()
     if run.multi_host and run.run_id is None:
         who = "node 0's task" if run.slurm else "rank 0 ran on another host, whose driver"
         print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)

@@ -151,6 +151,37 @@ def test_write_parquet_then_train_on_it(store: str, tmp_path: Path) -> None:
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert "runner.data_ended_at_step" not in run.data.tags
     assert run.data.metrics["eval/auc"] > 0.6 and run.data.params["data.name"] == "parquet"
+    local = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}  # context -> dataset
+    assert (local["train"].name, local["eval"].name) == ("train", "eval")
+    assert str(out / "train") in local["train"].source
+    assert '"name": "dense_0"' in local["train"].schema and local["train"].digest != local["eval"].digest
+
+    # the same files in an object store: a real S3-speaking server (moto's), read through pyarrow's S3 filesystem
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    from runner.launch.ports import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+        s3 = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
+                               access_key="testing", secret_key="testing", allow_bucket_creation=True)
+        s3.create_dir("clicks-bucket")
+        pafs.copy_files(str(out), "clicks-bucket/days", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=s3)
+        _, remote = finished_run(store, "parquet_s3", tmp_path / "run_s3", [
+            *FAST, "data=parquet", "data.path=s3://clicks-bucket/days/train", "data.eval_path=s3://clicks-bucket/days/eval",
+            "data.num_workers=2"], env_extra=env)
+    finally:
+        server.stop()
+    assert metric_history(store, remote.info.run_id, "train/loss") == losses  # the same rows, ranks and workers
+    assert remote.data.metrics["eval/auc"] == run.data.metrics["eval/auc"]
+    inputs = {d.tags[0].value: d.dataset for d in remote.inputs.dataset_inputs}
+    assert "s3://clicks-bucket/days/train" in inputs["train"].source and inputs["train"].schema == local["train"].schema
 
 
 @pytest.mark.slow

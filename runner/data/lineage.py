@@ -1,0 +1,83 @@
+"""What a training run reads, as MLflow dataset inputs: one for training, one for evaluation.
+
+Each is described by a name, a source (the path or URI; for synthetic data the generator and its settings),
+a digest and the columns. The digest is the data's identity: for files, their addresses, sizes and
+modification times; for synthetic data, the generator's settings (two runs on the same data show the
+same digest in the UI's Datasets column). Nothing here reads the rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from runner.data.layout import layout
+
+SYNTHETIC_KEYS = ("num_dense_features", "label_noise", "ids_per_feature", "variable_lengths", "zipf_alpha")
+
+
+def _digest(identity: Any) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _columns(cfg: Any, multi_hot: bool) -> List[Tuple[str, str]]:
+    lay = layout(cfg)
+    return ([(t, "float") for t in lay.tasks] + [(c, "float") for c in lay.dense_columns]
+            + [(f, "list<long>" if multi_hot else "long") for f in lay.features])
+
+
+def _arrow_type(t: Any) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_arrow_type(t.value_type)}>"
+    for check, name in ((pa.types.is_int64, "long"), (pa.types.is_integer, "integer"),
+                        (pa.types.is_float64, "double"), (pa.types.is_floating, "float"),
+                        (pa.types.is_boolean, "boolean"), (pa.types.is_string, "string")):
+        if check(t):
+            return name
+    return "binary"
+
+
+def _files(cfg: Any, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
+    """``(address, size, mtime ns)`` of each file at ``path``, and the columns (Parquet's schema)."""
+    if cfg.data.name == "parquet":
+        import pyarrow.parquet as pq
+
+        from runner.data.parquet import parquet_files
+
+        found = parquet_files(path)
+        schema = pq.read_schema(found[0].open()) if found else None
+        columns = [(f.name, _arrow_type(f.type)) for f in schema] if schema is not None else None
+        return [(f.uri, f.size, f.mtime_ns) for f in found], columns
+    from runner.data.criteo import criteo_files
+
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in criteo_files(path)], None
+
+
+def datasets(cfg: Any) -> List[Dict[str, Any]]:
+    """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
+    ``files`` (how many), ``settings`` (synthetic only)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        settings = {k: d[k] for k in SYNTHETIC_KEYS} | {"seed": cfg.train.seed, "tasks": list(cfg.model.tasks),
+                                                      "tables": [[t.name, t.num_embeddings] for t in _tables(cfg)]}
+        multi = d.ids_per_feature > 1 or d.variable_lengths
+        return [{"name": f"synthetic-{split}", "source": "runner.data.synthetic", "context": split, "files": 0,
+                 "settings": settings | {"split": split}, "digest": _digest(settings | {"split": split}),
+                 "columns": _columns(cfg, multi)} for split in ("train", "eval")]
+    out = []
+    for context, path in (("train", d.path), ("eval", d.eval_path or d.path)):
+        files, columns = _files(cfg, path)
+        name = Path(str(path).split("://", 1)[-1].rstrip("/")).name or str(path)
+        out.append({"name": name, "source": str(path), "digest": _digest(files), "columns": columns,
+                    "context": context, "files": len(files)})
+    return out
+
+
+def _tables(cfg: Any) -> List[Any]:
+    from runner.config.tables import table_specs
+
+    return table_specs(cfg.model)
