@@ -21,6 +21,7 @@ from runner.config.errors import one_line
 from runner.config.schema import register_schemas
 from runner.config.validation import validate
 from runner.launch.precheck import CONF_DIR, launcher_overrides, precheck
+from runner.track.objective import objective_value
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
@@ -84,9 +85,11 @@ def _job(cfg: DictConfig) -> Optional[float]:
         _say_error(line)
         if hc.mode != RunMode.MULTIRUN or slurm:  # a Slurm job fails with its run
             raise SystemExit(1) from None
-        return None  # the sweep goes on; its outcome is read from every point's status
-    _record_status(run_dir, "FINISHED", summary=results.get("summary"))
-    return results.get("eval_auc")
+        return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
+        # its outcome is read from every point's status
+    value = objective_value(cfg, results)
+    _record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
+    return value
 
 
 def _as_slurm_task() -> None:

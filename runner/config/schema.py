@@ -20,6 +20,16 @@ from runner.config.schema_training import DataSchema, OptimizerSchema, Precision
 
 
 @dataclass
+class ObjectiveSchema:
+    metric: Optional[str] = None
+    """The run metric a job returns to a searching sweeper (``hydra/sweeper=optuna``); null: ``eval/auc``
+    in train mode, ``plan/est_step_ms`` (the plan's estimated step time) in plan mode."""
+    direction: Optional[str] = None
+    """``max`` | ``min``; null: ``max`` for metrics named ``*auc*`` or ``*accuracy*``, else ``min``. A point
+    with no value (no plan fits, a failed job) returns the worst value: -inf for max, +inf for min."""
+
+
+@dataclass
 class TrackingSchema:
     uri: Optional[str] = None
     """MLflow tracking URI. Default: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db."""
@@ -31,6 +41,8 @@ class TrackingSchema:
     """Record CPU, memory, disk, network (and GPU) use over a training run, per node, in the run's System metrics."""
     system_metrics_interval_s: float = 10.0
     """Seconds between system-metric samples."""
+    objective: ObjectiveSchema = field(default_factory=ObjectiveSchema)
+    """What each job returns to the sweeper (metric and direction)."""
 
 
 @dataclass

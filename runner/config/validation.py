@@ -214,6 +214,8 @@ def validate(cfg: Any) -> None:
     _validate_optimizer(cfg.optimizer)
     _validate_cluster(cfg.cluster)
     _validate_run(cfg.precision, cfg.data, cfg.train)
+    if cfg.tracking.objective.direction is not None:
+        _check_choices("tracking.objective.direction", [cfg.tracking.objective.direction], ("max", "min"))
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
     if uses_split_step(cfg):

@@ -126,7 +126,8 @@ def precheck(args: List[str]) -> Optional[str]:
                 combos = _combinations(overrides, loader)
             except Exception as exc:  # override syntax
                 return first_line(exc)
-            return _check_combos(combos, config_name, loader) or next(
+            return _check_combos(combos, config_name, loader) or (
+                _check_sweeper(combos[0], config_name) if multirun else None) or next(
                 (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
     finally:
         GlobalHydra.instance().clear()
@@ -173,6 +174,24 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
             return str(exc) + where
         except Exception as exc:
             return _format(exc, combo)
+    return None
+
+
+def _check_sweeper(combo: List[str], config_name: Optional[str]) -> Optional[str]:
+    """A searching sweeper must optimise the way ``tracking.objective`` says is better."""
+    from hydra import compose
+
+    from runner.track.objective import objective
+
+    cfg = compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True)
+    wanted = cfg.hydra.sweeper.get("direction")
+    if not isinstance(wanted, str) or wanted not in ("minimize", "maximize"):
+        return None
+    metric, direction = objective(cfg)
+    if wanted[:3] != direction:
+        return (f"hydra.sweeper.direction={wanted} but tracking.objective is {metric} ({direction}); set "
+                f"hydra.sweeper.direction={'maximize' if direction == 'max' else 'minimize'} or "
+                f"tracking.objective.direction={wanted[:3]}")
     return None
 
 

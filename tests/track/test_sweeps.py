@@ -79,3 +79,26 @@ def test_concurrent_training_jobs_get_disjoint_cores(store: str, tmp_path: Path)
                for r in children]
     assert len(per_job) == 2 and "unbound" not in per_job[0] | per_job[1], per_job
     assert not per_job[0] & per_job[1], per_job  # no core shared between the two jobs
+
+
+def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(store: str, tmp_path: Path) -> None:
+    import json
+
+    # 6 DLRM tables on 2 GPUs of 0.05 GiB: reserves above about 0.55 leave no room (those trials return +inf)
+    proc = run_cli(["-m", "experiment=optuna_plan", "model=dlrm", "cluster=local", *TIGHT_PLAN,
+                    "hydra.sweeper.n_trials=8", "sharding.storage_reserve_percent=interval(0.05,0.95)",
+                    f"tracking.uri={store}", "tracking.experiment=optuna", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parent, children = split(store, "optuna")
+    assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)
+    values = {c.info.run_id: json.loads((tmp_path / c.data.tags["runner.job"] / "status.json").read_text())["objective"]
+              for c in children}
+    for c in children:  # each trial returned its plan's estimated step, or the worst value when no plan fits
+        feasible = c.data.tags["runner.plan_status"] == "feasible"
+        assert values[c.info.run_id] == (c.data.metrics["plan/est_step_ms"] if feasible else float("inf"))
+    assert {c.data.params["sharding.proposer"] for c in children} <= {"dynamic_programming", "greedy"}
+    assert 0 < list(values.values()).count(float("inf")) < 8  # the study met both answers (seeded sampler)
+    best = min(values, key=values.get)
+    assert parent.info.status == "FINISHED" and parent.data.tags["runner.best_run_id"] == best
+    assert parent.data.metrics["sweep/best_est_step_ms"] == values[best]
+    assert f"Best value: {values[best]}" in proc.stdout + proc.stderr
