@@ -126,6 +126,74 @@ def _prewarm(args: List[str]) -> None:
     prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count
 
 
+_PYTHON_M = re.compile(r"^(\S*python[\d.]*\s+-m\s+)runner\b")
+
+
+def _shell_completion(args: List[str]) -> bool:
+    """Hydra's shell completion (``-sc install=bash``, then ``-sc query=bash`` per TAB), taught the
+    ``python -m runner`` form: Hydra's script completes ``python <script.py>`` and ``runner`` only."""
+    if not any(a in ("-sc", "--shell-completion") or a.startswith("--shell-completion=") for a in args):
+        return False
+    import contextlib
+    import io
+    import os
+
+    m = _PYTHON_M.match(os.environ.get("COMP_LINE", ""))
+    if m:  # a query from `python -m runner ...`: Hydra reads the line as `runner ...`
+        os.environ["COMP_LINE"] = os.environ["COMP_LINE"][len(m.group(1)):]
+        os.environ["COMP_POINT"] = str(max(int(os.environ.get("COMP_POINT", "0")) - len(m.group(1)), 0))
+    if not any(a.startswith("install=bash") for a in args):
+        _job()
+        return True
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _job()
+    print(out.getvalue().replace(
+        'if [ "${words[0]}" == "python" ]; then',
+        'if [ "${words[0]}" == "python" ] && [ "${words[1]}" == "-m" ] && [ "${words[2]}" == "runner" ]; then\n'
+        '        helper="${words[0]} -m runner"\n'
+        '    elif [ "${words[0]}" == "python" ]; then', 1), end="")
+    return True
+
+
+def _help(args: List[str]) -> bool:
+    """``--help [word ...]``: usage, each config group's options, and every key's doc from the schema (only
+    the keys containing one of the words, when given). Hydra's own help stays at ``--hydra-help``."""
+    if not any(a in ("--help", "-h") for a in args):
+        return False
+    import textwrap
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from runner.config.keydocs import key_docs
+    from runner.config.schema import RunnerConfig
+
+    words = [a for a in args if not a.startswith("-")]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = {g: loader.get_group_options(g) for g in sorted(loader.list_groups("")) if g != "hydra"}
+    GlobalHydra.instance().clear()
+    print("python -m runner [group=option ...] [key=value ...]      one job (mode=train | plan | write_data)\n"
+          "python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher=joblib|slurm, "
+          "hydra/sweeper=optuna)\n"
+          "python -m runner --cfg job [--resolve]                   the composed config\n"
+          "python -m runner --help [word ...]                       this help (keys containing a word)\n"
+          "python -m runner sync                                    send runs kept during a tracking outage\n")
+    print("Config groups (group=option):")
+    for g, options in groups.items():
+        print(textwrap.fill(", ".join(options), 116, initial_indent=f"  {g}: ", subsequent_indent=" " * (len(g) + 4)))
+    print("\nKeys (key = default: what it means):")
+    for key, default, doc in key_docs(RunnerConfig):
+        if words and not any(w in key for w in words):
+            continue
+        print(f"  {key} = {default}" if default else f"  {key}")
+        if doc:
+            print(textwrap.fill(doc, 116, initial_indent="      ", subsequent_indent="      "))
+    return True
+
+
 def main() -> None:
     """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
     signals.install()
@@ -133,6 +201,14 @@ def main() -> None:
         from runner.track.sync import sync
 
         sys.exit(sync(sys.argv[2:]))
+    try:
+        if _shell_completion(sys.argv[1:]) or _help(sys.argv[1:]):
+            return
+    except BrokenPipeError:  # e.g. `--help | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
     try:
         _prewarm(sys.argv[1:])
         error = precheck(sys.argv[1:])

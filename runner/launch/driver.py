@@ -145,6 +145,19 @@ class JobRun:
                 self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
                 self._system = self._system or False  # off: asked once
 
+    def describe_plan(self) -> None:
+        """Append the plan's short markdown to the run's Description (best effort: the plan is in its artifacts)."""
+        from runner.plan.report import plan_description
+
+        section = plan_description(self.ctx.run_dir / rundir.PLAN)
+        if not section or self.run_id is None:
+            return
+        try:
+            note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
+            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": f"{note}\n\n{section}".strip()})
+        except Exception:  # an outage: the run keeps its Description without the plan
+            pass
+
     def stop_system_metrics(self) -> None:
         """This host's last system-metric samples, logged before the run ends."""
         if self._system:
@@ -243,6 +256,8 @@ def _run(cfg: Any, run: JobRun) -> Dict[str, Any]:
             return {}
         run.pump()
         results.update(run_id=run.run_id, tracking_uri=run.uri)
+        if cfg.mode == "plan" and results.get("plan_status") == "feasible":
+            run.describe_plan()
     except KeyboardInterrupt as exc:
         run.end(*stop_outcome(cfg, signals.stopped(exc).name))
         raise

@@ -58,6 +58,16 @@ def _markdown(cfg: Any, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, f
     return "\n".join(lines)
 
 
+def plan_description(folder: Path) -> str:
+    """The plan's short markdown (heading, settings, tables per sharding type) from ``report.md`` in
+    ``folder``, for the run's Description; empty when there is none."""
+    path = folder / "report.md"
+    if not path.exists():
+        return ""
+    text = path.read_text().split("\n## Per-rank estimates", 1)[0].rstrip()
+    return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)
+
+
 def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
                       out: Path, seconds: float) -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import ROOT, run_cli
 from hydra import compose, initialize_config_dir
@@ -111,3 +114,27 @@ def test_experiment_file_sweep_with_a_bad_value_fails_before_any_job(tmp_path) -
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert "sharding.storage_reserve_percent=1.5 is not allowed" in line and "sweep point:" in line, line
     assert not (tmp_path / "0").exists()  # no job was launched
+
+
+def test_help_shows_groups_and_every_keys_doc() -> None:
+    proc = run_cli(["--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "  sharding: auto, columnwise, dataparallel, gridshard, rowwise," in proc.stdout
+    assert "  sharding.storage_reserve_percent = 0.15\n      Fraction (0..1) of every device's memory" in proc.stdout
+    assert "  tracking.objective.direction = null\n" in proc.stdout and "hydra/sweeper=optuna" in proc.stdout
+    only = run_cli(["--help", "bandwidth"]).stdout.split("Keys (key = default: what it means):")[1]
+    keys = [ln.split(" = ")[0].strip() for ln in only.splitlines() if ln.startswith("  ") and not ln.startswith("    ")]
+    assert keys and all("bandwidth" in k for k in keys), keys
+
+
+def test_shell_completion_for_python_m_runner() -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash on this machine")
+    script = (f'PATH="{Path(sys.executable).parent}:$PATH"; cd "{ROOT}"; eval "$(python -m runner -sc install=bash)"\n'
+              'COMP_LINE="python -m runner sharding=row"; COMP_POINT=${#COMP_LINE}; COMP_CWORD=3\n'
+              'hydra_bash_completion; echo "${COMPREPLY[@]}"\n')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["sharding=rowwise"], out.stdout + out.stderr

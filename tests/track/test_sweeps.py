@@ -34,6 +34,9 @@ def test_plan_sweep_answers_an_infeasible_point(store: str, tmp_path: Path) -> N
     assert fits.data.tags["runner.plan_status"] == "feasible" and full.data.tags["runner.plan_status"] == "infeasible"
     assert "each of 2 ranks has" in full.data.tags["runner.plan_reason"]
     assert (fits.info.run_name, full.info.run_name) == ("reserve=0.1", "reserve=0.9")
+    note = fits.data.tags["mlflow.note.content"]  # the command, then the plan as a short markdown table
+    assert note.startswith("Job: `python -m runner ") and "| sharding type | tables | collectives |" in note
+    assert "### Sharding plan: 2 ranks" in note and "Sharding plan" not in full.data.tags["mlflow.note.content"]
     assert parent.data.metrics["sweep/infeasible_points"] == 1 and parent.data.metrics["sweep/points"] == 2
     assert parent.data.tags["runner.best_run_id"] == fits.info.run_id
     rows = list(csv.DictReader((tmp_path / "report" / "points.csv").open()))
