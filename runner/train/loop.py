@@ -181,9 +181,8 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             _log(window, step, step == steps, applied, tasks, samples, loss_scale, device, result, hooks)
         if hooks.on_checkpoint is not None and step < steps and hooks.due(step):
             window.paused += _pause_for_checkpoint(pipeline, dmp, step, hooks)
-    if window.steps:  # the data ended inside a window
-        _log(window, result.last_step, result.last_step == steps, applied, tasks, samples, loss_scale, device,
-             result, hooks)
+    if window.steps:  # the data ended inside a window: the last one (timed even when it is also the first)
+        _log(window, result.last_step, True, applied, tasks, samples, loss_scale, device, result, hooks)
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     result.samples_per_s = samples * window.timed_steps / max(window.timed_s, 1e-9)
