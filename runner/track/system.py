@@ -30,11 +30,14 @@ class SystemMetrics:
         monitor, self._monitor = self._monitor, None
         if monitor is None:
             return
-        monitor.finish()
-        if any(m.metrics for m in monitor.monitors):
-            monitor.collect_metrics()  # the state at the end, with the samples of the unfinished interval
-            monitor.publish_metrics(monitor.aggregate_metrics())
-            monitor.mlflow_logger.flush()
+        try:
+            monitor.finish()
+            if any(m.metrics for m in monitor.monitors):
+                monitor.collect_metrics()  # the state at the end, with the samples of the unfinished interval
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+        except Exception as exc:  # e.g. a tracking outage: the run's own ending matters more than these samples
+            logging.getLogger("runner").warning("last system metrics not logged: %s", exc)
 
 
 def start_system_metrics(cfg: Any, uri: str, run_id: str, node: int) -> Optional[SystemMetrics]:
