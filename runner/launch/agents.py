@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.errors import WorkerFailure
 from runner.launch.warm import kill_group, take_warm
 from runner.train.lifeline import DRIVER_PID
@@ -120,6 +120,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
         if pump is not None and time.monotonic() >= next_pump:
             pump()
             next_pump = time.monotonic() + PUMP_S
+        signals.check()  # a Ctrl-C or SIGTERM whose raise was swallowed (e.g. inside a finalizer)
         time.sleep(TICK_S)
 
 
