@@ -20,7 +20,7 @@ from runner.config import rundir, signals
 from runner.config.errors import one_line
 from runner.config.schema import register_schemas
 from runner.config.validation import validate
-from runner.launch.precheck import CONF_DIR, launcher_overrides, precheck
+from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
 from runner.track.objective import objective_value
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
@@ -163,18 +163,12 @@ def _help(args: List[str]) -> bool:
         return False
     import textwrap
 
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     from runner.config.keydocs import key_docs
     from runner.config.schema import RunnerConfig
 
     words = [a for a in args if not a.startswith("-")]
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
+    with hydra_conf() as loader:
         groups = {g: loader.get_group_options(g) for g in sorted(loader.list_groups("")) if g != "hydra"}
-    GlobalHydra.instance().clear()
     print("python -m runner [group=option ...] [key=value ...]      one job (mode=train | plan | write_data)\n"
           "python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher=joblib|slurm, "
           "hydra/sweeper=optuna)\n"
@@ -211,11 +205,11 @@ def main() -> None:
         return
     try:
         _prewarm(sys.argv[1:])
-        error = precheck(sys.argv[1:])
+        error, launcher = precheck(sys.argv[1:])
         if error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
-        sys.argv += launcher_overrides(sys.argv[1:])
+        sys.argv += launcher
         _job()
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code not in (0, None):

@@ -5,12 +5,15 @@ overrides the runner adds for the launcher.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
-from typing import List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line
 from runner.config.validation import validate
+from runner.launch.cores import plan_batch_size
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 # Hydra flags that take a value; the value is not an override.
@@ -59,9 +62,8 @@ def _sweep_values(overrides: List[str], loader: object = None) -> List[List[str]
     return values
 
 
-def _combinations(overrides: List[str], loader: object = None) -> List[List[str]]:
+def _combinations(values: List[List[str]]) -> List[List[str]]:
     """First value of every sweep, then each other sweep value once: every value is composed once."""
-    values = _sweep_values(overrides, loader)
     combos = [[v[0] for v in values]]
     for i, vs in enumerate(values):
         for v in vs[1:]:
@@ -74,7 +76,7 @@ def _file_sweeps(overrides: List[str], config_name: Optional[str], loader: objec
     from hydra import compose
 
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    first = _combinations(overrides, loader)[0]
+    first = _combinations(_sweep_values(overrides, loader))[0]
     cfg = compose(config_name=config_name or "config", overrides=first, return_hydra_config=True)
     params = cfg.hydra.sweeper.get("params") or {}
     return [f"{k}={v}" for k, v in params.items() if k not in keys]
@@ -107,55 +109,49 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
     return f"{msg} (in: {' '.join(override_text)})"
 
 
-def precheck(args: List[str]) -> Optional[str]:
-    """Compose and validate what ``args`` ask for; the one-line error, or None when all is well."""
+@contextlib.contextmanager
+def hydra_conf() -> Iterator[object]:
+    """Hydra initialised on the runner's ``conf/`` for composing by hand (cleared before and after, so
+    that Hydra's own start-up finds it free): yields its config loader."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            yield GlobalHydra.instance().config_loader()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
+    """Compose and validate what ``args`` ask for: the one-line error (None when all is well), and the
+    overrides the runner adds for the launcher (contiguous batches for a plan-only joblib sweep,
+    :func:`runner.launch.cores.plan_batch_size`)."""
+    from hydra import compose
+
     overrides, config_name, checkable = _split_args(args)
     if not checkable:
-        return None
+        return None, []
     multirun = any(a in ("-m", "--multirun") for a in args)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            loader = GlobalHydra.instance().config_loader()
-            try:
-                if multirun:
-                    overrides = overrides + _file_sweeps(overrides, config_name, loader)
-                combos = _combinations(overrides, loader)
-            except Exception as exc:  # override syntax
-                return first_line(exc)
-            return _check_combos(combos, config_name, loader) or (
-                _check_sweeper(combos[0], config_name) if multirun else None) or next(
-                (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def launcher_overrides(args: List[str]) -> List[str]:
-    """Overrides the runner adds for the launcher: contiguous batches for a plan-only joblib sweep
-    (:func:`runner.launch.cores.plan_batch_size`)."""
-    import math
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from runner.launch.cores import plan_batch_size
-
-    overrides, config_name, checkable = _split_args(args)
-    if not checkable or not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=joblib" not in overrides:
-        return []
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            values = _sweep_values(overrides, GlobalHydra.instance().config_loader())
-            cfg = compose(config_name=config_name or "config", overrides=[v[0] for v in values],
-                          return_hydra_config=True)
-            size = plan_batch_size(cfg, math.prod(len(v) for v in values))
-    finally:
-        GlobalHydra.instance().clear()
-    return [] if size is None else [f"hydra.launcher.batch_size={size}"]
+    with hydra_conf() as loader:
+        try:
+            if multirun:
+                overrides = overrides + _file_sweeps(overrides, config_name, loader)
+            values = _sweep_values(overrides, loader)
+        except Exception as exc:  # override syntax
+            return first_line(exc), []
+        combos = _combinations(values)
+        error = _check_combos(combos, config_name, loader) or next(
+            (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
+        if error or not multirun:
+            return error, []
+        first = compose(config_name=config_name or "config", overrides=combos[0], return_hydra_config=True)
+        error = _check_sweeper(first)
+        if error:
+            return error, []
+        size = plan_batch_size(first, math.prod(len(v) for v in values))
+        return None, [] if size is None else [f"hydra.launcher.batch_size={size}"]
 
 
 def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: object) -> Optional[str]:
@@ -177,13 +173,11 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
     return None
 
 
-def _check_sweeper(combo: List[str], config_name: Optional[str]) -> Optional[str]:
-    """A searching sweeper must optimise the way ``tracking.objective`` says is better."""
-    from hydra import compose
-
+def _check_sweeper(cfg: Any) -> Optional[str]:
+    """A searching sweeper must optimise the way ``tracking.objective`` says is better (``cfg``: a point
+    composed with Hydra's own config)."""
     from runner.track.objective import objective
 
-    cfg = compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True)
     wanted = cfg.hydra.sweeper.get("direction")
     if not isinstance(wanted, str) or wanted not in ("minimize", "maximize"):
         return None

@@ -16,15 +16,19 @@ from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
 pytestmark = pytest.mark.slow
 
 
-def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess:
-    """Resolve a config with the runner, then run its worker under a plain torchrun."""
+def torchrun_command(overrides: list, tmp_path: Path) -> list:
+    """Resolve a config with the runner: the command that runs its worker under a plain torchrun."""
     printed = run_cli([*FAST, *overrides, "--cfg", "job", "--resolve"])
     assert printed.returncode == 0, printed.stderr
     job = tmp_path / "job.yaml"
     job.write_text(printed.stdout)
     torchrun = Path(sys.executable).parent / "torchrun"
-    return subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.train.worker", str(job)],
-                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+    return [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.train.worker", str(job)]
+
+
+def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_command(overrides, tmp_path), cwd=ROOT, text=True, capture_output=True,
+                          timeout=300)
 
 
 def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
@@ -70,6 +74,37 @@ def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: P
     assert run.info.status == "KILLED"
 
 
+def test_sigterm_under_external_torchrun_writes_every_report_and_ends_killed(store: str, tmp_path: Path) -> None:
+    """torchrun stops its workers with SIGTERM: rank 0 (which owns the run, logging through MLflow's
+    asynchronous queue) writes every report it made, with the time it measured it, then ends the run KILLED."""
+    from mlflow.tracking import MlflowClient
+
+    cmd = torchrun_command(["train.steps=100000", f"tracking.uri={store}", "tracking.experiment=torchrun_term"],
+                           tmp_path)
+    proc = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "plan" / "plan.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        time.sleep(3.0)  # a few hundred steps: reports queued and written meanwhile
+        stopped_at = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "[runner] rank 0 stopped by SIGTERM" in err, err[-3000:]
+    (run,) = runs(store, "torchrun_term")
+    assert run.info.status == "KILLED" and run.data.tags["error"] == "stopped by SIGTERM"
+    hist = sorted(MlflowClient(store).get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)
+    steps = [m.step for m in hist]
+    assert len(steps) >= 3 and steps == list(range(10, steps[-1] + 1, 10)), steps  # none missing
+    stamps = [m.timestamp for m in hist]
+    assert stamps == sorted(stamps) and stamps[-1] <= stopped_at * 1000 + 1000, (stamps[-1], stopped_at)
+
+
 def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_path: Path) -> None:
     proc = torchrun_job(["cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=torchrun_fail"],
                         tmp_path)
@@ -106,7 +141,12 @@ def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) ->
 
 
 def test_plan_only_joblib_sweep_runs_contiguous_batches_per_process() -> None:
-    from runner.cli import launcher_overrides  # (the entry registers the schema and resolvers)
+    from runner.cli import precheck  # (the entry registers the schema and resolvers)
+
+    def launcher_overrides(args: list) -> list:
+        error, added = precheck(args)
+        assert error is None, error
+        return added
 
     sweep = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "mode=plan",
              "cluster.cross_node_bandwidth=1,3,6", "sharding.storage_reserve_percent=0.1,0.2,0.3"]
