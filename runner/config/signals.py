@@ -62,6 +62,11 @@ def _on_signal(signum: int, frame: Any) -> None:  # Python runs it in the main t
     raise Stopped(signum)
 
 
+def received() -> Optional[str]:
+    """The name of a Ctrl-C or SIGTERM this process got and no handler has taken yet (None: none)."""
+    return None if _guard.received is None else signal.Signals(_guard.received).name
+
+
 def check() -> None:
     """Raise :class:`Stopped` for a signal whose first raise was lost (see the module's doc)."""
     if _guard.received is not None and _guard.depth == 0 and threading.current_thread() is threading.main_thread():

@@ -15,10 +15,10 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.errors import one_line
 from runner.track import store
-from runner.track.events import BackgroundWriter, EventLog
+from runner.track.events import EventLog, StoreSink
 
 
 class _Silent:
@@ -33,8 +33,8 @@ class Reporter:
     """Rank 0's link to the run folder and the job's MLflow run.
 
     Launched by the driver, rank 0 appends MLflow events to ``events.jsonl`` and the driver writes
-    them to the store; under a plain torchrun rank 0 opens the run itself and writes from a background
-    thread.
+    them to the store; under a plain torchrun rank 0 opens the run itself and hands its reports to
+    MLflow's asynchronous logging.
     Either way training never waits for the store.
     """
 
@@ -48,9 +48,9 @@ class Reporter:
         self.run_id: Optional[str] = None
         self._sink: Any = None
         if self.active and self.standalone:
-            # opened now, not in the writer thread: a failing job must find its run to mark it FAILED
+            # opened now, not by MLflow's queue: a failing job must find its run to mark it FAILED
             self.uri, self.run_id = self._open_own_run()
-            self._sink = BackgroundWriter(self.uri, self.run_id)
+            self._sink = StoreSink(self.uri, self.run_id)
         elif self.active:
             self._sink = EventLog(run_dir / rundir.EVENTS)
 
@@ -73,16 +73,25 @@ class Reporter:
             self.uri, self.run_id = data["tracking_uri"], data["run_id"]
 
     def failed(self, exc: BaseException) -> None:
-        """Under a plain torchrun rank 0 owns the run: it ends FAILED with the error (a driver does that
-        itself otherwise)."""
+        """Under a plain torchrun rank 0 owns the run: every report it made is written, then the run ends
+        KILLED when torchrun stopped the job (SIGTERM or Ctrl-C, whatever error that caused here), else
+        FAILED with the error (a driver does all this itself otherwise)."""
         if not (self.active and self.standalone):
             return
-        try:
-            self.flush()
-            if self.run_id:
-                store.end_run(self.uri, self.run_id, "FAILED", one_line(exc))
-        except Exception as inner:  # the job's own error matters more
-            print(f"[runner] warning: could not mark the MLflow run FAILED: {inner}", file=sys.stderr, flush=True)
+        with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
+            stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
+            status, why = ("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))
+            try:
+                self.flush()
+            except Exception as inner:  # what was written stays; the run must still end
+                print(f"[runner] warning: some reports did not reach the MLflow run: {inner}", file=sys.stderr,
+                      flush=True)
+            try:
+                if self.run_id:
+                    store.end_run(self.uri, self.run_id, status, why)
+            except Exception as inner:  # the job's own error matters more
+                print(f"[runner] warning: could not mark the MLflow run {status}: {inner}", file=sys.stderr,
+                      flush=True)
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
         if self._sink is not None:

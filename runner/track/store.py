@@ -18,7 +18,6 @@ from runner.config.errors import TrackingError, first_line
 from runner.config.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
-_MAX_BATCH = 100  # MLflow's limit on params per log_batch call
 LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s of backoff in all
 
 
@@ -190,28 +189,27 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
 def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(k, v) for k, v in params.items()]
-    c = client(uri)
-    for i in range(0, len(items), _MAX_BATCH):
-        c.log_batch(run_id, params=items[i : i + _MAX_BATCH])
+    client(uri).log_batch(run_id, params=[Param(k, v) for k, v in params.items()])  # MLflow splits it
 
 
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) -> None:
     log_metric_points(uri, run_id, [(metrics, step)])
 
 
-@_store_write
-def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
-    """Metrics of several steps, ``(metrics, step[, unix ms measured])`` each, in as few store
-    transactions as MLflow's batch limit allows (points without a time get now)."""
+def metric_entities(points: Iterable[Tuple[Any, ...]]) -> list:
+    """MLflow metrics of several steps, ``(metrics, step[, unix ms measured])`` each (no time: now)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    items = [Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
-             for p in points for k, v in p[0].items()]
-    c = client(uri)
-    for i in range(0, len(items), _MAX_BATCH):
-        c.log_batch(run_id, metrics=items[i : i + _MAX_BATCH])
+    return [Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
+            for p in points for k, v in p[0].items()]
+
+
+@_store_write
+def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
+    """Metrics of several steps in as few store transactions as MLflow's batch limit allows (MLflow's
+    ``log_batch`` splits the list)."""
+    client(uri).log_batch(run_id, metrics=metric_entities(points))
 
 
 @_store_write

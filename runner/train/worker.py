@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.device import backend, check_sparse_optimizer, check_tf32, device_type
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
@@ -176,7 +176,13 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _run_guarded(cfg, path.parent)
+    signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
+    try:
+        _run_guarded(cfg, path.parent)
+    except KeyboardInterrupt as exc:
+        stop = signals.stopped(exc)
+        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop.name}", file=sys.stderr, flush=True)
+        return stop.exit_code
     return 0
 
 
