@@ -139,6 +139,7 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
                c.data.params["sharding.storage_reserve_percent"]) for c in children}
     assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}
     # each child is named after its point; the parent holds the swept values and what the sweep found
+    assert parent.info.run_name == f"sweep ibw x reserve ({tmp_path.name})", parent.info.run_name
     assert {c.info.run_name for c in children} == {f"ibw={i} reserve={r}" for i in ("100.0", "600.0")
                                                    for r in ("0.1", "0.3")}
     assert all(c.data.tags["runner.sweep.sharding.storage_reserve_percent"] == c.data.params[

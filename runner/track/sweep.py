@@ -85,6 +85,12 @@ def point_name(values: Mapping[str, str]) -> str:
     return " ".join(f"{SHORT_NAMES.get(k.split('.')[-1], k.split('.')[-1])}={v}" for k, v in values.items())
 
 
+def sweep_name(swept: List[str], sweep_dir: Path) -> str:
+    """The parent run's name: what the sweep varies and its folder, e.g. ``sweep xbw x reserve (10-03-12)``."""
+    keys = " x ".join(SHORT_NAMES.get(k.split(".")[-1], k.split(".")[-1]) for k in swept)
+    return f"sweep {keys} ({sweep_dir.name})" if keys else f"sweep {sweep_dir.name}"
+
+
 @dataclass
 class PointOutcome:
     job: int
@@ -120,7 +126,7 @@ class SweepParentRun(Callback):
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
         self._experiment_id = experiment_id(self._uri, config.tracking.experiment)
-        self._run_id = start_run(self._uri, config.tracking.experiment, f"sweep {sweep_dir.name}", None,
+        self._run_id = start_run(self._uri, config.tracking.experiment, sweep_name(list(swept), sweep_dir), None,
                                  {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
                                   "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
         log_params(self._uri, self._run_id, {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()})
