@@ -117,3 +117,17 @@ def test_modules_stay_small() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_driver_side_reads_dataset_lineage_without_loading_torch() -> None:
+    """The driver describes the run's datasets while its workers import torch: it must not import torch
+    itself (on a small host that doubles the start-up's CPU work)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runner.launch.driver, runner.data.lineage, runner.track.inputs; "
+            "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

@@ -6,9 +6,6 @@ from dataclasses import dataclass
 from typing import Any, List, Tuple
 
 import numpy as np
-import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from runner.config.tables import table_specs
 
@@ -36,8 +33,12 @@ def layout(cfg: Any) -> Layout:
 
 
 def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
-                values: np.ndarray) -> Batch:
+                values: np.ndarray) -> Any:
     """``lengths``: (features, rows); ``values``: ids in feature-major order (KJT's layout)."""
+    import torch  # here, not at the top: the driver reads layouts (dataset lineage) without loading torch
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     lab = torch.from_numpy(np.array(labels, dtype=np.float32))  # a copy: Arrow's buffers are read-only
     if lab.dim() == 2 and lab.shape[1] == 1:
         lab = lab[:, 0]
