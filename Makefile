@@ -29,7 +29,7 @@ run: $(STAMP)
 	$(PY) -m runner $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest $(ARGS)  # no path given: pyproject.toml's testpaths (tests/)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runner tests benchmarks
