@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-plan clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: run test lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench: $(STAMP)
 
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_sweep.py $(ARGS)
+
+bench-tracking: $(STAMP)
+	$(PY) benchmarks/tracking_rate.py $(ARGS)
 
 # A Slurm of two emulated nodes on this machine (root; installs Debian's packages when missing), for
 # hydra/launcher=slurm and the tests marked slurm. slurm-down stops it and leaves nothing running.
