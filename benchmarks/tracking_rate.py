@@ -1,6 +1,6 @@
 """Metrics per second from rank 0 to the MLflow store: the runner's two tracking paths vs plain MLflow calls.
 
-    .venv/bin/python benchmarks/tracking_rate.py [--steps 3000] [--metrics 5] [--stores sqlite,http]
+    .venv/bin/python benchmarks/tracking_rate.py [--steps 2000] [--metrics 5] [--stores sqlite,http]
 
 Rank 0 reports ``--metrics`` values every log step (``train/loss`` and the like), ``--steps`` reports.
 
@@ -147,7 +147,7 @@ def start_server(folder: Path) -> Tuple[subprocess.Popen, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--metrics", type=int, default=5)
     ap.add_argument("--stores", default="sqlite,http")
     args = ap.parse_args()
