@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional
 
 from runner.config import rundir, signals
 from runner.config.errors import WorkerFailure
-from runner.launch.warm import kill_group, take_warm
+from runner.launch.warm import kill_group, spawn_agent, take_warm
 from runner.train.lifeline import DRIVER_PID
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
@@ -83,7 +83,7 @@ def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]
     procs = []
     for i, node in enumerate(nodes_on_this_host(cluster)):
         warm = take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
-        procs.append(warm or subprocess.Popen(
+        procs.append(warm or spawn_agent(
             [sys.executable, "-m", "runner.launch.agent", str(run_dir), str(node), str(port)],
             start_new_session=True, env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}),
         ))

@@ -16,8 +16,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, List, Optional
 
 from runner import STARTED
 from runner.train.lifeline import DRIVER_PID
@@ -30,7 +31,7 @@ class WarmAgent:
         env = dict(os.environ, RUNNER_START_UNIX=str(STARTED),  # the start-up marks' origin
                    **{DRIVER_PID: str(os.getpid())})  # it dies with this driver
         self.threads = threads
-        self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+        self.proc: Optional[subprocess.Popen] = spawn_agent(
             [sys.executable, "-m", "runner.launch.agent", "--warm", str(threads)],
             stdin=subprocess.PIPE, start_new_session=True, env=env)
         self.taken = False
@@ -60,6 +61,19 @@ class WarmAgent:
 
 
 _agent: Optional[WarmAgent] = None
+
+
+def spawn_agent(args: List[str], **kwargs: Any) -> subprocess.Popen:
+    """Start an agent with SIGUSR2 already ignored (an ignored signal stays ignored across exec): Slurm sends
+    its early time-limit signal to every process of the step, up to a minute early, and an agent still
+    importing torch (before it ignores the signal itself) would die of it."""
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(args, **kwargs)
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def kill_group(proc: subprocess.Popen, sig: int) -> None:
