@@ -11,11 +11,17 @@ and when that bytecode belongs to a finalizer or a weakref callback (a garbage c
 say) the interpreter prints "Exception ignored" and carries on. So every signal is also recorded, and the
 driver's waiting loops call :func:`check`, which raises it again until a handler has taken it
 (:func:`stopped`).
+
+Torch elastic's agents raise its ``SignalException`` from their handler in the same way, and fork their
+workers with logging's at-fork handlers running (a raise there is lost and can leave logging's lock held).
+:func:`guard_elastic` records those signals too, holds them across a fork, keeps a lost raise off the
+terminal, and raises it again from the agent's monitoring loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -49,6 +55,7 @@ class _Guard:
     depth = 0
     pending: Optional[int] = None  # arrived during an uninterrupted write: raised after it
     received: Optional[int] = None  # arrived and not yet taken by a handler (see check)
+    lost: Optional[int] = None  # an elastic agent's stop whose raise was lost (see guard_elastic)
 
 
 _guard = _Guard()
@@ -73,12 +80,68 @@ def check() -> None:
         raise Stopped(_guard.received)
 
 
-def _quiet_lost_raise(hook: Any) -> Any:
-    def unraisable(info: Any) -> None:  # a Stopped lost in a finalizer: check() raises it, nothing to print
-        if not isinstance(info.exc_value, Stopped):
-            hook(info)
-    unraisable.runner_quiet = True
-    return unraisable
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+
+
+class _Fork:
+    under_way = False  # between the before- and after-fork handlers: a raise there would be lost
+
+
+def _enter_fork() -> None:  # registered last, so it runs before logging's handler takes its lock
+    _Fork.under_way = True
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _leave_fork() -> None:  # in parent and child; registered last, so it runs after logging's handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    _Fork.under_way = False
+
+
+def guard_elastic() -> None:
+    """Make torch elastic's stop signals safe in this agent: the first is raised as torch elastic raises it
+    (later ones, while the agent stops, are not: a raise inside its shutdown would cut it short), none is
+    raised while the process forks a worker, and a raise Python lost (printed as "Exception ignored") is
+    kept off the terminal and raised again by the agent's monitoring loop."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import api
+
+    def stop(signum: int) -> BaseException:
+        return api.SignalException(f"Process {os.getpid()} got signal: {signal.Signals(signum)}",
+                                   sigval=signal.Signals(signum))
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if _guard.received is not None:  # the agent is stopping already (or will at its next check)
+            return
+        _guard.received = signum
+        if _Fork.under_way:  # raised by the monitoring loop instead
+            _guard.lost = signum
+            return
+        raise stop(signum)
+
+    def monitor_then_check(self: Any, worker_group: Any) -> Any:
+        if _guard.lost is not None:  # the handler's raise was lost: stop now, as the raise would have
+            signum, _guard.lost = _guard.lost, None
+            raise stop(signum)
+        return monitor(self, worker_group)
+
+    api._terminate_process_handler = on_signal  # PContext.start installs it by this name
+    monitor = LocalElasticAgent._monitor_workers
+    LocalElasticAgent._monitor_workers = monitor_then_check
+    os.register_at_fork(before=_enter_fork, after_in_parent=_leave_fork, after_in_child=_leave_fork)
+    _quiet_unraisable((Stopped, api.SignalException))
+
+
+def _quiet_unraisable(kinds: tuple) -> None:
+    hook = sys.unraisablehook
+    base = getattr(hook, "runner_base", hook)
+
+    def unraisable(info: Any) -> None:  # a stop signal lost in a finalizer: raised again elsewhere
+        if isinstance(info.exc_value, kinds):
+            _guard.lost = getattr(info.exc_value, "signum", None) or int(getattr(info.exc_value, "sigval", 0)) or None
+        else:
+            base(info)
+    unraisable.runner_base = base  # type: ignore[attr-defined]
+    sys.unraisablehook = unraisable
 
 
 def install() -> None:
@@ -86,8 +149,7 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_signal)
         signal.signal(signal.SIGTERM, _on_signal)
-        if not getattr(sys.unraisablehook, "runner_quiet", False):
-            sys.unraisablehook = _quiet_lost_raise(sys.unraisablehook)
+        _quiet_unraisable((Stopped,))  # check() raises it again
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from runner.config import rundir
+from runner.config import rundir, signals
 from runner.config.device import device_type
 from runner.launch.deathwatch import DeathWatch
 from runner.train.affinity import agent_threads, workers_on_host
@@ -128,6 +128,7 @@ def main(argv: list[str]) -> int:
     from runner.train.worker import elastic_entry, preload
 
     log_to_file(run_dir, f"agent{node_rank}")  # once torch elastic's loggers exist
+    signals.guard_elastic()  # a stop signal never raises where Python can only print it
 
     start_method = _start_method(c)
     if start_method == "fork":

@@ -1,0 +1,76 @@
+"""Stop signals that land while an elastic agent forks its workers: never a traceback, never lost.
+
+Torch elastic's agent raises ``SignalException`` from its SIGTERM handler; when the signal lands inside
+logging's at-fork handler (a worker being forked) Python can only print "Exception ignored" and the raise is
+lost. The stress below forks in a loop while another process sends SIGTERM every few milliseconds, with
+torch elastic's own handler, once bare (to show the hazard is real here) and once guarded by the runner.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+
+STRESS = textwrap.dedent("""
+    import os, random, select, signal, sys, time
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import api
+    guarded = sys.argv[1] == "guarded"
+    if guarded:
+        from runner.config import signals
+        signals.guard_elastic()
+    signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as PContext.start does
+    parent, (ack_r, ack_w) = os.getpid(), os.pipe()
+    killer = os.fork()
+    if killer == 0:  # one SIGTERM at a time; each must come back as a stop within the agent's monitor interval
+        rng, lost = random.Random(1), 0
+        for _ in range(150):
+            time.sleep(rng.uniform(0.0005, 0.004))
+            os.kill(parent, signal.SIGTERM)
+            if select.select([ack_r], [], [], 0.5)[0]:
+                os.read(ack_r, 1)
+            else:
+                lost += 1
+                if lost == 3:
+                    break
+        print("lost", lost, flush=True)
+        os._exit(0)
+    stops = 0
+    while True:
+        try:
+            while os.waitpid(killer, os.WNOHANG)[0] == 0:
+                child = os.fork()
+                if child == 0:
+                    os._exit(0)
+                os.waitpid(child, 0)
+                if guarded:  # the agent's monitoring loop: raises a stop whose first raise was lost
+                    try:
+                        LocalElasticAgent._monitor_workers(None, None)
+                    except AttributeError:  # no worker group here: only the check before it counts
+                        pass
+            break
+        except api.SignalException:
+            stops += 1
+            if guarded:  # an agent ends at its first stop; this loop goes on, so the stop counts as taken
+                signals._guard.received = None
+            os.write(ack_w, b"x")
+    print("stops", stops)
+""")
+
+
+def _stress(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", STRESS, mode], cwd=ROOT, text=True, capture_output=True,
+                          timeout=120)
+
+
+def test_stop_signal_during_fork_is_raised_without_a_traceback() -> None:
+    bare = _stress("bare")  # torch elastic's handler alone: raises lost, tracebacks printed
+    assert "Exception ignored" in bare.stderr and "lost 3" in bare.stdout, (bare.stdout, bare.stderr[-2000:])
+    for _ in range(3):
+        guarded = _stress("guarded")
+        assert guarded.returncode == 0, guarded.stderr[-2000:]
+        assert guarded.stderr == "", guarded.stderr[-2000:]
+        assert "lost 0" in guarded.stdout and "stops 150" in guarded.stdout, guarded.stdout
