@@ -4,14 +4,18 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CUDA_MARK := $(VENV)/.cuda
+# PyTorch's wheel index for the machine's CUDA (cu126, cu128, ...): it serves torch and fbgemm-gpu CUDA builds
+TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
 
-.PHONY: run test lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: gpu-env run test lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# CPU build of torch from the machine's wheel cache; a CUDA machine follows README's GPU path instead
-	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	# CPU build of torch from the machine's wheel cache, unless `make gpu-env` made this a CUDA venv (marked
+	# by $(CUDA_MARK)): installing fbgemm-gpu-cpu there would overwrite the CUDA build's fbgemm_gpu package
+	test -f $(CUDA_MARK) || $(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 	# the rest before torchrec: pip checks declared dependencies on every resolving install, and torchrec
 	# declares the CUDA fbgemm-gpu, which the CPU stack replaces (so it goes in last, with --no-deps)
 	$(PY) -m pip install --quiet -r requirements/runtime.txt -c requirements/lock.txt
@@ -24,6 +28,16 @@ $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	'| fbgemm', fbgemm_gpu.__version__, '| torchrec', torchrec.__version__, '| hydra', hydra.__version__, \
 	'| mlflow', mlflow.__version__, '|', 'CUDA' if torch.cuda.is_available() else 'CPU')"
 	touch $(STAMP)
+
+# A CUDA machine: the CUDA builds of torch and FBGEMM, then everything else as `make run` installs it. The
+# venv stays CUDA from here on (later `make` runs never install the CPU builds into it).
+gpu-env:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip uninstall --quiet --yes fbgemm-gpu-cpu 2>/dev/null || true
+	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu==1.8.0 --index-url $(TORCH_INDEX)
+	touch $(CUDA_MARK)
+	rm -f $(STAMP)
+	$(MAKE) $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m runner $(ARGS)

@@ -12,7 +12,12 @@ from typing import List
 
 import pytest
 
+from runner.config.device import cuda_present
+
 ROOT = Path(__file__).resolve().parents[1]
+
+# Cases that expect a machine without CUDA (a GPU-only optimizer or cluster.device=cuda refused) skip on a GPU host
+CPU_ONLY = pytest.mark.skipif(cuda_present(), reason="expects a machine without CUDA; this host has a GPU")
 
 # Small and quick: few steps, small batches. Every end-to-end test starts from these.
 FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.eval_batches=4"]

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
+from conftest import CPU_ONLY, FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
 
 pytestmark = pytest.mark.slow
 
@@ -165,6 +165,7 @@ def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, t
     assert processes_tagged(tag) == []
 
 
+@CPU_ONLY
 def test_cuda_training_without_cuda_fails_in_one_line(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=nocuda",
                     f"hydra.run.dir={tmp_path}"])

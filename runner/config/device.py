@@ -8,11 +8,29 @@ CUDA context, so agents may still fork workers afterwards.
 
 from __future__ import annotations
 
+import os
+from typing import List, Optional, Sequence
+
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.errors import ConfigError
 
+GIB = 1024**3
+
+
+def _nvidia_driver_present() -> bool:
+    """NVIDIA's driver library is loadable (a machine without it has no CUDA: no need to import torch)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
 
 def cuda_present() -> bool:
+    if not _nvidia_driver_present():
+        return False
     import torch
 
     return torch.cuda.is_available()
@@ -45,3 +63,65 @@ def check_sparse_optimizer(sparse: str, device_kind: str) -> None:
     if device_kind == "cpu" and sparse not in SPARSE_OPTIMIZERS_CPU:
         raise ConfigError("optimizer.sparse", sparse,
                           f"one of {', '.join(SPARSE_OPTIMIZERS_CPU)} on CPU ({sparse} needs a GPU)")
+
+
+def visible_gpus(count: Optional[int] = None) -> List[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); without
+    that variable, ``0 .. count-1`` (``count``: torch's device count, read through NVML when it can, so
+    that no CUDA context is created)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        names = []
+        for name in (n.strip() for n in listed.split(",")):
+            if not name or name.startswith("-"):  # CUDA stops at the first invalid entry
+                break
+            names.append(name)
+        return names
+    if count is None:
+        import torch
+
+        count = torch.cuda.device_count()
+    return [str(i) for i in range(count)]
+
+
+def node_gpus(visible: Sequence[str], node_slot: int, workers_per_node: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the ``node_slot``-th node emulated on this host: its own
+    ``workers_per_node`` GPUs, so that each node's LOCAL_RANK k is its own ``cuda:k``, where TorchRec
+    places shards (``rank % local_world_size``)."""
+    first = node_slot * workers_per_node
+    return ",".join(visible[first:first + workers_per_node])
+
+
+def check_gpu_count(workers_on_host: int, workers_per_node: int, visible: Sequence[str]) -> Optional[str]:
+    """Refuse more CUDA workers on this host than it has visible GPUs (one each); the note to print when
+    the job leaves GPUs unused (None: every GPU is used)."""
+    if workers_on_host > len(visible):
+        emulated = workers_on_host // workers_per_node
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen = f"{len(visible)} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+        raise ConfigError("cluster.workers_per_node", workers_per_node,
+                          f"at most {len(visible) // max(emulated, 1)} on this host: {workers_on_host} CUDA workers "
+                          f"({emulated} node(s) x {workers_per_node}) need one GPU each and {seen}")
+    if workers_on_host < len(visible):
+        return (f"[runner] note: {workers_on_host} of this host's {len(visible)} GPUs are used "
+                f"(cluster.workers_per_node={workers_per_node}; set it to {len(visible)} or pick cluster=gpu_1x8 "
+                "to use them all)")
+    return None
+
+
+def check_bf16(autocast_dtype: Optional[str], supported: bool, device_name: str) -> None:
+    """bf16 autocast needs a GPU that computes in bf16 (compute capability 8.0 or later)."""
+    if autocast_dtype == "bfloat16" and not supported:
+        raise ConfigError("precision", "bf16", f"fp32 or fp16 on this GPU ({device_name} has no bf16 support)")
+
+
+def hbm_cap_bytes(configured_gib: Optional[float], smallest_device_bytes: int) -> int:
+    """The planner's HBM per GPU: ``cluster.hbm_cap_gib`` when set (refused above what the smallest GPU of
+    the job exposes), else that smallest GPU's memory."""
+    if configured_gib is None:
+        return int(smallest_device_bytes)
+    if configured_gib * GIB > smallest_device_bytes:
+        raise ConfigError("cluster.hbm_cap_gib", configured_gib,
+                          f"at most {smallest_device_bytes / GIB:.2f} (the smallest GPU of this job exposes "
+                          f"{smallest_device_bytes / GIB:.2f} GiB), or null to read it from the devices")
+    return int(configured_gib * GIB)

@@ -126,7 +126,9 @@ class ClusterSchema:
     device: str = "auto"
     """``auto`` (CUDA when present, else CPU) | ``cpu`` | ``cuda``."""
     hbm_cap_gib: Optional[float] = None
-    """Accelerator memory per worker, GiB, that the planner may use (default: TorchRec's 32 GiB)."""
+    """GPU memory per worker, GiB, that the planner may use. Default (null): training on CUDA reads it from
+    the job's GPUs (the smallest); planning without GPUs uses TorchRec's 32 GiB. Refused above the
+    memory a training job's GPUs have."""
     ddr_cap_gib: Optional[float] = None
     """Host memory per worker, GiB, that the planner may use (default: TorchRec's 128 GiB)."""
     intra_node_bandwidth: float = 600.0

@@ -107,11 +107,19 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
+def _pinned(batches: Any) -> Iterator[Batch]:
+    for batch in batches:
+        yield batch.pin_memory()
+
+
 def batches_for(cfg: Any, rank: int, world: int, eval_split: bool, first: int = 0,
-                num_batches: Optional[int] = None) -> Any:
+                num_batches: Optional[int] = None, pin: bool = False) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
-    ahead; file sources ended on every rank together."""
+    ahead; file sources ended on every rank together. ``pin``: in page-locked memory (CUDA workers: the
+    copy to the GPU is then asynchronous; pinned in the prefetch thread when there is one)."""
     batches = source(cfg, rank, world, eval_split, first, num_batches)
+    if pin:
+        batches = _pinned(batches)
     if not eval_split and cfg.data.prefetch_batches > 0:
         batches = Prefetcher(batches, cfg.data.prefetch_batches)
     # synthetic sources have the same length on every rank; files may end unevenly

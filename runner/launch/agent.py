@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from runner.config import rundir, signals
-from runner.config.device import device_type
+from runner.config.device import device_type, node_gpus, visible_gpus
 from runner.launch.deathwatch import DeathWatch
 from runner.train.affinity import agent_threads, workers_on_host
 from runner.train.lifeline import AGENT_PID, DRIVER_PID, die_with_parent
@@ -52,6 +52,14 @@ def _start_method(c: Any) -> str:
     if c.start_method != "auto":
         return c.start_method
     return "fork" if c.device == "cpu" or (c.device == "auto" and device_type("auto") == "cpu") else "spawn"
+
+
+def _own_gpus(c: Any, node_rank: int) -> None:
+    """Nodes emulated on one GPU host each get their own GPUs (``CUDA_VISIBLE_DEVICES``, inherited by the
+    spawned workers): every node numbers LOCAL_RANK from 0, and ``cuda:LOCAL_RANK`` is then its own GPU."""
+    if c.node_rank is not None or c.nodes < 2 or device_type(c.device) != "cuda":
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = node_gpus(visible_gpus(), node_rank, c.workers_per_node)
 
 
 def _rank_of(run_dir: Path, pid: int) -> str:
@@ -121,6 +129,7 @@ def main(argv: list[str]) -> int:
     c = cfg.cluster
     _set_threads(agent_threads(cfg))  # a warm agent: already set
     os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it
+    _own_gpus(c, node_rank)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -19,9 +19,8 @@ from omegaconf import OmegaConf
 
 from runner import STARTED
 from runner.config import rundir, signals
-from runner.config.choices import SPARSE_OPTIMIZERS_CPU
-from runner.config.device import check_sparse_optimizer, check_tf32, device_type
-from runner.launch.agents import launch
+from runner.config.device import check_gpu_count, check_sparse_optimizer, check_tf32, device_type, visible_gpus
+from runner.launch.agents import launch, nodes_on_this_host
 from runner.launch.cores import job_cores, parallel_jobs
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.slurm import node_run_dir, run_tags, stop_outcome
@@ -67,10 +66,14 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
         from runner.data.sources import check_data
 
         check_data(cfg)
-    if cfg.cluster.device == "cuda" or cfg.precision.tf32 or cfg.optimizer.sparse not in SPARSE_OPTIMIZERS_CPU:
-        kind = device_type(cfg.cluster.device)
-        check_tf32(cfg.precision.tf32, kind)
-        check_sparse_optimizer(cfg.optimizer.sparse, kind)
+    kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
+    check_tf32(cfg.precision.tf32, kind)
+    check_sparse_optimizer(cfg.optimizer.sparse, kind)
+    if kind == "cuda":
+        c = cfg.cluster
+        note = check_gpu_count(c.workers_per_node * len(nodes_on_this_host(c)), c.workers_per_node, visible_gpus())
+        if note:
+            print(note, flush=True)
 
 
 _JOBS = itertools.count()

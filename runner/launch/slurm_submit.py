@@ -124,25 +124,57 @@ class Point:
     refused: Optional[str] = None  # why sbatch did not take it
 
 
-def _shape(cfg: Any, params: Dict[str, Any]) -> Tuple[int, int, Optional[int]]:
+CPUS_PER_GPU_WORKER = 4  # a GPU worker's share of a node's CPUs by default: its data path needs room
+
+
+def parse_node_resources(sinfo_out: str) -> Tuple[int, int]:
+    """(fewest CPUs, fewest GPUs) over a partition's node lines ``"<cpus> <gres>"`` (``sinfo -o "%c %G"``);
+    gres is ``(null)``, ``gpu:8``, ``gpu:a100:8(S:0-1)`` or a comma-separated list of such."""
+    cpus, gpus = [], []
+    for line in sinfo_out.splitlines():
+        if not line.strip():
+            continue
+        count, _, gres = line.strip().partition(" ")
+        cpus.append(int(count.rstrip("+")))
+        found = 0
+        for item in gres.split(","):
+            parts = item.split("(")[0].split(":")
+            if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
+                found += int(parts[-1])
+        gpus.append(found)
+    return (min(cpus), min(gpus)) if cpus else (0, 0)
+
+
+def partition_resources(partition: Optional[str]) -> Tuple[int, int]:
+    """(CPUs, GPUs) that every node of ``partition`` (None: the default one) has."""
+    return parse_node_resources(_run(["sinfo", "-h", "-o", "%c %G", *(["-p", partition] if partition else [])]))
+
+
+def job_shape(cfg: Any, params: Dict[str, Any], node_cpus: int, node_gpus: int) -> Tuple[int, int, Optional[int]]:
+    """Nodes, CPUs per task and GPUs per node of a point's job. Workers use CUDA with ``cluster.device=cuda``,
+    or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
+    ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
     train = cfg.mode == "train"
     c = cfg.cluster
-    nodes = int(c.nodes) if train else 1
-    cpus = params.get("cpus_per_task") or (int(c.workers_per_node) if train else 1)
+    nodes, workers = (int(c.nodes) if train else 1), int(c.workers_per_node)
     gpus = params.get("gpus_per_node")
-    if gpus is None and train and c.device == "cuda":
-        gpus = int(c.workers_per_node)
+    if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):
+        gpus = workers
+    cpus = params.get("cpus_per_task")
+    if not cpus:
+        cpus = (max(workers, min(node_cpus, CPUS_PER_GPU_WORKER * workers)) if gpus else workers) if train else 1
     return nodes, int(cpus), gpus
 
 
 def _points(launcher: Any, job_overrides: Sequence[Sequence[str]], first: int) -> List[Point]:
     points = []
+    node_cpus, node_gpus = partition_resources(launcher.params.get("partition"))
     for i, overrides in enumerate(job_overrides):
         cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.num = first + i
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        points.append(Point(first + i, list(overrides), run_dir, _shape(cfg, launcher.params)))
+        points.append(Point(first + i, list(overrides), run_dir, job_shape(cfg, launcher.params, node_cpus, node_gpus)))
     return points
 
 

@@ -6,16 +6,64 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+from fbgemm_gpu.tbe.cache.cache_config import CacheAlgorithm, MultiPassPrefetchConfig
 from torchrec.distributed.types import (
+    BoundsCheckMode,
+    CacheParams,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
     ParameterSharding,
     ShardingPlan,
     ShardMetadata,
 )
+from torchrec.types import DataType
 
 from runner.config.errors import PlanError
 from runner.config.tables import TableSpec
+
+# CacheParams' fields that a plan file keeps (its statistics object is the planner's input, not the plan's)
+_CACHE_ENUMS = {"algorithm": CacheAlgorithm, "precision": DataType}
+_CACHE_VALUES = ("load_factor", "reserved_memory", "prefetch_pipeline")
+
+
+def _settings(ps: ParameterSharding) -> Dict[str, Any]:
+    """A table's per-table settings beyond its placement (cache, HBM, rounding, bounds checks, output
+    type), as JSON; absent ones are left out."""
+    out: Dict[str, Any] = {}
+    c = ps.cache_params
+    if c is not None:
+        cache = {k: getattr(c, k).name for k in _CACHE_ENUMS if getattr(c, k) is not None}
+        cache.update({k: getattr(c, k) for k in _CACHE_VALUES if getattr(c, k) is not None})
+        if c.multipass_prefetch_config is not None:
+            cache["multipass_prefetch_config"] = list(c.multipass_prefetch_config)
+        out["cache_params"] = cache
+    for key in ("enforce_hbm", "stochastic_rounding"):
+        if getattr(ps, key) is not None:
+            out[key] = bool(getattr(ps, key))
+    for key in ("bounds_check_mode", "output_dtype"):
+        if getattr(ps, key) is not None:
+            out[key] = getattr(ps, key).name
+    return out
+
+
+def _from_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """:class:`ParameterSharding` keyword arguments from :func:`_settings`' JSON."""
+    kwargs: Dict[str, Any] = {}
+    cache = settings.get("cache_params")
+    if cache is not None:
+        fields = {k: _CACHE_ENUMS[k][v] for k, v in cache.items() if k in _CACHE_ENUMS}
+        fields.update({k: v for k, v in cache.items() if k in _CACHE_VALUES})
+        if cache.get("multipass_prefetch_config") is not None:
+            fields["multipass_prefetch_config"] = MultiPassPrefetchConfig(*cache["multipass_prefetch_config"])
+        kwargs["cache_params"] = CacheParams(**fields)
+    for key in ("enforce_hbm", "stochastic_rounding"):
+        if key in settings:
+            kwargs[key] = bool(settings[key])
+    if "bounds_check_mode" in settings:
+        kwargs["bounds_check_mode"] = BoundsCheckMode[settings["bounds_check_mode"]]
+    if "output_dtype" in settings:
+        kwargs["output_dtype"] = DataType[settings["output_dtype"]]
+    return kwargs
 
 
 def plan_to_dict(plan: ShardingPlan, specs: List[TableSpec]) -> Dict[str, Dict[str, Any]]:
@@ -41,6 +89,7 @@ def plan_to_dict(plan: ShardingPlan, specs: List[TableSpec]) -> Dict[str, Dict[s
                 "compute_kernel": ps.compute_kernel,
                 "ranks": list(ps.ranks) if ps.ranks is not None else None,
                 "shards": shards,
+                **_settings(ps),
             }
         out[module_path] = tables
     return out
@@ -118,6 +167,6 @@ def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, d
                 ])
             module_plan[table] = ParameterSharding(sharding_type=t["sharding_type"],
                                                    compute_kernel=t["compute_kernel"], ranks=ranks,
-                                                   sharding_spec=spec)
+                                                   sharding_spec=spec, **_from_settings(t))
         plan[module] = module_plan
     return ShardingPlan(plan)

@@ -123,10 +123,11 @@ def build_proposer(sharding: Any, device_type: str) -> Any:
 
 def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
-                  reuse: bool = False) -> EmbeddingShardingPlanner:
+                  reuse: bool = False, hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
-    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`)."""
-    topology = build_topology(cfg.cluster, world_size, local_world_size, device_type)
+    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`);
+    ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`)."""
+    topology = build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap)
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
                                     float(cfg.data.ids_per_feature), ("data_parallel",) if uses_split_step(cfg) else ())
@@ -157,11 +158,11 @@ def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, de
 
 
 def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
-               estimates: PlanEstimates, reuse: bool) -> Any:
+               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int]) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
     try:
-        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse)
+        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap)
         return planner.plan(model, sharders)
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))
@@ -170,9 +171,12 @@ def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: 
 
 
 def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
-              pg: Any = None, reuse: bool = False) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              pg: Any = None, reuse: bool = False,
+              hbm_cap: Optional[int] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
+    ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
+    ``cluster.hbm_cap_gib`` is null.
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -187,7 +191,7 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
-        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse)
+        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap)
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):

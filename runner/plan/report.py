@@ -85,7 +85,8 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
-    (out / "estimates.json").write_text(json.dumps({"per_rank": ranks, "comms_bytes_per_step": comms}, indent=2))
+    (out / "estimates.json").write_text(json.dumps({"device": device_type, "per_rank": ranks,
+                                                    "comms_bytes_per_step": comms}, indent=2))
     (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type))
     title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
              + ", ".join(f"{n} {t}" for t, n in types.items()))

@@ -25,8 +25,10 @@ def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
     return gib_per_s * GIB / 1000.0
 
 
-def build_topology(cluster: Any, world_size: int, local_world_size: int, device_type: str) -> Topology:
-    """TorchRec topology from the cluster config, for the world the workers really form."""
+def build_topology(cluster: Any, world_size: int, local_world_size: int, device_type: str,
+                   hbm_cap: Optional[int] = None) -> Topology:
+    """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
+    (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``."""
     kwargs: Dict[str, Any] = dict(
         world_size=world_size,
         local_world_size=local_world_size,
@@ -34,7 +36,9 @@ def build_topology(cluster: Any, world_size: int, local_world_size: int, device_
         intra_host_bw=gibps_to_bytes_per_ms(cluster.intra_node_bandwidth),
         inter_host_bw=gibps_to_bytes_per_ms(cluster.cross_node_bandwidth),
     )
-    if cluster.hbm_cap_gib is not None:
+    if hbm_cap is not None:
+        kwargs["hbm_cap"] = int(hbm_cap)
+    elif cluster.hbm_cap_gib is not None:
         kwargs["hbm_cap"] = int(cluster.hbm_cap_gib * GIB)
     if cluster.ddr_cap_gib is not None:
         kwargs["ddr_cap"] = int(cluster.ddr_cap_gib * GIB)

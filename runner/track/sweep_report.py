@@ -30,8 +30,10 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
     if point["status"] == "infeasible":
         return point
     plan = json.loads((job_dir / rundir.PLAN / "plan.json").read_text())
-    ranks = json.loads((job_dir / rundir.PLAN / "estimates.json").read_text()).get("per_rank", [])
-    mem_key = "hbm_bytes" if point["params"].get("cluster.device") == "cuda" else "ddr_bytes"
+    estimates = json.loads((job_dir / rundir.PLAN / "estimates.json").read_text())
+    ranks = estimates.get("per_rank", [])
+    device = estimates.get("device", point["params"].get("cluster.device"))  # what it planned for (auto resolved)
+    mem_key = "hbm_bytes" if device == "cuda" else "ddr_bytes"
     point.update(
         types={t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()},
         shapes={t: f"{p.get('rows')} x {p.get('dim')}" for tables in plan.values() for t, p in tables.items()},

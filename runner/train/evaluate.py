@@ -9,13 +9,15 @@ import torch
 import torch.distributed as dist
 
 from runner.config.schema import samples_per_step
-from runner.train.loop import TrainResult, autocast
+from runner.train.loop import TrainResult
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak accelerator memory allocated (CUDA) or the process's peak resident set size (CPU)."""
+    """Peak GPU memory the caching allocator reserved (CUDA: what tensors took plus the allocator's
+    slack; the CUDA context and NCCL's buffers are outside it), or the process's peak resident set size
+    (CPU)."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return int(torch.cuda.max_memory_reserved(device))
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
@@ -56,8 +58,7 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dic
     logits, labels = [], []
     for b in batches:
         b = b.to(device)
-        with autocast(device, cfg.precision.autocast):
-            _loss, (_l, out, lab) = dmp(b)
+        _loss, (_l, out, lab) = dmp(b)  # under the model's own autocast (models.autocast_forward)
         logits.append(out.detach().float().reshape(-1, len(tasks)))
         labels.append(lab.detach().float().reshape(-1, len(tasks)))
     if not logits:

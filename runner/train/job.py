@@ -23,7 +23,7 @@ from runner.plan.report import write_plan_report
 from runner.train import checkpoint
 from runner.train.evaluate import evaluate, gather_measurements
 from runner.train.loop import LoopHooks, train
-from runner.train.models import build_model
+from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
 from runner.train.split_step import loss_scale_for
 
@@ -32,8 +32,8 @@ class RankJob:
     """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
 
     def __init__(self, cfg: Any, run_dir: Path, env: Any, device: Any, reporter: Any,
-                 marks: Dict[str, float]) -> None:
-        self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
+                 marks: Dict[str, float], hbm_cap: Optional[int] = None) -> None:
+        self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
         self.reporter, self.marks = reporter, marks
         self.dmp, self.optimizer, self.sharding_types = self._build()
         self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
@@ -44,9 +44,10 @@ class RankJob:
         cfg, env = self.cfg, self.env
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg, self.device)
+        autocast_forward(model, self.device.type, cfg.precision.autocast)
         apply_sparse_optimizer(model, cfg.optimizer)
         plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
-                                                       dist.GroupMember.WORLD)
+                                                       dist.GroupMember.WORLD, hbm_cap=self.hbm_cap)
         self.marks["planned"] = time.time()
         # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
         wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
@@ -76,7 +77,9 @@ class RankJob:
         return meta.get("step", 0)
 
     def data(self, num_batches: int, eval_split: bool, first: int = 0) -> Any:
-        return batches_for(self.cfg, self.env.rank, self.env.world, eval_split, first, num_batches)
+        # pinned on CUDA: the pipeline's non-blocking copies to the GPU then overlap the step
+        return batches_for(self.cfg, self.env.rank, self.env.world, eval_split, first, num_batches,
+                           pin=self.device.type == "cuda")
 
     def evaluate(self) -> Dict[str, float]:
         return evaluate(self.dmp, self.data(self.cfg.data.eval_batches, True), self.device, self.cfg)

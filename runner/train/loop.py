@@ -8,7 +8,6 @@ node per step (each read costs microseconds): schedule and settings are copied t
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional
@@ -22,20 +21,13 @@ from runner.train.optimizers import Schedule, set_learning_rates
 from runner.train.split_step import LossScale, SplitStep
 
 
-def autocast(device: torch.device, dtype_name: Optional[str]) -> contextlib.AbstractContextManager:
-    if dtype_name is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
-
-
 def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any, loss_scale: Optional[LossScale]) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
     if cfg.train.grad_accumulation_steps == 1 and loss_scale is None:
         if cfg.train.pipeline == "base":
             return _BasePipeline(dmp, optimizer, device)
         return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
-    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, cfg.precision.autocast,
-                     loss_scale)
+    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, loss_scale)
 
 
 class _BasePipeline(TrainPipelineBase):
@@ -61,49 +53,49 @@ class TrainResult:
     data_ended: bool = False
 
 
-def _mean_across_ranks(values: List[float], device: torch.device) -> List[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return (t / dist.get_world_size()).tolist()
+def _mean_across_ranks(sums: torch.Tensor) -> List[float]:
+    dist.all_reduce(sums)
+    return (sums / dist.get_world_size()).tolist()  # the host waits for the device here, at log steps only
 
 
-def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> List[float]:
+def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each task's BCE of one step (multi-task models: logits and labels are (batch, tasks))."""
-    per = torch.nn.functional.binary_cross_entropy_with_logits(
+    return torch.nn.functional.binary_cross_entropy_with_logits(
         logits.float(), labels.float().reshape(logits.shape), reduction="none").mean(0)
-    return per.tolist()
 
 
 class _Window:
     """The steps since the last log: their summed losses and wall time (checkpoint pauses excluded).
 
-    Also keeps the run's timed total over every window but the first, which holds the pipeline's
-    tracing (unless it is the only one).
+    Losses are summed where they are computed (on a GPU: on the GPU, in float64), so that no step waits
+    for the device; they are read once per window. Also keeps the run's timed total over every window
+    but the first, which holds the pipeline's tracing (unless it is the only one).
     """
 
-    def __init__(self, tasks: int) -> None:
-        self.tasks = tasks
+    def __init__(self, tasks: int, device: torch.device) -> None:
+        self.tasks, self.device = tasks, device
         self.timed_s, self.timed_steps, self._first = 0.0, 0, True
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
-        self.loss, self.task_losses, self.steps, self.start, self.paused = 0.0, [0.0] * self.tasks, 0, now, 0.0
+        self.sums = torch.zeros(1 + self.tasks, dtype=torch.float64, device=self.device)  # loss, then each task's
+        self.steps, self.start, self.paused = 0, now, 0.0
 
-    def add(self, loss: float, task_losses: Optional[List[float]]) -> None:
-        self.loss += loss
+    def add(self, loss: torch.Tensor, task_losses: Optional[torch.Tensor]) -> None:
+        self.sums[0] += loss.detach().float().mean().double()
         if task_losses is not None:
-            self.task_losses = [a + b for a, b in zip(self.task_losses, task_losses, strict=True)]
+            self.sums[1:] += task_losses.double()
         self.steps += 1
 
     def close(self, last: bool) -> tuple:
-        """End the window: (mean loss and each task's, steps, seconds); start the next."""
+        """End the window: (the summed losses divided by its steps, as a tensor; steps; seconds); start the
+        next."""
         now = time.perf_counter()
         elapsed = now - self.start - self.paused  # wall time of the window: logging included, pauses not
         if not self._first or last and self.timed_steps == 0:
             self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + self.steps
         self._first = False
-        means = [self.loss / self.steps] + [t / self.steps for t in self.task_losses]
-        steps = self.steps
+        means, steps = self.sums / self.steps, self.steps
         self._reset(now)
         return means, steps, elapsed
 
@@ -121,8 +113,8 @@ class LoopHooks:
 def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str], samples: int,
          loss_scale: Optional[LossScale], device: torch.device, result: TrainResult, hooks: LoopHooks) -> None:
     """Close the window: its metrics, averaged over ranks, to ``hooks.on_log`` and the result."""
-    sums, steps, elapsed = window.close(last)
-    means = _mean_across_ranks(sums, device)
+    window_means, steps, elapsed = window.close(last)
+    means = _mean_across_ranks(window_means)
     metrics = {"train/loss": means[0], "train/samples_per_s": samples * steps / max(elapsed, 1e-9),
                "train/lr_dense": rates[1], "train/lr_sparse": rates[0]}
     if len(tasks) > 1:
@@ -160,20 +152,19 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     dmp.train()
     tasks = list(cfg.model.tasks)
     samples = dist.get_world_size() * samples_per_step(cfg)
-    schedule, log_every, autocast_dtype = Schedule(cfg.optimizer, steps), cfg.train.log_every, cfg.precision.autocast
-    window, applied = _Window(len(tasks)), (float("nan"), float("nan"))
+    schedule, log_every = Schedule(cfg.optimizer, steps), cfg.train.log_every
+    window, applied = _Window(len(tasks), device), (float("nan"), float("nan"))
     for step in range(start + 1, steps + 1):
         rates = schedule(step)
         if rates != applied:  # constant schedules touch the optimizers once
             applied = set_learning_rates(optimizer, *rates)
         try:
-            with autocast(device, autocast_dtype):
-                loss, logits, labels = pipeline.progress(it)
+            loss, logits, labels = pipeline.progress(it)  # the forward under autocast: models.autocast_forward
         except StopIteration:  # every rank's data check said: some rank has no batch left
             result.data_ended = True
             break
         result.last_step = step
-        window.add(float(loss.detach().float().mean()), _task_losses(logits, labels) if len(tasks) > 1 else None)
+        window.add(loss, _task_losses(logits, labels) if len(tasks) > 1 else None)
         if result.first_step_unix is None:
             result.first_step_unix = time.time()
         hooks.progress.update(1)

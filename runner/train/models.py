@@ -6,7 +6,7 @@ TorchRec's ``DLRMTrain`` that ``TrainPipelineSparseDist`` and evaluation rely on
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -110,6 +110,27 @@ class MultiTaskTrain(nn.Module):
         labels = batch.labels.float().reshape(logits.shape)
         loss = self.loss_fn(logits, labels).mean(0).sum()
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def autocast_forward(model: nn.Module, device_type: str, dtype_name: Optional[str]) -> None:
+    """Run ``model``'s forward (and only its forward: PyTorch advises against autocast in backward and the
+    optimizer step) under autocast to ``dtype_name``; nothing when it is None. Hooks, not a wrapper
+    module, so that parameter names (plans, checkpoints) stay the model's own."""
+    if dtype_name is None:
+        return
+    dtype = getattr(torch, dtype_name)
+    active: List[Any] = []
+
+    def enter(_module: nn.Module, _args: Any) -> None:
+        ctx = torch.autocast(device_type=device_type, dtype=dtype)
+        ctx.__enter__()
+        active.append(ctx)
+
+    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
+        active.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
 
 
 def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:

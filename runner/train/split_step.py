@@ -92,9 +92,9 @@ class SplitStep:
     """
 
     def __init__(self, dmp: Any, optimizer: Any, device: torch.device, micro_batches: int,
-                 autocast_dtype: str | None, loss_scale: LossScale | None) -> None:
+                 loss_scale: LossScale | None) -> None:
         self.dmp, self.optimizer, self.device = dmp, optimizer, device
-        self.micro_batches, self.autocast_dtype, self.loss_scale = micro_batches, autocast_dtype, loss_scale
+        self.micro_batches, self.loss_scale = micro_batches, loss_scale
         self.embedding_modules = _sharded_embedding_modules(dmp)
         plan_types = {ps.sharding_type for module_plan in dmp.plan.plan.values() for ps in module_plan.values()}
         if "data_parallel" in plan_types:
@@ -110,11 +110,6 @@ class SplitStep:
 
     def attach(self, model: Any) -> None:
         pass
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=getattr(torch, self.autocast_dtype))
 
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = next(it).to(self.device)
@@ -142,8 +137,7 @@ class SplitStep:
                              labels=batch.labels[rows])
                 sync = self._ddp.no_sync() if self._ddp is not None and i < n - 1 else contextlib.nullcontext()
                 with sync:
-                    with self._autocast():
-                        loss, (_, out_logits, out_labels) = self.dmp(part)
+                    loss, (_, out_logits, out_labels) = self.dmp(part)  # autocast: models.autocast_forward
                     (loss.float() * (scale / n)).backward()
                 losses.append(loss.detach().float())
                 logits.append(out_logits)

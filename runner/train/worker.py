@@ -22,7 +22,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner.config import rundir, signals
-from runner.config.device import backend, check_sparse_optimizer, check_tf32, device_type
+from runner.config.device import backend, check_bf16, check_sparse_optimizer, check_tf32, device_type, hbm_cap_bytes
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
 from runner.train import affinity
@@ -67,6 +67,23 @@ def select_device(cluster_device: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def check_gpu(cfg: Any, device: torch.device) -> None:
+    """What this GPU cannot do, refused before anything runs on it (bf16 autocast on a pre-Ampere GPU)."""
+    if device.type == "cuda":
+        check_bf16(cfg.precision.autocast, torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device))
+
+
+def gpu_memory_cap(cfg: Any, device: torch.device) -> Optional[int]:
+    """The planner's HBM per GPU (CUDA only): the smallest memory among the job's GPUs, agreed by every
+    rank, or ``cluster.hbm_cap_gib`` checked against it."""
+    if device.type != "cuda":
+        return None
+    smallest = torch.tensor([torch.cuda.get_device_properties(device).total_memory], dtype=torch.int64,
+                            device=device)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+    return hbm_cap_bytes(cfg.cluster.hbm_cap_gib, int(smallest.item()))
 
 
 def set_tf32(enabled: bool, device: torch.device) -> None:
@@ -126,6 +143,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     pids.mkdir(exist_ok=True)
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
     device = select_device(cfg.cluster.device, env.local_rank)
+    check_gpu(cfg, device)
     cores = bind_cores(cfg, device, env)  # before gloo or OpenMP start threads
     set_tf32(cfg.precision.tf32, device)
     check_sparse_optimizer(cfg.optimizer.sparse, device.type)
@@ -134,7 +152,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     marks["process_group"] = time.time()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
-        return RankJob(cfg, run_dir, env, device, reporter, marks).run(cores)
+        return RankJob(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
         raise
