@@ -206,3 +206,26 @@ def test_split_step_plans_leave_out_data_parallel() -> None:
     free = build_constraints(accum.sharding, ["t0", "t1"], 1.0, ("data_parallel",))
     assert all("data_parallel" not in c.sharding_types and "row_wise" in c.sharding_types for c in free.values())
     assert build_constraints(plain.sharding, ["t0", "t1"], 1.0) == {}
+
+
+def test_pinned_plan_keeps_cache_and_hbm_settings(tmp_path: Path) -> None:
+    """A planned fused_uvm_caching table's cache parameters and enforce_hbm survive plan.json."""
+    cfg = cfg_for("cluster.device=cuda", "+sharding.constraints.t0.compute_kernels=[fused_uvm_caching]",
+                  "+sharding.constraints.t0.cache_load_factor=0.3", "+sharding.constraints.t0.enforce_hbm=true")
+    model = build_model(cfg, torch.device("meta"))
+    apply_sparse_optimizer(model, cfg.optimizer)
+    planned, _, _, _ = make_plan(cfg, model, 2, 2, "cuda")
+    as_dict = plan_to_dict(planned, table_specs(cfg.model))
+    t0 = next(tables["t0"] for tables in as_dict.values() if "t0" in tables)
+    assert t0["compute_kernel"] == "fused_uvm_caching" and t0["cache_params"]["load_factor"] == 0.3, t0
+    assert t0["enforce_hbm"] is True
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(as_dict))
+    loaded = load_plan(str(path), table_specs(cfg.model), 2, 2, "cuda")
+    for module, tables in planned.plan.items():
+        for table, ps in tables.items():  # type: ignore[union-attr]
+            again = loaded.plan[module][table]  # type: ignore[index]
+            assert (again.cache_params, again.enforce_hbm, again.stochastic_rounding, again.bounds_check_mode,
+                    again.output_dtype) == (ps.cache_params, ps.enforce_hbm, ps.stochastic_rounding,
+                                            ps.bounds_check_mode, ps.output_dtype), table
+    assert plan_to_dict(loaded, table_specs(cfg.model)) == as_dict

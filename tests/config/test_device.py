@@ -1,0 +1,99 @@
+"""The GPU-host decisions that can be checked without a GPU: which GPUs each emulated node gets, workers
+against visible GPUs, the planner's HBM cap, bf16, Slurm's GPU and CPU request, autocast around the
+forward only. No test here pretends to have run CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from runner.config.device import GIB, check_bf16, check_gpu_count, hbm_cap_bytes, node_gpus, visible_gpus
+from runner.config.errors import ConfigError
+from runner.launch.slurm_submit import job_shape, parse_node_resources
+from runner.train.models import autocast_forward
+
+
+def test_emulated_nodes_get_disjoint_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    host = visible_gpus(count=8)
+    assert [node_gpus(host, n, 2) for n in range(2)] == ["0,1", "2,3"]
+    assert [node_gpus(host, n, 4) for n in range(2)] == ["0,1,2,3", "4,5,6,7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,GPU-aa,GPU-bb,-1,7")  # CUDA stops at the invalid entry
+    host = visible_gpus()
+    assert host == ["4", "5", "GPU-aa", "GPU-bb"]
+    assert [node_gpus(host, n, 2) for n in range(2)] == ["4,5", "GPU-aa,GPU-bb"]
+
+
+def test_workers_are_checked_against_visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(ConfigError) as e:
+        check_gpu_count(8, 8, visible_gpus())  # gpu_1x8 on a 4-GPU host
+    msg = str(e.value)
+    assert "cluster.workers_per_node=8" in msg and "at most 4" in msg and "CUDA_VISIBLE_DEVICES=0,1,2,3" in msg
+    with pytest.raises(ConfigError, match="at most 2"):
+        check_gpu_count(6, 3, visible_gpus())  # 2 emulated nodes x 3 workers on 4 GPUs
+    note = check_gpu_count(2, 2, visible_gpus())  # cluster=local on 4 GPUs: runs, and says so
+    assert note is not None and "2 of this host's 4 GPUs" in note
+    assert check_gpu_count(4, 2, visible_gpus()) is None
+
+
+def test_hbm_cap_is_the_smallest_gpu_unless_set_below_it() -> None:
+    h100 = 85_031_714_816  # what torch reports for an "80 GB" H100: 79.19 GiB
+    assert hbm_cap_bytes(None, h100) == h100
+    assert hbm_cap_bytes(79.0, h100) == int(79.0 * GIB)
+    with pytest.raises(ConfigError) as e:
+        hbm_cap_bytes(80.0, h100)
+    assert "cluster.hbm_cap_gib=80.0" in str(e.value) and "79.19" in str(e.value)
+
+
+def test_bf16_is_refused_on_a_gpu_without_it() -> None:
+    with pytest.raises(ConfigError, match="precision='bf16'.*Tesla V100"):
+        check_bf16("bfloat16", False, "Tesla V100-SXM2-32GB")
+    check_bf16("bfloat16", True, "NVIDIA H100")
+    check_bf16("float16", False, "Tesla V100-SXM2-32GB")
+
+
+def _point(device: str, workers: int = 8, nodes: int = 2, mode: str = "train") -> object:
+    return OmegaConf.create({"mode": mode, "cluster": {"device": device, "workers_per_node": workers, "nodes": nodes}})
+
+
+def test_slurm_jobs_request_gpus_whenever_workers_use_cuda() -> None:
+    assert parse_node_resources("64 gpu:8\n96 gpu:a100:8(S:0-1),tmpdisk:100\n") == (64, 8)
+    assert parse_node_resources("2 (null)\n2 (null)\n") == (2, 0)
+    gpu_nodes, cpu_nodes = (96, 8), (2, 0)
+    assert job_shape(_point("cuda"), {}, *gpu_nodes) == (2, 32, 8)  # 4 CPUs per GPU worker
+    assert job_shape(_point("auto"), {}, *gpu_nodes) == (2, 32, 8)  # auto on GPU nodes: CUDA workers
+    assert job_shape(_point("auto", 2), {}, *cpu_nodes) == (2, 2, None)  # auto on CPU nodes: none
+    assert job_shape(_point("cpu"), {}, *gpu_nodes) == (2, 8, None)
+    assert job_shape(_point("cuda", 8), {}, 16, 8) == (2, 16, 8)  # at most the node's CPUs
+    assert job_shape(_point("cuda"), {"cpus_per_task": 10, "gpus_per_node": 4}, *gpu_nodes) == (2, 10, 4)
+    assert job_shape(_point("cuda", mode="plan"), {}, *gpu_nodes) == (1, 1, None)
+
+
+def test_autocast_wraps_the_forward_only() -> None:
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.is_autocast_enabled("cpu"))
+            if x.shape[0] == 0:
+                raise ValueError("empty")
+            return self.linear(x)
+
+    model = Probe()
+    autocast_forward(model, "cpu", "bfloat16")
+    out = model(torch.ones(2, 4))
+    assert seen == [True] and out.dtype == torch.bfloat16 and not torch.is_autocast_enabled("cpu")
+    out.float().sum().backward()  # outside autocast; the gradient reaches the fp32 weights
+    assert model.linear.weight.grad is not None and model.linear.weight.grad.dtype == torch.float32
+    with pytest.raises(ValueError):
+        model(torch.ones(0, 4))
+    assert not torch.is_autocast_enabled("cpu")  # left on a failed forward too
+    plain = Probe()
+    autocast_forward(plain, "cpu", None)
+    assert plain(torch.ones(2, 4)).dtype == torch.float32
