@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from runner.config import rundir
 from runner.config.device import device_type
@@ -31,8 +31,9 @@ def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
     kind = device_type(cfg.cluster.device, planning=True)
     reporter = Reporter(cfg, run_dir, rank=0)
     base = {"mode": "plan", "world_size": world}
+    notes: List[str] = []
     try:
-        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True)
+        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes)
     except NoPlanFits as exc:
         reporter.plan_infeasible(str(exc))
         reporter.flush()
@@ -40,7 +41,8 @@ def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
                    "tracking_uri": reporter.uri}
         rundir.write_json(run_dir / rundir.RESULTS, results)
         return results
-    reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds))
+    reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
+                                    " ".join(notes)))
     reporter.plan_chart()
     reporter.flush()
     m = reporter.plan_metrics

@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.proposers import (
-    DynamicProgrammingProposer,
     GreedyProposer,
     GridSearchProposer,
     UniformProposer,
@@ -32,6 +31,7 @@ from runner.config.validation import table_constraint
 from runner.plan.infeasible import explain
 from runner.plan.io import load_plan
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
+from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 
@@ -105,13 +105,16 @@ class BoundedGridSearchProposer(GridSearchProposer):
         super().load(search_space, enumerator)
 
 
-def build_proposer(sharding: Any, device_type: str) -> Any:
-    """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list."""
+def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
+    """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list. The
+    dynamic-programming one is TorchRec's, vectorised and skipping what cannot change its answer
+    (:mod:`.search`)."""
     if sharding.proposer == "dynamic_programming":
         if device_type != "cuda":
             raise ConfigError("sharding.proposer", sharding.proposer,
                               "another proposer on CPU workers (it bins HBM, which they do not have)")
-        return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
+        return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins),
+                                world_size)
     if sharding.proposer == "greedy":
         return [GreedyProposer(), GreedyProposer(use_depth=False)]
     if sharding.proposer == "grid_search":
@@ -123,16 +126,20 @@ def build_proposer(sharding: Any, device_type: str) -> Any:
 
 def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
-                  reuse: bool = False, hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
+                  reuse: bool = False, hbm_cap: Optional[int] = None,
+                  search_space: Optional[Tuple[List[ShardingOption], Any]] = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
     ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`);
-    ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`)."""
+    ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
+    already enumerated (and the enumerator that did it) instead of a new enumeration."""
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap)
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
                                     float(cfg.data.ids_per_feature), ("data_parallel",) if uses_split_step(cfg) else ())
-    enumerator = None
-    if reuse:
+    enumerator: Any = None
+    if search_space is not None:
+        enumerator = FixedEnumerator(*search_space, topology=topology, batch_size=batch, constraints=constraints)
+    elif reuse:
         key = enumeration_key(cfg, world_size, local_world_size, device_type, batch)
         enumerator = ReusingEnumerator(key, topology=topology, batch_size=batch, constraints=constraints)
     return EmbeddingShardingPlanner(
@@ -140,7 +147,7 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
         batch_size=batch,
         enumerator=enumerator,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
-        proposer=build_proposer(cfg.sharding, device_type),
+        proposer=build_proposer(cfg.sharding, device_type, world_size),
         constraints=constraints,
         stats=[estimates] if estimates is not None else None,
         debug=False,
@@ -157,8 +164,35 @@ def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, de
     return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
+def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world: int, device_type: str,
+                    sharders: List[Any], estimates: PlanEstimates, hbm_cap: Optional[int],
+                    notes: List[str]) -> Optional[ShardingPlan]:
+    """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
+    have a shard no GPU can hold (:func:`.search.placeable_only`); the plan (TorchRec-partitioned and
+    rated) and a note on how it was found, or None."""
+    proposer = planner._proposers[0] if len(planner._proposers) == 1 else None
+    reserved = getattr(planner._storage_reservation, "_last_reserved_topology", None)
+    space = planner._enumerator.last_stored_search_space
+    if not isinstance(proposer, SkippingProposer) or reserved is None or not space:
+        return None
+    kept = placeable_only(space, reserved)
+    if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:
+        return None  # nothing to leave out, or a table with no placeable option: no plan fits
+    again = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), hbm_cap=hbm_cap,
+                          search_space=(kept, planner._enumerator))
+    try:
+        plan = again.plan(model, sharders)
+    except Exception:  # noqa: BLE001 - still none: the first planner's state explains why
+        return None
+    notes.append(f"TorchRec's dynamic-programming proposer found no plan: each of its proposals held a shard no "
+                 f"GPU can hold ({proposer.skipped_unplaceable} proposals); this plan was found by proposing "
+                 f"again without the {len(space) - len(kept)} of {len(space)} sharding options that have such "
+                 "a shard (partitioned and rated by TorchRec's planner)")
+    return plan
+
+
 def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
-               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int]) -> Any:
+               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str]) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
     try:
@@ -167,16 +201,21 @@ def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: 
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))
     except Exception as exc:  # PlannerError and the planner's assertions
-        return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
+        found = None if planner is None else _placeable_plan(planner, cfg, model, world, local_world, device_type,
+                                                             sharders, estimates, hbm_cap, notes)
+        return found if found is not None else NoPlanFits(explain_planner_error(exc, planner, cfg, world,
+                                                                                device_type))
 
 
 def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
               pg: Any = None, reuse: bool = False,
-              hbm_cap: Optional[int] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              hbm_cap: Optional[int] = None,
+              notes: Optional[List[str]] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
-    ``cluster.hbm_cap_gib`` is null.
+    ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
+    by TorchRec's proposer alone.
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -191,7 +230,8 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
-        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap)
+        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
+                               notes if notes is not None else [])
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):

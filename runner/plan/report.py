@@ -69,8 +69,9 @@ def plan_description(folder: Path) -> str:
 
 
 def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
-                      out: Path, seconds: float) -> PlanReport:
-    """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``."""
+                      out: Path, seconds: float, note: str = "") -> PlanReport:
+    """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``;
+    ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``)."""
     out.mkdir(parents=True, exist_ok=True)
     specs = table_specs(cfg.model)
     plan_dict = plan_to_dict(plan, specs)
@@ -87,7 +88,8 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     (out / "plan.txt").write_text(table)
     (out / "estimates.json").write_text(json.dumps({"device": device_type, "per_rank": ranks,
                                                     "comms_bytes_per_step": comms}, indent=2))
-    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type))
+    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
+                                   + (f"\nNote: {note}.\n" if note else ""))
     title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
              + ", ".join(f"{n} {t}" for t, n in types.items()))
 
@@ -101,7 +103,10 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     if "plan/est_step_ms" in metrics:
         head += (f"; estimated step {metrics['plan/est_step_ms']:.3f} ms, "
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank")
+    if note:
+        head += f"\n[runner] note: {note}"
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
-            "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible"}
+            "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
+            **({"runner.plan_note": note} if note else {})}
     return PlanReport(out, plan_dict, metrics, tags, console, draw_chart)

@@ -46,8 +46,9 @@ class RankJob:
         model = build_model(cfg, self.device)
         autocast_forward(model, self.device.type, cfg.precision.autocast)
         apply_sparse_optimizer(model, cfg.optimizer)
+        notes: List[str] = []
         plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
-                                                       dist.GroupMember.WORLD, hbm_cap=self.hbm_cap)
+                                                       dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes)
         self.marks["planned"] = time.time()
         # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
         wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
@@ -56,7 +57,7 @@ class RankJob:
         types: List[str] = []
         if self.reporter.active:
             report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
-                                       self.run_dir / rundir.PLAN, seconds)
+                                       self.run_dir / rundir.PLAN, seconds, " ".join(notes))
             self.reporter.plan(report)
             types = sorted(report.tags["runner.sharding_types"].split(","))
         return dmp, combined_optimizer(dmp, cfg.optimizer), types

@@ -1,0 +1,93 @@
+"""Bad input refused before anything starts, checked in-process: the pre-check (every override composed and
+validated, each value of a sweep too) and the driver's checks before launch (devices, data files,
+checkpoints). Each gives one line that names the key and what is allowed, with no exception class name.
+tests/faults/test_bad_input.py runs one case per stage as the user does (exit code, no process left, the
+MLflow run FAILED) and the cases only a real job reaches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import CPU_ONLY, FAST
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import runner.cli  # noqa: F401  (schema and resolvers)
+from runner.config.errors import one_line
+from runner.config.validation import validate
+from runner.data.criteo import criteo_lines
+from runner.launch.driver import pre_launch_checks
+from runner.launch.precheck import CONF_DIR, precheck
+
+CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batches=1"]
+
+# (arguments, what the line must say)
+PRECHECK = [
+    (["sharding.storage_reserve_percent=1.5"], "[0, 1)"),
+    (["cluster=3node"], "2node, gpu_1x8"),
+    (["cluster.intra_node_bandwidth=-1"], "cluster.intra_node_bandwidth"),
+    (["train.steps=abc"], "expected an integer"),
+    (["sharding.types=[diagonal]"], "row_wise"),
+    (["train.no_such_key=1"], "train.no_such_key"),
+    (["experiment=nope"], "experiment='nope' is not an option"),
+    (["sharding.constraints.t0.sharding_types=[row_wise]"], "+sharding.constraints.t0.sharding_types"),
+    (["+sharding.constraints.t99.sharding_types=[row_wise]"], "sharding.constraints.t99"),
+    (["train.grad_accumulation_steps=0"], "train.grad_accumulation_steps"),
+    (["train.pipeline=async"], "train.pipeline"),
+    (["precision.autocast=float8"], "precision.autocast"),
+    (["data.name=csv"], "data.name"),
+    (["cluster.start_method=forkserver"], "cluster.start_method"),
+    (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
+    (["cluster.workers_per_node=0"], "cluster.workers_per_node"),
+    (["-m", "sharding.storage_reserve_percent=0.1,2.0"], "sweep point"),
+]
+# {d}: a folder of broken data files
+BEFORE_LAUNCH = [
+    pytest.param(["optimizer.sparse=adam"], "rowwise_adagrad", marks=CPU_ONLY),
+    pytest.param(["cluster.device=cuda"], "cuda", marks=CPU_ONLY),
+    pytest.param(["precision.tf32=true"], "precision.tf32", marks=CPU_ONLY),
+    (["data=parquet", "data.path={d}/none"], "none found"),
+    (["data=parquet", "data.path={d}/x.parquet"], "is not a Parquet file"),
+    ([*CRITEO, "data.path={d}/empty.tsv"], "empty"),
+    ([*CRITEO, "data.path={d}/short.tsv"], "line 1 has 3 fields"),
+    (["data=parquet"], "data.path"),
+    (["train.resume=/nonexistent/ckpt"], "no such file or folder"),
+    (["train.resume=latest", "train.checkpoint.dir={d}"], "no complete checkpoint"),
+]
+CLASS_NAME = re.compile(r"\b[A-Z][a-z]+[A-Za-z]*(Error|Exception|Invalid)\b")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("broken")
+    (d / "x.parquet").write_text("not parquet\n")
+    (d / "empty.tsv").write_text("")
+    (d / "short.tsv").write_text("1\t2\t3\n" + criteo_lines(10))
+    return d
+
+
+def _is_one_clean_line(line: str, says: str) -> None:
+    assert says in line and "\n" not in line and "Traceback" not in line, line
+    assert not CLASS_NAME.search(line), line
+
+
+@pytest.mark.parametrize("args,says", PRECHECK, ids=[" ".join(a)[:60] for a, _ in PRECHECK])
+def test_refused_by_the_precheck(args: list, says: str) -> None:
+    error, _ = precheck([*args, *FAST])
+    assert error is not None
+    _is_one_clean_line(error, says)
+
+
+@pytest.mark.parametrize("args,says", BEFORE_LAUNCH)
+def test_refused_before_launch(args: list, says: str, broken: Path, tmp_path: Path) -> None:
+    overrides = [a.format(d=broken) for a in args]
+    assert precheck([*overrides, *FAST])[0] is None  # valid config: refused by what the machine or files say
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, *FAST])
+    validate(cfg)
+    with pytest.raises(Exception) as e:
+        pre_launch_checks(cfg, tmp_path)
+    _is_one_clean_line(one_line(e.value), says)
