@@ -13,7 +13,7 @@ import pytest
 from test_planning import cfg_for
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
-from torchrec.distributed.planner.types import Storage, Topology
+from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
@@ -61,9 +61,9 @@ def test_vectorised_dp_proposes_what_torchrec_proposes() -> None:
     assert sum(c > 20 for c in counts) > 20, counts  # most cases had many proposals to agree on
 
 
-BASE = ["model=dnn_many", "model.generated_tables.count=40", "cluster=gpu_2x8", "train.batch_size=512",
+BASE = ["model=dnn_many", "model.generated_tables.count=30", "cluster=gpu_2x8", "train.batch_size=512",
         "sharding.compute_kernels=[fused,dense]", "sharding.proposer=dynamic_programming"]
-POINTS = [(xbw, reserve) for xbw in (3.0, 12.5, 25.0) for reserve in (0.05, 0.2, 0.5)]
+POINTS = [(xbw, reserve) for xbw in (1.0, 12.5) for reserve in (0.3, 0.7, 0.85, 0.89)]
 
 
 def _torchrec_plan(cfg, model) -> tuple:
@@ -73,21 +73,27 @@ def _torchrec_plan(cfg, model) -> tuple:
     planner = EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
                                        storage_reservation=copy.deepcopy(ours._storage_reservation),
                                        proposer=DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins),
-                                       constraints=ours._constraints, stats=[estimates])
+                                       constraints=ours._constraints, stats=[estimates], debug=False)
     return planner.plan(model, sharders_for(cfg.precision)), estimates.best_plan
 
 
 def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
-    model, seen = None, set()
+    model, seen, infeasible = None, set(), 0
     for xbw, reserve in POINTS:
         cfg = cfg_for(*BASE, f"cluster.cross_node_bandwidth={xbw}", f"sharding.storage_reserve_percent={reserve}")
         model = model or planning_model(cfg)
         estimates = PlanEstimates()
         planner = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
         assert isinstance(planner._proposers[0], SkippingProposer)
-        ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
+        try:
+            ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
+        except PlannerError:
+            with pytest.raises(PlannerError):  # no plan for TorchRec's own proposer either
+                _torchrec_plan(cfg, model)
+            infeasible += 1
+            continue
         plan, best = _torchrec_plan(cfg, model)
         assert ours == plan_to_dict(plan, table_specs(cfg.model)), (xbw, reserve)
         assert per_rank_estimates(estimates.best_plan, 16) == per_rank_estimates(best, 16), (xbw, reserve)
         seen.add(str(ours))
-    assert len(seen) >= 3  # the points differ: the comparison compared something
+    assert len(seen) >= 3, (len(seen), infeasible)  # the points differ: the comparison compared something
