@@ -9,7 +9,7 @@ CUDA_MARK := $(VENV)/.cuda
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
 
-.PHONY: gpu-env run test lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: gpu-env run test test-fast lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)  # no path given: pyproject.toml's testpaths (tests/)
+
+# The fast tier: every stage in-process (no runner command, no daemon); a change's inner loop
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not slurm" $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runner tests benchmarks

@@ -16,11 +16,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.config import rundir, signals
 from runner.config.errors import one_line
 from runner.config.schema import register_schemas
 from runner.config.validation import validate
 from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
+from runner.runtime import rundir, signals
 from runner.track.objective import objective_value
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
@@ -121,7 +121,7 @@ def _prewarm(args: List[str]) -> None:
         return
     from runner.config.schema_model import ClusterSchema
     from runner.launch.warm import prewarm
-    from runner.train.affinity import threads_per_worker, workers_on_host
+    from runner.runtime.affinity import threads_per_worker, workers_on_host
 
     prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count
 

@@ -3,7 +3,7 @@
 Every import is counted, at module level or inside a function (a deferred import is still a
 dependency). Stages and what each may import:
 
-    cli -> launch -> train -> (plan, data) -> track -> config     (plan may use track; data may not)
+    cli -> launch -> train -> (plan, data) -> track -> runtime -> config     (plan may use track; data may not)
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "runner"
 
 ALLOWED: Dict[str, Set[str]] = {
     "config": set(),
-    "track": {"config"},
-    "data": {"config"},
-    "plan": {"config", "track"},
-    "train": {"config", "track", "data", "plan"},
-    "launch": {"config", "track", "data", "plan", "train"},
-    "cli": {"config", "track", "data", "plan", "train", "launch"},
+    "runtime": {"config"},
+    "track": {"config", "runtime"},
+    "data": {"config", "runtime"},
+    "plan": {"config", "runtime", "track"},
+    "train": {"config", "runtime", "track", "data", "plan"},
+    "launch": {"config", "runtime", "track", "data", "plan", "train"},
+    "cli": {"config", "runtime", "track", "data", "plan", "train", "launch"},
 }
 MAX_LINES = 300
 
@@ -99,9 +100,9 @@ def test_no_import_circle() -> None:
 
 def test_import_walk_sees_deferred_imports(tmp_path: Path) -> None:
     """The walk finds imports inside functions too (a circle made of one would otherwise go unseen)."""
-    (tmp_path / "a.py").write_text("def f():\n    from runner.config import rundir\n")
-    found = _imports(tmp_path / "a.py", {"runner.config", "runner.config.rundir"}, "runner.x")
-    assert found == {"runner.config.rundir"}
+    (tmp_path / "a.py").write_text("def f():\n    from runner.runtime import rundir\n")
+    found = _imports(tmp_path / "a.py", {"runner.config", "runner.runtime.rundir"}, "runner.x")
+    assert found == {"runner.runtime.rundir"}
 
 
 @pytest.mark.parametrize("stage", sorted(set(ALLOWED) - {"cli"}))

@@ -22,12 +22,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from runner.config import rundir, signals
 from runner.config.device import device_type, node_gpus, visible_gpus
 from runner.launch.deathwatch import DeathWatch
-from runner.train.affinity import agent_threads, workers_on_host
-from runner.train.lifeline import AGENT_PID, DRIVER_PID, die_with_parent
-from runner.train.logfile import log_to_file
+from runner.runtime import rundir, signals
+from runner.runtime.affinity import agent_threads, workers_on_host
+from runner.runtime.lifeline import AGENT_PID, DRIVER_PID, die_with_parent
+from runner.runtime.logfile import log_to_file
 
 
 def _set_threads(threads: int) -> None:

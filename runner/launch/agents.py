@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from runner.config import rundir, signals
 from runner.config.errors import WorkerFailure
 from runner.launch.warm import kill_group, spawn_agent, take_warm
-from runner.train.lifeline import DRIVER_PID
+from runner.runtime import rundir, signals
+from runner.runtime.lifeline import DRIVER_PID
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
@@ -138,5 +138,5 @@ def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Call
         if while_starting is not None:
             while_starting()
         _supervise(procs, cluster, run_dir, pump)
-    finally:  # also on Ctrl-C or SIGTERM (raised as runner.config.signals.Stopped)
+    finally:  # also on Ctrl-C or SIGTERM (raised as runner.runtime.signals.Stopped)
         _stop_all(procs)

@@ -18,20 +18,20 @@ from typing import Any, Dict, Mapping, Optional
 from omegaconf import OmegaConf
 
 from runner import STARTED
-from runner.config import rundir, signals
 from runner.config.device import check_gpu_count, check_sparse_optimizer, check_tf32, device_type, visible_gpus
 from runner.launch.agents import launch, nodes_on_this_host
-from runner.launch.cores import job_cores, parallel_jobs
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.slurm import node_run_dir, run_tags, stop_outcome
 from runner.launch.warm import discard_warm, took_warm
+from runner.runtime import rundir, signals
+from runner.runtime.affinity import agent_threads
+from runner.runtime.cores import job_cores, parallel_jobs
 from runner.track import store
 from runner.track.events import EventPump
 from runner.track.reporter import summary_line
 from runner.track.sweep import point_name, point_values, sweep_info
 from runner.track.sync import end_or_keep
 from runner.track.system import start_system_metrics
-from runner.train.affinity import agent_threads
 from runner.train.checkpoint import checkpoint_root, resolve
 
 

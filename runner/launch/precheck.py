@@ -13,7 +13,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line
 from runner.config.validation import validate
-from runner.launch.cores import plan_batch_size
+from runner.runtime.cores import plan_batch_size
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 # Hydra flags that take a value; the value is not an override.
@@ -127,7 +127,7 @@ def hydra_conf() -> Iterator[object]:
 def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
     """Compose and validate what ``args`` ask for: the one-line error (None when all is well), and the
     overrides the runner adds for the launcher (contiguous batches for a plan-only joblib sweep,
-    :func:`runner.launch.cores.plan_batch_size`)."""
+    :func:`runner.runtime.cores.plan_batch_size`)."""
     from hydra import compose
 
     overrides, config_name, checkable = _split_args(args)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from runner.config import rundir
 from runner.config.errors import SchedulerError
+from runner.runtime import rundir
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
 PORT_SPAN = 2000

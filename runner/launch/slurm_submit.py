@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf, open_dict
 
-from runner.config import rundir
 from runner.config.errors import SchedulerError, first_line
 from runner.launch.slurm import node_address
+from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 
 # Filesystems that every node of a cluster mounts alike (the store and the sweep folder must be on one).

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List
 
-from runner.config import rundir
 from runner.config.device import device_type
 from runner.config.errors import NoPlanFits
+from runner.runtime import rundir
 from runner.track.reporter import Reporter
 
 

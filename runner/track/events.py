@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from runner.config.errors import first_line
-from runner.config.rundir import DELIVERED, read_json, update_json
+from runner.runtime.rundir import DELIVERED, read_json, update_json
 from runner.track.store import client, log_artifacts, log_metric_points, metric_entities, outage_reason, set_tags
 
 

@@ -15,8 +15,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
-from runner.config import rundir, signals
 from runner.config.errors import one_line
+from runner.runtime import rundir, signals
 from runner.track import store
 from runner.track.events import EventLog, StoreSink
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
-from runner.config.signals import uninterrupted
+from runner.runtime.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s of backoff in all

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import rundir
+from runner.runtime import rundir
 from runner.track.store import (
     check_store,
     compare_url,

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from runner.config import rundir
+from runner.runtime import rundir
 from runner.track.store import flatten
 
 

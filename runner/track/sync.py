@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from runner.config import rundir
+from runner.runtime import rundir
 from runner.track.events import EventPump
 from runner.track.store import end_run, outage_reason
 

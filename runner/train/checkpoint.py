@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from runner.config import rundir
 from runner.config.errors import CheckpointError
+from runner.runtime import rundir
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"

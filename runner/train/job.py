@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
-from runner.config import rundir
 from runner.data.pipeline import batches_for
 from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
+from runner.runtime import rundir
 from runner.train import checkpoint
 from runner.train.evaluate import evaluate, gather_measurements
 from runner.train.loop import LoopHooks, train

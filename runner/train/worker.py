@@ -21,13 +21,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from runner.config import rundir, signals
 from runner.config.device import backend, check_bf16, check_sparse_optimizer, check_tf32, device_type, hbm_cap_bytes
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
-from runner.train import affinity
-from runner.train.lifeline import AGENT_PID, die_with_parent
-from runner.train.logfile import log_to_file
+from runner.runtime import affinity, rundir, signals
+from runner.runtime.lifeline import AGENT_PID, die_with_parent
+from runner.runtime.logfile import log_to_file
 
 
 def _env_int(name: str, default: int) -> int:
@@ -95,7 +94,7 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
 
 def bind_cores(cfg: Any, device: torch.device, env: RankEnv) -> Optional[List[int]]:
     """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
-    :mod:`runner.train.affinity`); returns the cores, or None when the worker is left unbound."""
+    :mod:`runner.runtime.affinity`); returns the cores, or None when the worker is left unbound."""
     if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
         return None
     allowed = affinity.allowed_cores()

@@ -60,6 +60,7 @@ def test_validate_names_key() -> None:
         validate(cfg)
 
 
+@pytest.mark.slow
 def test_bad_value_inside_a_sweep_fails_before_any_job(tmp_path) -> None:
     proc = run_cli(["-m", "sharding.storage_reserve_percent=0.1,2.0", f"hydra.sweep.dir={tmp_path}"])
     assert proc.returncode != 0
@@ -102,6 +103,7 @@ def test_glob_sweep_runs_every_matching_option(tmp_path) -> None:
     assert planned == [True, True] and not (tmp_path / "2").exists()
 
 
+@pytest.mark.slow
 def test_experiment_file_sweep_with_a_bad_value_fails_before_any_job(tmp_path) -> None:
     preset = ROOT / "experiments" / f"_test_bad_sweep_{tmp_path.name}.yaml"
     preset.write_text("# @package _global_\nmode: plan\nhydra:\n  sweeper:\n    params:\n"
@@ -116,6 +118,7 @@ def test_experiment_file_sweep_with_a_bad_value_fails_before_any_job(tmp_path) -
     assert not (tmp_path / "0").exists()  # no job was launched
 
 
+@pytest.mark.slow
 def test_help_shows_groups_and_every_keys_doc() -> None:
     proc = run_cli(["--help"])
     assert proc.returncode == 0, proc.stderr
@@ -127,6 +130,17 @@ def test_help_shows_groups_and_every_keys_doc() -> None:
     assert keys and all("bandwidth" in k for k in keys), keys
 
 
+def test_help_filtered_by_a_word_in_process(capsys: pytest.CaptureFixture) -> None:
+    from runner.cli import _help
+
+    assert _help(["--help", "reserve"])
+    out = capsys.readouterr().out
+    assert "  sharding: auto, columnwise, dataparallel, gridshard, rowwise," in out
+    keys = out.split("Keys (key = default: what it means):")[1]
+    assert "sharding.storage_reserve_percent = 0.15" in keys and "train.steps" not in keys
+
+
+@pytest.mark.slow
 def test_shell_completion_for_python_m_runner() -> None:
     import shutil
     import subprocess

@@ -14,7 +14,7 @@ from conftest import FAST, processes_tagged, run_cli, stderr_lines
 
 from runner.data.criteo import criteo_lines
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batches=1"]
 
 # (arguments, what the line must say); {d} is a folder of broken data files, {port} a port held by a listener.

@@ -22,7 +22,7 @@ from typing import List, Set
 import pytest
 from conftest import FAST, ROOT, runs, stderr_lines
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
 def descendants(pid: int) -> Set[int]:

@@ -19,7 +19,7 @@ import pytest
 from conftest import FAST, ROOT, MlflowServer, runs
 from test_faults import Job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
 def kept_points(run_dir: Path, key: str) -> dict:

@@ -20,27 +20,29 @@ STRESS = textwrap.dedent("""
     from torch.distributed.elastic.multiprocessing import api
     guarded = sys.argv[1] == "guarded"
     if guarded:
-        from runner.config import signals
+        from runner.runtime import signals
         signals.guard_elastic()
     signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as PContext.start does
     parent, (ack_r, ack_w) = os.getpid(), os.pipe()
     killer = os.fork()
-    if killer == 0:  # one SIGTERM at a time; each must come back as a stop within the agent's monitor interval
+    if killer == 0:  # one SIGTERM at a time; each must come back as a stop within a few seconds
         rng, lost = random.Random(1), 0
         for _ in range(150):
             time.sleep(rng.uniform(0.0005, 0.004))
             os.kill(parent, signal.SIGTERM)
-            if select.select([ack_r], [], [], 0.5)[0]:
+            if select.select([ack_r], [], [], 5.0)[0]:  # the agent's monitor takes 0.5 s; a busy machine more
                 os.read(ack_r, 1)
             else:
                 lost += 1
-                if lost == 3:
-                    break
+                break
         print("lost", lost, flush=True)
         os._exit(0)
-    stops = 0
+    stops, acks = 0, 0
     while True:
-        try:
+        try:  # the ack inside the try: a signal sent once the killer has it lands here too
+            while acks < stops:
+                acks += 1
+                os.write(ack_w, b"x")
             while os.waitpid(killer, os.WNOHANG)[0] == 0:
                 child = os.fork()
                 if child == 0:
@@ -56,7 +58,6 @@ STRESS = textwrap.dedent("""
             stops += 1
             if guarded:  # an agent ends at its first stop; this loop goes on, so the stop counts as taken
                 signals._guard.received = None
-            os.write(ack_w, b"x")
     print("stops", stops)
 """)
 
@@ -68,7 +69,7 @@ def _stress(mode: str) -> subprocess.CompletedProcess:
 
 def test_stop_signal_during_fork_is_raised_without_a_traceback() -> None:
     bare = _stress("bare")  # torch elastic's handler alone: raises lost, tracebacks printed
-    assert "Exception ignored" in bare.stderr and "lost 3" in bare.stdout, (bare.stdout, bare.stderr[-2000:])
+    assert "Exception ignored" in bare.stderr and "lost 1" in bare.stdout, (bare.stdout, bare.stderr[-2000:])
     for _ in range(3):
         guarded = _stress("guarded")
         assert guarded.returncode == 0, guarded.stderr[-2000:]

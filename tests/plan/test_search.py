@@ -66,10 +66,10 @@ BASE = ["model=dnn_many", "model.generated_tables.count=30", "cluster=gpu_2x8", 
 POINTS = [(xbw, reserve) for xbw in (1.0, 12.5) for reserve in (0.3, 0.7, 0.85, 0.89)]
 
 
-def _torchrec_plan(cfg, model) -> tuple:
+def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
     """TorchRec's planner with TorchRec's own dynamic-programming proposer (everything else as the runner's)."""
     estimates = PlanEstimates()
-    ours = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
+    ours = build_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
     planner = EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
                                        storage_reservation=copy.deepcopy(ours._storage_reservation),
                                        proposer=DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins),

@@ -10,6 +10,7 @@ import pytest
 from conftest import FAST, processes_tagged, run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("uri, says", [
     ("http://127.0.0.1:9", "no MLflow server answers"),
     ("ftp://example.invalid/store", "MLflow cannot open this store"),

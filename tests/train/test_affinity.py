@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from runner.train.affinity import host_slot, threads_per_worker, worker_cores
+from runner.runtime.affinity import host_slot, threads_per_worker, worker_cores
 
 
 def test_each_worker_gets_its_own_slice_of_the_allowed_cores() -> None:
@@ -31,7 +31,7 @@ def test_host_slots_are_distinct_for_emulated_and_real_nodes() -> None:
 def test_bind_applies_to_existing_and_later_threads() -> None:
     code = """
 import os, threading
-from runner.train.affinity import bind
+from runner.runtime.affinity import bind
 seen = {}
 ready, go = threading.Event(), threading.Event()
 def early():

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.config import rundir
 from runner.config.validation import validate
 from runner.launch.ports import free_port
+from runner.runtime import rundir
 from runner.train.worker import elastic_entry
 
 ROOT = Path(__file__).resolve().parents[2]

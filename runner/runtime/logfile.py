@@ -11,7 +11,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from runner.config import rundir
+from runner.runtime import rundir
 
 _LIBRARIES = ("torch", "torchrec", "fbgemm_gpu")
 

@@ -4,7 +4,7 @@
 bind its ranks from the first core on, so two jobs' rank 0 would both sit on core 0. Here a job first
 takes a free slot of ``cores // parallel`` cores (an ``flock`` on a per-user lock file, so concurrent
 jobs in other processes see it, and a job that dies frees its slot) and restricts its own process to
-that slice; its agents and workers inherit the restriction, and :mod:`runner.train.affinity` binds
+that slice; its agents and workers inherit the restriction, and :mod:`runner.runtime.affinity` binds
 within it. A job that finds no free slot runs on all allowed cores, as it would alone.
 """
 
