@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import PROJECT_ROOT
 from runner.config.errors import one_line
 from runner.config.schema import register_schemas
+from runner.config.secrets import redact_text
 from runner.config.validation import validate
 from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
 from runner.runtime import rundir, signals
@@ -207,7 +208,7 @@ def main() -> None:
         _prewarm(sys.argv[1:])
         error, launcher = precheck(sys.argv[1:])
         if error:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
         sys.argv += launcher
         _job()

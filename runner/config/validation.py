@@ -29,6 +29,7 @@ from runner.config.choices import (
 from runner.config.errors import ConfigError
 from runner.config.schema import uses_split_step
 from runner.config.schema_model import TableConstraintSchema
+from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
 
 
@@ -218,6 +219,11 @@ def validate(cfg: Any) -> None:
         _check_choices("tracking.objective.direction", [cfg.tracking.objective.direction], ("max", "min"))
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
+    if cfg.tracking.uri and split_credentials(cfg.tracking.uri)[1:] != (None, None):
+        raise ConfigError("tracking.uri", redact_uri(cfg.tracking.uri),
+                          "a URI without user:password@ (the run folder keeps the config): set "
+                          "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead, or put the whole URI in "
+                          "MLFLOW_TRACKING_URI")
     if uses_split_step(cfg):
         why = "sharding types without data_parallel with train.grad_accumulation_steps > 1 or fp16 loss scaling"
         _check("data_parallel" not in cfg.sharding.types, "sharding.types", list(cfg.sharding.types), why)

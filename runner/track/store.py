@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
+from runner.config.secrets import credentials_to_environment
 from runner.runtime.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
@@ -41,9 +42,17 @@ def _store_write(fn: Any) -> Any:
 
 
 def tracking_uri(cfg: Any) -> str:
-    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else a SQLite store in the project folder."""
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI (its ``user:password@`` moved to MLflow's credential
+    variables, so that the URI can be shown and stored), else a SQLite store in the project folder."""
     uri = cfg.tracking.uri if cfg is not None else None
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+    if uri:
+        return uri
+    from_env = os.environ.get("MLFLOW_TRACKING_URI")
+    if from_env:
+        bare = credentials_to_environment(from_env)
+        os.environ["MLFLOW_TRACKING_URI"] = bare  # MLflow's own calls and child processes see it bare too
+        return bare
+    return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 
 
 def ui_command(uri: str) -> str:
