@@ -15,7 +15,8 @@ driver's waiting loops call :func:`check`, which raises it again until a handler
 Torch elastic's agents raise its ``SignalException`` from their handler in the same way, and fork their
 workers with logging's at-fork handlers running (a raise there is lost and can leave logging's lock held).
 :func:`guard_elastic` records those signals too, holds them across a fork, keeps a lost raise off the
-terminal, and raises it again from the agent's monitoring loop.
+terminal, and raises it again from the agent's monitoring loop; the workers it forks take the signals'
+default action (they end at once, quietly, as spawned workers do).
 """
 
 from __future__ import annotations
@@ -92,7 +93,20 @@ def _enter_fork() -> None:  # registered last, so it runs before logging's handl
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
 
 
-def _leave_fork() -> None:  # in parent and child; registered last, so it runs after logging's handler
+def _leave_fork() -> None:  # in the parent; registered last, so it runs after logging's handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    _Fork.under_way = False
+
+
+def _start_worker() -> None:
+    """In a forked worker: stop signals end it at once, quietly, as in a spawned one (the agent's handler,
+    inherited, would raise wherever the worker happens to be, even before its first line, and print a
+    traceback); then the signals held across the fork arrive."""
+    for sig in _STOP_SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except ValueError:  # forked from a thread other than the main one: nothing to reset there
+            break
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     _Fork.under_way = False
 
@@ -100,8 +114,9 @@ def _leave_fork() -> None:  # in parent and child; registered last, so it runs a
 def guard_elastic() -> None:
     """Make torch elastic's stop signals safe in this agent: the first is raised as torch elastic raises it
     (later ones, while the agent stops, are not: a raise inside its shutdown would cut it short), none is
-    raised while the process forks a worker, and a raise Python lost (printed as "Exception ignored") is
-    kept off the terminal and raised again by the agent's monitoring loop."""
+    raised while the process forks a worker, a raise Python lost (printed as "Exception ignored") is kept off
+    the terminal and raised again by the agent's monitoring loop, and forked workers end quietly on a stop
+    signal (the default action), as spawned ones do."""
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import api
 
@@ -127,7 +142,7 @@ def guard_elastic() -> None:
     api._terminate_process_handler = on_signal  # PContext.start installs it by this name
     monitor = LocalElasticAgent._monitor_workers
     LocalElasticAgent._monitor_workers = monitor_then_check
-    os.register_at_fork(before=_enter_fork, after_in_parent=_leave_fork, after_in_child=_leave_fork)
+    os.register_at_fork(before=_enter_fork, after_in_parent=_leave_fork, after_in_child=_start_worker)
     _quiet_unraisable((Stopped, api.SignalException))
 
 
