@@ -9,7 +9,7 @@ CUDA context, so agents may still fork workers afterwards.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.errors import ConfigError
@@ -107,6 +107,32 @@ def check_gpu_count(workers_on_host: int, workers_per_node: int, visible: Sequen
                 f"(cluster.workers_per_node={workers_per_node}; set it to {len(visible)} or pick cluster=gpu_1x8 "
                 "to use them all)")
     return None
+
+
+def host_gpus() -> List[Tuple[str, Tuple[int, int]]]:
+    """Every GPU the NVIDIA driver lists on this host: (name, compute capability), read through NVML (no
+    CUDA context, no torch); empty where NVML cannot be asked."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no library: nothing to say before launch
+        return []
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [(str(pynvml.nvmlDeviceGetName(h)), tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
+                for h in handles]
+    except Exception:  # noqa: BLE001
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def check_bf16_before_launch(autocast_dtype: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int]]]) -> None:
+    """bf16 autocast refused before anything starts when none of the host's GPUs has bf16 (compute
+    capability below 8.0); a host with some that do is checked again by each worker on its own GPU."""
+    if gpus and all(capability < (8, 0) for _, capability in gpus):
+        check_bf16(autocast_dtype, False, gpus[0][0])
 
 
 def check_bf16(autocast_dtype: Optional[str], supported: bool, device_name: str) -> None:

@@ -18,7 +18,15 @@ from typing import Any, Dict, Mapping, Optional
 from omegaconf import OmegaConf
 
 from runner import STARTED
-from runner.config.device import check_gpu_count, check_sparse_optimizer, check_tf32, device_type, visible_gpus
+from runner.config.device import (
+    check_bf16_before_launch,
+    check_gpu_count,
+    check_sparse_optimizer,
+    check_tf32,
+    device_type,
+    host_gpus,
+    visible_gpus,
+)
 from runner.launch.agents import launch, nodes_on_this_host
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.slurm import node_run_dir, run_tags, stop_outcome
@@ -70,6 +78,7 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     check_tf32(cfg.precision.tf32, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
     if kind == "cuda":
+        check_bf16_before_launch(cfg.precision.autocast, host_gpus())
         c = cfg.cluster
         note = check_gpu_count(c.workers_per_node * len(nodes_on_this_host(c)), c.workers_per_node, visible_gpus())
         if note:

@@ -8,7 +8,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.config.device import GIB, check_bf16, check_gpu_count, hbm_cap_bytes, node_gpus, visible_gpus
+from runner.config.device import (
+    GIB,
+    check_bf16,
+    check_bf16_before_launch,
+    check_gpu_count,
+    hbm_cap_bytes,
+    node_gpus,
+    visible_gpus,
+)
 from runner.config.errors import ConfigError
 from runner.launch.slurm_submit import job_shape, parse_node_resources
 from runner.train.models import autocast_forward
@@ -50,6 +58,10 @@ def test_hbm_cap_is_the_smallest_gpu_unless_set_below_it() -> None:
 def test_bf16_is_refused_on_a_gpu_without_it() -> None:
     with pytest.raises(ConfigError, match="precision='bf16'.*Tesla V100"):
         check_bf16("bfloat16", False, "Tesla V100-SXM2-32GB")
+    with pytest.raises(ConfigError, match="Tesla T4"):  # before launch: no GPU of the host has bf16
+        check_bf16_before_launch("bfloat16", [("Tesla T4", (7, 5)), ("Tesla T4", (7, 5))])
+    check_bf16_before_launch("bfloat16", [("Tesla T4", (7, 5)), ("NVIDIA A100", (8, 0))])  # each worker checks
+    check_bf16_before_launch("bfloat16", [])  # NVML not there: the workers check
     check_bf16("bfloat16", True, "NVIDIA H100")
     check_bf16("float16", False, "Tesla V100-SXM2-32GB")
 
