@@ -7,6 +7,7 @@ external ``torchrun`` there is no driver and rank 0 does all of it.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import time
@@ -110,7 +111,18 @@ def client(uri: str) -> Any:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # by minutes of the client's retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the runner prints the run's link
-    return MlflowClient(tracking_uri=uri)
+    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if db is None or not db.parent.is_dir():
+        return MlflowClient(tracking_uri=uri)
+    # MLflow creates and migrates a SQLite schema in every process that opens the store (the client does, as
+    # it is made): jobs started together on a new file would race (duplicate tables, half-done migrations).
+    # One at a time here; MLflow keeps the store, migrated, for the rest of the process.
+    with open(db.with_name(db.name + ".runner-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return MlflowClient(tracking_uri=uri)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def sqlite_folder(uri: str) -> Optional[Path]:
@@ -149,8 +161,10 @@ def check_store(uri: str) -> None:
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:
-        raise TrackingError(f"tracking.uri={uri}: MLflow cannot open this store ({first_line(exc)[:300]}); "
-                            "use sqlite:///<path>, a folder path, or http(s)://<server>") from None
+        known = uri.startswith(("sqlite:///", "http://", "https://", "file:", "/")) or "://" not in uri
+        advice = "" if known else "; use sqlite:///<path>, a folder path, or http(s)://<server>"
+        raise TrackingError(f"tracking.uri={uri}: MLflow cannot open this store ({first_line(exc)[:300]})"
+                            f"{advice}") from None
 
 
 _OUTAGES = ("Connection refused", "Connection reset", "timed out", "Name or service not known",

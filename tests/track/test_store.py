@@ -27,3 +27,23 @@ def test_unusable_store_fails_fast_in_one_line_and_leaves_no_process(uri: str, s
     assert not (tmp_path / "pids").exists()  # no worker started
     time.sleep(1)
     assert processes_tagged(tag) == []  # the prewarmed agent is gone too
+
+
+@pytest.mark.slow
+def test_jobs_started_together_on_a_new_sqlite_store_all_run(tmp_path: Path) -> None:
+    """MLflow creates and migrates a SQLite schema in each process: three jobs started at once on a new file
+    must not race (they did: duplicate tables, half-done migrations)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, runs
+
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "runner", *FAST, "train.steps=20", "tracking.experiment=together",
+                               f"hydra.run.dir={tmp_path / str(i)}"], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-1500:] for _, err in outs]
+    assert sorted(r.info.status for r in runs(uri, "together")) == ["FINISHED"] * 3
