@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
 from runner import PROJECT_ROOT
@@ -48,10 +49,21 @@ def _sweep_values(overrides: List[str], loader: object = None) -> List[List[str]
     a sampler's ``interval()`` is left to the sweeper."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except Exception:  # noqa: BLE001 - Hydra's grammar error names the lexer, not the fix
+            raise ConfigError(text.split("=", 1)[0], text.partition("=")[2],
+                              "a value Hydra's override grammar can read: quote one with spaces or special "
+                              f"characters, e.g. '{text.split('=', 1)[0]}=\"{text.partition('=')[2]}\"' (the "
+                              "outer quotes keep the shell from splitting it)") from None
     values = []
     for text, o in zip(overrides, parsed, strict=True):
-        if o.is_interval_sweep():
+        if o.is_interval_sweep():  # the sampler draws inside it: both ends must be allowed
+            key, ends = o.get_key_element(), o.value()
+            values.append([f"{key}={ends.start}", f"{key}={ends.end}"])
             continue
         if o.is_sweep_override():
             o.config_loader = loader  # glob() reads the group's options through it
@@ -139,14 +151,19 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
             if multirun:
                 overrides = overrides + _file_sweeps(overrides, config_name, loader)
             values = _sweep_values(overrides, loader)
-        except Exception as exc:  # override syntax
+        except ConfigError as exc:  # override syntax
+            return str(exc), []
+        except Exception as exc:  # noqa: BLE001
             return first_line(exc), []
         combos = _combinations(values)
         error = _check_combos(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
-        if error or not multirun:
+        if error:
             return error, []
         first = compose(config_name=config_name or "config", overrides=combos[0], return_hydra_config=True)
+        error = _check_output_folder(first, multirun)
+        if error or not multirun:
+            return error, []
         error = _check_sweeper(first)
         if error:
             return error, []
@@ -202,4 +219,26 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
         check_submission(compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True))
     except SchedulerError as exc:
         return str(exc)
+    return None
+
+
+def _check_output_folder(cfg: Any, multirun: bool) -> Optional[str]:
+    """The run (or sweep) folder can be made: a folder is created and removed where it would go."""
+    import tempfile
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)).expanduser().absolute()
+    except Exception:  # noqa: BLE001 - a folder only Hydra's job can resolve: left to Hydra
+        return None
+    nearest = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if nearest is None:
+        return None
+    if not nearest.is_dir():
+        return f"{key}={folder}: {nearest} is a file, not a folder; choose another folder"
+    try:
+        Path(tempfile.mkdtemp(prefix=".runner-check-", dir=nearest)).rmdir()
+    except OSError as exc:
+        return (f"{key}={folder} cannot be created ({exc.strerror or exc} in {nearest}); choose a folder you "
+                f"can write, e.g. {key}=outputs/mine")
     return None

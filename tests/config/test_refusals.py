@@ -42,6 +42,13 @@ PRECHECK = [
     (["model=mmoe", "model.tasks=[a,a]"], "model.tasks"),
     (["cluster.workers_per_node=0"], "cluster.workers_per_node"),
     (["-m", "sharding.storage_reserve_percent=0.1,2.0"], "sweep point"),
+    (["-m", "sharding.storage_reserve_percent=range(0.5,1.5,0.5)"], "sweep point"),
+    (["-m", "sharding=choice(rowwise,diagonal)"], "sharding='diagonal' is not an option"),
+    (["-m", "hydra/sweeper=optuna", "sharding.storage_reserve_percent=interval(0.5,1.5)"],
+     "sharding.storage_reserve_percent=1.5 is not allowed"),
+    (["tracking.experiment=ctr études 2026"], """'tracking.experiment="ctr études 2026"'"""),
+    (["hydra.run.dir=/proc/x/run"], "hydra.run.dir=/proc/x/run cannot be created"),
+    (["-m", "hydra.sweep.dir=/proc/x/sweep", "train.seed=1,2"], "hydra.sweep.dir=/proc/x/sweep cannot be created"),
 ]
 # {d}: a folder of broken data files
 BEFORE_LAUNCH = [
