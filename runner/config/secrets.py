@@ -58,3 +58,12 @@ def redact_text(text: str) -> str:
     """``text`` (an override, a command line) with every URI's password replaced by ``***``; Hydra's
     escaped form (``http\\://user\\:password@``) too."""
     return _IN_TEXT.sub(lambda m: f"{m.group(1)}{HIDDEN}@", text)
+
+
+_SECRET_NAME = re.compile(r"pass(word|wd)?\b|token|secret|(api|access|private)[_-]?key", re.IGNORECASE)
+
+
+def redact_value(name: str, value: str) -> str:
+    """``value`` as it may be recorded under ``name``: hidden when the name says password, token, secret or
+    key (``aws_secret_access_key``, ``api_token``), a URI's password hidden otherwise."""
+    return HIDDEN if _SECRET_NAME.search(name) else redact_text(value)

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
-from runner.config.secrets import credentials_to_environment
+from runner.config.secrets import credentials_to_environment, redact_value
 from runner.runtime.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
@@ -212,7 +212,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
 def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
-    client(uri).log_batch(run_id, params=[Param(k, v) for k, v in params.items()])  # MLflow splits it
+    client(uri).log_batch(run_id, params=[Param(k, redact_value(k, str(v))) for k, v in params.items()])
 
 
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) -> None:

@@ -6,7 +6,13 @@ import pytest
 from conftest import FAST
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.config.secrets import credentials_to_environment, redact_text, redact_uri, split_credentials
+from runner.config.secrets import (
+    credentials_to_environment,
+    redact_text,
+    redact_uri,
+    redact_value,
+    split_credentials,
+)
 from runner.launch.precheck import precheck
 
 
@@ -34,3 +40,11 @@ def test_a_password_in_the_config_is_refused_without_showing_it(sweep: bool) -> 
     error, _ = precheck([*(["-m"] if sweep else []), uri, *FAST])
     assert error is not None and "MLFLOW_TRACKING_PASSWORD" in error and "tracking.uri" in error
     assert "s3cret" not in redact_text(error) and "other" not in redact_text(error)
+
+
+def test_values_under_secret_names_are_hidden() -> None:
+    assert redact_value("hydra.launcher.additional_parameters.aws_secret_access_key", "AKIA123") == "***"
+    assert redact_value("x.api_token", "t") == "***" and redact_value("db.password", "p") == "***"
+    assert redact_value("cluster.master_port", "29500") == "29500"
+    assert redact_value("sharding.constraints.t0.cache_load_factor", "0.2") == "0.2"
+    assert redact_value("tracking.uri", "http://a:b@h:1") == "http://a:***@h:1"
