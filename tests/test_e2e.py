@@ -19,6 +19,7 @@ def plan_types(run_dir: Path) -> dict[str, str]:
     return {t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()}
 
 
+@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "train.steps=60", f"tracking.uri={store}", "tracking.experiment=e2e",
                     f"hydra.run.dir={tmp_path}"])
@@ -81,6 +82,7 @@ def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path:
             assert len(p["shards"]) == 1 and len(p["ranks"]) == 1
 
 
+@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "cluster=2node", "sharding=rowwise", f"tracking.uri={store}",
                     "tracking.experiment=rw2", f"hydra.run.dir={tmp_path}", "tracking.system_metrics_interval_s=1"])
@@ -149,6 +151,7 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     assert parent.data.metrics["sweep/points"] == 4 and parent.data.metrics["sweep/failed_points"] == 0
 
 
+@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     # 1 MiB of memory per worker: planning fails inside the workers, after the run was created
