@@ -33,7 +33,8 @@ $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 # venv stays CUDA from here on (later `make` runs never install the CPU builds into it).
 gpu-env:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip uninstall --quiet --yes fbgemm-gpu-cpu 2>/dev/null || true
+	# a CPU build already here (torch 2.13.0+cpu satisfies ==2.13.0) would stay: take both out first
+	$(PY) -m pip uninstall --quiet --yes torch fbgemm-gpu-cpu 2>/dev/null || true
 	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu==1.8.0 --index-url $(TORCH_INDEX)
 	touch $(CUDA_MARK)
 	rm -f $(STAMP)
