@@ -19,10 +19,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 RESOLVED = "resolved.yaml"
 DRIVER = "driver.json"
@@ -117,3 +119,14 @@ def point_dirs(sweep_dir: Path) -> List[Path]:
     if not sweep_dir.is_dir():
         return []
     return sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """The block run by one process at a time among those that take ``lock_file`` (others wait)."""
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -7,7 +7,6 @@ external ``torchrun`` there is no driver and rank 0 does all of it.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import time
@@ -17,6 +16,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
 from runner.config.secrets import credentials_to_environment, redact_value
+from runner.runtime import rundir
 from runner.runtime.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
@@ -46,14 +46,9 @@ def tracking_uri(cfg: Any) -> str:
     """``tracking.uri``, else $MLFLOW_TRACKING_URI (its ``user:password@`` moved to MLflow's credential
     variables, so that the URI can be shown and stored), else a SQLite store in the project folder."""
     uri = cfg.tracking.uri if cfg is not None else None
-    if uri:
-        return uri
-    from_env = os.environ.get("MLFLOW_TRACKING_URI")
-    if from_env:
-        bare = credentials_to_environment(from_env)
-        os.environ["MLFLOW_TRACKING_URI"] = bare  # MLflow's own calls and child processes see it bare too
-        return bare
-    return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+    if not uri and os.environ.get("MLFLOW_TRACKING_URI"):  # bare for MLflow's own calls and child processes too
+        uri = os.environ["MLFLOW_TRACKING_URI"] = credentials_to_environment(os.environ["MLFLOW_TRACKING_URI"])
+    return uri or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 
 
 def ui_command(uri: str) -> str:
@@ -116,13 +111,8 @@ def client(uri: str) -> Any:
         return MlflowClient(tracking_uri=uri)
     # MLflow creates and migrates a SQLite schema in every process that opens the store (the client does, as
     # it is made): jobs started together on a new file would race (duplicate tables, half-done migrations).
-    # One at a time here; MLflow keeps the store, migrated, for the rest of the process.
-    with open(db.with_name(db.name + ".runner-lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return MlflowClient(tracking_uri=uri)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with rundir.exclusive(db.with_name(db.name + ".runner-lock")):  # MLflow keeps it for the process
+        return MlflowClient(tracking_uri=uri)
 
 
 def sqlite_folder(uri: str) -> Optional[Path]:
