@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ONLY, FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
+from conftest import CPU_ONLY, FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs, stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +158,7 @@ def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, t
     proc = run_cli([*FAST, "cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=fail",
                     f"hydra.run.dir={tmp_path}"], tag=tag)
     assert proc.returncode != 0
-    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
     assert len(err) == 1, proc.stderr[-2000:]
     assert "rank " in err[0] and "no sharding plan fits" in err[0] and "t0" in err[0], err[0]
     assert "Traceback" not in proc.stderr
@@ -173,7 +173,7 @@ def test_cuda_training_without_cuda_fails_in_one_line(store: str, tmp_path: Path
     proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=nocuda",
                     f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
-    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
     assert len(err) == 1 and "cluster.device" in err[0] and "mode=plan" in err[0], proc.stderr[-2000:]
     (run,) = runs(store, "nocuda")
     assert run.info.status == "FAILED"

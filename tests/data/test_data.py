@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs
+from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs, stderr_lines
 from omegaconf import OmegaConf
 
 from runner.config.schema import RunnerConfig
@@ -189,7 +189,7 @@ def test_missing_data_path_fails_in_one_line(store: str, tmp_path: Path) -> None
     proc = run_cli(["data=parquet", f"data.path={tmp_path / 'nothing'}", f"tracking.uri={store}",
                     "tracking.experiment=nodata", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
-    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
     assert len(err) == 1 and "data.path=" in err[0] and "parquet" in err[0], proc.stderr
     (run,) = runs(store, "nodata")
     assert run.info.status == "FAILED"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
+from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs, stderr_lines
 
 from runner.config.errors import CheckpointError
 from runner.train.checkpoint import complete_checkpoints, resolve
@@ -104,7 +104,7 @@ def test_optimizer_state_that_cannot_reshard_fails_unless_asked(store: str, roww
             "tracking.experiment=ckpt_dp"]
     refused = run_cli([*args, f"hydra.run.dir={tmp_path / 'a'}"])
     assert refused.returncode != 0
-    err = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(refused.stderr) if ln.startswith("error:")]
     assert len(err) == 1 and "train.resume_optimizer=false" in err[0], refused.stderr[-2000:]
     allowed = run_cli([*args, "train.resume_optimizer=false", f"hydra.run.dir={tmp_path / 'b'}"])
     assert allowed.returncode == 0, allowed.stderr[-3000:]
@@ -121,7 +121,7 @@ def test_missing_or_corrupt_checkpoint_fails_in_one_line(store: str, tmp_path: P
         proc = run_cli([*SMALL, f"train.resume={path}", f"tracking.uri={store}", "tracking.experiment=ckpt_bad",
                         f"hydra.run.dir={tmp_path / uuid.uuid4().hex}"])
         assert proc.returncode != 0
-        err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
         assert len(err) == 1 and str(path) in err[0] and words in err[0], proc.stderr[-2000:]
     assert all(r.info.status == "FAILED" for r in runs(store, "ckpt_bad"))
 
@@ -193,7 +193,7 @@ def test_worker_killed_during_a_save_fails_the_run_and_leaves_only_complete_chec
          f"tracking.uri={store}", "tracking.experiment=ckpt_kill", f"hydra.run.dir={tmp_path}"], tag, tmp_path,
         lambda: bool(list(root.glob(".tmp-step-*/*.distcp")) and complete_checkpoints(root)), "a save in progress", 120)
     assert code != 0
-    line = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    line = [ln for ln in stderr_lines(err) if ln.startswith("error:")]
     assert len(line) == 1 and "rank 1" in line[0] and "SIGKILL" in line[0], err[-2000:]
     latest = resolve("latest", root)
     assert (latest / ".metadata").is_file() and json.loads((latest / "meta.json").read_text())["step"] >= 1

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, metric_history, run_cli, runs
+from conftest import FAST, metric_history, run_cli, runs, stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_pinned_plan_for_a_bigger_world_fails_in_one_line(store: str, tmp_path: 
     proc = run_cli([*FAST, f"sharding.plan={tmp_path / 'plan4' / 'plan' / 'plan.json'}", f"tracking.uri={store}",
                     "tracking.experiment=pinned_bad", f"hydra.run.dir={tmp_path / 'train2'}"])
     assert proc.returncode != 0
-    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
     assert len(err) == 1 and "sharding.plan=" in err[0] and "this job has 2 ranks" in err[0], proc.stderr[-2000:]
 
 

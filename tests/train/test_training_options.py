@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, finished_run, metric_history, run_cli, runs
+from conftest import FAST, finished_run, metric_history, run_cli, runs, stderr_lines
 from omegaconf import OmegaConf
 
 from runner.config.schema_training import ScheduleSchema
@@ -84,7 +84,7 @@ def test_gpu_only_optimizer_is_refused_on_cpu_in_one_line(store: str, tmp_path: 
     proc = run_cli(["optimizer=adam_adam", f"tracking.uri={store}", "tracking.experiment=gpu_only",
                     f"hydra.run.dir={tmp_path}"])
     assert proc.returncode != 0
-    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    err = [ln for ln in stderr_lines(proc.stderr) if ln.startswith("error:")]
     assert len(err) == 1 and "optimizer.sparse='adam'" in err[0] and "rowwise_adagrad" in err[0], proc.stderr
 
 
