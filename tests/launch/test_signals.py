@@ -70,8 +70,7 @@ def _stress(mode: str) -> subprocess.CompletedProcess:
 def test_stop_signal_during_fork_is_raised_without_a_traceback() -> None:
     bare = _stress("bare")  # torch elastic's handler alone: raises lost, tracebacks printed
     assert "Exception ignored" in bare.stderr and "lost 1" in bare.stdout, (bare.stdout, bare.stderr[-2000:])
-    for _ in range(3):
-        guarded = _stress("guarded")
-        assert guarded.returncode == 0, guarded.stderr[-2000:]
-        assert guarded.stderr == "", guarded.stderr[-2000:]
-        assert "lost 0" in guarded.stdout and "stops 150" in guarded.stdout, guarded.stdout
+    guarded = _stress("guarded")  # 150 signals, every one taken as a stop, nothing printed
+    assert guarded.returncode == 0, guarded.stderr[-2000:]
+    assert guarded.stderr == "", guarded.stderr[-2000:]
+    assert "lost 0" in guarded.stdout and "stops 150" in guarded.stdout, guarded.stdout

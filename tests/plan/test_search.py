@@ -63,7 +63,7 @@ def test_vectorised_dp_proposes_what_torchrec_proposes() -> None:
 
 BASE = ["model=dnn_many", "model.generated_tables.count=30", "cluster=gpu_2x8", "train.batch_size=512",
         "sharding.compute_kernels=[fused,dense]", "sharding.proposer=dynamic_programming"]
-POINTS = [(xbw, reserve) for xbw in (1.0, 12.5) for reserve in (0.3, 0.7, 0.85, 0.89)]
+POINTS = [(1.0, 0.3), (1.0, 0.7), (12.5, 0.3), (12.5, 0.7), (12.5, 0.89)]  # the last: no plan
 
 
 def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
