@@ -213,9 +213,23 @@ def main() -> None:
         sys.argv += launcher
         _job()
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
+        if exc.code in (130, 143):  # a job of a sweep stopped (it said so): the sweep ends with it
+            _end_sweep("SIGINT" if exc.code == 130 else "SIGTERM", said=True)
         if exc.code not in (0, None):
             raise
     except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _job)
         stop = signals.stopped(exc)
-        _say_error(f"stopped by {stop.name}")
+        if not _end_sweep(stop.name, said=False):
+            _say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
+
+
+def _end_sweep(signame: str, said: bool) -> bool:
+    """A running sweep's parent and running points end KILLED; its folder is named (in the job's own line
+    when a job said it was stopped, else in this line). False when no sweep was running."""
+    from runner.track.sweep import end_stopped_sweep
+
+    folder = end_stopped_sweep(signame)
+    if folder is not None and not said:
+        _say_error(f"stopped by {signame}; the sweep's runs are KILLED, its points' folders are in {folder}")
+    return folder is not None

@@ -110,6 +110,35 @@ def outcomes(sweep_dir: Path) -> List[PointOutcome]:
     return out
 
 
+class _Running:
+    """This process's sweep while it runs: (store, parent run id, sweep folder); reached through
+    :func:`end_stopped_sweep` only."""
+
+    sweep: Optional[tuple] = None
+
+
+def end_stopped_sweep(signame: str) -> Optional[Path]:
+    """A sweep stopped by ``signame`` (Ctrl-C, SIGTERM) before its end: its parent run and every point's run
+    still RUNNING end KILLED. The sweep folder, or None when no sweep was running here."""
+    running, _Running.sweep = _Running.sweep, None
+    if running is None:
+        return None
+    uri, run_id, sweep_dir = running
+    why = f"stopped by {signame}"
+    try:
+        from runner.track.store import client
+
+        store = client(uri)
+        children = store.search_runs([store.get_run(run_id).info.experiment_id],
+                                     f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'")
+        for child in children:
+            end_run(uri, child.info.run_id, "KILLED", why)
+        end_run(uri, run_id, "KILLED", why)
+    except Exception as exc:  # noqa: BLE001 - the store may be the reason; the folder keeps every point's status
+        print(f"[runner] warning: the sweep's runs could not be marked KILLED ({exc})", file=sys.stderr, flush=True)
+    return sweep_dir
+
+
 class SweepParentRun(Callback):
     """Hydra callback: one MLflow parent run per multirun; each job's run becomes its child."""
 
@@ -131,9 +160,11 @@ class SweepParentRun(Callback):
                                   "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
         log_params(self._uri, self._run_id, {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()})
         rundir.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self._run_id, "swept": list(swept)})
+        _Running.sweep = (self._uri, self._run_id, sweep_dir)
         print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        _Running.sweep = None
         if not self._run_id:
             return
         sweep_dir = Path(config.hydra.sweep.dir)

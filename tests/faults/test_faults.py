@@ -208,3 +208,26 @@ def test_full_disk_refuses_checkpoint_and_keeps_earlier_ones(store: str, tmp_pat
         print(f"disk full: {line}")
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, launcher: str) -> None:
+    """Ctrl-C during a sweep: the parent run and each point's run end KILLED (none left RUNNING), exit 130,
+    one line naming the sweep folder, nothing left running."""
+    sweep, exp = tmp_path / "sweep", f"sweep_stop_{launcher}"
+    parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    job = Job(tmp_path, store, exp, ["-m", *FAST, "train.steps=100000", "train.seed=1,2", *parallel,
+                                     f"hydra.sweep.dir={sweep}"])
+    deadline = time.monotonic() + 120
+    while not list(sweep.glob("*/run.json")):  # a point's run is open
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
+        time.sleep(0.1)
+    tree = descendants(job.proc.pid)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish(90) == 130, job.err.read_text()[-3000:]
+    line = one_clean_line(job)
+    assert "SIGINT" in line and ("KILLED" in line or str(sweep) in line), line
+    statuses = {r.data.tags.get("runner.kind"): r.info.status for r in runs(store, exp)}
+    assert statuses.get("sweep") == "KILLED", statuses
+    assert all(r.info.status == "KILLED" for r in runs(store, exp)), [r.info.status for r in runs(store, exp)]
+    assert wait_gone(tree, 10) == []
