@@ -111,7 +111,7 @@ class LoopHooks:
 
 
 def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str], samples: int,
-         loss_scale: Optional[LossScale], device: torch.device, result: TrainResult, hooks: LoopHooks) -> None:
+         loss_scale: Optional[LossScale], result: TrainResult, hooks: LoopHooks) -> None:
     """Close the window: its metrics, averaged over ranks, to ``hooks.on_log`` and the result."""
     window_means, steps, elapsed = window.close(last)
     means = _mean_across_ranks(window_means)
@@ -169,11 +169,11 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             result.first_step_unix = time.time()
         hooks.progress.update(1)
         if step % log_every == 0 or step == steps:
-            _log(window, step, step == steps, applied, tasks, samples, loss_scale, device, result, hooks)
+            _log(window, step, step == steps, applied, tasks, samples, loss_scale, result, hooks)
         if hooks.on_checkpoint is not None and step < steps and hooks.due(step):
             window.paused += _pause_for_checkpoint(pipeline, dmp, step, hooks)
     if window.steps:  # the data ended inside a window: the last one (timed even when it is also the first)
-        _log(window, result.last_step, True, applied, tasks, samples, loss_scale, device, result, hooks)
+        _log(window, result.last_step, True, applied, tasks, samples, loss_scale, result, hooks)
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     result.samples_per_s = samples * window.timed_steps / max(window.timed_s, 1e-9)
