@@ -8,8 +8,9 @@ CUDA context, so agents may still fork workers afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.errors import ConfigError
@@ -17,20 +18,27 @@ from runner.config.errors import ConfigError
 GIB = 1024**3
 
 
-def _nvidia_driver_present() -> bool:
-    """NVIDIA's driver library is loadable (a machine without it has no CUDA: no need to import torch)."""
-    import ctypes
-
+@contextlib.contextmanager
+def _nvml() -> Iterator[Any]:
+    """NVIDIA's management library, initialised; None where the driver cannot be asked (a machine without
+    it has no CUDA: no need to import torch). Creates no CUDA context."""
     try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-        return True
-    except OSError:
-        return False
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no library
+        yield None
+        return
+    try:
+        yield pynvml
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def cuda_present() -> bool:
-    if not _nvidia_driver_present():
-        return False
+    with _nvml() as nvml:
+        if nvml is None:
+            return False
     import torch
 
     return torch.cuda.is_available()
@@ -112,20 +120,15 @@ def check_gpu_count(workers_on_host: int, workers_per_node: int, visible: Sequen
 def host_gpus() -> List[Tuple[str, Tuple[int, int]]]:
     """Every GPU the NVIDIA driver lists on this host: (name, compute capability), read through NVML (no
     CUDA context, no torch); empty where NVML cannot be asked."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver, no library: nothing to say before launch
-        return []
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        return [(str(pynvml.nvmlDeviceGetName(h)), tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
-                for h in handles]
-    except Exception:  # noqa: BLE001
-        return []
-    finally:
-        pynvml.nvmlShutdown()
+    with _nvml() as nvml:
+        if nvml is None:
+            return []
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            return [(str(nvml.nvmlDeviceGetName(h)), tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
+                    for h in handles]
+        except Exception:  # noqa: BLE001
+            return []
 
 
 def check_bf16_before_launch(autocast_dtype: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int]]]) -> None:
