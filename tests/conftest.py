@@ -29,6 +29,21 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
+def cfg_for(*overrides: str):
+    """The config ``python -m runner OVERRIDES`` composes (Hydra's own ``compose`` on conf/), validated."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import runner.cli  # noqa: F401  (schema and resolvers)
+    from runner.config.validation import validate
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
 def run_cli(args: List[str], timeout: float = 300, tag: str | None = None,
             env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m runner ARGS`` as a user runs it; ``tag`` marks every descendant's environment."""

@@ -10,16 +10,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ONLY, FAST
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from conftest import CPU_ONLY, FAST, cfg_for
 
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import one_line
-from runner.config.validation import validate
 from runner.data.criteo import criteo_lines
 from runner.launch.driver import pre_launch_checks
-from runner.launch.precheck import CONF_DIR, precheck
+from runner.launch.precheck import precheck
 
 CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batches=1"]
 
@@ -91,10 +88,7 @@ def test_refused_by_the_precheck(args: list, says: str) -> None:
 def test_refused_before_launch(args: list, says: str, broken: Path, tmp_path: Path) -> None:
     overrides = [a.format(d=broken) for a in args]
     assert precheck([*overrides, *FAST])[0] is None  # valid config: refused by what the machine or files say
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, *FAST])
-    validate(cfg)
+    cfg = cfg_for(*overrides, *FAST)
     with pytest.raises(Exception) as e:
         pre_launch_checks(cfg, tmp_path)
     _is_one_clean_line(one_line(e.value), says)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cfg_for
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
@@ -14,7 +15,6 @@ from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_N
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import ConfigError, PlanError
 from runner.config.tables import table_specs
-from runner.config.validation import validate
 from runner.plan.analysis import comms_per_rank
 from runner.plan.io import load_plan, plan_to_dict
 from runner.plan.planner import make_plan
@@ -25,14 +25,6 @@ from runner.train.optimizers import apply_sparse_optimizer
 ROOT = Path(__file__).resolve().parents[2]
 # dim 256: TorchRec splits columns only at widths >= 128, so column/grid shards are real splits
 WIDE = ["model.embedding_dim=256", "model.dense_arch_layer_sizes=[256]"]
-
-
-def cfg_for(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    validate(cfg)
-    return cfg
 
 
 def plan_for(cfg, world: int = 2, local: int = 2, device: str = "cpu"):

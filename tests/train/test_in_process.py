@@ -8,14 +8,12 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from conftest import cfg_for
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.config.validation import validate
 from runner.launch.ports import free_port
 from runner.runtime import rundir
 from runner.train.worker import elastic_entry
@@ -25,13 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_two_ranks_train_plan_and_track_in_process(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "sharding=rowwise", "train.steps=40", "train.log_every=10", "train.batch_size=64", "data.eval_batches=2",
-            "train.threads_per_worker=1", f"tracking.uri={uri}", "tracking.experiment=in_process",
-            "tracking.system_metrics=false", "cluster.cpu_affinity=none"])
-    validate(cfg)
+    cfg = cfg_for("sharding=rowwise", "train.steps=40", "train.log_every=10", "train.batch_size=64",
+                  "data.eval_batches=2", "train.threads_per_worker=1", f"tracking.uri={uri}",
+                  "tracking.experiment=in_process", "tracking.system_metrics=false", "cluster.cpu_affinity=none")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
