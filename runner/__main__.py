@@ -1,3 +1,8 @@
 from runner.cli import main
+from runner.runtime.lifeline import exit_now
 
-main()
+try:
+    main()
+except SystemExit as exc:
+    exit_now(exc.code)
+exit_now(0)

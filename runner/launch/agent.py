@@ -26,7 +26,7 @@ from runner.config.device import device_type, node_gpus, visible_gpus
 from runner.launch.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads, workers_on_host
-from runner.runtime.lifeline import AGENT_PID, DRIVER_PID, die_with_parent
+from runner.runtime.lifeline import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
 from runner.runtime.logfile import log_to_file
 
 
@@ -170,4 +170,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

@@ -7,7 +7,11 @@ sends per step, split into traffic within its node and across nodes.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ESTIMATES, CHART = "estimates.json", "plan.png"  # in a run's plan/ folder
 
 COLLECTIVES = {
     "table_wise": "ids all-to-all in; pooled embeddings all-to-all out; gradients all-to-all back",
@@ -169,3 +173,17 @@ def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_t
     fig.suptitle(title, fontsize=9)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.82, wspace=0.25)
     fig.savefig(path, dpi=110)
+
+
+def draw_plan_chart(folder: Path) -> Optional[Path]:
+    """Render ``plan.png`` from the report's ``estimates.json`` in ``folder`` (matplotlib: about a second,
+    so the driver draws it while the workers train, never a rank); None when there are no estimates (no
+    plan, or a pinned plan without the planner's)."""
+    try:
+        found = json.loads((folder / ESTIMATES).read_text())
+    except (OSError, ValueError):
+        return None
+    if not found.get("estimated", True):  # a pinned plan: no estimates of the planner's to draw
+        return None
+    chart(found["per_rank"], found["comms_bytes_per_step"], found["device"], folder / CHART, found.get("title", ""))
+    return folder / CHART

@@ -22,6 +22,7 @@ from runner.track.reporter import Reporter
 def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
     """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
     the results."""
+    from runner.plan.analysis import draw_plan_chart
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
 
@@ -43,7 +44,7 @@ def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
         return results
     reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
                                     " ".join(notes)))
-    reporter.plan_chart()
+    reporter.plan_chart(draw_plan_chart(run_dir / rundir.PLAN))
     reporter.flush()
     m = reporter.plan_metrics
     results = {

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List
 
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
-from runner.plan.analysis import COLLECTIVES, chart, comms_per_rank, per_rank_estimates, plan_metrics
+from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.io import plan_table, plan_to_dict, sharding_types_used
+from runner.runtime import rundir
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
 
@@ -24,8 +25,6 @@ class PlanReport:
     metrics: Dict[str, float]
     tags: Dict[str, Any]
     console: str
-    draw_chart: Optional[Callable[[], Optional[Path]]] = None
-    """Renders ``plan.png`` (matplotlib, ~1 s): left to the caller, off the path to the first step."""
 
 
 def _markdown(cfg: Any, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
@@ -86,18 +85,12 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
-    (out / "estimates.json").write_text(json.dumps({"device": device_type, "per_rank": ranks,
-                                                    "comms_bytes_per_step": comms}, indent=2))
-    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
-                                   + (f"\nNote: {note}.\n" if note else ""))
     title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
              + ", ".join(f"{n} {t}" for t, n in types.items()))
-
-    def draw_chart() -> Optional[Path]:
-        if not best_plan:
-            return None
-        chart(ranks, comms, device_type, out / "plan.png", title)
-        return out / "plan.png"
+    rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
+                                        "title": title, "estimated": bool(best_plan)})  # whole: the driver reads it
+    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
+                                   + (f"\nNote: {note}.\n" if note else ""))
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
@@ -109,4 +102,5 @@ def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, loc
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
             **({"runner.plan_note": note} if note else {})}
-    return PlanReport(out, plan_dict, metrics, tags, console, draw_chart)
+    return PlanReport(out, plan_dict, metrics, tags, console)
+

@@ -5,16 +5,22 @@ nothing stops it when its driver dies by SIGKILL (the OOM killer, ``kill -9``). 
 the kernel for a parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``), then checks that its parent is
 still the one it expected (it may have died before the request); where the kernel offers no such signal,
 a daemon thread watches the parent's pid instead.
+
+A process that has done its work ends at once (:func:`exit_now`): tearing down torch's and TorchRec's
+modules at interpreter exit takes about a second per process (measured: 0.93 s after importing both,
+0.04 s without the teardown), paid by the agent and the driver of every job, one after the other.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
-from typing import Optional
+from typing import NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0  # the fallback's polling interval
@@ -48,3 +54,24 @@ def die_with_parent(env_var: str, sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
     if not armed:
         threading.Thread(target=_watch, args=(parent, sig), name="lifeline", daemon=True).start()
+
+
+def exit_now(code: object) -> NoReturn:
+    """End this process as ``sys.exit(code)`` would, without the interpreter's teardown of every module:
+    other threads are joined and exit handlers run (logging's flush, the prewarmed agent's stop) as at a
+    normal exit, then the streams are flushed and the process ends."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): the message on stderr, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (e.g. `| head`): nothing more can be said there
+            pass
+    os._exit(code)

@@ -103,7 +103,7 @@ class Reporter:
 
     def plan(self, report: Any) -> None:
         """Print and log a written plan report (its ``console`` text, ``metrics``, ``tags``, the files in
-        its ``folder``; ``draw_chart`` renders the chart later, see :meth:`plan_chart`)."""
+        its ``folder``)."""
         if not self.active:
             return
         print(report.console, flush=True)
@@ -111,7 +111,6 @@ class Reporter:
         self._tags(report.tags)
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
         self.plan_metrics = report.metrics
-        self._draw_chart = report.draw_chart
 
     def plan_infeasible(self, reason: str) -> None:
         """``mode=plan``'s answer when no plan fits: printed, and tagged on the run (which still finishes)."""
@@ -120,13 +119,9 @@ class Reporter:
         print(f"[runner] no sharding plan: {reason}", flush=True)
         self._tags({"runner.plan_status": "infeasible", "runner.plan_reason": reason[:5000]})
 
-    def plan_chart(self) -> None:
-        """Render and log ``plan/plan.png`` (called after training: matplotlib is slow to start)."""
-        draw, self._draw_chart = getattr(self, "_draw_chart", None), None
-        if not self.active or draw is None:
-            return
-        png = draw()
-        if png is not None:
+    def plan_chart(self, png: Optional[Path]) -> None:
+        """Log a drawn ``plan/plan.png`` (None: there was none to draw)."""
+        if self.active and png is not None:
             self._sink.artifacts([png], rundir.PLAN)
 
     def started(self, step: int, restarts: int, source: Optional[Path]) -> None:

@@ -1,0 +1,177 @@
+"""A job's MLflow run, owned by its driver: opened once, fed rank 0's reports, ended with the job's status.
+
+Rank 0 never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan``
+reports through the same log from the driver's own process. Only a plain torchrun without a driver has
+rank 0 own its run (:class:`runner.track.reporter.Reporter`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from runner.launch.slurm import node_run_dir, run_tags
+from runner.launch.warm import took_warm
+from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
+from runner.runtime import rundir
+from runner.runtime.cores import parallel_jobs
+from runner.track import store
+from runner.track.events import EventPump
+from runner.track.sweep import point_name, point_values, sweep_info
+from runner.track.sync import end_or_keep
+from runner.track.system import start_system_metrics
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Where this job sits in Hydra's run: its folder, and for a sweep's point its number and sweep."""
+
+    run_dir: Path
+    job_num: Optional[int]  # None: a single run
+    sweep_dir: Optional[str]
+    overrides: str
+    choices: Mapping[str, Any]
+    parallel: int = 1  # jobs the launcher runs at once on this host
+
+    @classmethod
+    def from_hydra(cls, cfg: Any) -> "JobContext":
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        return cls(node_run_dir(Path(hc.runtime.output_dir).resolve(), cfg), hc.job.num if multirun else None,
+                   hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
+                   {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
+                   parallel_jobs(hc.launcher) if multirun else 1)
+
+
+class MlflowRun:
+    """The job's MLflow run: opened once, fed rank 0's reports, ended with the job's status.
+
+    On a real multi-host job (``cluster.node_rank`` set) every host runs a driver and c10d rendezvous puts
+    rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run. A Slurm
+    job's static rendezvous puts rank 0 on node 0: node 0's task opens the run at once, the others never.
+    """
+
+    def __init__(self, cfg: Any, ctx: JobContext, config: Dict[str, Any], port: int) -> None:
+        self.cfg, self.ctx, self.config, self.port = cfg, ctx, config, port
+        self.uri = store.tracking_uri(cfg)
+        self.multi_host = cfg.cluster.node_rank is not None
+        self.slurm = cfg.cluster.scheduler == "slurm"
+        self.run_id: Optional[str] = None
+        self._pump: Optional[EventPump] = None
+        self._system: Any = None  # this host's system-metrics monitor
+        self._chart: Optional[threading.Thread] = None  # draws the plan's chart while the workers train
+
+    def rank0_here(self) -> bool:
+        if self.slurm:
+            return self.cfg.cluster.node_rank == 0
+        return (self.ctx.run_dir / rundir.PIDS / "rank0.pid").exists()
+
+    @property
+    def opens_early(self) -> bool:
+        """Whether this driver opens the run while its workers start (it knows rank 0 is on its host)."""
+        return not self.multi_host or (self.slurm and self.rank0_here())
+
+    def open(self) -> None:
+        """Create the run, log the config, publish ``run.json`` for rank 0."""
+        ctx = self.ctx
+        sweep = sweep_info(ctx.sweep_dir)
+        point = point_values(sweep.get("swept", []), self.cfg, ctx.choices)
+        name = store.default_run_name(self.cfg, ctx.choices)
+        if ctx.job_num is not None and not self.cfg.tracking.run_name:  # a sweep's point: named after its values
+            name = point_name(point) if point else f"{name}-{ctx.job_num}"
+        tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
+                "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
+                **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
+                **{f"runner.sweep.{k}": v for k, v in point.items()}, **run_tags(self.cfg)}
+        if ctx.job_num is not None:
+            tags["runner.job"] = ctx.job_num
+        self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
+        self._pump = EventPump(ctx.run_dir / rundir.EVENTS, self.uri, self.run_id)
+        store.log_artifacts(self.uri, self.run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
+        rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
+                          {"tracking_uri": self.uri, "run_id": self.run_id, "port": self.port})
+        print(f"[runner] MLflow run {self.run_id} | run folder {ctx.run_dir}", flush=True)
+        self._system = start_system_metrics(self.cfg, self.uri, self.run_id, self.cfg.cluster.node_rank or 0)
+        if self.cfg.mode == "train":
+            _log_datasets(self.cfg, self.uri, self.run_id)
+
+    def pump(self) -> None:
+        """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
+        if self.multi_host and self.run_id is None and self.rank0_here():
+            self.open()
+        if self._pump is not None:
+            self._pump()
+            self._start_chart()
+        if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+            info = rundir.read_json(self.ctx.run_dir.parent / rundir.RUN_INFO)
+            if info and info.get("run_id"):
+                self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
+                self._system = self._system or False  # off: asked once
+
+    def _start_chart(self) -> None:
+        """Once rank 0 has written the plan report, draw ``plan.png`` from it in a thread (matplotlib takes
+        about a second: off every rank's path and, while the workers train, off the job's)."""
+        folder = self.ctx.run_dir / rundir.PLAN
+        if self._chart is None and self.cfg.mode == "train" and (folder / ESTIMATES).exists():
+            self._chart = threading.Thread(target=draw_plan_chart, args=(folder,), name="plan-chart", daemon=True)
+            self._chart.start()
+
+    def log_chart(self) -> None:
+        """The plan's chart, drawn (waited for when still drawing), in the run's ``plan/`` artifacts."""
+        self._start_chart()  # rank 0 may have written the plan after the last pump
+        if self._chart is None or self.run_id is None:
+            return
+        self._chart.join()
+        png = self.ctx.run_dir / rundir.PLAN / CHART
+        if png.exists():
+            store.log_artifacts(self.uri, self.run_id, [png], rundir.PLAN)
+
+    def describe_plan(self) -> None:
+        """Append the plan's short markdown to the run's Description (best effort: the plan is in its artifacts)."""
+        from runner.plan.report import plan_description
+
+        section = plan_description(self.ctx.run_dir / rundir.PLAN)
+        if not section or self.run_id is None:
+            return
+        try:
+            note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
+            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": f"{note}\n\n{section}".strip()})
+        except Exception:  # an outage: the run keeps its Description without the plan
+            pass
+
+    def stop_system_metrics(self) -> None:
+        """This host's last system-metric samples, logged before the run ends."""
+        if self._system:
+            self._system.stop()
+        self._system = False
+
+    def end(self, status: str, error: Optional[str] = None) -> bool:
+        """End the run (what rank 0 reported first); False when the store is unreachable and the ending
+        is kept in the run folder for ``python -m runner sync``."""
+        self.stop_system_metrics()
+        if self.run_id is None:
+            return True
+        return end_or_keep(self.ctx.run_dir, self._pump, self.uri, self.run_id, status, error)
+
+    def ensure_on_record(self) -> None:
+        """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
+        if self.run_id is None and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
+            self.open()
+
+
+def _log_datasets(cfg: Any, uri: str, run_id: str) -> None:
+    """The run's training and evaluation data as MLflow inputs; a failure to describe them is logged, not fatal."""
+    import logging
+
+    from runner.data.lineage import datasets
+    from runner.track.inputs import log_datasets
+
+    try:
+        log_datasets(uri, run_id, datasets(cfg))
+    except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
+        logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
