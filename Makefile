@@ -9,7 +9,7 @@ CUDA_MARK := $(VENV)/.cuda
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
 
-.PHONY: gpu-env run test test-fast lint bench bench-plan bench-tracking clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: gpu-env run test test-fast lint bench bench-plan bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,9 @@ bench-plan: $(STAMP)
 
 bench-tracking: $(STAMP)
 	$(PY) benchmarks/tracking_rate.py $(ARGS)
+
+bench-store: $(STAMP)
+	$(PY) benchmarks/store_load.py $(ARGS)
 
 # A Slurm of two emulated nodes on this machine (root; installs Debian's packages when missing), for
 # hydra/launcher=slurm and the tests marked slurm. slurm-down stops it and leaves nothing running.

@@ -2,8 +2,8 @@
 
 It writes the resolved config (what the workers run: they never compose again), starts the agents,
 opens the MLflow run (:mod:`.mlflow_run`) while the workers import and rendezvous, writes rank 0's reports
-to the run as they come, and ends the run FINISHED, FAILED with the one-line reason, or KILLED. ``mode=plan`` plans in this
-process instead of launching; ``mode=write_data`` writes data and opens no run.
+to the run as they come, and ends the run FINISHED, FAILED with the one-line reason, or KILLED.
+``mode=plan`` plans in this process instead of launching; ``mode=write_data`` writes data and opens no run.
 """
 
 from __future__ import annotations

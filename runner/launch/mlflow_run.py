@@ -18,7 +18,7 @@ from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.events import EventPump
+from runner.track.events import EventLog, EventPump
 from runner.track.sweep import point_name, point_values, sweep_info
 from runner.track.sync import end_or_keep
 from runner.track.system import start_system_metrics
@@ -122,14 +122,18 @@ class MlflowRun:
             self._chart.start()
 
     def log_chart(self) -> None:
-        """The plan's chart, drawn (waited for when still drawing), in the run's ``plan/`` artifacts."""
+        """Once the workers have ended: the plan's chart (waited for when still drawing) as rank 0's last
+        report, so that it reaches the run as the others do (later, from the run folder, in an outage)."""
         self._start_chart()  # rank 0 may have written the plan after the last pump
-        if self._chart is None or self.run_id is None:
+        if self._chart is None or self._pump is None:
             return
         self._chart.join()
         png = self.ctx.run_dir / rundir.PLAN / CHART
         if png.exists():
-            store.log_artifacts(self.uri, self.run_id, [png], rundir.PLAN)
+            log = EventLog(self.ctx.run_dir / rundir.EVENTS)  # no rank writes to it any more
+            log.artifacts([png], rundir.PLAN)
+            log.close()
+        self._pump()
 
     def describe_plan(self) -> None:
         """Append the plan's short markdown to the run's Description (best effort: the plan is in its artifacts)."""

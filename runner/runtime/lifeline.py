@@ -58,16 +58,18 @@ def die_with_parent(env_var: str, sig: int = signal.SIGKILL) -> None:
 
 def exit_now(code: object) -> NoReturn:
     """End this process as ``sys.exit(code)`` would, without the interpreter's teardown of every module:
-    other threads are joined and exit handlers run (logging's flush, the prewarmed agent's stop) as at a
-    normal exit, then the streams are flushed and the process ends."""
+    threads are ended and joined and exit handlers run (logging's flush, the prewarmed agent's stop) as at
+    a normal exit, then the streams are flushed and the process ends."""
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"): the message on stderr, status 1
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # as the interpreter ends: threading's exit hooks (e.g. concurrent.futures and joblib stop their worker
+    # pools), then the other threads joined, then the exit handlers
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
