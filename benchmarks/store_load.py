@@ -6,8 +6,8 @@
   ``--points`` points (storage reserve x intra-node bandwidth), against a new SQLite file and against a real
   ``mlflow server`` on 127.0.0.1 (its own SQLite file). Checked: one parent run, FINISHED, whose
   ``sweep/points`` is the number of points and ``sweep/failed_points`` 0; one child per point, FINISHED, with
-  the point's swept values as params, ``plan/seconds`` and ``plan/est_step_ms`` (or the "no plan fits"
-  answer) and the plan status tag; no two children with the same job number.
+  the point's swept values as params, the plan status tag, and ``plan/seconds`` and ``plan/est_step_ms``
+  (or, where no plan fits, the reason); no two children with the same job number.
 - ``trainers``: ``--trainers`` training jobs (``train.steps=30``) started at the same moment on one new
   SQLite file: every run FINISHED with its params and a ``train/loss`` history.
 
@@ -87,8 +87,10 @@ def check_sweep(uri: str, experiment: str, expected: int) -> List[str]:
         status = r.data.tags.get("runner.plan_status")
         if status not in ("feasible", "infeasible"):
             problems.append(f"{name}: plan status {status!r}")
-        if "plan/seconds" not in r.data.metrics or (status == "feasible" and "plan/est_step_ms" not in r.data.metrics):
+        if status == "feasible" and not {"plan/seconds", "plan/est_step_ms"} <= set(r.data.metrics):
             problems.append(f"{name}: plan metrics missing ({sorted(r.data.metrics)})")
+        if status == "infeasible" and not r.data.tags.get("runner.plan_reason"):
+            problems.append(f"{name}: no plan and no reason")
     return problems
 
 
