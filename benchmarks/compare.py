@@ -10,9 +10,12 @@ optimizers:
   by default (``cluster.cpu_affinity=auto``): shows how much of the difference is core binding;
 - ``runner``: ``python -m runner`` with its defaults (plus any overrides given).
 
-Throughput counts the steps after the first ones (one-off pipeline tracing), wall clock, everything
-included (the runner's logging too). Start-up is from launching the command to the end of the first
-training step. Alternating repeats; medians reported; JSON written to ``--out``.
+samples/s has one definition for all three, the runner's (its summary, ``train/samples_per_s`` over the
+run, ``results.json``): samples of every rank per step x the steps after the first log window
+(``train.log_every``, 50: the pipeline's one-off tracing), over the wall time of those steps, logging
+included (checkpoint pauses excluded; the benchmark takes none). The plain loop times the same steps.
+Start-up is from launching the command to the end of the first training step. Alternating repeats;
+medians reported; JSON written to ``--out``.
 """
 
 from __future__ import annotations
@@ -31,13 +34,20 @@ PY = Path(sys.executable)
 SERIES = ("plain", "plain_bound", "runner")
 
 
-def run_plain(steps: int, batch: int, tmp: Path, bind: bool) -> dict:
+def _run(args: list) -> None:
+    """Run one measured command; a failure ends the benchmark in one line with the command's last output."""
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise SystemExit(f"error: {' '.join(args[:4])} ... exited {proc.returncode}:\n  " + "\n  ".join(tail))
+
+
+def run_plain(steps: int, batch: int, tmp: Path, bind: bool, warmup: int) -> dict:
     out = tmp / "plain.json"
     start = time.time()
-    subprocess.run([str(PY.parent / "torchrun"), "--standalone", "--nproc_per_node=2",
-                    str(ROOT / "benchmarks" / "plain_torchrec.py"), "--steps", str(steps), "--batch", str(batch),
-                    "--warmup", "20", "--out", str(out), *(["--bind-cores"] if bind else [])],
-                   check=True, capture_output=True, cwd=ROOT)
+    _run([str(PY.parent / "torchrun"), "--standalone", "--nproc_per_node=2",
+          str(ROOT / "benchmarks" / "plain_torchrec.py"), "--steps", str(steps), "--batch", str(batch),
+          "--warmup", str(warmup), "--out", str(out), *(["--bind-cores"] if bind else [])])
     r = json.loads(out.read_text())
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
             "sharding_types": r["sharding_types"]}
@@ -46,10 +56,9 @@ def run_plain(steps: int, batch: int, tmp: Path, bind: bool) -> dict:
 def run_runner(steps: int, batch: int, tmp: Path, extra: tuple = ()) -> dict:
     run_dir = tmp / "runner"
     start = time.time()
-    subprocess.run([str(PY), "-m", "runner", "sharding=tablewise", f"train.steps={steps}",
-                    f"train.batch_size={batch}", "train.checkpoint.enabled=false",
-                    f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=benchmark",
-                    f"hydra.run.dir={run_dir}", *extra], check=True, capture_output=True, cwd=ROOT)
+    _run([str(PY), "-m", "runner", "sharding=tablewise", f"train.steps={steps}", f"train.batch_size={batch}",
+          "train.checkpoint.enabled=false", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+          "tracking.experiment=benchmark", f"hydra.run.dir={run_dir}", *extra])
     r = json.loads((run_dir / "results.json").read_text())
     plan = json.loads((run_dir / "plan" / "plan.json").read_text())
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
@@ -67,13 +76,15 @@ def main() -> None:
                     help="extra Hydra overrides for the runner, e.g. cluster.cpu_affinity=none")
     args = ap.parse_args()
     rows: dict = {name: [] for name in SERIES}
+    log_every = [o.split("=", 1)[1] for o in args.overrides if o.startswith("train.log_every=")]
+    warmup = int(log_every[-1]) if log_every else 50  # the runner's first log window, untimed by both
     with tempfile.TemporaryDirectory() as d:
         for i in range(args.repeats):
             for name in SERIES:
                 tmp = Path(d) / f"{name}{i}"
                 tmp.mkdir()
                 rows[name].append(run_runner(args.steps, args.batch, tmp, tuple(args.overrides)) if name == "runner"
-                                  else run_plain(args.steps, args.batch, tmp, bind=name == "plain_bound"))
+                                  else run_plain(args.steps, args.batch, tmp, name == "plain_bound", warmup))
                 print(f"[{i + 1}/{args.repeats}] {name:12s} {rows[name][-1]['samples_per_s']:9.0f} samples/s  "
                       f"start-up {rows[name][-1]['startup_s']:5.1f} s", flush=True)
     plans_equal = all(r["sharding_types"] == rows["plain"][0]["sharding_types"] for n in SERIES for r in rows[n])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -38,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=50, help="untimed first steps (the runner's first log window)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--bind-cores", action="store_true",
                     help="bind each rank to its own slice of the cores (as the runner's cluster.cpu_affinity=auto)")
@@ -95,3 +96,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The figures are written. Tearing the interpreter down after TorchRec's pipeline and gloo aborted
+    # (SIGABRT) in 2 of 3 runs here, and torchrun then fails the command: end without the teardown.
+    sys.stdout.flush()
+    os._exit(0)
