@@ -65,10 +65,14 @@ def ui_base(uri: str) -> str:
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
 
 
+# MLflow 3's UI opens an experiment on its GenAI view unless the link asks for the model-training one
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def run_url(uri: str, run_id: str) -> str:
-    """The run's page in the MLflow UI."""
+    """The run's page in the MLflow UI (its model-training view)."""
     exp = client(uri).get_run(run_id).info.experiment_id
-    return f"{ui_base(uri)}/#/experiments/{exp}/runs/{run_id}"
+    return f"{ui_base(uri)}/#/experiments/{exp}/runs/{run_id}?{TRAINING_VIEW}"
 
 
 def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
@@ -78,7 +82,7 @@ def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
 
     compact = {"separators": (",", ":")}
     runs, experiments = quote(json.dumps(list(run_ids), **compact)), quote(json.dumps([experiment_id], **compact))
-    return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}"
+    return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}&{TRAINING_VIEW}"
 
 
 def view_hint(uri: str, run_id: Optional[str]) -> str:
