@@ -175,7 +175,8 @@ def _help(args: List[str]) -> bool:
           "hydra/sweeper=optuna)\n"
           "python -m runner --cfg job [--resolve]                   the composed config\n"
           "python -m runner --help [word ...]                       this help (keys containing a word)\n"
-          "python -m runner sync                                    send runs kept during a tracking outage\n")
+          "python -m runner sync <folder>                           send runs kept during a tracking outage\n"
+          "python -m runner diff <A> <B>                            what differs between two runs (folders or ids)\n")
     print("Config groups (group=option):")
     for g, options in groups.items():
         print(textwrap.fill(", ".join(options), 116, initial_indent=f"  {g}: ", subsequent_indent=" " * (len(g) + 4)))
@@ -196,6 +197,10 @@ def main() -> None:
         from runner.track.sync import sync
 
         sys.exit(sync(sys.argv[2:]))
+    if sys.argv[1:2] == ["diff"]:
+        from runner.track.diff import diff
+
+        sys.exit(diff(sys.argv[2:]))
     try:
         if _shell_completion(sys.argv[1:]) or _help(sys.argv[1:]):
             return

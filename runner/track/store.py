@@ -59,14 +59,11 @@ def ui_command(uri: str) -> str:
 
 
 UI_DEFAULT = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves a local store
+TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3's UI opens on GenAI unless a link asks for this
 
 
 def ui_base(uri: str) -> str:
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
-
-
-# MLflow 3's UI opens an experiment on its GenAI view unless the link asks for the model-training one
-TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def run_url(uri: str, run_id: str) -> str:
