@@ -70,12 +70,22 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 run_dir = adopt(cfg, task, run_dir)
             else:
                 cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
+        if hc.mode == RunMode.MULTIRUN:
+            from runner.launch.resume import kept_point
+
+            kept = kept_point(cfg, run_dir)
+            if kept is not None:  # a resumed sweep: this point has its answer
+                print(f"[runner] job {hc.job.num} kept: it finished before with the same config ({run_dir})",
+                      flush=True)
+                return kept.get("objective")
         results = run_job(cfg)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
         _record_status(run_dir, status, line)
-        _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir})")
+        resume = (f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}"
+                  if hc.mode == RunMode.MULTIRUN else "")
+        _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
         raise SystemExit(stop.exit_code) from None
     except Exception as exc:
         line = one_line(exc)
@@ -176,6 +186,7 @@ def _help(args: List[str]) -> bool:
           "python -m runner --cfg job [--resolve]                   the composed config\n"
           "python -m runner --help [word ...]                       this help (keys containing a word)\n"
           "python -m runner sync <folder>                           send runs kept during a tracking outage\n"
+          "python -m runner resume <sweep folder>                   run a stopped sweep's unfinished points\n"
           "python -m runner diff <A> <B>                            what differs between two runs (folders or ids)\n")
     print("Config groups (group=option):")
     for g, options in groups.items():
@@ -197,6 +208,10 @@ def main() -> None:
         from runner.track.sync import sync
 
         sys.exit(sync(sys.argv[2:]))
+    if sys.argv[1:2] == ["resume"]:  # the sweep's own command again, in its folder
+        from runner.launch.resume import resume_argv
+
+        sys.argv = [sys.argv[0], *resume_argv(sys.argv[2:])]
     if sys.argv[1:2] == ["diff"]:
         from runner.track.diff import diff
 
@@ -236,5 +251,6 @@ def _end_sweep(signame: str, said: bool) -> bool:
 
     folder = end_stopped_sweep(signame)
     if folder is not None and not said:
-        _say_error(f"stopped by {signame}; the sweep's runs are KILLED, its points' folders are in {folder}")
+        _say_error(f"stopped by {signame}; the sweep's runs are KILLED, its points' folders are in {folder}; "
+                   f"resume it: python -m runner resume {folder.resolve()}")
     return folder is not None

@@ -46,6 +46,13 @@ class TrackingSchema:
 
 
 @dataclass
+class SweepSchema:
+    resume_changed: bool = False
+    """Resume a sweep folder (``python -m runner resume <folder>``, or the same ``hydra.sweep.dir`` again) with
+    overrides that differ from its command; its points finished with another config run again."""
+
+
+@dataclass
 class RunnerConfig:
     mode: str = "train"
     """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) |
@@ -58,6 +65,7 @@ class RunnerConfig:
     data: DataSchema = field(default_factory=DataSchema)
     train: TrainSchema = field(default_factory=TrainSchema)
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
+    sweep: SweepSchema = field(default_factory=SweepSchema)
 
 
 def samples_per_step(cfg: Any) -> int:

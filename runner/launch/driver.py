@@ -118,6 +118,7 @@ def run_job(cfg: Any) -> Dict[str, Any]:
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = MlflowRun(cfg, ctx, config, port)  # type: ignore[arg-type]
+    run.replaces = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts
     with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
         return _run(cfg, run)

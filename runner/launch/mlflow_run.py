@@ -65,6 +65,7 @@ class MlflowRun:
         self._pump: Optional[EventPump] = None
         self._system: Any = None  # this host's system-metrics monitor
         self._chart: Optional[threading.Thread] = None  # draws the plan's chart while the workers train
+        self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
 
     def rank0_here(self) -> bool:
         if self.slurm:
@@ -91,6 +92,8 @@ class MlflowRun:
         if ctx.job_num is not None:
             tags["runner.job"] = ctx.job_num
         self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
+        if self.replaces and sweep.get("parent_run_id"):
+            _retire(self.uri, self.replaces, sweep["parent_run_id"], self.run_id)
         self._pump = EventPump(ctx.run_dir / rundir.EVENTS, self.uri, self.run_id)
         store.log_artifacts(self.uri, self.run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
         rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
@@ -179,3 +182,14 @@ def _log_datasets(cfg: Any, uri: str, run_id: str) -> None:
         log_datasets(uri, run_id, datasets(cfg))
     except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
         logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
+
+
+def _retire(uri: str, old: str, parent: str, new: str) -> None:
+    """A sweep's point run again (a resumed sweep): its earlier run under the same parent is deleted (MLflow's
+    soft delete, restorable from the UI's deleted runs), so that the parent keeps one child per point."""
+    try:
+        if store.client(uri).get_run(old).data.tags.get("mlflow.parentRunId") == parent:
+            store.client(uri).delete_run(old)
+            store.set_tags(uri, new, {"runner.replaces": old})
+    except Exception:  # noqa: BLE001 - the earlier run stays; the new one is recorded all the same
+        pass

@@ -145,6 +145,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
     overrides, config_name, checkable = _split_args(args)
     if not checkable:
         return None, []
+    command = list(overrides)
     multirun = any(a in ("-m", "--multirun") for a in args)
     with hydra_conf() as loader:
         try:
@@ -164,7 +165,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         error = _check_output_folder(first, multirun)
         if error or not multirun:
             return error, []
-        error = _check_sweeper(first)
+        error = _check_sweeper(first) or _check_resume(first, command)
         if error:
             return error, []
         size = plan_batch_size(first, math.prod(len(v) for v in values))
@@ -220,6 +221,17 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
     except SchedulerError as exc:
         return str(exc)
     return None
+
+
+def _check_resume(cfg: Any, overrides: List[str]) -> Optional[str]:
+    """A sweep folder that holds another command's sweep is refused (resuming it would mix two sweeps)."""
+    from runner.launch.resume import check_resume
+
+    try:
+        folder = Path(str(cfg.hydra.sweep.dir)).expanduser().absolute()
+    except Exception:  # noqa: BLE001 - a folder only Hydra's job can resolve: a new one
+        return None
+    return check_resume(folder, overrides, bool(cfg.sweep.resume_changed))
 
 
 def _check_output_folder(cfg: Any, multirun: bool) -> Optional[str]:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.runtime import rundir
 from runner.track.store import (
     check_store,
+    client,
     compare_url,
     end_run,
     experiment_id,
@@ -126,8 +127,6 @@ def end_stopped_sweep(signame: str) -> Optional[Path]:
     uri, run_id, sweep_dir = running
     why = f"stopped by {signame}"
     try:
-        from runner.track.store import client
-
         store = client(uri)
         children = store.search_runs([store.get_run(run_id).info.experiment_id],
                                      f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'")
@@ -137,6 +136,22 @@ def end_stopped_sweep(signame: str) -> Optional[Path]:
     except Exception as exc:  # noqa: BLE001 - the store may be the reason; the folder keeps every point's status
         print(f"[runner] warning: the sweep's runs could not be marked KILLED ({exc})", file=sys.stderr, flush=True)
     return sweep_dir
+
+
+def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[str]:
+    """The parent run of an earlier sweep in ``sweep_dir`` (same store and experiment), set RUNNING again;
+    None for a new sweep."""
+    run_id = sweep_info(str(sweep_dir)).get("parent_run_id")
+    if not run_id:
+        return None
+    try:
+        run = client(uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 - another store (or the run was deleted): a new parent
+        return None
+    if run.info.experiment_id != experiment or run.info.lifecycle_stage != "active":
+        return None
+    client(uri).update_run(run_id, status="RUNNING")
+    return run_id
 
 
 class SweepParentRun(Callback):
@@ -155,13 +170,22 @@ class SweepParentRun(Callback):
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
         self._experiment_id = experiment_id(self._uri, config.tracking.experiment)
-        self._run_id = start_run(self._uri, config.tracking.experiment, sweep_name(list(swept), sweep_dir), None,
-                                 {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
-                                  "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
-        log_params(self._uri, self._run_id, {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()})
-        rundir.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self._run_id, "swept": list(swept)})
+        self._run_id = _resumable_parent(self._uri, self._experiment_id, sweep_dir)
+        if self._run_id is None:
+            self._run_id = start_run(self._uri, config.tracking.experiment, sweep_name(list(swept), sweep_dir),
+                                     None, {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
+                                            "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
+            print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
+        else:
+            print(f"[runner] sweep resumed in {sweep_dir}: parent MLflow run {self._run_id} goes on; points "
+                  "finished before with the same config are kept", flush=True)
+        logged = client(self._uri).get_run(self._run_id).data.params
+        log_params(self._uri, self._run_id, {k: v for k, v in ((f"sweep.{k}", ",".join(v)[:6000])
+                                                              for k, v in swept.items()) if k not in logged})
+        rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
+            "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
+            "command": sys.argv[1:]})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)
-        print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         _Running.sweep = None

@@ -215,7 +215,7 @@ def test_full_disk_refuses_checkpoint_and_keeps_earlier_ones(store: str, tmp_pat
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+@pytest.mark.parametrize("launcher", ["basic"])  # joblib: test_a_stopped_sweep_resumes_only_its_unfinished_points
 def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, launcher: str) -> None:
     """Ctrl-C during a sweep: the parent run and each point's run end KILLED (none left RUNNING), exit 130,
     one line naming the sweep folder, nothing left running."""
@@ -236,3 +236,53 @@ def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, la
     assert statuses.get("sweep") == "KILLED", statuses
     assert all(r.info.status == "KILLED" for r in runs(store, exp)), [r.info.status for r in runs(store, exp)]
     assert wait_gone(tree, 10) == []
+
+
+def test_a_stopped_sweep_resumes_only_its_unfinished_points(store: str, tmp_path: Path) -> None:
+    """A joblib sweep stopped after two of its four points finished: `python -m runner resume <folder>` runs
+    only the two others, under the same parent run, which ends with four children and a report of four."""
+    import csv
+
+    sweep, exp = tmp_path / "sweep", "sweep_resume"
+    short = [a for a in FAST if not a.startswith("train.steps=")]
+    job = Job(tmp_path / "first", store, exp, ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *short,
+                                                "train.steps=10,20,300,310", f"hydra.sweep.dir={sweep}"])
+    deadline = time.monotonic() + 180
+    while not all((sweep / n / "run.json").exists() for n in ("2", "3")):  # 0 and 1 finished, 2 and 3 train
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
+        time.sleep(0.1)
+    tree = descendants(job.proc.pid)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish(90) == 130, job.err.read_text()[-3000:]
+    line = one_clean_line(job)
+    assert f"python -m runner resume {sweep}" in line, line
+    assert wait_gone(tree, 10) == []
+
+    def by_job() -> dict:
+        found = runs(store, exp)
+        (parent,) = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
+        return parent, {int(r.data.tags["runner.job"]): r for r in found if r.data.tags.get("runner.kind") == "job"}
+
+    parent, children = by_job()
+    assert parent.info.status == "KILLED"
+    assert {j: r.info.status for j, r in children.items()} == {0: "FINISHED", 1: "FINISHED", 2: "KILLED", 3: "KILLED"}
+    before = {j: r.info.run_id for j, r in children.items()}
+
+    resumed = subprocess.run([sys.executable, "-m", "runner", "resume", str(sweep)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                          if k != "MLFLOW_TRACKING_URI"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "job 0 kept" in resumed.stdout and "job 1 kept" in resumed.stdout, resumed.stdout[-3000:]
+    again, children = by_job()
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
+    assert {j: r.info.status for j, r in children.items()} == {j: "FINISHED" for j in range(4)}
+    assert children[0].info.run_id == before[0] and children[1].info.run_id == before[1]  # kept, not rerun
+    assert children[2].data.tags["runner.replaces"] == before[2] and children[3].info.run_id != before[3]
+    assert again.data.metrics["sweep/points"] == 4 and again.data.metrics["sweep/failed_points"] == 0
+    assert len(list(csv.DictReader((sweep / "report" / "points.csv").open()))) == 4
+
+    # the same folder with other values is refused, naming the key
+    refused = subprocess.run([sys.executable, "-m", "runner", "resume", str(sweep), "train.steps=5"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "sweep.resume_changed=true" in refused.stderr, refused.stderr
+    assert "train.steps: 10,20,300,310 -> 5" in refused.stderr, refused.stderr

@@ -1,0 +1,107 @@
+"""Resuming a sweep: only the points without a finished answer run again, under the same parent run.
+
+``python -m runner resume <sweep folder>`` runs the sweep's command again with its ``hydra.sweep.dir`` (as
+re-running the same command with that folder does). Each point keeps its job number and folder; a point
+whose folder holds a FINISHED job (a trained run, or a plan-only answer: a plan or "no plan fits") of the
+same resolved config is kept and not run; failed, killed and never-started points run, their earlier run
+replaced. The sweep's parent MLflow run goes on (:class:`runner.track.sweep.SweepParentRun`) and its
+summary and report cover every point. A command whose overrides differ from the folder's sweep is refused,
+naming the keys, unless ``sweep.resume_changed=true``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from runner.runtime import rundir
+from runner.track.sweep import SWEEP_FILE
+
+IGNORED = ("sweep", "tracking.uri")  # keys that do not change a point's answer
+
+
+def _task(overrides: List[str]) -> Dict[str, str]:
+    """Task overrides as key -> value (Hydra's own ``hydra.*`` and ``hydra/...`` and keys in IGNORED left out)."""
+    out = {}
+    for text in overrides:
+        key, _, value = text.partition("=")
+        key = key.lstrip("+~")
+        if key.startswith(("hydra.", "hydra/")) or key == "hydra" or _ignored(key):
+            continue
+        out[key] = value
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in IGNORED)
+
+
+def changed_overrides(before: List[str], now: List[str]) -> List[str]:
+    """``key: before -> now`` for each task override that differs between two commands."""
+    a, b = _task(before), _task(now)
+    return [f"{k}: {a.get(k, '(not set)')} -> {b.get(k, '(not set)')}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+def check_resume(sweep_dir: Path, overrides: List[str], allow_changed: bool) -> Optional[str]:
+    """The one-line refusal when ``sweep_dir`` holds a sweep of other overrides (None: a new folder, the same
+    command, or ``sweep.resume_changed=true``)."""
+    info = rundir.read_json(sweep_dir / SWEEP_FILE) or {}
+    if "overrides" not in info or allow_changed:
+        return None
+    changed = changed_overrides(info["overrides"], overrides)
+    if not changed:
+        return None
+    return (f"hydra.sweep.dir={sweep_dir} holds a sweep of another command ({'; '.join(changed)}): use a new "
+            "hydra.sweep.dir, or sweep.resume_changed=true to resume it with these values (points finished with "
+            "another config run again)")
+
+
+def _comparable(config: Any) -> Dict[str, Any]:
+    config = dict(config or {})
+    config.pop("sweep", None)
+    config["tracking"] = {k: v for k, v in (config.get("tracking") or {}).items() if k != "uri"}
+    return config
+
+
+def kept_point(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The status of a finished job in ``run_dir`` of the same resolved config as ``cfg`` (the point is kept,
+    not run); None when the point must run."""
+    import yaml
+
+    status = rundir.read_status(run_dir)
+    if not status or status.get("status") != "FINISHED" or not (run_dir / rundir.RESOLVED).exists():
+        return None
+    try:
+        before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    now = OmegaConf.to_container(cfg, resolve=True)
+    return status if _comparable(before) == _comparable(now) else None
+
+
+def resume_args(folder: Path, extra: List[str]) -> List[str]:
+    """The command line that resumes the sweep in ``folder``: its recorded command, this folder, ``extra``."""
+    info = rundir.read_json(folder / SWEEP_FILE)
+    if not info or "command" not in info:
+        raise ValueError(f"{folder} is not a sweep folder the runner can resume (no {SWEEP_FILE} with its command)")
+    command = [a for a in info["command"] if not a.startswith("hydra.sweep.dir=")]
+    return [*command, f"hydra.sweep.dir={folder}", *extra]
+
+
+def resume_argv(args: List[str]) -> List[str]:
+    """``resume <sweep folder> [key=value ...]`` as the command line that resumes it (usage or error: exit 2)."""
+    if not args or args[0].startswith("-"):
+        print("usage: python -m runner resume <sweep folder> [key=value ...]", file=sys.stderr)
+        raise SystemExit(2)
+    folder = Path(args[0]).expanduser().resolve()
+    try:
+        argv = resume_args(folder, args[1:])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"[runner] resuming the sweep in {folder}: python -m runner {' '.join(argv)}", flush=True)
+    return argv
