@@ -10,9 +10,10 @@ from conftest import FAST, MlflowServer, metric_history, run_cli, runs
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def mlflow_server(tmp_path: Path):
-    server = MlflowServer(tmp_path)
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module's tests (each uses its own experiment)."""
+    server = MlflowServer(tmp_path_factory.mktemp("server"))
     try:
         server.start()
         yield server.url, server.artifacts
@@ -35,9 +36,25 @@ def test_job_logs_to_remote_server_with_credentials_never_written_down(mlflow_se
     assert len(metric_history(url, run.info.run_id, "train/loss")) == 3
     assert "eval/auc" in run.data.metrics
     # artifacts went through the server into its artifact store
-    assert list(artifacts.rglob("plan.json")) and list(artifacts.rglob("resolved.yaml"))
+    mine = [p.name for p in artifacts.rglob("*") if run.info.run_id in p.parts]  # the server is the module's
+    assert "plan.json" in mine and "resolved.yaml" in mine
     assert secret not in proc.stdout + proc.stderr + str(run.data.params) + str(run.data.tags)
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
     assert url.split("//")[1] in (run_dir / "run.json").read_text()  # the URI is kept, without its password
+
+
+def test_joblib_plan_sweep_against_a_server_records_every_point(mlflow_server, tmp_path: Path) -> None:
+    """The load test's sweep (``benchmarks/store_load.py``, 100 points there) at a size the suite affords:
+    two processes writing one parent's points to a real ``mlflow server`` at once; every point FINISHED,
+    with its params, metrics or reason, and the parent's counts right."""
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from store_load import plan_sweep
+
+    _, problems = plan_sweep(mlflow_server[0], 6, 2, tmp_path / "sweep", "load")
+    assert problems == []

@@ -1,5 +1,5 @@
 """A tracking store that cannot be reached or opened is refused in seconds, in one line, before any worker;
-one that can holds every run of many jobs and sweeps started at once."""
+one that can holds every run of jobs started at once (a sweep against a server: test_remote_tracking.py)."""
 
 from __future__ import annotations
 
@@ -49,24 +49,3 @@ def test_jobs_started_together_on_a_new_sqlite_store_all_run(tmp_path: Path) -> 
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err[-1500:] for _, err in outs]
     assert sorted(r.info.status for r in runs(uri, "together")) == ["FINISHED"] * 3
-
-
-@pytest.mark.slow
-def test_joblib_plan_sweep_against_a_server_records_every_point(tmp_path: Path) -> None:
-    """The load test's sweep (``benchmarks/store_load.py``, 100 points there) at a size the suite affords:
-    two processes writing one parent's points to a real ``mlflow server`` at once; every point FINISHED,
-    with its params, metrics or reason, and the parent's counts right."""
-    import sys
-
-    from conftest import ROOT, MlflowServer
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from store_load import plan_sweep
-
-    server = MlflowServer(tmp_path / "server")
-    server.start()
-    try:
-        _, problems = plan_sweep(server.url, 6, 2, tmp_path / "sweep", "load")
-    finally:
-        server.stop()
-    assert problems == []
