@@ -10,13 +10,13 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.config.errors import one_line
+from runner.config.errors import TrackingError, WorkerFailure, one_line
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
 from runner.config.validation import validate
@@ -50,7 +50,6 @@ def _job(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner.launch.driver import run_job
     from runner.launch.slurm import adopt, stop_outcome, task_for
 
     hc = HydraConfig.get()
@@ -78,7 +77,7 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 print(f"[runner] job {hc.job.num} kept: it finished before with the same config ({run_dir})",
                       flush=True)
                 return kept.get("objective")
-        results = run_job(cfg)
+        results = _attempts(cfg, run_dir)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
@@ -101,6 +100,24 @@ def _job(cfg: DictConfig) -> Optional[float]:
     value = objective_value(cfg, results)
     _record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
     return value
+
+
+def _attempts(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
+    """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
+    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``."""
+    from runner.launch.driver import run_job
+
+    attempt = 1
+    while True:
+        try:
+            return run_job(cfg, attempt)
+        except (WorkerFailure, TrackingError) as exc:
+            if attempt > cfg.sweep.retries or not exc.fault:
+                raise
+            _record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
+            print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
+                  "it again", flush=True)
+            attempt += 1
 
 
 def _as_slurm_task() -> None:

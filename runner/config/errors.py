@@ -44,6 +44,8 @@ class CheckpointError(RuntimeError):
 class TrackingError(RuntimeError):
     """The MLflow store cannot be reached or opened; ``str()`` names the URI and what to do."""
 
+    fault = False  # True for a tracking server that does not answer (an outage: ``sweep.retries`` may help)
+
 
 class DataError(RuntimeError):
     """The data cannot be read as configured; ``str()`` names the file (and line) and what is expected."""
@@ -54,7 +56,13 @@ class SchedulerError(RuntimeError):
 
 
 class WorkerFailure(RuntimeError):
-    """A worker (or agent) failed; ``str()`` names the rank and the error, in one line."""
+    """A worker (or agent) failed; ``str()`` names the rank and the error, in one line. ``fault``: the cause
+    was outside the job's own code and config (a process killed by a signal, an agent lost), so the same job
+    may succeed when run again (``sweep.retries``)."""
+
+    def __init__(self, message: str, fault: bool = False) -> None:
+        super().__init__(message)
+        self.fault = fault
 
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),

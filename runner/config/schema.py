@@ -47,6 +47,11 @@ class TrackingSchema:
 
 @dataclass
 class SweepSchema:
+    retries: int = 0
+    """Run a job (a sweep's point, or a single job) again, up to this many times, when it failed from a fault:
+    a worker or agent killed by a signal, a tracking server that did not answer at the start. Each attempt
+    keeps its files (the earlier ones in ``previous/<n>/``) and its MLflow run (tag ``runner.attempt``).
+    Config errors, failures of the job's own code and "no plan fits" are answers, never retried."""
     resume_changed: bool = False
     """Resume a sweep folder (``python -m runner resume <folder>``, or the same ``hydra.sweep.dir`` again) with
     overrides that differ from its command; its points finished with another config run again."""

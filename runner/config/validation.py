@@ -219,6 +219,7 @@ def validate(cfg: Any) -> None:
         _check_choices("tracking.objective.direction", [cfg.tracking.objective.direction], ("max", "min"))
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
+    _check(cfg.sweep.retries >= 0, "sweep.retries", cfg.sweep.retries, "an integer >= 0")
     if cfg.tracking.uri and split_credentials(cfg.tracking.uri)[1:] != (None, None):
         raise ConfigError("tracking.uri", redact_uri(cfg.tracking.uri),
                           "a URI without user:password@ (the run folder keeps the config): set "

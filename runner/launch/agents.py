@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from runner.config.errors import WorkerFailure
 from runner.launch.warm import kill_group, spawn_agent, take_warm
@@ -42,11 +42,11 @@ def _stop_all(procs: List[subprocess.Popen]) -> None:
             p.wait()
 
 
-def root_cause(run_dir: Path) -> str:
+def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
     """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
     records = [r for r in rundir.error_records(run_dir) if "rank" in r and "time" in r]
     if not records:
-        return f"a worker process failed without recording an error (see {run_dir / rundir.LOG})"
+        return None
     # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
     # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
     workers = [r for r in records if r.get("source") == "worker"]
@@ -54,12 +54,19 @@ def root_cause(run_dir: Path) -> str:
     killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
     # SIGTERM is what stopping the others after a failure sends: an echo, unless nothing else was recorded
     killed = [r for r in killed if r["signal"] != "SIGTERM"] or (killed if not workers else [])
-    first = min(killed or workers or records, key=lambda r: r["time"])
+    return min(killed or workers or records, key=lambda r: r["time"])
+
+
+def root_cause(run_dir: Path) -> WorkerFailure:
+    """The job's failure, named by its earliest recorded error; a fault when that rank was killed by a signal."""
+    first = _first_failure(run_dir)
+    if first is None:
+        return WorkerFailure(f"a worker process failed without recording an error (see {run_dir / rundir.LOG})")
     where = f" on node {first['node']}" if "node" in first else ""
     trace = run_dir / rundir.ERRORS / f"rank{first['rank']}.traceback.txt"
     unexpected = str(first["error"]).startswith("unexpected error")
     more = f" (traceback: {trace})" if unexpected and trace.exists() else ""
-    return f"rank {first['rank']}{where} failed: {first['error']}{more}"
+    return WorkerFailure(f"rank {first['rank']}{where} failed: {first['error']}{more}", fault=bool(first.get("signal")))
 
 
 def _agent_death(proc: subprocess.Popen, node: int) -> Optional[str]:
@@ -114,7 +121,8 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
             _stop_all(procs)
             node = nodes_on_this_host(cluster)[failed]
             _await_other_nodes(cluster, run_dir)
-            raise WorkerFailure(_agent_death(procs[failed], node) or root_cause(run_dir))
+            death = _agent_death(procs[failed], node)
+            raise WorkerFailure(death, fault=True) if death else root_cause(run_dir)
         if all(c == 0 for c in codes):
             return
         if pump is not None and time.monotonic() >= next_pump:

@@ -96,8 +96,9 @@ def _train(cfg: Any, run: MlflowRun) -> Optional[Dict[str, Any]]:
     return results
 
 
-def run_job(cfg: Any) -> Dict[str, Any]:
-    """Write the resolved config, launch (or plan), keep the MLflow run, return the results."""
+def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:
+    """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``attempt``: which
+    run of this job it is (``sweep.retries``)."""
     if cfg.mode != "train":
         discard_warm()  # no workers: free the core the prewarmed agent would hold
     if cfg.mode == "write_data":
@@ -118,7 +119,9 @@ def run_job(cfg: Any) -> Dict[str, Any]:
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = MlflowRun(cfg, ctx, config, port)  # type: ignore[arg-type]
-    run.replaces = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
+    run.attempt = attempt
+    if earlier is not None and attempt == 1:  # a resumed sweep's point: its earlier run is replaced
+        run.replaces = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id")
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts
     with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
         return _run(cfg, run)

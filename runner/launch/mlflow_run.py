@@ -66,6 +66,7 @@ class MlflowRun:
         self._system: Any = None  # this host's system-metrics monitor
         self._chart: Optional[threading.Thread] = None  # draws the plan's chart while the workers train
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
+        self.attempt = 1  # which run of this job (sweep.retries)
 
     def rank0_here(self) -> bool:
         if self.slurm:
@@ -91,6 +92,7 @@ class MlflowRun:
                 **{f"runner.sweep.{k}": v for k, v in point.items()}, **run_tags(self.cfg)}
         if ctx.job_num is not None:
             tags["runner.job"] = ctx.job_num
+        tags["runner.attempt"] = self.attempt
         self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
         if self.replaces and sweep.get("parent_run_id"):
             _retire(self.uri, self.replaces, sweep["parent_run_id"], self.run_id)

@@ -140,8 +140,9 @@ def check_store(uri: str) -> None:
             return  # a server answered (a proxy may not route /health): reachable
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
-            raise TrackingError(f"tracking.uri={uri}: no MLflow server answers ({first_line(reason)}); "
-                                f"{fix}") from None
+            outage = TrackingError(f"tracking.uri={uri}: no MLflow server answers ({first_line(reason)}); {fix}")
+            outage.fault = True  # the server may be back later
+            raise outage from None
     folder = sqlite_folder(uri)
     if folder is not None:
         try:

@@ -151,12 +151,16 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     marks["process_group"] = time.time()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
-        return RankJob(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
+        results = RankJob(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
+        try:  # peers that already stopped can make this raise: it must not replace the job's own outcome
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
         raise
-    finally:
-        dist.destroy_process_group()
+    dist.destroy_process_group()
+    return results
 
 
 def _record_error(run_dir: Path, exc: BaseException) -> None:

@@ -286,3 +286,28 @@ def test_a_stopped_sweep_resumes_only_its_unfinished_points(store: str, tmp_path
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "sweep.resume_changed=true" in refused.stderr, refused.stderr
     assert "train.steps: 10,20,300,310 -> 5" in refused.stderr, refused.stderr
+
+
+def test_a_point_failed_from_a_fault_is_retried_with_both_attempts_recorded(store: str, tmp_path: Path) -> None:
+    """sweep.retries=1: a point whose worker is killed runs again and finishes; both attempts are child runs
+    (FAILED naming the kill, then FINISHED; tag runner.attempt), the sweep counts the point as finished."""
+    sweep, exp = tmp_path / "sweep", "sweep_retry"
+    short = [a for a in FAST if not a.startswith("train.steps=")]
+    job = Job(tmp_path / "job", store, exp, ["-m", *short, "train.steps=300", "train.seed=1,2", "sweep.retries=1",
+                                              f"hydra.sweep.dir={sweep}"])
+    pid_file, deadline = sweep / "0" / "pids" / "rank1.pid", time.monotonic() + 120
+    while not (pid_file.exists() and (sweep / "0" / "events.jsonl").exists()):
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
+        time.sleep(0.05)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert job.finish(240) == 0, job.err.read_text()[-3000:]
+    assert "attempt 1 of 2 failed from a fault (rank 1" in job.out.read_text(), job.out.read_text()[-3000:]
+    found = runs(store, exp)
+    (parent,) = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
+    point0 = sorted((r for r in found if r.data.tags.get("runner.job") == "0"),
+                    key=lambda r: int(r.data.tags["runner.attempt"]))
+    assert [(r.data.tags["runner.attempt"], r.info.status) for r in point0] == [("1", "FAILED"), ("2", "FINISHED")]
+    assert "SIGKILL" in point0[0].data.tags["error"]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/failed_points"] == 0
+    assert parent.data.metrics["sweep/points"] == 2
+    assert (sweep / "0" / "previous" / "1" / "status.json").exists()  # the first attempt's files, kept
