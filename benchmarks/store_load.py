@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,19 +47,23 @@ def grid(points: int) -> Tuple[List[str], List[str]]:
 
 
 def runner_env(uri: str) -> dict:
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
-    return env
+    return dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
 
 
-def check_sweep(uri: str, experiment: str, expected: int) -> List[str]:
-    """What the store lacks or holds wrong for a sweep of ``expected`` points (empty: all there)."""
+def experiment_runs(uri: str, experiment: str) -> Tuple[object, Optional[list]]:
+    """The store's client and the experiment's runs (None when there is no such experiment)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    return client, None if exp is None else client.search_runs([exp.experiment_id], max_results=5000)
+
+
+def check_sweep(uri: str, experiment: str, expected: int) -> List[str]:
+    """What the store lacks or holds wrong for a sweep of ``expected`` points (empty: all there)."""
+    _, all_runs = experiment_runs(uri, experiment)
+    if all_runs is None:
         return [f"no experiment {experiment!r}"]
-    all_runs = client.search_runs([exp.experiment_id], max_results=5000)
     parents = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
     children = [r for r in all_runs if r.data.tags.get("runner.kind") == "job"]
     problems = []
@@ -95,13 +99,9 @@ def check_sweep(uri: str, experiment: str, expected: int) -> List[str]:
 
 
 def check_trainers(uri: str, experiment: str, expected: int) -> List[str]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    client, found = experiment_runs(uri, experiment)
+    if found is None:
         return [f"no experiment {experiment!r}"]
-    found = client.search_runs([exp.experiment_id])
     problems = [] if len(found) == expected else [f"{len(found)} runs for {expected} jobs"]
     for r in found:
         losses = client.get_metric_history(r.info.run_id, "train/loss")

@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import List, Set
+from typing import Callable, List, Set
 
 import pytest
 from conftest import FAST, ROOT, runs, stderr_lines
@@ -72,11 +72,15 @@ class Job:
              f"hydra.run.dir={self.run_dir}"], cwd=ROOT, env=env, stdout=self.out.open("w"), stderr=self.err.open("w"))
 
     def wait_for(self, path: str, within: float = 120) -> None:
+        self.until(lambda: (self.run_dir / path).exists(), within, f"no {path}")
+
+    def until(self, ready: Callable[[], object], within: float = 120, what: str = "not ready") -> None:
+        """Wait until ``ready()``; fail if the command ends first or ``within`` seconds pass."""
         deadline = time.monotonic() + within
-        while not (self.run_dir / path).exists():
+        while not ready():
             assert self.proc.poll() is None, self.err.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no {path} after {within} s"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, f"{what} after {within} s"
+            time.sleep(0.05)
 
     def training(self) -> None:
         self.wait_for("pids/rank1.pid")
@@ -223,10 +227,7 @@ def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, la
     parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
     job = Job(tmp_path, store, exp, ["-m", *FAST, "train.steps=100000", "train.seed=1,2", *parallel,
                                      f"hydra.sweep.dir={sweep}"])
-    deadline = time.monotonic() + 120
-    while not list(sweep.glob("*/run.json")):  # a point's run is open
-        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
-        time.sleep(0.1)
+    job.until(lambda: list(sweep.glob("*/run.json")))  # a point's run is open
     tree = descendants(job.proc.pid)
     job.proc.send_signal(signal.SIGINT)
     assert job.finish(90) == 130, job.err.read_text()[-3000:]
@@ -247,10 +248,7 @@ def test_a_stopped_sweep_resumes_only_its_unfinished_points(store: str, tmp_path
     short = [a for a in FAST if not a.startswith("train.steps=")]
     job = Job(tmp_path / "first", store, exp, ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *short,
                                                 "train.steps=10,20,300,310", f"hydra.sweep.dir={sweep}"])
-    deadline = time.monotonic() + 180
-    while not all((sweep / n / "run.json").exists() for n in ("2", "3")):  # 0 and 1 finished, 2 and 3 train
-        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
-        time.sleep(0.1)
+    job.until(lambda: all((sweep / n / "run.json").exists() for n in ("2", "3")), 180)  # 0, 1 done; 2, 3 train
     tree = descendants(job.proc.pid)
     job.proc.send_signal(signal.SIGINT)
     assert job.finish(90) == 130, job.err.read_text()[-3000:]
@@ -295,10 +293,8 @@ def test_a_point_failed_from_a_fault_is_retried_with_both_attempts_recorded(stor
     short = [a for a in FAST if not a.startswith("train.steps=")]
     job = Job(tmp_path / "job", store, exp, ["-m", *short, "train.steps=300", "train.seed=1,2", "sweep.retries=1",
                                               f"hydra.sweep.dir={sweep}"])
-    pid_file, deadline = sweep / "0" / "pids" / "rank1.pid", time.monotonic() + 120
-    while not (pid_file.exists() and (sweep / "0" / "events.jsonl").exists()):
-        assert job.proc.poll() is None and time.monotonic() < deadline, job.err.read_text()[-3000:]
-        time.sleep(0.05)
+    pid_file = sweep / "0" / "pids" / "rank1.pid"
+    job.until(lambda: pid_file.exists() and (sweep / "0" / "events.jsonl").exists())
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert job.finish(240) == 0, job.err.read_text()[-3000:]
     assert "attempt 1 of 2 failed from a fault (rank 1" in job.out.read_text(), job.out.read_text()[-3000:]
