@@ -143,9 +143,11 @@ def _record_status(run_dir: Path, status: str, error: Optional[str] = None, **ex
 
 
 def _prewarm(args: List[str]) -> None:
-    """Start node 0's agent now, for a plain single training job (no flags: not a sweep, not
-    ``--cfg``/``--help``), so that its imports overlap composing the config (start-up)."""
-    if any(a.startswith("-") for a in args) or any(re.match(r"\+*mode=(plan|write_data)$", a) for a in args):
+    """Start node 0's agent now, for a training job or a sweep whose points run in this process (no other
+    flag than ``-m``, no other launcher, no ``experiment=``), so that its imports overlap composing the
+    config and opening the run (start-up)."""
+    flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun")]
+    if flags or any(re.match(r"\+*(mode=(plan|write_data)|hydra/launcher=|experiment=)", a) for a in args):
         return
     from runner.config.schema_model import ClusterSchema
     from runner.launch.warm import prewarm

@@ -149,6 +149,9 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     assert parent.data.params["sweep.cluster.intra_node_bandwidth"] == "100,600"
     assert parent.data.params["sweep.sharding.storage_reserve_percent"] == "0.1,0.3"
     assert parent.data.metrics["sweep/points"] == 4 and parent.data.metrics["sweep/failed_points"] == 0
+    # each point's agent loaded torch before its point began: the first while the sweep started, each next
+    # one while the point before it ended
+    assert [c.data.tags["runner.agent_prewarmed"] for c in children] == ["true"] * 4
 
 
 @CPU_ONLY  # binds CPU workers to cores / plans in host memory

@@ -30,12 +30,13 @@ from runner.launch.agents import launch, nodes_on_this_host
 from runner.launch.mlflow_run import JobContext, MlflowRun
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.slurm import stop_outcome
-from runner.launch.warm import discard_warm
+from runner.launch.warm import discard_warm, prewarm
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads
 from runner.runtime.cores import job_cores
 from runner.track import store
 from runner.track.reporter import summary_line
+from runner.track.sweep import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
 
@@ -82,6 +83,7 @@ def _train(cfg: Any, run: MlflowRun) -> Optional[Dict[str, Any]]:
     try:
         launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=run.pump,
                threads=agent_threads(cfg))
+        _prewarm_next(cfg, run.ctx)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
         if run.run_id is None:  # node k of a multi-host job: the run is node 0's to end
@@ -94,6 +96,16 @@ def _train(cfg: Any, run: MlflowRun) -> Optional[Dict[str, Any]]:
     if results is None:
         raise RuntimeError(f"every worker exited 0 but rank 0 wrote no {run_dir / rundir.RESULTS}")
     return results
+
+
+def _prewarm_next(cfg: Any, ctx: JobContext) -> None:
+    """A sweep whose points run one after another in this process: the next point's agent loads torch and
+    TorchRec now, while this point's run ends (each point paid those ~3 s of imports before its workers)."""
+    if ctx.job_num is None or ctx.parallel != 1 or cfg.cluster.scheduler == "slurm":
+        return
+    points = sweep_info(ctx.sweep_dir).get("points")
+    if points and ctx.job_num + 1 < points:
+        prewarm(agent_threads(cfg))  # used when the next point loads torch with the same thread count
 
 
 def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:

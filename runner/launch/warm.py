@@ -87,6 +87,7 @@ def kill_group(proc: subprocess.Popen, sig: int) -> None:
 def prewarm(threads: int) -> None:
     """Start node 0's agent now, loading torch with ``threads`` OpenMP threads; killed at exit if unused."""
     global _agent
+    discard_warm()  # one at a time
     _agent = WarmAgent(threads)
     atexit.register(discard_warm)
 

@@ -11,6 +11,7 @@ report, logs what the sweep found, and ends the parent FINISHED, or FAILED namin
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,9 +183,10 @@ class SweepParentRun(Callback):
         logged = client(self._uri).get_run(self._run_id).data.params
         log_params(self._uri, self._run_id, {k: v for k, v in ((f"sweep.{k}", ",".join(v)[:6000])
                                                               for k, v in swept.items()) if k not in logged})
+        grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
-            "command": sys.argv[1:]})
+            "command": sys.argv[1:], "points": math.prod(len(v) for v in swept.values()) if grid else None})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

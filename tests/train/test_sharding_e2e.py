@@ -28,8 +28,9 @@ def types_of(plan: dict) -> set:
 def trained_sweep(store: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One sweep over the sharding options not trained elsewhere (2 workers: one node's row splits)."""
     sweep = tmp_path_factory.mktemp("sharding_sweep")
-    proc = run_cli(["-m", *FAST, "train.steps=20", *WIDE, "sharding=" + ",".join(OPTIONS),
-                    f"tracking.uri={store}", "tracking.experiment=types", f"hydra.sweep.dir={sweep}"], timeout=900)
+    proc = run_cli(["-m", *FAST, "train.steps=20", *WIDE, "train.checkpoint.enabled=false",
+                    "sharding=" + ",".join(OPTIONS), f"tracking.uri={store}", "tracking.experiment=types",
+                    f"hydra.sweep.dir={sweep}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep
 
