@@ -69,15 +69,22 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 run_dir = adopt(cfg, task, run_dir)
             else:
                 cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
+        earlier = None
         if hc.mode == RunMode.MULTIRUN:
-            from runner.launch.resume import kept_point
+            from runner.launch.resume import kept_point, reusable
 
             kept = kept_point(cfg, run_dir)
             if kept is not None:  # a resumed sweep: this point has its answer
                 print(f"[runner] job {hc.job.num} kept: it finished before with the same config ({run_dir})",
                       flush=True)
                 return kept.get("objective")
-        results = _attempts(cfg, run_dir)
+            earlier = reusable(cfg)  # sweep.reuse: an earlier run of the same config answers it
+        if earlier is not None:
+            from runner.launch.driver import reuse_job
+
+            results = reuse_job(cfg, earlier)
+        else:
+            results = _attempts(cfg, run_dir)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)

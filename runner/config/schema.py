@@ -52,6 +52,9 @@ class SweepSchema:
     a worker or agent killed by a signal, a tracking server that did not answer at the start. Each attempt
     keeps its files (the earlier ones in ``previous/<n>/``) and its MLflow run (tag ``runner.attempt``).
     Config errors, failures of the job's own code and "no plan fits" are answers, never retried."""
+    reuse: Optional[bool] = None
+    """Link a sweep's point to a FINISHED run of the same config (tag ``runner.config_hash``) in the experiment
+    instead of running it; null: on for plan-only points (their answers are deterministic), off for training."""
     resume_changed: bool = False
     """Resume a sweep folder (``python -m runner resume <folder>``, or the same ``hydra.sweep.dir`` again) with
     overrides that differ from its command; its points finished with another config run again."""

@@ -29,6 +29,7 @@ from runner.config.device import (
 from runner.launch.agents import launch, nodes_on_this_host
 from runner.launch.mlflow_run import JobContext, MlflowRun
 from runner.launch.ports import check_master_port, free_port
+from runner.launch.resume import link_point
 from runner.launch.slurm import stop_outcome
 from runner.launch.warm import discard_warm, prewarm
 from runner.runtime import rundir, signals
@@ -106,6 +107,22 @@ def _prewarm_next(cfg: Any, ctx: JobContext) -> None:
     points = sweep_info(ctx.sweep_dir).get("points")
     if points and ctx.job_num + 1 < points:
         prewarm(agent_threads(cfg))  # used when the next point loads torch with the same thread count
+
+
+def reuse_job(cfg: Any, earlier: Any) -> Dict[str, Any]:
+    """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
+    folder and child run, linked to that run, nothing planned or trained."""
+    discard_warm()
+    ctx = JobContext.from_hydra(cfg)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.set_aside_previous(ctx.run_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    results = link_point(cfg, ctx.run_dir, earlier, MlflowRun(cfg, ctx, config, 0))  # type: ignore[arg-type]
+    results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
+                          f"{earlier.info.run_id}")
+    print(results["summary"], flush=True)
+    return results
 
 
 def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:

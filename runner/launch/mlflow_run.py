@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from runner.launch.resume import config_hash
 from runner.launch.slurm import node_run_dir, run_tags
 from runner.launch.warm import took_warm
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
@@ -93,6 +94,7 @@ class MlflowRun:
         if ctx.job_num is not None:
             tags["runner.job"] = ctx.job_num
         tags["runner.attempt"] = self.attempt
+        tags["runner.config_hash"] = config_hash(self.config)  # what sweep.reuse looks for
         self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
         if self.replaces and sweep.get("parent_run_id"):
             _retire(self.uri, self.replaces, sweep["parent_run_id"], self.run_id)

@@ -11,9 +11,12 @@ naming the keys, unless ``sweep.resume_changed=true``.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import OmegaConf
 
@@ -81,6 +84,52 @@ def kept_point(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
         return None
     now = OmegaConf.to_container(cfg, resolve=True)
     return status if _comparable(before) == _comparable(now) else None
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """What decides a job's answer, hashed: its resolved config without ``tracking`` and ``sweep`` (tag
+    ``runner.config_hash`` of every job's run)."""
+    kept = {k: v for k, v in config.items() if k not in ("tracking", "sweep")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def reusable(cfg: Any) -> Optional[Any]:
+    """A FINISHED run of ``cfg``'s config in its experiment, when ``sweep.reuse`` is on (null: plan-only)."""
+    from runner.track import store
+
+    if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
+        return None
+    uri = store.tracking_uri(cfg)
+    experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
+    if experiment is None:
+        return None
+    digest = config_hash(OmegaConf.to_container(cfg, resolve=True))
+    found = store.client(uri).search_runs(
+        [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
+        max_results=1)
+    return found[0] if found else None
+
+
+def link_point(cfg: Any, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
+    """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
+    copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
+    ``runner.reused_from`` naming it. The point's results."""
+    from runner.track import store
+
+    source = Path(earlier.data.tags.get("runner.run_dir", "/nonexistent"))
+    if (source / rundir.PLAN).is_dir():
+        shutil.copytree(source / rundir.PLAN, run_dir / rundir.PLAN, dirs_exist_ok=True)
+    new_run.open()
+    copied = {k: v for k, v in earlier.data.tags.items() if k.startswith("runner.plan") or k in (
+        "runner.sharding_types", "runner.world_size", "runner.local_world_size", "runner.nodes", "runner.device")}
+    store.set_tags(new_run.uri, new_run.run_id, {**copied, "runner.reused_from": earlier.info.run_id})
+    if earlier.data.metrics:
+        store.log_metrics(new_run.uri, new_run.run_id, dict(earlier.data.metrics), 0)
+    results = {**(rundir.read_json(source / rundir.RESULTS) or {}), "reused_from": earlier.info.run_id,
+               "run_id": new_run.run_id, "tracking_uri": new_run.uri}
+    rundir.write_json(run_dir / rundir.RESULTS, results)
+    new_run.end("FINISHED")
+    return results
 
 
 def resume_args(folder: Path, extra: List[str]) -> List[str]:

@@ -25,7 +25,8 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
         return None
     point = {"job": int(job_dir.name), "params": flatten(yaml.safe_load((job_dir / rundir.RESOLVED).read_text())),
              "run_id": results.get("run_id"), "status": results.get("plan_status", "feasible"),
-             "reason": results.get("reason", ""), "types": {}, "shapes": {},
+             "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
+             "types": {}, "shapes": {},
              "est_step_ms": float("nan"), "max_mem_gib": float("nan")}
     if point["status"] == "infeasible":
         return point
@@ -114,19 +115,22 @@ def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> Non
     tables = sorted({t for p in points for t in p["types"]})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["job", *keys, "plan_status", "est_step_ms", "max_mem_gib", *tables, "run_id", "reason"])
+        w.writerow(["job", *keys, "plan_status", "est_step_ms", "max_mem_gib", *tables, "run_id", "reason",
+                    "reused_from"])
         for p in points:
             w.writerow([p["job"], *(p["params"].get(k) for k in keys), p["status"], f"{p['est_step_ms']:.6f}",
-                        f"{p['max_mem_gib']:.6f}", *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"]])
+                        f"{p['max_mem_gib']:.6f}", *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"],
+                        p["reused_from"]])
 
 
 def _summary(p: Dict[str, Any]) -> str:
+    reused = f" (reused: run {p['reused_from']})" if p["reused_from"] else ""
     if p["status"] == "infeasible":
-        return f"**infeasible**: {p['reason']}"
+        return f"**infeasible**: {p['reason']}{reused}"
     counts: Dict[str, int] = {}
     for v in p["types"].values():
         counts[v] = counts.get(v, 0) + 1
-    return ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    return ", ".join(f"{n} {t}" for t, n in sorted(counts.items())) + reused
 
 
 def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], changed: Dict[str, List[str]],

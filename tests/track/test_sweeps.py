@@ -105,3 +105,27 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
     assert parent.info.status == "FINISHED" and parent.data.tags["runner.best_run_id"] == best
     assert parent.data.metrics["sweep/best_est_step_ms"] == values[best]
     assert f"Best value: {values[best]}" in proc.stdout + proc.stderr
+
+
+def test_a_plan_sweep_over_an_overlapping_grid_reuses_the_points_already_answered(store: str, tmp_path: Path) -> None:
+    """sweep.reuse (on for plan-only points): a second sweep runs only its new points; the one planned before
+    is linked to its earlier run (tag runner.reused_from, its metrics and plan status), and the report says so."""
+    first = run_cli(["-m", *TIGHT_PLAN, "sharding.storage_reserve_percent=0.1,0.2", f"tracking.uri={store}",
+                     "tracking.experiment=reuse", f"hydra.sweep.dir={tmp_path / 'a'}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(["-m", *TIGHT_PLAN, "sharding.storage_reserve_percent=0.2,0.3", f"tracking.uri={store}",
+                      "tracking.experiment=reuse", f"hydra.sweep.dir={tmp_path / 'b'}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count(" reused: ") == 1 and "job 0 reused" in second.stdout, second.stdout[-2000:]
+    jobs = [r for r in runs(store, "reuse") if r.data.tags.get("runner.kind") == "job"]
+    assert len(jobs) == 4  # 2 + 2 points, one of them linked
+    (earlier,) = [r for r in jobs if r.data.params["sharding.storage_reserve_percent"] == "0.2"
+                  and "runner.reused_from" not in r.data.tags]
+    (linked,) = [r for r in jobs if "runner.reused_from" in r.data.tags]
+    assert linked.data.tags["runner.reused_from"] == earlier.info.run_id and linked.info.status == "FINISHED"
+    assert linked.data.tags["runner.config_hash"] == earlier.data.tags["runner.config_hash"]
+    assert linked.data.metrics["plan/est_step_ms"] == earlier.data.metrics["plan/est_step_ms"]
+    assert linked.data.tags["runner.plan_status"] == earlier.data.tags["runner.plan_status"]
+    rows = list(csv.DictReader((tmp_path / "b" / "report" / "points.csv").open()))
+    assert [r["reused_from"] for r in rows] == [earlier.info.run_id, ""]
+    assert f"reused: run {earlier.info.run_id}" in (tmp_path / "b" / "report" / "report.md").read_text()
