@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -109,16 +109,29 @@ def _prewarm_next(cfg: Any, ctx: JobContext) -> None:
         prewarm(agent_threads(cfg))  # used when the next point loads torch with the same thread count
 
 
+def _job_folder(cfg: Any) -> Tuple[JobContext, Dict[str, Any], Optional[str]]:
+    """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
+    the resolved config written. Also the MLflow run of that earlier job, if it had one."""
+    ctx = JobContext.from_hydra(cfg)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    earlier = rundir.set_aside_previous(ctx.run_dir)
+    if earlier is not None:
+        print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
+              "for train.resume=latest)", flush=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    earlier_run = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
+    return ctx, config, earlier_run  # type: ignore[return-value]
+
+
 def reuse_job(cfg: Any, earlier: Any) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
-    ctx = JobContext.from_hydra(cfg)
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.set_aside_previous(ctx.run_dir)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
-    results = link_point(cfg, ctx.run_dir, earlier, MlflowRun(cfg, ctx, config, 0))  # type: ignore[arg-type]
+    ctx, config, earlier_run = _job_folder(cfg)
+    run = MlflowRun(cfg, ctx, config, 0)
+    run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
+    results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
     print(results["summary"], flush=True)
@@ -135,22 +148,15 @@ def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:
 
         return write_data(cfg)
     _mark_start()
-    ctx = JobContext.from_hydra(cfg)
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    earlier = rundir.set_aside_previous(ctx.run_dir)  # a job reads only its own files
-    if earlier is not None:
-        print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
-              "for train.resume=latest)", flush=True)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    ctx, config, earlier_run = _job_folder(cfg)
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and cfg.mode == "train" and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
-    run = MlflowRun(cfg, ctx, config, port)  # type: ignore[arg-type]
+    run = MlflowRun(cfg, ctx, config, port)
     run.attempt = attempt
-    if earlier is not None and attempt == 1:  # a resumed sweep's point: its earlier run is replaced
-        run.replaces = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id")
+    if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
+        run.replaces = earlier_run
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts
     with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
         return _run(cfg, run)
@@ -163,8 +169,7 @@ def _run(cfg: Any, run: MlflowRun) -> Dict[str, Any]:
         if results is None:
             return {}
         run.pump()
-        if cfg.mode == "train":
-            run.log_chart()
+        run.log_chart()  # training only: plan-only jobs draw their chart as they plan
         results.update(run_id=run.run_id, tracking_uri=run.uri)
         if cfg.mode == "plan" and results.get("plan_status") == "feasible":
             run.describe_plan()

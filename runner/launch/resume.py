@@ -63,11 +63,10 @@ def check_resume(sweep_dir: Path, overrides: List[str], allow_changed: bool) -> 
             "another config run again)")
 
 
-def _comparable(config: Any) -> Dict[str, Any]:
-    config = dict(config or {})
-    config.pop("sweep", None)
-    config["tracking"] = {k: v for k, v in (config.get("tracking") or {}).items() if k != "uri"}
-    return config
+def _comparable(config: Any, prefix: str = "") -> Dict[str, Any]:
+    """``config`` without the keys in IGNORED (nested dicts walked)."""
+    return {k: _comparable(v, f"{prefix}{k}.") if isinstance(v, dict) else v
+            for k, v in (config or {}).items() if not _ignored(prefix + k)}
 
 
 def kept_point(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
