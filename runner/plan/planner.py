@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import (
     GreedyProposer,
     GridSearchProposer,
@@ -28,10 +29,12 @@ from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
+from runner.plan.estimators import shard_estimators
 from runner.plan.infeasible import explain
 from runner.plan.io import load_plan
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
 from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
+from runner.plan.search_loop import SearchLoopPlanner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 
@@ -136,13 +139,15 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
                                     float(cfg.data.ids_per_feature), ("data_parallel",) if uses_split_step(cfg) else ())
-    enumerator: Any = None
+    kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
+              "estimator": shard_estimators(topology, constraints)}
     if search_space is not None:
-        enumerator = FixedEnumerator(*search_space, topology=topology, batch_size=batch, constraints=constraints)
+        enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
-        key = enumeration_key(cfg, world_size, local_world_size, device_type, batch)
-        enumerator = ReusingEnumerator(key, topology=topology, batch_size=batch, constraints=constraints)
-    return EmbeddingShardingPlanner(
+        enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, local_world_size, device_type, batch), **kwargs)
+    else:
+        enumerator = EmbeddingEnumerator(**kwargs)
+    return SearchLoopPlanner(
         topology=topology,
         batch_size=batch,
         enumerator=enumerator,

@@ -76,7 +76,8 @@ class ReusingEnumerator(EmbeddingEnumerator):
         near = _OPTIONS.get(self._key)
         if near is None:
             options = super().enumerate(module, sharders)
-            _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (copy.deepcopy(options), self._sharder_map,
+            # TorchRec's enumerate keeps its own copy of what it returns: kept here, not copied again
+            _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (self._last_stored_search_space, self._sharder_map,
                                                             self._sharder_data_map)
             return options
         options = copy.deepcopy(near[0])

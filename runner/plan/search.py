@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
-from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
+from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Storage, Topology
 
 RATING_MARGIN = 1e-9  # relative: a bound within rounding of the best plan is never skipped
 
@@ -111,59 +111,102 @@ def _proposals(option_of: np.ndarray, prev_of: np.ndarray) -> List[List[int]]:
     return picks.tolist()
 
 
-class _OptionFacts:
-    """Per option, what skipping reads: whether each shard fits on some device, its perf (total, largest)."""
+class _ProposalFacts:
+    """Per (table, option) of a loaded dynamic-programming proposer, as arrays: what each option's uniform
+    shards (row-wise, data-parallel: shard i goes to device i) add to each device's storage, its other
+    shards' storage (total and largest, per storage kind), its perf (total and largest shard), and whether
+    every shard fits on some device at all."""
 
-    def __init__(self, devices: List[Storage]) -> None:
-        self.devices = devices
-        self._facts: Dict[int, Tuple[ShardingOption, bool, float, float]] = {}
+    def __init__(self, proposer: DynamicProgrammingProposer, devices: List[Any]) -> None:
+        options = list(proposer._sharding_options_by_fqn.values())
+        tables, count, world = len(options), max(len(x) for x in options), len(devices)
+        storages = device_storages_of(devices)
+        self.capacity = np.array([_kinds(d.storage) for d in devices], dtype=np.int64)
+        self.index: Dict[int, Tuple[int, int]] = {}
+        self.uniform = np.zeros((tables, count, world, 3), dtype=np.int64)
+        self.rest_total = np.zeros((tables, count, 3), dtype=np.int64)
+        self.rest_largest = np.zeros((tables, count, 3), dtype=np.int64)
+        self.perf_total = np.zeros((tables, count))
+        self.perf_largest = np.zeros((tables, count))
+        self.placeable = np.ones((tables, count), dtype=bool)
+        self.is_uniform = np.zeros((tables, count), dtype=bool)
+        for t, table_options in enumerate(options):
+            for o, option in enumerate(table_options):
+                self.index[id(option)] = (t, o)
+                sizes = np.array([_kinds(s.storage) for s in option.shards], dtype=np.int64).reshape(-1, 3)
+                perfs = [s.perf.total for s in option.shards]
+                self.perf_total[t, o], self.perf_largest[t, o] = sum(perfs), max(perfs, default=0.0)
+                self.placeable[t, o] = all(any(s.storage.fits_in(d) for d in storages) for s in option.shards)
+                if option.partition_by == PartitionByType.UNIFORM.value and len(option.shards) == world:
+                    self.uniform[t, o], self.is_uniform[t, o] = sizes, True
+                elif len(sizes):
+                    self.rest_total[t, o], self.rest_largest[t, o] = sizes.sum(0), sizes.max(0)
 
-    def __call__(self, option: ShardingOption) -> Tuple[bool, float, float]:
-        kept = self._facts.get(id(option))
-        if kept is None or kept[0] is not option:
-            placeable = all(any(s.storage.fits_in(d) for d in self.devices) for s in option.shards)
-            perfs = [s.perf.total for s in option.shards]
-            kept = (option, placeable, sum(perfs), max(perfs, default=0.0))
-            self._facts[id(option)] = kept
-        return kept[1:]
+    def picks(self, proposal: List[ShardingOption]) -> Tuple[np.ndarray, np.ndarray]:
+        at = [self.index[id(option)] for option in proposal]
+        return np.array([t for t, _ in at]), np.array([o for _, o in at])
+
+    def cannot_place(self, t: np.ndarray, o: np.ndarray) -> bool:
+        """Whether TorchRec's greedy partitioner must fail: it places the uniform shards first, on fixed
+        devices, and devices only fill up; so it fails when they overflow a device, when the other shards
+        exceed what is left on all devices together, or when one of them is larger, in some storage kind,
+        than what is left of that kind on every device."""
+        uniform = self.is_uniform[t, o]
+        left = self.capacity - self.uniform[t[uniform], o[uniform]].sum(0)
+        if (left < 0).any():
+            return True
+        if (self.rest_total[t, o].sum(0) > left.sum(0)).any():
+            return True
+        return bool((self.rest_largest[t, o].max(0) > left.max(0)).any())
 
 
-def device_storages(topology: Topology) -> List[Storage]:
-    """The distinct storages of a (reserved) topology's devices."""
+def _kinds(storage: Storage) -> Tuple[int, int, int]:
+    return storage.hbm, storage.ddr, storage.ssd
+
+
+def device_storages_of(devices: List[Any]) -> List[Storage]:
     seen: Dict[Tuple[int, int, int], Storage] = {}
-    for d in topology.devices:
-        seen.setdefault((d.storage.hbm, d.storage.ddr, d.storage.ssd), d.storage)
+    for d in devices:
+        seen.setdefault(_kinds(d.storage), d.storage)
     return list(seen.values())
 
 
 class SkippingProposer:
     """A dynamic-programming proposer that hands the planner only the proposals that can change its answer
-    (see the module doc); counts what it skipped."""
+    (see the module doc); counts what it skipped. ``exact_partitioner``: the planner partitions with
+    TorchRec's greedy partitioner, whose failures :meth:`_ProposalFacts.cannot_place` predicts."""
 
-    def __init__(self, inner: DynamicProgrammingProposer, world_size: int) -> None:
-        self.inner, self.world_size = inner, world_size
+    def __init__(self, inner: DynamicProgrammingProposer, world_size: int, exact_partitioner: bool = True) -> None:
+        self.inner, self.world_size, self.exact_partitioner = inner, world_size, exact_partitioner
         self.best: Optional[float] = None
-        self.facts: Optional[_OptionFacts] = None
-        self.skipped_unplaceable = self.skipped_bound = 0
+        self.facts: Optional[_ProposalFacts] = None
+        self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
         self._constraint: Optional[Topology] = None
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_unplaceable + self.skipped_no_room + self.skipped_bound
 
     def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
         self.inner.load(search_space, enumerator)
         self.best, self.facts, self._constraint = None, None, None
-        self.skipped_unplaceable = self.skipped_bound = 0
+        self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
 
     def _skip(self, proposal: List[ShardingOption]) -> bool:
-        assert self.facts is not None
-        total, largest = 0.0, 0.0
-        for option in proposal:
-            placeable, option_total, option_largest = self.facts(option)
-            if not placeable:
-                self.skipped_unplaceable += 1
-                return True
-            total, largest = total + option_total, max(largest, option_largest)
-        if self.best is not None and max(total / self.world_size, largest) > self.best * (1 + RATING_MARGIN):
-            self.skipped_bound += 1
+        facts = self.facts
+        assert facts is not None
+        t, o = facts.picks(proposal)
+        if not facts.placeable[t, o].all():
+            self.skipped_unplaceable += 1
             return True
+        if self.exact_partitioner and facts.cannot_place(t, o):
+            self.skipped_no_room += 1
+            return True
+        if self.best is not None:
+            bound = max(float(facts.perf_total[t, o].sum()) / self.world_size, float(facts.perf_largest[t, o].max()))
+            if bound > self.best * (1 + RATING_MARGIN):
+                self.skipped_bound += 1
+                return True
         return False
 
     def propose(self) -> Optional[List[ShardingOption]]:
@@ -176,7 +219,7 @@ class SkippingProposer:
     def feedback(self, partitionable: bool, plan: Optional[List[ShardingOption]] = None,
                  perf_rating: Optional[float] = None, storage_constraint: Optional[Topology] = None) -> None:
         if storage_constraint is not None and self.facts is None:
-            self._constraint, self.facts = storage_constraint, _OptionFacts(device_storages(storage_constraint))
+            self._constraint, self.facts = storage_constraint, _ProposalFacts(self.inner, storage_constraint.devices)
         if partitionable and perf_rating is not None and (self.best is None or perf_rating < self.best):
             self.best = perf_rating
         self.inner.feedback(partitionable, plan, perf_rating, storage_constraint)
@@ -184,8 +227,8 @@ class SkippingProposer:
 
 def placeable_only(search_space: List[ShardingOption], reserved: Topology) -> List[ShardingOption]:
     """The options whose every shard fits on some device of the reserved topology."""
-    facts = _OptionFacts(device_storages(reserved))
-    return [o for o in search_space if facts(o)[0]]
+    storages = device_storages_of(reserved.devices)
+    return [o for o in search_space if all(any(s.storage.fits_in(d) for d in storages) for s in o.shards)]
 
 
 class FixedEnumerator(EmbeddingEnumerator):

@@ -64,6 +64,8 @@ def test_vectorised_dp_proposes_what_torchrec_proposes() -> None:
 BASE = ["model=dnn_many", "model.generated_tables.count=30", "cluster=gpu_2x8", "train.batch_size=512",
         "sharding.compute_kernels=[fused,dense]", "sharding.proposer=dynamic_programming"]
 POINTS = [(1.0, 0.3), (1.0, 0.7), (12.5, 0.3), (12.5, 0.7), (12.5, 0.89)]  # the last: no plan
+MORE = [("cluster=gpu_4x8", "sharding.storage_reserve_percent=0.6"),  # 4 nodes
+        ("sharding.storage_reserve_policy=heuristic", "sharding.storage_reserve_percent=0.5")]
 
 
 def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
@@ -78,22 +80,51 @@ def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
 
 
 def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
-    model, seen, infeasible = None, set(), 0
-    for xbw, reserve in POINTS:
-        cfg = cfg_for(*BASE, f"cluster.cross_node_bandwidth={xbw}", f"sharding.storage_reserve_percent={reserve}")
+    """Bandwidths x reserves, a 4-node cluster and the heuristic reserve: the same plan and per-rank estimates
+    as TorchRec's planner, loop and estimators with its own proposer, or no plan for both; every kind of skip
+    was taken somewhere, and never changed the answer."""
+    model, seen, infeasible, skipped = None, set(), 0, {"unplaceable": 0, "no_room": 0, "bound": 0}
+    points = [(f"cluster.cross_node_bandwidth={x}", f"sharding.storage_reserve_percent={r}") for x, r in POINTS]
+    for point in points + MORE:
+        cfg = cfg_for(*BASE, *point)
+        world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
         model = model or planning_model(cfg)
         estimates = PlanEstimates()
-        planner = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
-        assert isinstance(planner._proposers[0], SkippingProposer)
+        planner = build_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
+        proposer = planner._proposers[0]
+        assert isinstance(proposer, SkippingProposer)
         try:
             ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
         except PlannerError:
             with pytest.raises(PlannerError):  # no plan for TorchRec's own proposer either
-                _torchrec_plan(cfg, model)
+                _torchrec_plan(cfg, model, world, local)
             infeasible += 1
             continue
-        plan, best = _torchrec_plan(cfg, model)
-        assert ours == plan_to_dict(plan, table_specs(cfg.model)), (xbw, reserve)
-        assert per_rank_estimates(estimates.best_plan, 16) == per_rank_estimates(best, 16), (xbw, reserve)
+        finally:
+            for kind in skipped:
+                skipped[kind] += getattr(proposer, f"skipped_{kind}")
+        plan, best = _torchrec_plan(cfg, model, world, local)
+        assert ours == plan_to_dict(plan, table_specs(cfg.model)), point
+        assert per_rank_estimates(estimates.best_plan, world) == per_rank_estimates(best, world), point
         seen.add(str(ours))
-    assert len(seen) >= 3, (len(seen), infeasible)  # the points differ: the comparison compared something
+    assert len(seen) >= 4, (len(seen), infeasible)  # the points differ: the comparison compared something
+    assert infeasible >= 1 and all(skipped.values()), (infeasible, skipped)
+
+
+def test_estimators_give_torchrecs_estimates() -> None:
+    """Every shard's perf and storage estimate of the runner's estimators (config looked up once) equals
+    TorchRec's default estimators' on a real model's enumerated options."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from runner.plan.estimators import shard_estimators
+
+    cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=3", "sharding.compute_kernels=[]")
+    model = planning_model(cfg)
+    ours = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model))
+    kwargs = {"topology": ours._topology, "batch_size": ours._batch_size, "constraints": ours._constraints}
+    spaces = [EmbeddingEnumerator(**kwargs, estimator=estimator).enumerate(model, sharders_for(cfg.precision))
+              for estimator in (None, shard_estimators(ours._topology, ours._constraints))]
+    facts = [[(o.fqn, o.sharding_type, o.compute_kernel, [(s.perf, s.storage) for s in o.shards]) for o in space]
+             for space in spaces]
+    assert facts[0] == facts[1]
+    assert len({kernel for _, _, kernel, _ in facts[0]}) >= 3  # the kernels' formulas were compared too

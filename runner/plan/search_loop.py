@@ -1,0 +1,125 @@
+"""TorchRec's planning loop for the dynamic-programming proposer, at the scale of a thousand tables.
+
+:class:`SearchLoopPlanner` is TorchRec's ``EmbeddingShardingPlanner`` whose ``plan`` runs the same loop
+(reserve storage, enumerate, propose, partition, rate, keep the first strictly best plan, feed back)
+without the two costs that grow with tables x GPUs and change nothing:
+
+- TorchRec deep-copies a plan each time one rates better than the best so far (a thousand options, up to
+  128 shards each: a third of a 1000-table plan's time). Here each better plan's shard ranks are kept
+  and the best one is deep-copied once, at the end, in the state TorchRec would have copied.
+- TorchRec keys its proposal cache on each proposal's content hash (every shard's sizes, storage and perf,
+  per proposal). Within one search space every option is a distinct object with a distinct
+  (table, sharding type, kernel), so the options' identities key the same cache.
+
+Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
+perf model, ``to_sharding_plan``, stats and checks. Other proposers run TorchRec's own ``plan``.
+``tests/plan/test_search.py`` compares plans and per-rank estimates with TorchRec's planner.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.constants import MAX_SIZE
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.planners import to_sharding_plan
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Topology
+from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.distributed.types import ShardingPlan
+
+from runner.plan.search import SkippingProposer
+
+Progress = Callable[[Dict[str, Any]], None]
+
+
+class SearchLoopPlanner(EmbeddingShardingPlanner):
+    """See the module doc. ``progress``, when given, is called about once a second with the search's
+    counts (proposals partitioned and skipped, best rating so far)."""
+
+    def __init__(self, *args: Any, progress: Optional[Progress] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._progress = progress
+
+    def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+        proposers = self._proposers
+        if len(proposers) != 1 or not isinstance(proposers[0], SkippingProposer) or self.plan_loader is not None:
+            return super().plan(module, sharders)
+        proposer = proposers[0]
+        proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
+        self._num_proposals = self._num_plans = 0
+        start_time = time.perf_counter()
+        storage_constraint: Topology = self._storage_reservation.reserve(
+            topology=self._topology, batch_size=self._batch_size, module=module, sharders=sharders,
+            constraints=self._constraints)
+        search_space = self._enumerator.enumerate(module=module, sharders=sharders)
+        if not search_space:
+            return ShardingPlan({})
+        proposer.load(search_space=search_space, enumerator=self._enumerator)
+        best = self._search(proposer, storage_constraint)
+        if best is None:
+            raise PlannerError(
+                error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+                message=f"the dynamic-programming proposer's {self._num_proposals} proposals found no plan "
+                        f"({proposer.skipped_unplaceable} held a shard no device can hold)")
+        options, ranks = best
+        for option, option_ranks in zip(options, ranks, strict=True):
+            for shard, rank in zip(option.shards, option_ranks, strict=True):
+                shard.rank = rank
+        best_plan = copy.deepcopy(options)
+        reset_shard_rank(options)
+        for callback in self._callbacks:
+            best_plan = callback(best_plan)
+        self._best_plan = best_plan
+        sharding_plan = to_sharding_plan(best_plan, self._topology)
+        for stats in self._stats:
+            stats.log(sharding_plan=sharding_plan, topology=self._topology, batch_size=self._batch_size,
+                      storage_reservation=self._storage_reservation, num_proposals=self._num_proposals,
+                      num_plans=self._num_plans, run_time=time.perf_counter() - start_time, best_plan=best_plan,
+                      constraints=self._constraints, enumerator=self._enumerator, sharders=sharders,
+                      debug=self._debug)
+        return sharding_plan
+
+    def _search(self, proposer: SkippingProposer,
+                storage_constraint: Topology) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+        """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks)."""
+        best: Optional[Tuple[List[ShardingOption], List[List[int]]]] = None
+        best_rating = MAX_SIZE
+        cache: Dict[Tuple[int, ...], Tuple[bool, Optional[float]]] = {}
+        start = last_report = time.time()
+        proposal = proposer.propose()
+        while proposal:
+            now = time.time()
+            if self._timeout_seconds and now - start > self._timeout_seconds:
+                break
+            if self._progress is not None and now - last_report >= 1.0:
+                last_report = now
+                self._progress({"partitioned": self._num_proposals, "skipped": proposer.skipped,
+                                "best": None if best is None else best_rating})
+            key = tuple(sorted(map(id, proposal)))
+            if key in cache:
+                partitionable, rating = cache[key]
+                proposer.feedback(partitionable=partitionable, plan=proposal, perf_rating=rating,
+                                  storage_constraint=storage_constraint)
+                proposal = proposer.propose()
+                continue
+            self._num_proposals += 1
+            try:
+                plan = self._partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
+                self._num_plans += 1
+                rating = self._perf_model.rate(plan=plan)
+                if rating < best_rating:
+                    best_rating = rating
+                    best = (list(plan), [[shard.rank for shard in option.shards] for option in plan])
+                cache[key] = (True, rating)
+                proposer.feedback(partitionable=True, plan=plan, perf_rating=rating,
+                                  storage_constraint=storage_constraint)
+            except PlannerError:
+                cache[key] = (False, None)
+                proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)
+            reset_shard_rank(proposal)
+            proposal = proposer.propose()
+        return best
