@@ -11,7 +11,8 @@ without the two costs that grow with tables x GPUs and change nothing:
   per proposal). Within one search space every option is a distinct object with a distinct
   (table, sharding type, kernel), so the options' identities key the same cache.
 
-Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
+Deep copies of shards, storage, perf and devices take :func:`.copies.quick_copies` meanwhile (the same
+copies, faster). Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
 perf model, ``to_sharding_plan``, stats and checks. Other proposers run TorchRec's own ``plan``.
 ``tests/plan/test_search.py`` compares plans and per-rank estimates with TorchRec's planner.
 """
@@ -31,6 +32,7 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, S
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
+from runner.plan.copies import quick_copies
 from runner.plan.search import SkippingProposer
 
 Progress = Callable[[Dict[str, Any]], None]
@@ -46,9 +48,12 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
 
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         proposers = self._proposers
-        if len(proposers) != 1 or not isinstance(proposers[0], SkippingProposer) or self.plan_loader is not None:
-            return super().plan(module, sharders)
-        proposer = proposers[0]
+        with quick_copies():
+            if len(proposers) != 1 or not isinstance(proposers[0], SkippingProposer) or self.plan_loader is not None:
+                return super().plan(module, sharders)
+            return self._plan(module, sharders, proposers[0])
+
+    def _plan(self, module: nn.Module, sharders: List[Any], proposer: SkippingProposer) -> ShardingPlan:
         proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
         self._num_proposals = self._num_plans = 0
         start_time = time.perf_counter()
