@@ -46,8 +46,10 @@ def _budget_text(cfg: Any, device_type: str, per_rank: float, world: int) -> str
     return f"each of {world} ranks has {_fmt(per_rank)} of {word} for tables ({cap_text} less {reserve}{policy})"
 
 
-def explain(planner: Any, cfg: Any, world: int, device_type: str) -> Optional[str]:
-    """The one line for a planner that found no plan, or None when its state says nothing useful."""
+def explain(planner: Any, cfg: Any, world: int, device_type: str, also: str = "") -> Optional[str]:
+    """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
+    the proposers tried after ``cfg``'s, e.g. " (then greedy)"."""
+    tried = also
     reservation = getattr(planner, "_storage_reservation", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
     space = getattr(getattr(planner, "_enumerator", None), "last_stored_search_space", None)
@@ -81,7 +83,26 @@ def explain(planner: Any, cfg: Any, world: int, device_type: str) -> Optional[st
                 f"(each in its smallest allowed option, optimizer state included; the largest, {largest} "
                 f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
                 f"{where}; {more}")
-    return (f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}: the tables need at least "
-            f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each fits on one rank ({where}), but "
-            "no combination it tried packs; try another proposer (sharding.proposer=default tries grid search, "
-            f"greedy and uniform) or {more}")
+    return (f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}{tried}: the tables need at least "
+            f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
+            f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
+            f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}")
+
+
+def _stopped(planner: Any, by_table: Dict[str, List[Any]], budget: Dict[str, float], mem: str) -> str:
+    """What stopped the runner's dynamic-programming search, from its counts: proposals holding a shard no
+    rank can hold (naming the largest such option among the tables' smallest-in-total options, the ones its
+    bins favour), and those the partitioner could not place."""
+    proposer = (getattr(planner, "_proposers", None) or [None])[0]
+    counts = [getattr(proposer, f"skipped_{k}", 0) for k in ("unplaceable", "no_room")]
+    if not any(counts):
+        return ""
+    text = f": of its proposals, {counts[0]} held a shard no rank can hold"
+    favoured = [min(opts, key=lambda o: sum(getattr(s.storage, mem) for s in o.shards)) for opts in by_table.values()]
+    misfits = [o for o in favoured if not _fits(o, budget)]
+    if misfits:
+        worst = max(misfits, key=lambda o: max(getattr(s.storage, mem) for s in o.shards))
+        shard = max(getattr(s.storage, mem) for s in worst.shards)
+        text += (f" (e.g. table {worst.name}'s {worst.sharding_type} option, the smallest in total, has a "
+                 f"{_fmt(shard)} shard)")
+    return text + f", {counts[1]} left a shard no room once the row-wise and data-parallel shards were placed"

@@ -10,13 +10,39 @@ the cluster config describes.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from runner.config.device import device_type
 from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
 from runner.track.reporter import Reporter
+
+
+class PlanProgress:
+    """A plan's progress on the terminal once it has taken ``after_s``: one line rewritten in place on a
+    terminal, a line every ``every_s`` otherwise (a log file, a Slurm job's output)."""
+
+    def __init__(self, after_s: float = 3.0, every_s: float = 10.0) -> None:
+        self.after_s, self.every_s = after_s, every_s
+        self.tty = sys.stdout.isatty()
+        self.last: Optional[float] = None
+
+    def __call__(self, counts: Dict[str, Any]) -> None:
+        seconds = counts["seconds"]
+        if seconds < self.after_s or (not self.tty and self.last is not None and seconds - self.last < self.every_s):
+            return
+        self.last = seconds
+        best = "none yet" if counts["best"] is None else f"{counts['best']:.3f} ms"
+        line = (f"[runner] planning: {counts['options']} sharding options of {counts['tables']} tables; proposals "
+                f"{counts['partitioned']} partitioned, {counts['skipped']} skipped; best estimated step {best} "
+                f"({seconds:.0f} s)")
+        print(f"\r{line}\x1b[K" if self.tty else line, end="" if self.tty else "\n", flush=True)
+
+    def close(self) -> None:
+        if self.tty and self.last is not None:
+            print(flush=True)
 
 
 def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
@@ -33,15 +59,19 @@ def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
     reporter = Reporter(cfg, run_dir, rank=0)
     base = {"mode": "plan", "world_size": world}
     notes: List[str] = []
+    progress = PlanProgress()
     try:
-        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes)
+        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes,
+                                                progress=progress)
     except NoPlanFits as exc:
+        progress.close()
         reporter.plan_infeasible(str(exc))
         reporter.flush()
         results = {**base, "plan_status": "infeasible", "reason": str(exc), "run_id": reporter.run_id,
                    "tracking_uri": reporter.uri}
         rundir.write_json(run_dir / rundir.RESULTS, results)
         return results
+    progress.close()
     reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
                                     " ".join(notes)))
     reporter.plan_chart(draw_plan_chart(run_dir / rundir.PLAN))

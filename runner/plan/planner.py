@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from omegaconf import OmegaConf
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer,
     GreedyProposer,
     GridSearchProposer,
     UniformProposer,
@@ -34,7 +36,7 @@ from runner.plan.infeasible import explain
 from runner.plan.io import load_plan
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
 from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
-from runner.plan.search_loop import SearchLoopPlanner
+from runner.plan.search_loop import Progress, SearchLoopPlanner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 
@@ -130,11 +132,13 @@ def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
 def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
-                  search_space: Optional[Tuple[List[ShardingOption], Any]] = None) -> EmbeddingShardingPlanner:
+                  search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
+                  progress: Optional[Progress] = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
     ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`);
     ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
-    already enumerated (and the enumerator that did it) instead of a new enumeration."""
+    already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
+    with the search's counts while it runs (:class:`.search_loop.SearchLoopPlanner`)."""
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap)
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
@@ -157,13 +161,32 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
         stats=[estimates] if estimates is not None else None,
         debug=False,
         timeout_seconds=cfg.sharding.planner_timeout_s,
+        progress=progress,
     )
 
 
-def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, device_type: str) -> str:
+def torchrec_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
+                     estimates: Optional[PlanEstimates] = None,
+                     dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
+    """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
+    planner gets from ``cfg`` (topology, storage reservation, constraints, batch): what the runner's plans
+    are compared with, in tests and benchmarks."""
+    ours = build_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes)
+    proposer = (DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins)
+                if cfg.sharding.proposer == "dynamic_programming" else build_proposer(cfg.sharding, device_type,
+                                                                                    world_size))
+    return EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
+                                    storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
+                                    proposer=proposer, constraints=ours._constraints,
+                                    stats=[estimates] if estimates is not None else None, debug=False,
+                                    timeout_seconds=cfg.sharding.planner_timeout_s)
+
+
+def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, device_type: str,
+                          also: str = "") -> str:
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
-    line when its state says nothing about memory."""
-    line = explain(planner, cfg, world, device_type) if planner is not None else None
+    line when its state says nothing about memory. ``also``: the proposers tried after ``cfg``'s."""
+    line = explain(planner, cfg, world, device_type, also) if planner is not None else None
     if line is not None:
         return line
     return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
@@ -171,7 +194,7 @@ def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, de
 
 def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world: int, device_type: str,
                     sharders: List[Any], estimates: PlanEstimates, hbm_cap: Optional[int],
-                    notes: List[str]) -> Optional[ShardingPlan]:
+                    notes: List[str], progress: Optional[Progress] = None) -> Optional[ShardingPlan]:
     """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
     have a shard no GPU can hold (:func:`.search.placeable_only`); the plan (TorchRec-partitioned and
     rated) and a note on how it was found, or None."""
@@ -184,7 +207,7 @@ def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world:
     if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:
         return None  # nothing to leave out, or a table with no placeable option: no plan fits
     again = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), hbm_cap=hbm_cap,
-                          search_space=(kept, planner._enumerator))
+                          search_space=(kept, planner._enumerator), progress=progress)
     try:
         plan = again.plan(model, sharders)
     except Exception:  # noqa: BLE001 - still none: the first planner's state explains why
@@ -196,31 +219,54 @@ def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world:
     return plan
 
 
+def _greedy_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+                 estimates: PlanEstimates, hbm_cap: Optional[int], notes: List[str]) -> Optional[ShardingPlan]:
+    """Where the dynamic-programming search found no packing while the tables fit: the next proposer,
+    TorchRec's greedy ones (``sharding.proposer=greedy``); the plan and a note, or None."""
+    greedy = OmegaConf.merge(cfg, {"sharding": {"proposer": "greedy"}})
+    try:
+        plan = build_planner(greedy, world, local_world, device_type, estimates, dense_bytes(model),
+                             hbm_cap=hbm_cap).plan(model, sharders)
+    except Exception:  # noqa: BLE001 - none either: the first planner's state explains why
+        return None
+    notes.append("TorchRec's dynamic-programming proposer found no packing (nor without the options no GPU can "
+                 "hold); this plan was found by the next proposer, sharding.proposer=greedy")
+    return plan
+
+
 def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
-               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str]) -> Any:
+               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
+               progress: Optional[Progress] = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
     try:
-        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap)
+        planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap,
+                                progress=progress)
         return planner.plan(model, sharders)
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))
     except Exception as exc:  # PlannerError and the planner's assertions
-        found = None if planner is None else _placeable_plan(planner, cfg, model, world, local_world, device_type,
-                                                             sharders, estimates, hbm_cap, notes)
-        return found if found is not None else NoPlanFits(explain_planner_error(exc, planner, cfg, world,
-                                                                                device_type))
+        if planner is None:
+            return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
+        found = _placeable_plan(planner, cfg, model, world, local_world, device_type, sharders, estimates, hbm_cap,
+                                notes, progress)
+        line = explain_planner_error(exc, planner, cfg, world, device_type)
+        if found is None and cfg.sharding.proposer == "dynamic_programming" and "no combination tried packs" in line:
+            found = _greedy_plan(cfg, model, world, local_world, device_type, sharders, estimates, hbm_cap, notes)
+            line = explain_planner_error(exc, planner, cfg, world, device_type, " (then greedy)")
+        return found if found is not None else NoPlanFits(line)
 
 
 def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
               pg: Any = None, reuse: bool = False,
               hbm_cap: Optional[int] = None,
-              notes: Optional[List[str]] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              notes: Optional[List[str]] = None,
+              progress: Optional[Progress] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
-    by TorchRec's proposer alone.
+    by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs.
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -236,7 +282,7 @@ def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: s
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                               notes if notes is not None else [])
+                               notes if notes is not None else [], progress)
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):

@@ -39,12 +39,14 @@ Progress = Callable[[Dict[str, Any]], None]
 
 
 class SearchLoopPlanner(EmbeddingShardingPlanner):
-    """See the module doc. ``progress``, when given, is called about once a second with the search's
-    counts (proposals partitioned and skipped, best rating so far)."""
+    """See the module doc. ``progress``, when given, is called once the options are enumerated and then
+    about once a second with the search's counts: tables, options, proposals partitioned and skipped, the
+    best rating so far (the busiest rank's estimated ms per step) and the seconds since the plan began."""
 
     def __init__(self, *args: Any, progress: Optional[Progress] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._progress = progress
+        self._counts: Dict[str, Any] = {}
 
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         proposers = self._proposers
@@ -64,7 +66,11 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         if not search_space:
             return ShardingPlan({})
         proposer.load(search_space=search_space, enumerator=self._enumerator)
-        best = self._search(proposer, storage_constraint)
+        self._counts = {"tables": len({o.name for o in search_space}), "options": len(search_space),
+                        "partitioned": 0, "skipped": 0, "best": None, "seconds": time.perf_counter() - start_time}
+        if self._progress is not None:
+            self._progress(dict(self._counts))
+        best = self._search(proposer, storage_constraint, start_time)
         if best is None:
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
@@ -88,8 +94,8 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                       debug=self._debug)
         return sharding_plan
 
-    def _search(self, proposer: SkippingProposer,
-                storage_constraint: Topology) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+    def _search(self, proposer: SkippingProposer, storage_constraint: Topology,
+                start_time: float) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks)."""
         best: Optional[Tuple[List[ShardingOption], List[List[int]]]] = None
         best_rating = MAX_SIZE
@@ -102,8 +108,10 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 break
             if self._progress is not None and now - last_report >= 1.0:
                 last_report = now
-                self._progress({"partitioned": self._num_proposals, "skipped": proposer.skipped,
-                                "best": None if best is None else best_rating})
+                self._counts.update(partitioned=self._num_proposals, skipped=proposer.skipped,
+                                    best=None if best is None else best_rating,
+                                    seconds=time.perf_counter() - start_time)
+                self._progress(dict(self._counts))
             key = tuple(sorted(map(id, proposal)))
             if key in cache:
                 partitionable, rating = cache[key]

@@ -4,21 +4,19 @@ TorchRec's own planner with its own proposer, at many points of a bandwidth x re
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 from typing import List
 
 import pytest
 from test_planning import cfg_for
-from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.io import plan_to_dict
-from runner.plan.planner import PlanEstimates, build_planner
+from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
@@ -71,11 +69,7 @@ MORE = [("cluster=gpu_4x8", "sharding.storage_reserve_percent=0.6"),  # 4 nodes
 def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
     """TorchRec's planner with TorchRec's own dynamic-programming proposer (everything else as the runner's)."""
     estimates = PlanEstimates()
-    ours = build_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
-    planner = EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
-                                       storage_reservation=copy.deepcopy(ours._storage_reservation),
-                                       proposer=DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins),
-                                       constraints=ours._constraints, stats=[estimates], debug=False)
+    planner = torchrec_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
     return planner.plan(model, sharders_for(cfg.precision)), estimates.best_plan
 
 
@@ -128,3 +122,59 @@ def test_estimators_give_torchrecs_estimates() -> None:
              for space in spaces]
     assert facts[0] == facts[1]
     assert len({kernel for _, _, kernel, _ in facts[0]}) >= 3  # the kernels' formulas were compared too
+
+
+@pytest.mark.parametrize("cap, how", [(12, "proposing again without the"), (20, "sharding.proposer=greedy")])
+def test_a_plan_where_torchrecs_dynamic_programming_finds_none(cap: int, how: str, tmp_path) -> None:
+    """20 tables on 16 GPUs of 12 GiB: every proposal of TorchRec's proposer holds a shard no GPU can hold, the
+    runner proposes again without those options; of 20 GiB: that finds no packing either, the greedy proposer
+    does. Each plan places every table within the per-GPU budget and says how it was found."""
+    from runner.plan.planner import make_plan
+    from runner.plan.report import write_plan_report
+
+    cfg = cfg_for(*BASE, "model.generated_tables.count=20", f"cluster.hbm_cap_gib={cap}")
+    model = planning_model(cfg)
+    with pytest.raises(PlannerError):
+        _torchrec_plan(cfg, model)
+    notes: List[str] = []
+    plan, best, seconds, _ = make_plan(cfg, model, 16, 8, "cuda", notes=notes)
+    assert len(notes) == 1 and how in notes[0], notes
+    assert {o.name for o in best} == {t.name for t in table_specs(cfg.model)}
+    budget = cap * 1024**3 * (1 - cfg.sharding.storage_reserve_percent)
+    assert max(r["hbm_bytes"] for r in per_rank_estimates(best, 16)) <= budget
+    report = write_plan_report(cfg, plan, best, 16, 8, "cuda", tmp_path, seconds, notes[0])
+    assert notes[0] in (tmp_path / "report.md").read_text() and report.tags["runner.plan_note"] == notes[0]
+
+
+def test_no_packing_line_names_what_stopped_the_search() -> None:
+    """Where the dynamic-programming search finds no packing although the tables fit, its line says each table
+    has an option that fits on one rank (not that each fits), and what stopped it: how many proposals held a
+    shard no rank can hold, naming the largest such favoured option, and how many left a shard no room."""
+    from runner.plan.planner import explain_planner_error
+
+    cfg = cfg_for(*BASE, "sharding.storage_reserve_percent=0.89")
+    model = planning_model(cfg)
+    planner = build_planner(cfg, 16, 8, "cuda", PlanEstimates(), dense_bytes(model))
+    with pytest.raises(PlannerError) as exc:
+        planner.plan(model, sharders_for(cfg.precision))
+    line = explain_planner_error(exc.value, planner, cfg, 16, "cuda")
+    assert "\n" not in line and "each has an option that fits on one rank" in line, line
+    proposer = planner._proposers[0]
+    assert proposer.skipped_unplaceable + proposer.skipped_no_room > 0
+    assert f"of its proposals, {proposer.skipped_unplaceable} held a shard no rank can hold" in line, line
+    assert f"{proposer.skipped_no_room} left a shard no room" in line, line
+
+
+def test_a_long_plan_shows_its_progress(capsys) -> None:
+    """The search reports its counts while it runs; printed (here from the start) as one line each time."""
+    from runner.plan.plan_only import PlanProgress
+    from runner.plan.planner import make_plan
+
+    cfg = cfg_for(*BASE)
+    seen: List[dict] = []
+    printer = PlanProgress(after_s=0.0, every_s=0.0)
+    make_plan(cfg, planning_model(cfg), 16, 8, "cuda", progress=lambda c: (seen.append(c), printer(c)))
+    assert seen and seen[0]["options"] > seen[0]["tables"] == 30 and seen[0]["partitioned"] == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("[runner] planning: ") for line in lines), lines
+    assert f"{seen[0]['options']} sharding options of 30 tables" in lines[0], lines
