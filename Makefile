@@ -9,7 +9,7 @@ CUDA_MARK := $(VENV)/.cuda
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
 
-.PHONY: gpu-env run test test-fast lint bench bench-plan bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,9 @@ bench: $(STAMP)
 
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_sweep.py $(ARGS)
+
+bench-plan-scale: $(STAMP)
+	$(PY) benchmarks/plan_scale.py $(ARGS)
 
 bench-tracking: $(STAMP)
 	$(PY) benchmarks/tracking_rate.py $(ARGS)
