@@ -130,6 +130,7 @@ class _ProposalFacts:
         self.perf_largest = np.zeros((tables, count))
         self.placeable = np.ones((tables, count), dtype=bool)
         self.is_uniform = np.zeros((tables, count), dtype=bool)
+        self.tables = np.arange(tables)
         for t, table_options in enumerate(options):
             for o, option in enumerate(table_options):
                 self.index[id(option)] = (t, o)
@@ -195,7 +196,12 @@ class SkippingProposer:
     def _skip(self, proposal: List[ShardingOption]) -> bool:
         facts = self.facts
         assert facts is not None
-        t, o = facts.picks(proposal)
+        inner = self.inner
+        if inner._inited and inner._current_proposal >= 0:  # the proposal's option index per table, as proposed
+            o = np.asarray(inner._proposal_list[inner._current_proposal])
+            t = facts.tables
+        else:
+            t, o = facts.picks(proposal)
         if not facts.placeable[t, o].all():
             self.skipped_unplaceable += 1
             return True
