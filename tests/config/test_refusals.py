@@ -92,3 +92,29 @@ def test_refused_before_launch(args: list, says: str, broken: Path, tmp_path: Pa
     with pytest.raises(Exception) as e:
         pre_launch_checks(cfg, tmp_path)
     _is_one_clean_line(one_line(e.value), says)
+
+
+def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
+    """The pre-check composes a sweep's first point and derives the others where only values change: each
+    derived config is the one Hydra composes for that point; group choices, additions and dict values are
+    composed in full."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from runner.launch.precheck import _from_first, hydra_conf
+
+    first = ["experiment=plan_many_tables", "cluster.cross_node_bandwidth=0.5", "sharding.storage_reserve_percent=0.05",
+             "train.seed=1", "+sharding.constraints.g001.sharding_types=[row_wise]"]
+    points = [[*first[:1], "cluster.cross_node_bandwidth=12.5", "sharding.storage_reserve_percent=0.3", *first[3:]],
+              [*first[:2], "sharding.storage_reserve_percent=0.45", "train.seed=7", first[4]]]
+    with hydra_conf() as loader:
+        base = (first, compose(config_name="config", overrides=first))
+        for point in points:
+            derived = _from_first(base, point, loader)
+            assert derived is not None, point
+            assert OmegaConf.to_container(derived) == OmegaConf.to_container(compose(config_name="config",
+                                                                                     overrides=point)), point
+        for composed_in_full in (["experiment=plan_many_tables", "cluster=gpu_4x8", *first[2:]],  # a group
+                                 [*first[:4], "+sharding.constraints.g001.sharding_types=[table_wise]"],  # an add
+                                 [*first[:2], "sharding.storage_reserve_percent=abc", *first[3:]]):  # refused
+            assert _from_first(base, composed_in_full, loader) is None, composed_in_full
