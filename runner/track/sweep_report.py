@@ -1,9 +1,10 @@
 """The report a sweep's parent run gets: every point's plan and estimates, side by side.
 
 Reads each point's folder (``resolved.yaml``, ``results.json``, ``plan/``) and writes ``points.csv``,
-``report.md`` (every point, infeasible ones with their reason; per swept key the tables whose sharding
-changed and at which value) and ``estimates.png`` (:mod:`.sweep_chart`). Returns what the sweep found,
-for the parent run: the best estimated step and its run, infeasible points, distinct plans.
+``report.md`` (every point, infeasible ones with their reason, what differs from the first point; per
+swept key the tables whose sharding changed and at which value) and ``estimates.png``
+(:mod:`.sweep_chart`). Returns what the sweep found, for the parent run: the best estimated step and its
+run, infeasible points, distinct plans.
 """
 
 from __future__ import annotations
@@ -111,16 +112,26 @@ def findings(points: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {"metrics": metrics, "tags": tags, "run_ids": [p["run_id"] for p in points if p["run_id"]]}
 
 
+def vs_first(p: Dict[str, Any], first: Dict[str, Any], keys: List[str]) -> str:
+    """What differs between point ``p`` and the sweep's first point: its config values (of the swept keys),
+    then how many tables it shards another way."""
+    if p is first:
+        return "(the first point)"
+    values = [f"{k}={p['params'].get(k)}" for k in keys if p["params"].get(k) != first["params"].get(k)]
+    tables = sum(p["types"].get(t) != v for t, v in first["types"].items()) if p["types"] and first["types"] else 0
+    return ", ".join(values or ["the same config"]) + (f"; {tables} tables sharded another way" if tables else "")
+
+
 def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> None:
     tables = sorted({t for p in points for t in p["types"]})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job", *keys, "plan_status", "est_step_ms", "max_mem_gib", *tables, "run_id", "reason",
-                    "reused_from"])
+                    "reused_from", "vs_first"])
         for p in points:
             w.writerow([p["job"], *(p["params"].get(k) for k in keys), p["status"], f"{p['est_step_ms']:.6f}",
                         f"{p['max_mem_gib']:.6f}", *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"],
-                        p["reused_from"]])
+                        p["reused_from"], vs_first(p, points[0], keys)])
 
 
 def _summary(p: Dict[str, Any]) -> str:
@@ -138,11 +149,12 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
     infeasible = sum(p["status"] == "infeasible" for p in points)
     lines = [f"# Sweep report: {len(points)} points ({infeasible} infeasible)", "",
              "Swept: " + (", ".join(keys) or "(nothing)"), "",
-             "| job | " + " | ".join(keys) + " | est. step ms | max memory GiB | sharding types |",
-             "|---" * (len(keys) + 4) + "|"]
+             "| job | " + " | ".join(keys) + " | est. step ms | max memory GiB | sharding types | vs the first point |",
+             "|---" * (len(keys) + 5) + "|"]
     for p in points:
         vals = " | ".join(str(p["params"].get(k)) for k in keys)
-        lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['max_mem_gib']:.3f} | {_summary(p)} |")
+        lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['max_mem_gib']:.3f} | {_summary(p)} | "
+                     f"{vs_first(p, points[0], keys)} |")
     for key, found in moved.items():
         lines += ["", f"## What changes with {key} ({len(found)})", ""]
         lines += [f"- {line}" for line in found[:60]] or ["Nothing: the plan is the same at every value."]

@@ -42,3 +42,14 @@ def test_diff_names_config_keys_tables_and_metrics(tmp_path: Path, capsys) -> No
     assert any(ln.strip().startswith("estimated step ms") for ln in out)
     assert diff([str(a), "no-such-run"]) == 2
     assert "no-such-run is neither a run folder nor a run" in capsys.readouterr().err
+
+
+def test_sweep_report_says_what_differs_from_the_first_point() -> None:
+    from runner.track.sweep_report import vs_first
+
+    first = {"params": {"a": 1, "b": "x"}, "types": {"t0": "table_wise", "t1": "table_wise"}}
+    other = {"params": {"a": 2, "b": "x"}, "types": {"t0": "row_wise", "t1": "table_wise"}}
+    same = {"params": {"a": 1, "b": "x"}, "types": {}}
+    assert vs_first(first, first, ["a", "b"]) == "(the first point)"
+    assert vs_first(other, first, ["a", "b"]) == "a=2; 1 tables sharded another way"
+    assert vs_first(same, first, ["a", "b"]) == "the same config"

@@ -42,6 +42,7 @@ def test_plan_sweep_answers_an_infeasible_point(store: str, tmp_path: Path) -> N
     rows = list(csv.DictReader((tmp_path / "report" / "points.csv").open()))
     assert [r["plan_status"] for r in rows] == ["feasible", "infeasible"]
     assert "no sharding plan fits" in rows[1]["reason"]
+    assert [r["vs_first"] for r in rows] == ["(the first point)", "sharding.storage_reserve_percent=0.9"]
     assert "**infeasible**" in (tmp_path / "report" / "report.md").read_text()
 
 
