@@ -140,6 +140,10 @@ def plan_metrics(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], t
     return m
 
 
+MAX_CHART_INCHES = 24  # a 128-rank chart 24 in wide, not 70 (an 8,000-pixel PNG took a second to write)
+MAX_RANK_TICKS = 32
+
+
 def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Any,
           title: str) -> None:
     """PNG: per-rank estimated memory, step time (by component) and traffic, side by side. Drawn on a bare
@@ -149,7 +153,7 @@ def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_t
 
     xs = list(range(len(ranks)))
     mem_key = "hbm_bytes" if device_type == "cuda" else "ddr_bytes"
-    fig = Figure(figsize=(max(9, 0.5 * len(xs) + 6), 3.6))
+    fig = Figure(figsize=(max(9.0, min(0.5 * len(xs) + 6, MAX_CHART_INCHES)), 3.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
     axes[0].bar(xs, [r[mem_key] / 2**30 for r in ranks], color="tab:blue")
@@ -169,7 +173,7 @@ def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_t
     axes[2].legend(fontsize=7, loc="upper right")
     for ax in axes:
         ax.set_xlabel("rank")
-        ax.set_xticks(xs)
+        ax.set_xticks(xs[::max(1, -(-len(xs) // MAX_RANK_TICKS))])  # a tick per rank up to 32 ranks
     fig.suptitle(title, fontsize=9)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.82, wspace=0.25)
     fig.savefig(path, dpi=110)
