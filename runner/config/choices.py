@@ -26,3 +26,8 @@ ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")
 AFFINITY_MODES = ("auto", "none")
 START_METHODS = ("auto", "fork", "spawn")
 SCHEDULERS = ("auto", "slurm", "none")
+
+# Hydra's grid sweeper for a sweep the runner's pre-check composed and validated point by point
+# (runner/launch/plugins/hydra_plugins/runner_launcher/basic_sweeper.py); the pre-check adds it, the sweep's
+# recorded command leaves it out
+CHECKED_SWEEPER = "hydra_plugins.runner_launcher.basic_sweeper.CheckedBasicSweeper"

@@ -118,3 +118,13 @@ def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
                                  [*first[:4], "+sharding.constraints.g001.sharding_types=[table_wise]"],  # an add
                                  [*first[:2], "sharding.storage_reserve_percent=abc", *first[3:]]):  # refused
             assert _from_first(base, composed_in_full, loader) is None, composed_in_full
+
+
+def test_a_checked_grid_sweep_is_not_composed_again_by_hydras_sweeper() -> None:
+    """The pre-check composes and validates every point of a grid sweep, then names the grid sweeper that
+    does not compose them once more; a searching sweeper (Optuna) keeps its own."""
+    from runner.config.choices import CHECKED_SWEEPER
+
+    assert precheck(["-m", "mode=plan", "train.seed=1,2"]) == (None, [f"hydra.sweeper._target_={CHECKED_SWEEPER}"])
+    error, added = precheck(["-m", "experiment=optuna_plan"])
+    assert error is None and not any("sweeper" in a for a in added), added
