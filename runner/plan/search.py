@@ -122,7 +122,6 @@ class _ProposalFacts:
         tables, count, world = len(options), max(len(x) for x in options), len(devices)
         storages = device_storages_of(devices)
         self.capacity = np.array([_kinds(d.storage) for d in devices], dtype=np.int64)
-        self.index: Dict[int, Tuple[int, int]] = {}
         self.uniform = np.zeros((tables, count, world, 3), dtype=np.int64)
         self.rest_total = np.zeros((tables, count, 3), dtype=np.int64)
         self.rest_largest = np.zeros((tables, count, 3), dtype=np.int64)
@@ -133,19 +132,14 @@ class _ProposalFacts:
         self.tables = np.arange(tables)
         for t, table_options in enumerate(options):
             for o, option in enumerate(table_options):
-                self.index[id(option)] = (t, o)
                 sizes = np.array([_kinds(s.storage) for s in option.shards], dtype=np.int64).reshape(-1, 3)
                 perfs = [s.perf.total for s in option.shards]
                 self.perf_total[t, o], self.perf_largest[t, o] = sum(perfs), max(perfs, default=0.0)
-                self.placeable[t, o] = all(any(s.storage.fits_in(d) for d in storages) for s in option.shards)
+                self.placeable[t, o] = _placeable(option, storages)
                 if option.partition_by == PartitionByType.UNIFORM.value and len(option.shards) == world:
                     self.uniform[t, o], self.is_uniform[t, o] = sizes, True
                 elif len(sizes):
                     self.rest_total[t, o], self.rest_largest[t, o] = sizes.sum(0), sizes.max(0)
-
-    def picks(self, proposal: List[ShardingOption]) -> Tuple[np.ndarray, np.ndarray]:
-        at = [self.index[id(option)] for option in proposal]
-        return np.array([t for t, _ in at]), np.array([o for _, o in at])
 
     def cannot_place(self, t: np.ndarray, o: np.ndarray) -> bool:
         """Whether TorchRec's greedy partitioner must fail: it places the uniform shards first, on fixed
@@ -163,6 +157,11 @@ class _ProposalFacts:
 
 def _kinds(storage: Storage) -> Tuple[int, int, int]:
     return storage.hbm, storage.ddr, storage.ssd
+
+
+def _placeable(option: ShardingOption, storages: List[Storage]) -> bool:
+    """Whether every shard of ``option`` fits on some device (of these distinct storages) when it is empty."""
+    return all(any(s.storage.fits_in(d) for d in storages) for s in option.shards)
 
 
 def device_storages_of(devices: List[Any]) -> List[Storage]:
@@ -193,15 +192,11 @@ class SkippingProposer:
         self.best, self.facts, self._constraint = None, None, None
         self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
 
-    def _skip(self, proposal: List[ShardingOption]) -> bool:
+    def _skip(self) -> bool:
         facts = self.facts
         assert facts is not None
-        inner = self.inner
-        if inner._inited and inner._current_proposal >= 0:  # the proposal's option index per table, as proposed
-            o = np.asarray(inner._proposal_list[inner._current_proposal])
-            t = facts.tables
-        else:
-            t, o = facts.picks(proposal)
+        # called after the proposer's first feedback built its proposals: the option index per table, as proposed
+        t, o = facts.tables, np.asarray(self.inner._proposal_list[self.inner._current_proposal])
         if not facts.placeable[t, o].all():
             self.skipped_unplaceable += 1
             return True
@@ -217,7 +212,7 @@ class SkippingProposer:
 
     def propose(self) -> Optional[List[ShardingOption]]:
         proposal = self.inner.propose()
-        while proposal is not None and self.facts is not None and self._skip(proposal):
+        while proposal is not None and self.facts is not None and self._skip():
             self.inner.feedback(partitionable=False, plan=proposal, storage_constraint=self._constraint)
             proposal = self.inner.propose()
         return proposal
@@ -234,7 +229,7 @@ class SkippingProposer:
 def placeable_only(search_space: List[ShardingOption], reserved: Topology) -> List[ShardingOption]:
     """The options whose every shard fits on some device of the reserved topology."""
     storages = device_storages_of(reserved.devices)
-    return [o for o in search_space if all(any(s.storage.fits_in(d) for d in storages) for s in o.shards)]
+    return [o for o in search_space if _placeable(o, storages)]
 
 
 class FixedEnumerator(EmbeddingEnumerator):
