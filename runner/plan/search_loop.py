@@ -12,7 +12,8 @@ without the two costs that grow with tables x GPUs and change nothing:
   (table, sharding type, kernel), so the options' identities key the same cache.
 
 Deep copies of shards, storage, perf and devices take :func:`.copies.quick_copies` meanwhile (the same
-copies, faster). Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
+copies, faster), and TorchRec's greedy partitioner places each prefix of uniform options once
+(:func:`.prefixes.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
 perf model, ``to_sharding_plan``, stats and checks. Other proposers run TorchRec's own ``plan``.
 ``tests/plan/test_search.py`` compares plans and per-rank estimates with TorchRec's planner.
 """
@@ -33,6 +34,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.copies import quick_copies
+from runner.plan.prefixes import shared_uniform_prefixes
 from runner.plan.search import SkippingProposer
 
 Progress = Callable[[Dict[str, Any]], None]
@@ -70,7 +72,12 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                         "partitioned": 0, "skipped": 0, "best": None, "seconds": time.perf_counter() - start_time}
         if self._progress is not None:
             self._progress(dict(self._counts))
-        best = self._search(proposer, storage_constraint, start_time)
+        if proposer.exact_partitioner:
+            with shared_uniform_prefixes(storage_constraint.devices) as prefixes:
+                best = self._search(proposer, storage_constraint, start_time)
+            self._counts.update(uniform_reused=prefixes.reused, uniform_placed=prefixes.placed)
+        else:
+            best = self._search(proposer, storage_constraint, start_time)
         if best is None:
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,

@@ -76,8 +76,9 @@ def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
 def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
     """Bandwidths x reserves, a 4-node cluster and the heuristic reserve: the same plan and per-rank estimates
     as TorchRec's planner, loop and estimators with its own proposer, or no plan for both; every kind of skip
-    was taken somewhere, and never changed the answer."""
+    was taken somewhere, uniform placements were shared across proposals, and neither changed the answer."""
     model, seen, infeasible, skipped = None, set(), 0, {"unplaceable": 0, "no_room": 0, "bound": 0}
+    reused = 0
     points = [(f"cluster.cross_node_bandwidth={x}", f"sharding.storage_reserve_percent={r}") for x, r in POINTS]
     for point in points + MORE:
         cfg = cfg_for(*BASE, *point)
@@ -97,12 +98,14 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
         finally:
             for kind in skipped:
                 skipped[kind] += getattr(proposer, f"skipped_{kind}")
+            reused += planner._counts.get("uniform_reused", 0)
         plan, best = _torchrec_plan(cfg, model, world, local)
         assert ours == plan_to_dict(plan, table_specs(cfg.model)), point
         assert per_rank_estimates(estimates.best_plan, world) == per_rank_estimates(best, world), point
         seen.add(str(ours))
     assert len(seen) >= 4, (len(seen), infeasible)  # the points differ: the comparison compared something
     assert infeasible >= 1 and all(skipped.values()), (infeasible, skipped)
+    assert reused > 0  # uniform placements shared across proposals were taken, and changed nothing
 
 
 def test_estimators_give_torchrecs_estimates() -> None:
