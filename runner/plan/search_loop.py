@@ -13,8 +13,9 @@ without the two costs that grow with tables x GPUs and change nothing:
 
 Deep copies of shards, storage, perf and devices take :func:`.copies.quick_copies` meanwhile (the same
 copies, faster), and TorchRec's greedy partitioner places each prefix of uniform options once
-(:func:`.prefixes.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own call: its storage reservation, enumerator, proposer, partitioner,
-perf model, ``to_sharding_plan``, stats and checks. Other proposers run TorchRec's own ``plan``.
+(:func:`.prefixes.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own
+call: its storage reservation, enumerator, proposer, partitioner, perf model, ``to_sharding_plan``, stats
+and checks. Other proposers run TorchRec's own ``plan``.
 ``tests/plan/test_search.py`` compares plans and per-rank estimates with TorchRec's planner.
 """
 
