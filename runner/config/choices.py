@@ -27,7 +27,11 @@ AFFINITY_MODES = ("auto", "none")
 START_METHODS = ("auto", "fork", "spawn")
 SCHEDULERS = ("auto", "slurm", "none")
 
-# Hydra's grid sweeper for a sweep the runner's pre-check composed and validated point by point
-# (runner/launch/plugins/hydra_plugins/runner_launcher/basic_sweeper.py); the pre-check adds it, the sweep's
-# recorded command leaves it out
+# The runner's sweepers (runner/launch/plugins/hydra_plugins/runner_launcher/), each in place of Hydra's: the
+# grid sweeper for a sweep the pre-check composed and validated point by point, the Optuna sweeper whose
+# study lives in the sweep folder and resumes. The pre-check names them (hydra.sweeper._target_=...); a
+# sweep's recorded command leaves that out.
 CHECKED_SWEEPER = "hydra_plugins.runner_launcher.basic_sweeper.CheckedBasicSweeper"
+RESUMING_OPTUNA = "hydra_plugins.runner_launcher.optuna_sweeper.ResumingOptunaSweeper"
+RUNNER_SWEEPERS = {"hydra._internal.core_plugins.basic_sweeper.BasicSweeper": CHECKED_SWEEPER,
+                   "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": RESUMING_OPTUNA}

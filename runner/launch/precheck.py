@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
 from runner import PROJECT_ROOT
-from runner.config.choices import CHECKED_SWEEPER
+from runner.config.choices import RUNNER_SWEEPERS
 from runner.config.errors import ConfigError, first_line
 from runner.config.validation import validate
 from runner.runtime.cores import plan_batch_size
@@ -137,9 +137,6 @@ def hydra_conf() -> Iterator[object]:
         GlobalHydra.instance().clear()
 
 
-_BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-
-
 def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
     """Compose and validate what ``args`` ask for: the one-line error (None when all is well), and the
     overrides the runner adds for the launcher (contiguous batches for a plan-only joblib sweep,
@@ -173,8 +170,9 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         if error:
             return error, []
         size = plan_batch_size(first, math.prod(len(v) for v in values))
-        grid = [f"hydra.sweeper._target_={CHECKED_SWEEPER}"] if first.hydra.sweeper.get("_target_") == _BASIC else []
-        return None, ([] if size is None else [f"hydra.launcher.batch_size={size}"]) + grid  # grid: checked here
+        own = RUNNER_SWEEPERS.get(first.hydra.sweeper.get("_target_"))  # grid: checked here; optuna: resumable
+        return None, ([] if size is None else [f"hydra.launcher.batch_size={size}"]) + ([] if own is None else [
+            f"hydra.sweeper._target_={own}"])
 
 
 def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader: object) -> Optional[Any]:

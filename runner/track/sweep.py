@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config.choices import CHECKED_SWEEPER
+from runner.config.choices import RUNNER_SWEEPERS
 from runner.runtime import rundir
 from runner.track.store import (
     check_store,
@@ -187,7 +187,8 @@ class SweepParentRun(Callback):
         grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
-            "command": [a for a in sys.argv[1:] if a != f"hydra.sweeper._target_={CHECKED_SWEEPER}"],
+            "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"
+                                                             for own in RUNNER_SWEEPERS.values()}],
             "points": math.prod(len(v) for v in swept.values()) if grid else None})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)
 

@@ -120,11 +120,11 @@ def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
             assert _from_first(base, composed_in_full, loader) is None, composed_in_full
 
 
-def test_a_checked_grid_sweep_is_not_composed_again_by_hydras_sweeper() -> None:
+def test_the_runner_names_its_own_sweepers() -> None:
     """The pre-check composes and validates every point of a grid sweep, then names the grid sweeper that
-    does not compose them once more; a searching sweeper (Optuna) keeps its own."""
-    from runner.config.choices import CHECKED_SWEEPER
+    does not compose them once more; for Optuna, the sweeper whose study lives in the sweep folder."""
+    from runner.config.choices import CHECKED_SWEEPER, RESUMING_OPTUNA
 
     assert precheck(["-m", "mode=plan", "train.seed=1,2"]) == (None, [f"hydra.sweeper._target_={CHECKED_SWEEPER}"])
     error, added = precheck(["-m", "experiment=optuna_plan"])
-    assert error is None and not any("sweeper" in a for a in added), added
+    assert error is None and added == [f"hydra.sweeper._target_={RESUMING_OPTUNA}"], added

@@ -90,22 +90,56 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
 
     # 6 DLRM tables on 2 GPUs of 0.05 GiB: reserves above about 0.55 leave no room (those trials return +inf)
     proc = run_cli(["-m", "experiment=optuna_plan", "model=dlrm", "cluster=local", *TIGHT_PLAN,
-                    "hydra.sweeper.n_trials=8", "sharding.storage_reserve_percent=interval(0.05,0.95)",
+                    "hydra.sweeper.n_trials=5", "sharding.storage_reserve_percent=interval(0.05,0.95)",
                     f"tracking.uri={store}", "tracking.experiment=optuna", f"hydra.sweep.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     parent, children = split(store, "optuna")
-    assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)
+    assert len(children) == 5 and all(c.info.status == "FINISHED" for c in children)
     values = {c.info.run_id: json.loads((tmp_path / c.data.tags["runner.job"] / "status.json").read_text())["objective"]
               for c in children}
     for c in children:  # each trial returned its plan's estimated step, or the worst value when no plan fits
         feasible = c.data.tags["runner.plan_status"] == "feasible"
         assert values[c.info.run_id] == (c.data.metrics["plan/est_step_ms"] if feasible else float("inf"))
     assert {c.data.params["sharding.proposer"] for c in children} <= {"dynamic_programming", "greedy"}
-    assert 0 < list(values.values()).count(float("inf")) < 8  # the study met both answers (seeded sampler)
+    assert 0 < list(values.values()).count(float("inf")) < 5  # the study met both answers (seeded sampler)
     best = min(values, key=values.get)
     assert parent.info.status == "FINISHED" and parent.data.tags["runner.best_run_id"] == best
     assert parent.data.metrics["sweep/best_est_step_ms"] == values[best]
     assert f"Best value: {values[best]}" in proc.stdout + proc.stderr
+
+    # resumed: the study (kept in the sweep folder) had a trial still running when it stopped (made here as
+    # the sweeper makes one: asked, with the sweep's fixed values); it runs again in its own job folder, the
+    # result is told to it, and the finished trials count toward n_trials
+    study, made = _study_with_an_interrupted_trial(tmp_path)
+    resumed = run_cli(["resume", str(tmp_path), "hydra.sweeper.n_trials=7"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "6 trial(s) there (1 interrupted, run again); 1 more to run" in resumed.stdout, resumed.stdout[-2000:]
+    study = _study(tmp_path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 7
+    again, children = split(store, "optuna")
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED" and len(children) == 7
+    assert sorted(int(c.data.tags["runner.job"]) for c in children) == list(range(7))  # job number = trial number
+    (rerun,) = [c for c in children if c.data.tags["runner.job"] == "5"]
+    key = "sharding.storage_reserve_percent"
+    assert float(rerun.data.params[key]) == made.params[key]  # the interrupted trial's own value
+    status = json.loads((tmp_path / "5" / "status.json").read_text())
+    assert study.trials[5].value == status["objective"]
+
+
+def _study(sweep: Path):
+    import optuna
+    from hydra_plugins.runner_launcher.optuna_sweeper import STUDY_FILE, SweepFolderStorage
+
+    return optuna.load_study(study_name="reserve_and_proposer", storage=SweepFolderStorage.open(sweep / STUDY_FILE))
+
+
+def _study_with_an_interrupted_trial(sweep: Path) -> tuple:
+    study = _study(sweep)
+    first = study.trials[0]
+    trial = study.ask(fixed_distributions=first.distributions)
+    for key, value in first.user_attrs.items():
+        trial.set_user_attr(key, value)
+    return study, study.trials[-1]
 
 
 def test_a_plan_sweep_over_an_overlapping_grid_reuses_the_points_already_answered(store: str, tmp_path: Path) -> None:
