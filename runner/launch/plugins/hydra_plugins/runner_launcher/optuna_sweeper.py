@@ -2,7 +2,8 @@
 class in ``hydra.sweeper._target_`` for ``hydra/sweeper=optuna``).
 
 - **Its storage.** Without ``hydra.sweeper.storage`` the study is kept in ``<sweep folder>/optuna_study.pkl``
-  (Optuna's in-memory storage, written again, whole and atomically, at each change; study name
+  (:class:`runner.launch.study.SweepFolderStorage`: Optuna's in-memory storage, written again, whole and
+  atomically, at each change; study name
   ``hydra.sweeper.study_name``, else ``runner``), so a stopped study can resume. (Optuna 2.10's SQL storage,
   the version hydra-optuna-sweeper 1.3 allows, fails on the SQLAlchemy 2 MLflow needs.)
 - **Resume** (``python -m runner resume <sweep folder>``, or the same command with the same
@@ -17,61 +18,22 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import pickle
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, List
 
 from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
-from optuna.storages import InMemoryStorage
 
-STUDY_FILE = "optuna_study.pkl"
 DEFAULT_STUDY = "runner"
 log = logging.getLogger(__name__)
 
 
-def _saved(method: Callable) -> Callable:
-    def change(self: "SweepFolderStorage", *args: Any, **kwargs: Any) -> Any:
-        out = method(self, *args, **kwargs)
-        self.save()
-        return out
-    return change
-
-
-class SweepFolderStorage(InMemoryStorage):
-    """Optuna's in-memory storage, written to ``path`` after each change (read back by :meth:`open`)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    @classmethod
-    def open(cls, path: Path) -> "SweepFolderStorage":
-        if path.exists():
-            with path.open("rb") as f:
-                storage = pickle.load(f)  # the study this sweep folder's own sweeper wrote
-            storage.path = path
-            return storage
-        return cls(path)
-
-    def save(self) -> None:
-        part = self.path.with_name(self.path.name + ".part")
-        with part.open("wb") as f:
-            pickle.dump(self, f)
-        os.replace(part, self.path)
-
-
-for _name in ("create_new_study", "set_study_directions", "set_study_user_attr", "set_study_system_attr",
-              "create_new_trial", "set_trial_state", "set_trial_param", "set_trial_values",
-              "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr"):
-    setattr(SweepFolderStorage, _name, _saved(getattr(InMemoryStorage, _name)))
-
-
 class ResumingOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: List[str]) -> None:
-        import optuna
+        import optuna  # here, not at import: Hydra imports every plugin module at each start (optuna: 2.5 s)
+
+        from runner.launch.study import STUDY_FILE, SweepFolderStorage
 
         impl = self.sweeper
         if impl.storage is None:
