@@ -128,6 +128,7 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
 
 def _study(sweep: Path):
     import optuna
+
     from runner.launch.study import STUDY_FILE, SweepFolderStorage
 
     return optuna.load_study(study_name="reserve_and_proposer", storage=SweepFolderStorage.open(sweep / STUDY_FILE))
