@@ -22,6 +22,7 @@ and checks. Other proposers run TorchRec's own ``plan``.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -35,10 +36,21 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.copies import quick_copies
+from runner.plan.helper import PartitionHelper
 from runner.plan.prefixes import shared_uniform_prefixes
 from runner.plan.search import SkippingProposer
 
 Progress = Callable[[Dict[str, Any]], None]
+HELPER_AFTER_S = 2.0  # a search still running after this many seconds partitions in two processes
+
+
+def _may_fork() -> bool:
+    """A helper process is forked only from a process with a core to spare and nothing a fork must not copy
+    live: no CUDA context, no process group (the plan-only driver, not a training worker)."""
+    import torch
+
+    return (hasattr(os, "fork") and len(os.sched_getaffinity(0)) > 1 and not torch.cuda.is_initialized()
+            and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
 
 
 class SearchLoopPlanner(EmbeddingShardingPlanner):
@@ -75,10 +87,10 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
             self._progress(dict(self._counts))
         if proposer.exact_partitioner:
             with shared_uniform_prefixes(storage_constraint.devices) as prefixes:
-                best = self._search(proposer, storage_constraint, start_time)
+                best = self._search(proposer, storage_constraint, start_time, search_space)
             self._counts.update(uniform_reused=prefixes.reused, uniform_placed=prefixes.placed)
         else:
-            best = self._search(proposer, storage_constraint, start_time)
+            best = self._search(proposer, storage_constraint, start_time, search_space)
         if best is None:
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
@@ -102,45 +114,105 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                       debug=self._debug)
         return sharding_plan
 
-    def _search(self, proposer: SkippingProposer, storage_constraint: Topology,
-                start_time: float) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
-        """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks)."""
-        best: Optional[Tuple[List[ShardingOption], List[List[int]]]] = None
-        best_rating = MAX_SIZE
+    def _search(self, proposer: SkippingProposer, storage_constraint: Topology, start_time: float,
+                search_space: List[ShardingOption]) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+        """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks).
+        A search still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`_may_fork`)
+        hands proposals to a :class:`.helper.PartitionHelper` while it partitions others here."""
+        rated: Dict[int, float] = {}  # proposal index -> rating, for those that partitioned
+        kept: Dict[int, Tuple[List[ShardingOption], List[List[int]]]] = {}  # those rated here that may win
+        handed: Dict[int, List[ShardingOption]] = {}
         cache: Dict[Tuple[int, ...], Tuple[bool, Optional[float]]] = {}
+        helper: Optional[PartitionHelper] = None
+        may_help = _may_fork()
         start = last_report = time.time()
-        proposal = proposer.propose()
-        while proposal:
-            now = time.time()
-            if self._timeout_seconds and now - start > self._timeout_seconds:
-                break
-            if self._progress is not None and now - last_report >= 1.0:
-                last_report = now
-                self._counts.update(partitioned=self._num_proposals, skipped=proposer.skipped,
-                                    best=None if best is None else best_rating,
-                                    seconds=time.perf_counter() - start_time)
-                self._progress(dict(self._counts))
-            key = tuple(sorted(map(id, proposal)))
-            if key in cache:
-                partitionable, rating = cache[key]
-                proposer.feedback(partitionable=partitionable, plan=proposal, perf_rating=rating,
-                                  storage_constraint=storage_constraint)
-                proposal = proposer.propose()
-                continue
-            self._num_proposals += 1
-            try:
-                plan = self._partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
-                self._num_plans += 1
-                rating = self._perf_model.rate(plan=plan)
-                if rating < best_rating:
-                    best_rating = rating
-                    best = (list(plan), [[shard.rank for shard in option.shards] for option in plan])
-                cache[key] = (True, rating)
-                proposer.feedback(partitionable=True, plan=plan, perf_rating=rating,
-                                  storage_constraint=storage_constraint)
-            except PlannerError:
-                cache[key] = (False, None)
-                proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)
-            reset_shard_rank(proposal)
+        index = 0
+        try:
             proposal = proposer.propose()
-        return best
+            while proposal:
+                now = time.time()
+                if self._timeout_seconds and now - start > self._timeout_seconds:
+                    break
+                if self._progress is not None and now - last_report >= 1.0:
+                    last_report = now
+                    best = min(rated.values(), default=None)
+                    self._counts.update(partitioned=self._num_proposals, skipped=proposer.skipped, best=best,
+                                        seconds=time.perf_counter() - start_time)
+                    self._progress(dict(self._counts))
+                key = tuple(sorted(map(id, proposal)))
+                if key in cache:  # the same proposal again: an earlier one rated the same, never strictly better
+                    partitionable, rating = cache[key]
+                    proposer.feedback(partitionable=partitionable, plan=proposal, perf_rating=rating,
+                                      storage_constraint=storage_constraint)
+                    proposal = proposer.propose()
+                    continue
+                self._num_proposals += 1
+                index += 1
+                if helper is None and may_help and now - start > HELPER_AFTER_S:
+                    helper = PartitionHelper(search_space, self._partitioner, self._perf_model, storage_constraint)
+                if helper is not None and not helper.failed and len(helper.held) < 2:
+                    helper.hand(index, proposal)
+                    handed[index] = list(proposal)
+                    cache[key] = (False, None)
+                    proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)
+                else:
+                    rating = self._partition(index, proposal, storage_constraint, rated, kept)
+                    cache[key] = (rating is not None, rating)
+                    proposer.feedback(partitionable=rating is not None, plan=proposal, perf_rating=rating,
+                                      storage_constraint=storage_constraint)
+                if helper is not None:
+                    self._take(helper.answers(), proposer, rated)
+                proposal = proposer.propose()
+            if helper is not None:
+                self._take(helper.answers(wait=True), proposer, rated)
+                for i in sorted(helper.held):  # the helper failed: what it held is partitioned here
+                    self._partition(i, helper.held.pop(i), storage_constraint, rated, kept)
+        finally:
+            if helper is not None:
+                helper.close()
+        self._counts["helped"] = len(handed)  # proposals the helper partitioned
+        return self._first_best(rated, kept, handed, storage_constraint)
+
+    def _partition(self, index: int, proposal: List[ShardingOption], storage_constraint: Topology,
+                   rated: Dict[int, float], kept: Dict[int, Any]) -> Optional[float]:
+        """TorchRec's partition and rating of one proposal here (None: it does not partition); its shard
+        ranks kept when no earlier proposal rated as well."""
+        try:
+            plan = self._partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
+        except PlannerError:
+            reset_shard_rank(proposal)
+            return None
+        self._num_plans += 1
+        rating = self._perf_model.rate(plan=plan)
+        rated[index] = rating
+        if rating < min((r for i, r in rated.items() if i < index), default=MAX_SIZE):
+            kept[index] = (list(plan), [[shard.rank for shard in option.shards] for option in plan])
+        reset_shard_rank(proposal)
+        return rating
+
+    def _take(self, answers: List[Any], proposer: SkippingProposer, rated: Dict[int, float]) -> None:
+        for index, partitionable, rating in answers:
+            if partitionable:
+                self._num_plans += 1
+                rated[index] = rating
+                if proposer.best is None or rating < proposer.best:
+                    proposer.best = rating  # the skips' bound: the best rating found so far
+
+    def _first_best(self, rated: Dict[int, float], kept: Dict[int, Any], handed: Dict[int, List[ShardingOption]],
+                    storage_constraint: Topology) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+        """The first plan in proposal order with the strictly lowest rating (TorchRec's choice); one the
+        helper rated is partitioned here again for its ranks."""
+        if not rated:
+            return None
+        best_rating, winner = MAX_SIZE, None
+        for index in sorted(rated):
+            if rated[index] < best_rating:
+                best_rating, winner = rated[index], index
+        if winner is None:
+            return None
+        if winner not in kept:
+            again: Dict[int, float] = {}
+            self._num_plans -= 1  # counted when the helper answered
+            self._partition(winner, handed[winner], storage_constraint, again, kept)
+            assert again.get(winner) == rated[winner], "the helper's partition differs from this process's"
+        return kept[winner]

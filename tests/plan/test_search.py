@@ -4,6 +4,7 @@ TorchRec's own planner with its own proposer, at many points of a bandwidth x re
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import List
@@ -14,6 +15,7 @@ from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 
 from runner.config.tables import table_specs
+from runner.plan import search_loop
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.io import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
@@ -73,12 +75,14 @@ def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
     return planner.plan(model, sharders_for(cfg.precision)), estimates.best_plan
 
 
-def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
+def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bandwidths x reserves, a 4-node cluster and the heuristic reserve: the same plan and per-rank estimates
     as TorchRec's planner, loop and estimators with its own proposer, or no plan for both; every kind of skip
-    was taken somewhere, uniform placements were shared across proposals, and neither changed the answer."""
+    was taken somewhere, uniform placements were shared across proposals, a helper process partitioned
+    proposals from the start (as a long search does), and none of it changed the answer."""
+    monkeypatch.setattr(search_loop, "HELPER_AFTER_S", 0.0)
     model, seen, infeasible, skipped = None, set(), 0, {"unplaceable": 0, "no_room": 0, "bound": 0}
-    reused = 0
+    reused = helped = 0
     points = [(f"cluster.cross_node_bandwidth={x}", f"sharding.storage_reserve_percent={r}") for x, r in POINTS]
     for point in points + MORE:
         cfg = cfg_for(*BASE, *point)
@@ -99,6 +103,7 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
             for kind in skipped:
                 skipped[kind] += getattr(proposer, f"skipped_{kind}")
             reused += planner._counts.get("uniform_reused", 0)
+            helped += planner._counts.get("helped", 0)
         plan, best = _torchrec_plan(cfg, model, world, local)
         assert ours == plan_to_dict(plan, table_specs(cfg.model)), point
         assert per_rank_estimates(estimates.best_plan, world) == per_rank_estimates(best, world), point
@@ -106,6 +111,7 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points() -> None:
     assert len(seen) >= 4, (len(seen), infeasible)  # the points differ: the comparison compared something
     assert infeasible >= 1 and all(skipped.values()), (infeasible, skipped)
     assert reused > 0  # uniform placements shared across proposals were taken, and changed nothing
+    assert helped > 0 or len(os.sched_getaffinity(0)) < 2  # the helper partitioned some: one core, no helper
 
 
 def test_estimators_give_torchrecs_estimates() -> None:

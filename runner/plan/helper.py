@@ -1,0 +1,99 @@
+"""A second process for a long search: partitions proposals while this one partitions others.
+
+At a thousand tables on a hundred GPUs nearly every proposal the skips leave must be partitioned (at
+1000 x 128: 274 of 275 partitions gave plans, 187 of them better than the best so far), one after the other,
+on one core. :class:`PartitionHelper` is a fork of the planning process, made between two partitions, so it
+holds the same search space, topology, partitioner and perf model; it is handed proposals (by the options'
+identities, the same in both processes after the fork), partitions and rates each with TorchRec's own calls,
+and answers ``(index, partitionable, rating)``. The search loop (:mod:`.search_loop`) keeps the first
+strictly best plan in proposal order, as TorchRec's loop does; the helper's winner, if it is one, is
+partitioned again here for its shard ranks (the same calls on the same state give the same answer).
+
+The helper ends when the search does, when this process dies, or on Ctrl-C with it; if it fails, the
+proposals it still held are partitioned here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from multiprocessing.connection import Connection, Pipe
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
+from torchrec.distributed.planner.utils import reset_shard_rank
+
+from runner.runtime.lifeline import die_with_parent
+
+Answer = Tuple[int, bool, Optional[float]]
+
+
+def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: Any, perf_model: Any,
+           storage_constraint: Topology) -> None:
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        index, ids = request
+        proposal = [options[i] for i in ids]
+        try:
+            plan = partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
+            answer: Answer = (index, True, perf_model.rate(plan=plan))
+        except PlannerError:
+            answer = (index, False, None)
+        reset_shard_rank(proposal)
+        conn.send(answer)
+
+
+class PartitionHelper:
+    """The forked helper: :meth:`hand` a proposal, :meth:`answers` what it finished, :meth:`close`."""
+
+    def __init__(self, search_space: List[ShardingOption], partitioner: Any, perf_model: Any,
+                 storage_constraint: Topology) -> None:
+        options = {id(o): o for o in search_space}
+        ours, theirs = Pipe()
+        pid = os.fork()
+        if pid == 0:  # the helper
+            code = 0
+            try:
+                ours.close()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
+                die_with_parent("RUNNER_PLAN_HELPER_PARENT")
+                _serve(theirs, options, partitioner, perf_model, storage_constraint)
+            except BaseException:  # noqa: BLE001  (the planning process partitions what is left)
+                code = 1
+            finally:
+                os._exit(code)
+        theirs.close()
+        self.pid, self.conn = pid, ours
+        self.held: Dict[int, List[ShardingOption]] = {}
+        self.failed = False
+
+    def hand(self, index: int, proposal: List[ShardingOption]) -> None:
+        self.held[index] = list(proposal)
+        self.conn.send((index, [id(o) for o in proposal]))
+
+    def answers(self, wait: bool = False) -> List[Answer]:
+        """What it has finished (``wait``: every proposal it holds). Where it failed, nothing more comes and
+        :attr:`held` keeps the proposals it did not answer."""
+        out: List[Answer] = []
+        try:
+            while self.held and (wait or self.conn.poll()):
+                answer = self.conn.recv()
+                self.held.pop(answer[0])
+                out.append(answer)
+        except (EOFError, OSError):
+            self.failed = True
+        return out
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.conn.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
