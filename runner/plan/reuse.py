@@ -89,8 +89,10 @@ class ReusingEnumerator(EmbeddingEnumerator):
 
     def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: Any,
                   sharders: List[Any]) -> List[ShardingOption]:
-        """A copy of a kept entry, with the state TorchRec's own enumerate leaves behind."""
+        """A kept entry, with the state TorchRec's own enumerate leaves behind. Handed out as it is, not
+        copied: planning only sets its shards' ranks, and puts them back (``reset_shard_rank``) before
+        its next plan; the best plan is a copy."""
         self._sharder_map, self._sharder_data_map = entry[1], entry[2]
         self._last_stored_module, self._last_stored_sharders = module, sharders
         self._last_stored_search_space = entry[0]  # read-only: TorchRec copies it when it reuses it
-        return copy.deepcopy(entry[0])
+        return entry[0]
