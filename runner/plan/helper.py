@@ -26,6 +26,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from runner.runtime.lifeline import die_with_parent
 
 Answer = Tuple[int, bool, Optional[float]]
+ANSWER_TIMEOUT_S = 120.0  # one partition takes well under a second at 1000 tables x 128 GPUs
 
 
 def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: Any, perf_model: Any,
@@ -70,26 +71,38 @@ class PartitionHelper:
         self.held: Dict[int, List[ShardingOption]] = {}
         self.failed = False
 
-    def hand(self, index: int, proposal: List[ShardingOption]) -> None:
+    def hand(self, index: int, proposal: List[ShardingOption]) -> bool:
+        """Give it a proposal (False: it is gone, the proposal stays here)."""
+        try:
+            self.conn.send((index, [id(o) for o in proposal]))
+        except OSError:
+            self.failed = True
+            return False
         self.held[index] = list(proposal)
-        self.conn.send((index, [id(o) for o in proposal]))
+        return True
 
     def answers(self, wait: bool = False) -> List[Answer]:
-        """What it has finished (``wait``: every proposal it holds). Where it failed, nothing more comes and
-        :attr:`held` keeps the proposals it did not answer."""
+        """What it has finished (``wait``: every proposal it holds). Where it failed (it died, or answered
+        nothing for :data:`ANSWER_TIMEOUT_S`), nothing more comes and :attr:`held` keeps the proposals it did
+        not answer."""
         out: List[Answer] = []
         try:
-            while self.held and (wait or self.conn.poll()):
+            while self.held and self.conn.poll(ANSWER_TIMEOUT_S if wait else 0):
                 answer = self.conn.recv()
                 self.held.pop(answer[0])
                 out.append(answer)
+            if wait and self.held:
+                self.failed = True
         except (EOFError, OSError):
             self.failed = True
         return out
 
     def close(self) -> None:
         try:
-            self.conn.send(None)
+            if self.failed:
+                os.kill(self.pid, signal.SIGKILL)
+            else:
+                self.conn.send(None)
         except OSError:
             pass
         self.conn.close()

@@ -150,8 +150,8 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 index += 1
                 if helper is None and may_help and now - start > HELPER_AFTER_S:
                     helper = PartitionHelper(search_space, self._partitioner, self._perf_model, storage_constraint)
-                if helper is not None and not helper.failed and len(helper.held) < 2:
-                    helper.hand(index, proposal)
+                if (helper is not None and not helper.failed and len(helper.held) < 2
+                        and helper.hand(index, proposal)):
                     handed[index] = list(proposal)
                     cache[key] = (False, None)
                     proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)

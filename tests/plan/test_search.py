@@ -114,6 +114,43 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.
     assert helped > 0 or len(os.sched_getaffinity(0)) < 2  # the helper partitioned some: one core, no helper
 
 
+def test_a_helper_that_dies_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper process dies holding a proposal, after its first answer: what it held is partitioned in the
+    planning process, and the plan and estimates are still TorchRec's."""
+    from runner.plan import helper
+
+    serve = helper._serve
+
+    def one_answer_then_die(conn, *args) -> None:  # runs in the forked helper
+        class Once:
+            def __init__(self) -> None:
+                self.sent = False
+
+            def recv(self):
+                request = conn.recv()
+                if self.sent:  # takes the second proposal and dies with it
+                    os._exit(1)
+                return request
+
+            def send(self, answer) -> None:
+                self.sent = True
+                conn.send(answer)
+
+        serve(Once(), *args)
+
+    monkeypatch.setattr(search_loop, "HELPER_AFTER_S", 0.0)
+    monkeypatch.setattr(helper, "_serve", one_answer_then_die)
+    cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=12.5", "sharding.storage_reserve_percent=0.7")  # 52 partitions
+    model = planning_model(cfg)
+    estimates = PlanEstimates()
+    planner = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
+    ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
+    assert planner._counts.get("helped", 0) >= 2 or len(os.sched_getaffinity(0)) < 2  # it held more than it answered
+    plan, best = _torchrec_plan(cfg, model)
+    assert ours == plan_to_dict(plan, table_specs(cfg.model))
+    assert per_rank_estimates(estimates.best_plan, 16) == per_rank_estimates(best, 16)
+
+
 def test_estimators_give_torchrecs_estimates() -> None:
     """Every shard's perf and storage estimate of the runner's estimators (config looked up once) equals
     TorchRec's default estimators' on a real model's enumerated options."""
