@@ -29,6 +29,17 @@ Answer = Tuple[int, bool, Optional[float]]
 ANSWER_TIMEOUT_S = 120.0  # one partition takes well under a second at 1000 tables x 128 GPUs
 
 
+def rate(partitioner: Any, perf_model: Any, proposal: List[ShardingOption],
+         storage_constraint: Topology) -> Optional[float]:
+    """TorchRec's partition and rating of one proposal (None: it does not partition). Its shards keep the
+    ranks the partitioner gave until the caller resets them."""
+    try:
+        plan = partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
+    except PlannerError:
+        return None
+    return perf_model.rate(plan=plan)
+
+
 def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: Any, perf_model: Any,
            storage_constraint: Topology) -> None:
     while True:
@@ -37,13 +48,9 @@ def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: An
             return
         index, ids = request
         proposal = [options[i] for i in ids]
-        try:
-            plan = partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
-            answer: Answer = (index, True, perf_model.rate(plan=plan))
-        except PlannerError:
-            answer = (index, False, None)
+        rating = rate(partitioner, perf_model, proposal, storage_constraint)
         reset_shard_rank(proposal)
-        conn.send(answer)
+        conn.send((index, rating is not None, rating))
 
 
 class PartitionHelper:

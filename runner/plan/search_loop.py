@@ -36,7 +36,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.copies import quick_copies
-from runner.plan.helper import PartitionHelper
+from runner.plan.helper import PartitionHelper, rate
 from runner.plan.prefixes import shared_uniform_prefixes
 from runner.plan.search import SkippingProposer
 
@@ -152,7 +152,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                     helper = PartitionHelper(search_space, self._partitioner, self._perf_model, storage_constraint)
                 if (helper is not None and not helper.failed and len(helper.held) < 2
                         and helper.hand(index, proposal)):
-                    handed[index] = list(proposal)
+                    handed[index] = helper.held[index]
                     cache[key] = (False, None)
                     proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)
                 else:
@@ -170,23 +170,19 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         finally:
             if helper is not None:
                 helper.close()
-        self._counts["helped"] = len(handed)  # proposals the helper partitioned
+        self._counts["helped"] = len(handed)  # proposals handed to the helper
         return self._first_best(rated, kept, handed, storage_constraint)
 
     def _partition(self, index: int, proposal: List[ShardingOption], storage_constraint: Topology,
                    rated: Dict[int, float], kept: Dict[int, Any]) -> Optional[float]:
         """TorchRec's partition and rating of one proposal here (None: it does not partition); its shard
         ranks kept when no earlier proposal rated as well."""
-        try:
-            plan = self._partitioner.partition(proposal=proposal, storage_constraint=storage_constraint)
-        except PlannerError:
-            reset_shard_rank(proposal)
-            return None
-        self._num_plans += 1
-        rating = self._perf_model.rate(plan=plan)
-        rated[index] = rating
-        if rating < min((r for i, r in rated.items() if i < index), default=MAX_SIZE):
-            kept[index] = (list(plan), [[shard.rank for shard in option.shards] for option in plan])
+        rating = rate(self._partitioner, self._perf_model, proposal, storage_constraint)
+        if rating is not None:
+            self._num_plans += 1
+            rated[index] = rating
+            if rating < min((r for i, r in rated.items() if i < index), default=MAX_SIZE):
+                kept[index] = (list(proposal), [[shard.rank for shard in option.shards] for option in proposal])
         reset_shard_rank(proposal)
         return rating
 
