@@ -18,6 +18,7 @@ from runner.data.criteo import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, Crite
 from runner.data.layout import layout
 from runner.data.parquet import ParquetSource, parquet_files
 from runner.data.synthetic import synthetic
+from runner.runtime.logfile import thread_errors_to_log
 
 
 def check_data(cfg: Any) -> None:
@@ -93,9 +94,14 @@ def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int =
     if workers == 0:
         return ds
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
-                                         prefetch_factor=4, multiprocessing_context="fork")
+                                         prefetch_factor=4, multiprocessing_context="fork",
+                                         worker_init_fn=_loader_worker_init)
     # workers' batches interleave round-robin: batch k of this rank is the same in every run
     return _Slice(loader, start_batch, num_batches)
+
+
+def _loader_worker_init(worker_id: int) -> None:
+    thread_errors_to_log(f"data-worker{worker_id}")
 
 
 class _Slice:

@@ -34,3 +34,21 @@ def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(level)
     warnings.simplefilter("once")
     logging.captureWarnings(True)
+
+
+
+def thread_errors_to_log(who: str) -> None:
+    """Uncaught exceptions of this process go to the run's log, not the terminal: for a DataLoader worker
+    process. Its fd-sharing thread (multiprocessing's ``resource_sharer``, which reports through
+    ``sys.excepthook``) raises EOFError when its rank stops mid-receive, as a rank does when a peer fails;
+    the job's one line must stay the only one on the terminal."""
+    import sys
+    import threading
+
+    log = logging.getLogger(f"runner.{who}")
+
+    def report(exc_type: type, exc: BaseException, _tb: object = None) -> None:
+        log.warning("%s: %s", exc_type.__name__, exc)
+
+    sys.excepthook = report
+    threading.excepthook = lambda args: report(args.exc_type, args.exc_value)

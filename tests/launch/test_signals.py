@@ -74,3 +74,26 @@ def test_stop_signal_during_fork_is_raised_without_a_traceback() -> None:
     assert guarded.returncode == 0, guarded.stderr[-2000:]
     assert guarded.stderr == "", guarded.stderr[-2000:]
     assert "lost 0" in guarded.stdout and "stops 150" in guarded.stdout, guarded.stdout
+
+
+def test_a_data_workers_thread_errors_go_to_the_log_not_the_terminal(tmp_path) -> None:
+    """A DataLoader worker's fd-sharing thread reports an EOFError through ``sys.excepthook`` when its rank
+    stops mid-receive; a thread's own uncaught error goes through ``threading.excepthook``: both reach the
+    run's log, and the terminal keeps the job's one line."""
+    code = textwrap.dedent(f"""
+        import logging, sys, threading
+        logging.basicConfig(filename={str(tmp_path / 'runner.log')!r}, level=logging.WARNING)
+        from runner.runtime.logfile import thread_errors_to_log
+        thread_errors_to_log("data-worker0")
+        try:
+            raise EOFError("peer closed")
+        except EOFError:
+            sys.excepthook(*sys.exc_info())  # as multiprocessing.resource_sharer does
+        def fail():
+            raise ConnectionResetError("reset")
+        t = threading.Thread(target=fail); t.start(); t.join()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    log = (tmp_path / "runner.log").read_text()
+    assert "EOFError: peer closed" in log and "ConnectionResetError: reset" in log
