@@ -8,7 +8,9 @@ optimizers:
 - ``plain``: TorchRec's canonical loop (``plain_torchrec.py``) under ``torchrun``, as users write it;
 - ``plain_bound``: the same loop with each rank bound to its own cores, as the runner binds its workers
   by default (``cluster.cpu_affinity=auto``): shows how much of the difference is core binding;
-- ``runner``: ``python -m runner`` with its defaults (plus any overrides given).
+- ``runner``: ``python -m runner`` with its defaults (plus any overrides given);
+- ``runner_parquet``: the same job reading ``--parquet-rows`` rows of Parquet (``mode=write_data``'s copy of
+  the synthetic source, written once): the Parquet line, its throughput over the synthetic job's.
 
 samples/s has one definition for all three, the runner's (its summary, ``train/samples_per_s`` over the
 run, ``results.json``): samples of every rank per step x the steps after the first log window
@@ -66,29 +68,50 @@ def run_runner(steps: int, batch: int, tmp: Path, extra: tuple = ()) -> dict:
             "sharding_types": {t: p["sharding_type"] for m in plan.values() for t, p in m.items()}}
 
 
+def write_parquet(folder: Path, rows: int) -> Path:
+    """The synthetic source as Parquet (``mode=write_data``), for the Parquet line."""
+    _run([str(PY), "-m", "runner", "mode=write_data", "data=parquet", f"data.path={folder}",
+          f"data.write_rows={rows}", "data.write_files=2", f"tracking.uri=sqlite:///{folder.parent / 'mlflow.db'}",
+          "tracking.experiment=benchmark_data", f"hydra.run.dir={folder.parent / 'write_data'}"])
+    return folder
+
+
+def parquet_overrides(folder: Path) -> tuple:
+    return ("data=parquet", f"data.path={folder / 'train'}", f"data.eval_path={folder / 'eval'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=256, help="per worker")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark.json")
+    ap.add_argument("--parquet-rows", type=int, default=400_000,
+                    help="rows written for the Parquet line (0: no Parquet line)")
     ap.add_argument("overrides", nargs="*",
                     help="extra Hydra overrides for the runner, e.g. cluster.cpu_affinity=none")
     args = ap.parse_args()
     rows: dict = {name: [] for name in SERIES}
     log_every = [o.split("=", 1)[1] for o in args.overrides if o.startswith("train.log_every=")]
     warmup = int(log_every[-1]) if log_every else 50  # the runner's first log window, untimed by both
+    series = SERIES + (("runner_parquet",) if args.parquet_rows else ())
+    rows["runner_parquet"] = []
     with tempfile.TemporaryDirectory() as d:
+        data = write_parquet(Path(d) / "clicks", args.parquet_rows) if args.parquet_rows else None
         for i in range(args.repeats):
-            for name in SERIES:
+            for name in series:
                 tmp = Path(d) / f"{name}{i}"
                 tmp.mkdir()
-                rows[name].append(run_runner(args.steps, args.batch, tmp, tuple(args.overrides)) if name == "runner"
-                                  else run_plain(args.steps, args.batch, tmp, name == "plain_bound", warmup))
+                if name.startswith("runner"):
+                    extra = (*args.overrides, *(parquet_overrides(data) if name == "runner_parquet" else ()))
+                    rows[name].append(run_runner(args.steps, args.batch, tmp, extra))
+                else:
+                    rows[name].append(run_plain(args.steps, args.batch, tmp, name == "plain_bound", warmup))
                 print(f"[{i + 1}/{args.repeats}] {name:12s} {rows[name][-1]['samples_per_s']:9.0f} samples/s  "
                       f"start-up {rows[name][-1]['startup_s']:5.1f} s", flush=True)
-    plans_equal = all(r["sharding_types"] == rows["plain"][0]["sharding_types"] for n in SERIES for r in rows[n])
-    med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in ("samples_per_s", "startup_s")} for n in rows}
+    plans_equal = all(r["sharding_types"] == rows["plain"][0]["sharding_types"] for n in series for r in rows[n])
+    med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in ("samples_per_s", "startup_s")} for n in rows
+           if rows[n]}
     pairs_faster = sum(r["samples_per_s"] > p["samples_per_s"] for r, p in zip(rows["runner"], rows["plain"],
                                                                                strict=True))
     summary = {
@@ -100,6 +123,9 @@ def main() -> None:
         "startup_ratio_runner_over_plain": med["runner"]["startup_s"] / med["plain"]["startup_s"],
         "repeats_runner_faster_than_plain": pairs_faster,
     }
+    if data is not None:
+        summary["throughput_ratio_parquet_over_synthetic"] = (med["runner_parquet"]["samples_per_s"]
+                                                              / med["runner"]["samples_per_s"])
     phases = rows["runner"][0].get("startup_phases_s") or {}
     if phases:
         summary["runner_startup_phases_s"] = {
@@ -107,9 +133,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     print(f"\nsame plan: {plans_equal}")
-    print(f"{'':13s}{'samples/s':>12s}{'start-up s':>12s}")
-    for n in SERIES:
-        print(f"{n:13s}{med[n]['samples_per_s']:12.0f}{med[n]['startup_s']:12.1f}")
+    print(f"{'':15s}{'samples/s':>10s}{'start-up s':>12s}   (min..max samples/s)")
+    for n in series:
+        lo, hi = min(r["samples_per_s"] for r in rows[n]), max(r["samples_per_s"] for r in rows[n])
+        print(f"{n:15s}{med[n]['samples_per_s']:10.0f}{med[n]['startup_s']:12.1f}   ({lo:.0f}..{hi:.0f})")
     if phases:
         print("runner start-up, s after `python -m runner` began (medians): " +
               ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in summary["runner_startup_phases_s"].items()))
@@ -118,6 +145,9 @@ def main() -> None:
           f"start-up x{summary['startup_ratio_runner_over_plain']:.2f}; "
           f"runner / plain_bound: throughput x{summary['throughput_ratio_runner_over_plain_bound']:.3f}  "
           f"(written to {args.out})")
+    if data is not None:
+        print(f"parquet: runner on {args.parquet_rows} Parquet rows / the same job on synthetic data: throughput "
+              f"x{summary['throughput_ratio_parquet_over_synthetic']:.3f} (data.num_workers: the option's)")
 
 
 if __name__ == "__main__":

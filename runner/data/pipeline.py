@@ -1,16 +1,20 @@
 """The batches a rank trains on: built ahead in a background thread, and ended on every rank together.
 
-File sources can end unevenly across ranks (Parquet within a batch, Criteo by a few). Before each
-batch :class:`AllRanksIterator` asks every rank whether it has one (one all-reduce of one number over a
-gloo group); when any rank has none, every rank stops at the same step instead of the others hanging in
-the next collective. :class:`Prefetcher` builds the next batches while the training thread runs.
+File sources can end unevenly across ranks (Parquet within a batch, Criteo by a few). :class:`AllRanksIterator`
+reads a chunk of batches ahead and asks every rank how many it has (one all-reduce of one number over a
+gloo group of its own); every rank then takes the smallest count, so when any rank runs out, every rank
+stops at the same step instead of the others hanging in the next collective. :class:`Prefetcher` builds
+the next batches, and for training runs that agreement too, in a background thread while the training
+thread runs.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import queue
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Deque, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,32 +22,47 @@ from torchrec.datasets.utils import Batch
 
 from runner.data.sources import source
 
+AGREE_EVERY = 16  # batches per all-reduce: one collective per step cost a Parquet job about a quarter of its speed
+_GROUPS: Dict[str, Any] = {}  # for the process group in "world"
+
+
+def _group(stream: str) -> Any:
+    """The gloo group of a stream ("train": the prefetch thread's; "eval": the training thread's), made once
+    per process for both, on every rank in the same order. Two groups: a collective of one thread must never
+    meet another thread's on the same group, and an evaluation during training runs beside the prefetch."""
+    if _GROUPS.get("world") is not dist.group.WORLD:  # first use, or a new process group since
+        _GROUPS.update(world=dist.group.WORLD, train=dist.new_group(backend="gloo"),
+                       eval=dist.new_group(backend="gloo"))
+    return _GROUPS[stream]
+
 
 class AllRanksIterator:
-    """Yields this rank's batches while every rank has one; then stops on every rank together."""
+    """Yields this rank's batches while every rank has one; then stops on every rank together.
 
-    _group: Any = None
+    Reads up to ``chunk`` batches ahead and all-reduces (MIN) how many it got: every rank yields that many,
+    and stops after them when it is fewer than ``chunk``. The same steps as agreeing on every batch, with
+    one collective per chunk.
+    """
 
-    def __init__(self, batches: Any) -> None:
-        self._it = iter(batches)
-        if AllRanksIterator._group is None:  # a CPU flag, whatever the training backend
-            gloo = dist.get_backend() == "gloo"
-            AllRanksIterator._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+    def __init__(self, batches: Any, stream: str, chunk: int = AGREE_EVERY) -> None:
+        self._it, self._group, self._chunk = iter(batches), _group(stream), chunk
+        self._ready: Deque[Batch] = collections.deque()
         self._ended = False
 
     def __iter__(self) -> "AllRanksIterator":
         return self
 
     def __next__(self) -> Batch:
-        if self._ended:
+        if not self._ready and not self._ended:
+            got = list(itertools.islice(self._it, self._chunk))
+            count = torch.tensor([len(got)], dtype=torch.int32)
+            dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self._group)
+            agreed = int(count.item())
+            self._ready.extend(got[:agreed])
+            self._ended = agreed < self._chunk
+        if not self._ready:
             raise StopIteration
-        batch = next(self._it, None)
-        flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
-        if flag.item() == 0:
-            self._ended = True
-            raise StopIteration
-        return batch
+        return self._ready.popleft()
 
     def close(self) -> None:
         getattr(self._it, "close", lambda: None)()
@@ -120,7 +139,8 @@ def batches_for(cfg: Any, rank: int, world: int, eval_split: bool, first: int = 
     batches = source(cfg, rank, world, eval_split, first, num_batches)
     if pin:
         batches = _pinned(batches)
-    if not eval_split and cfg.data.prefetch_batches > 0:
+    if cfg.data.name != "synthetic":  # synthetic sources have the same length on every rank; files may not
+        batches = AllRanksIterator(batches, "eval" if eval_split else "train")
+    if not eval_split and cfg.data.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too
         batches = Prefetcher(batches, cfg.data.prefetch_batches)
-    # synthetic sources have the same length on every rank; files may end unevenly
-    return batches if cfg.data.name == "synthetic" else AllRanksIterator(batches)
+    return batches

@@ -237,3 +237,48 @@ def test_prefetcher_keeps_order_raises_where_the_source_failed_and_stops() -> No
     assert next(endless) == 0
     endless.close()
     assert not any(t.name == "runner-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+CASES = [(37, 21), (16, 40), (0, 5), (32, 32)]  # chunks of 5: ends inside a chunk, at one, before the first
+
+
+def _agree(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from runner.data.pipeline import AllRanksIterator, Prefetcher
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    for case, lengths in enumerate(CASES):
+        train = Prefetcher(AllRanksIterator(range(lengths[rank]), "train", 5), 2)  # in the prefetch thread
+        evaluation = AllRanksIterator(range(lengths[rank] + 5), "eval", 5)  # beside it, in this thread
+        got, evaluated = [], None
+        for i, batch in enumerate(train):
+            got.append(batch)
+            if i == 3:
+                evaluated = list(evaluation)
+        out.put((rank, case, got, evaluated))
+    dist.destroy_process_group()
+
+
+def test_every_rank_stops_at_the_same_batch_with_one_agreement_per_chunk() -> None:
+    """Ranks with unequal shards take the smallest count; a training stream agreed in its prefetch thread
+    and an evaluation agreed in the training thread at the same time do not mix their collectives."""
+    import torch.multiprocessing as mp
+
+    from runner.launch.ports import free_port
+
+    ctx = mp.get_context("fork")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_agree, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in range(2 * len(CASES)):
+        rank, case, got, evaluated = out.get(timeout=120)
+        results[rank, case] = got, evaluated
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    for case, lengths in enumerate(CASES):
+        n = min(lengths)
+        assert results[0, case] == results[1, case] == (list(range(n)), list(range(n + 5)) if n > 3 else None)
