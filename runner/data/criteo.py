@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, Tuple
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
 from runner.config.errors import DataError
+from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, bad_line, criteo_files
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
-
-CRITEO_DENSE, CRITEO_SPARSE = 13, 26
 
 _HEX = np.zeros(256, dtype=np.uint64)
 for _i, _c in enumerate(b"0123456789abcdef"):
@@ -46,28 +45,6 @@ def hex_to_int(strings: Any) -> np.ndarray:
     data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
     digits = _HEX[data.reshape(-1, 16)]
     return (digits * _POWERS).sum(axis=1, dtype=np.uint64)
-
-
-CRITEO_LAYOUT = "40 tab-separated fields: label, 13 integer, 26 hex categorical"
-
-
-def bad_line(path: Path) -> Optional[str]:
-    """``<file> line N has K fields; ...`` for the first line of ``path`` that is not the Criteo layout."""
-    with path.open("rb") as f:
-        for n, line in enumerate(f, 1):
-            fields = line.rstrip(b"\r\n").count(b"\t") + 1
-            if fields != 1 + CRITEO_DENSE + CRITEO_SPARSE:
-                return f"{path} line {n} has {fields} fields; Criteo lines have {CRITEO_LAYOUT}"
-    return None
-
-
-def criteo_files(path: str) -> List[Path]:
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        return []
-    return sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
 
 
 class CriteoSource(ShardedSource):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from runner.config.errors import DataError, first_line
 
+CRITEO_DENSE, CRITEO_SPARSE = 13, 26
+CRITEO_LAYOUT = "40 tab-separated fields: label, 13 integer, 26 hex categorical"
 _ARROW_SCHEMES = ("s3://", "gs://", "gcs://", "hdfs://", "viewfs://")
 
 
@@ -99,3 +101,27 @@ def find_files(uri: str, suffixes: Tuple[str, ...]) -> List[DataFile]:
         shown = i.path if not is_remote(uri) else (f"{base}/{rest}" if rest else uri)
         out.append(DataFile(fs, i.path, shown, int(i.size or 0), int(i.mtime_ns or 0)))
     return out
+
+
+def parquet_files(path: str) -> List[DataFile]:
+    """``path`` itself, or the ``*.parquet`` files of a folder (local or in an object store, :mod:`.files`)."""
+    return find_files(path, (".parquet",))
+
+
+def criteo_files(path: str) -> List[Path]:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        return []
+    return sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+def bad_line(path: Path) -> Optional[str]:
+    """``<file> line N has K fields; ...`` for the first line of ``path`` that is not the Criteo layout."""
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            fields = line.rstrip(b"\r\n").count(b"\t") + 1
+            if fields != 1 + CRITEO_DENSE + CRITEO_SPARSE:
+                return f"{path} line {n} has {fields} fields; Criteo lines have {CRITEO_LAYOUT}"
+    return None

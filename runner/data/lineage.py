@@ -46,13 +46,13 @@ def _files(cfg: Any, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[Li
     if cfg.data.name == "parquet":
         import pyarrow.parquet as pq
 
-        from runner.data.parquet import parquet_files
+        from runner.data.files import parquet_files
 
         found = parquet_files(path)
         schema = pq.read_schema(found[0].open()) if found else None
         columns = [(f.name, _arrow_type(f.type)) for f in schema] if schema is not None else None
         return [(f.uri, f.size, f.mtime_ns) for f in found], columns
-    from runner.data.criteo import criteo_files
+    from runner.data.files import criteo_files
 
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in criteo_files(path)], None
 

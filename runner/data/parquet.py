@@ -12,14 +12,9 @@ from typing import Any, Iterator, List, Tuple
 import numpy as np
 from torchrec.datasets.utils import Batch
 
-from runner.data.files import DataFile, find_files
+from runner.data.files import DataFile, parquet_files
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
-
-
-def parquet_files(path: str) -> List[DataFile]:
-    """``path`` itself, or the ``*.parquet`` files of a folder (local or in an object store, :mod:`.files`)."""
-    return find_files(path, (".parquet",))
 
 
 def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:

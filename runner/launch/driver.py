@@ -45,7 +45,7 @@ def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
     """What can be refused before any worker starts (torch is imported only when it must be asked)."""
     resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
     if cfg.data.name != "synthetic":
-        from runner.data.sources import check_data
+        from runner.data.checks import check_data
 
         check_data(cfg)
     kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
