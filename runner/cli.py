@@ -113,8 +113,18 @@ def _attempts(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``."""
     from runner.launch.driver import run_job
+    from runner.launch.mlflow_run import record_requeued
+    from runner.launch.slurm import requeued
 
-    attempt = 1
+    attempt, task = 1, requeued(cfg)
+    if task is not None:  # Slurm requeued the job (it lost a node): the next attempt of its point
+        attempt += task.restarts
+        if task.node_rank == 0:
+            record_requeued(run_dir, task.shown_id, attempt)
+        if attempt > cfg.sweep.retries + 1:
+            raise WorkerFailure(f"Slurm requeued job {task.shown_id} after it lost a node; sweep.retries="
+                                f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
+                                f"{attempt} does not run")
     while True:
         try:
             return run_job(cfg, attempt)

@@ -188,6 +188,20 @@ def _log_datasets(cfg: Any, uri: str, run_id: str) -> None:
         logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
 
 
+def record_requeued(run_dir: Path, job: str, attempt: int) -> None:
+    """The run of the attempt before ``attempt``, stopped when Slurm requeued job ``job`` after a lost node (it
+    ended KILLED, as a cancelled job does): FAILED, saying so. The new attempt gets its own run."""
+    info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
+    if not info.get("run_id"):
+        return
+    try:
+        if store.client(info["tracking_uri"]).get_run(info["run_id"]).info.status in ("KILLED", "RUNNING"):
+            store.end_run(info["tracking_uri"], info["run_id"], "FAILED",
+                          f"Slurm requeued job {job} after it lost a node (attempt {attempt} follows)")
+    except Exception:  # noqa: BLE001 - the earlier run keeps its status; the new attempt runs all the same
+        pass
+
+
 def _retire(uri: str, old: str, parent: str, new: str) -> None:
     """A sweep's point run again (a resumed sweep): its earlier run under the same parent is deleted (MLflow's
     soft delete, restorable from the UI's deleted runs), so that the parent keeps one child per point."""

@@ -60,6 +60,7 @@ class SlurmTask:
     nodes: int
     tasks: int
     nodelist: str
+    restarts: int = 0  # SLURM_RESTART_COUNT: times Slurm requeued the job (a lost node, scontrol requeue)
 
     @classmethod
     def detect(cls, env: Mapping[str, str] = os.environ) -> Optional["SlurmTask"]:
@@ -70,7 +71,8 @@ class SlurmTask:
         shown = f"{array}_{index}" if array and index else env["SLURM_JOB_ID"]
         return cls(env["SLURM_JOB_ID"], shown, int(env["SLURM_NODEID"]), int(env["SLURM_NNODES"]),
                    int(env.get("SLURM_NTASKS", env["SLURM_NNODES"])),
-                   env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+                   env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")),
+                   int(env.get("SLURM_RESTART_COUNT", "0") or 0))
 
     @property
     def port(self) -> int:
@@ -94,6 +96,12 @@ def task_for(cfg: Any) -> Optional[SlurmTask]:
                              "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                              "-m hydra/launcher=slurm")
     return task
+
+
+def requeued(cfg: Any) -> Optional[SlurmTask]:
+    """This task, when it runs in a Slurm job that Slurm requeued (after a lost node, or ``scontrol requeue``)."""
+    task = SlurmTask.detect() if cfg.cluster.scheduler in ("auto", "slurm") else None
+    return task if task is not None and task.restarts > 0 else None
 
 
 def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:

@@ -97,3 +97,21 @@ def test_a_data_workers_thread_errors_go_to_the_log_not_the_terminal(tmp_path) -
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     log = (tmp_path / "runner.log").read_text()
     assert "EOFError: peer closed" in log and "ConnectionResetError: reset" in log
+
+
+def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_path) -> None:
+    """Slurm requeued the job after a lost node (SLURM_RESTART_COUNT=1) and sweep.retries=0: attempt 2 is
+    refused in one line, before anything runs."""
+    import pytest
+    from conftest import cfg_for
+
+    from runner.cli import _attempts
+    from runner.config.errors import WorkerFailure
+
+    for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+                       "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    cfg = cfg_for("cluster=2node", "cluster.scheduler=slurm")
+    with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
+                                            r"1 attempt\(s\), so attempt 2 does not run"):
+        _attempts(cfg, tmp_path)

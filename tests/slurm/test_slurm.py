@@ -7,6 +7,7 @@ file stays within a few minutes on 2 cores.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -159,6 +160,44 @@ def test_restart_inside_the_allocation_then_the_time_limit(store: str, tmp_path:
     assert job_state(run.data.tags["runner.slurm_job_id"]) == "TIMEOUT"
     log = next((sweep / ".submitit").rglob("*_0_log.out")).read_text()
     assert "time limit is near (SIGUSR2)" in log
+    no_process_left(tag)
+
+
+def _until(check, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_path: Path) -> None:
+    """Node n2 is lost while a 2-node point trains (``scontrol update state=down``): Slurm requeues the job, and
+    with sweep.retries=1 the requeued job is the point's attempt 2, with its own MLflow run; attempt 1's run
+    is FAILED, saying a node was lost; the earlier files are kept in previous/1."""
+    tag = uuid.uuid4().hex
+    sweep = tmp_path / "sweep"
+    proc = start_sweep(store, "slurm-lost", sweep, [*ONE_WORKER, "train.steps=300", "train.log_every=10",
+                                                    "train.checkpoint.enabled=false", "sweep.retries=1"], tag)
+    try:
+        wait_for(sweep / "0" / "events.jsonl")
+        job = json.loads((sweep / "scheduler.json").read_text())["job_ids"][0]
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=lost-by-a-test"], check=True)
+        _until(lambda: job_state(job) == "PENDING", 60, "the job was not requeued")
+        # Slurm holds a requeued job for a while (BeginTime, about 2 minutes): let it start now
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+        proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    attempts = sorted((r for r in runs(store, "slurm-lost") if r.data.tags.get("runner.kind") == "job"),
+                      key=lambda r: r.data.tags["runner.attempt"])
+    assert [(r.data.tags["runner.attempt"], r.info.status) for r in attempts] == [("1", "FAILED"), ("2", "FINISHED")]
+    assert f"Slurm requeued job {job} after it lost a node" in attempts[0].data.tags["error"]
+    assert (sweep / "0" / "previous" / "1" / "events.jsonl").exists()
+    (parent,) = [r for r in runs(store, "slurm-lost") if r.data.tags.get("runner.kind") != "job"]
+    assert parent.info.status == "FINISHED"
     no_process_left(tag)
 
 
