@@ -9,7 +9,7 @@ CUDA_MARK := $(VENV)/.cuda
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
 
-.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down
+.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,3 +81,10 @@ slurm-up:
 
 slurm-down:
 	bash tests/slurm/cluster.sh down
+
+# Headless Chromium (Debian's package; root), for the test that opens the MLflow UI links the runner prints
+# (it skips, saying so, without it)
+chromium:
+	command -v chromium >/dev/null || { [ "$$(id -u)" -eq 0 ] && { apt-get install -y -q --no-install-recommends \
+	chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends \
+	chromium >/dev/null; }; }; }

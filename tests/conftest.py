@@ -156,3 +156,17 @@ class MlflowServer:
         except ProcessLookupError:
             pass
         self.proc = None
+
+
+def ui_text(url: str) -> str:
+    """The text a browser shows for ``url`` (MLflow's React UI, rendered by headless Chromium; `make chromium`
+    installs it); skips, saying so, where there is no Chromium."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("needs Chromium to render the MLflow UI (`make chromium` installs Debian's package as root)")
+    proc = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000",
+                           "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    html = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", proc.stdout, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
