@@ -111,8 +111,9 @@ def check_trainers(uri: str, experiment: str, expected: int) -> List[str]:
     return problems
 
 
-def plan_sweep(uri: str, points: int, n_jobs: int, folder: Path, experiment: str) -> Tuple[float, List[str]]:
-    """The sweep against ``uri``: (wall seconds, problems)."""
+def plan_sweep(uri: str, points: int, n_jobs: int, folder: Path, experiment: str,
+               printed: Optional[List[str]] = None) -> Tuple[float, List[str]]:
+    """The sweep against ``uri``: (wall seconds, problems); what it printed is appended to ``printed``."""
     reserves, bandwidths = grid(points)
     args = [sys.executable, "-m", "runner", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", *PLAN,
             f"sharding.storage_reserve_percent={','.join(reserves)}",
@@ -121,6 +122,8 @@ def plan_sweep(uri: str, points: int, n_jobs: int, folder: Path, experiment: str
     t0 = time.perf_counter()
     proc = subprocess.run(args, cwd=ROOT, env=runner_env(uri), capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    if printed is not None:
+        printed.append(proc.stdout)
     expected = len(reserves) * len(bandwidths)
     problems = [] if proc.returncode == 0 else [f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"]
     return wall, problems + check_sweep(uri, experiment, expected)

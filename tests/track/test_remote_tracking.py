@@ -56,32 +56,30 @@ def test_joblib_plan_sweep_against_a_server_records_every_point(mlflow_server, t
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from store_load import plan_sweep
 
-    _, problems = plan_sweep(mlflow_server[0], 6, 2, tmp_path / "sweep", "load")
+    printed: list = []
+    _, problems = plan_sweep(mlflow_server[0], 6, 2, tmp_path / "sweep", "load", printed)
     assert problems == []
+    links_open_the_model_training_view(mlflow_server[0], "load", printed[0])
 
 
-def test_every_link_the_runner_prints_opens_the_model_training_view(mlflow_server, tmp_path: Path) -> None:
-    """A plan-only sweep's printed links, opened in headless Chromium: each point's run page shows the run and
-    its metrics, the compare view both runs; the experiment with ``workflowType`` opens on the runs table (the
-    sweep's parent, its points nested), without ``workflowType`` opens on GenAI's
-    overview, which is why every link carries it."""
+def links_open_the_model_training_view(url: str, experiment: str, stdout: str) -> None:
+    """The links a sweep printed, opened in headless Chromium: a point's run page shows the run and its
+    metrics, the compare view every point; the experiment with ``workflowType`` opens on its runs table (the
+    sweep's parent, its points nested), without it on GenAI's overview: why every link carries it."""
     import re
 
     from conftest import ui_text
 
-    proc = run_cli(["-m", "mode=plan", "sharding.storage_reserve_percent=0.1,0.2", f"tracking.uri={mlflow_server[0]}",
-                    "tracking.experiment=links", f"hydra.sweep.dir={tmp_path}"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    links = re.findall(r"https?://\S+workflowType=machine_learning", proc.stdout)
+    links = re.findall(r"https?://\S+workflowType=machine_learning", stdout)
     runs_shown = re.findall(r"/runs/(\w+)\?", " ".join(links))
-    assert len(links) == 3 and len(runs_shown) == 2, proc.stdout[-2000:]
-    for url, run_id in zip(links, runs_shown, strict=False):
-        text = ui_text(url)
-        assert f"Run {run_id} - MLflow" in text and "plan/est_step_ms" in text, text[:500]
-    text = ui_text(links[2])
-    assert text.startswith(" Compare Runs - MLflow") and "Comparing 2 Runs from 1 Experiment" in text, text[:500]
-    experiment = re.search(r"#/experiments/(\d+)/", links[0]).group(1)
-    (parent,) = [r.info.run_name for r in runs(mlflow_server[0], "links") if r.data.tags.get("runner.kind") != "job"]
-    training_view = ui_text(f"{mlflow_server[0]}/#/experiments/{experiment}?workflowType=machine_learning")
-    assert f"Runs - Experiment {experiment}" in training_view and parent in training_view  # its points nest in it
-    assert "Overview - Experiment" in ui_text(f"{mlflow_server[0]}/#/experiments/{experiment}")
+    assert len(links) == len(runs_shown) + 1 >= 3, stdout[-2000:]  # each point's run, then the compare view
+    text = ui_text(links[0])
+    assert f"Run {runs_shown[0]} - MLflow" in text and "plan/est_step_ms" in text, text[:500]
+    text = ui_text(links[-1])
+    assert text.startswith(" Compare Runs - MLflow") and f"Comparing {len(runs_shown)} Runs from 1 Experiment" in text
+    exp = re.search(r"#/experiments/(\d+)/", links[0]).group(1)
+    (parent,) = [r.info.run_name for r in runs(url, experiment) if r.data.tags.get("runner.kind") != "job"]
+    training_view = ui_text(f"{url}/#/experiments/{exp}?workflowType=machine_learning")
+    assert f"Runs - Experiment {exp}" in training_view and parent in training_view, training_view[:500]
+    assert "Overview - Experiment" in ui_text(f"{url}/#/experiments/{exp}")
+
