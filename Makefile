@@ -85,6 +85,6 @@ slurm-down:
 # Headless Chromium (Debian's package; root), for the test that opens the MLflow UI links the runner prints
 # (it skips, saying so, without it)
 chromium:
-	command -v chromium >/dev/null || { [ "$$(id -u)" -eq 0 ] && { apt-get install -y -q --no-install-recommends \
-	chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends \
-	chromium >/dev/null; }; }; }
+	command -v chromium >/dev/null || { [ "$$(id -u)" -eq 0 ] && { timeout 300 apt-get install -y -q \
+	--no-install-recommends chromium >/dev/null 2>&1 || { timeout 300 apt-get update -q >/dev/null 2>&1 && \
+	timeout 300 apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }; }
