@@ -43,7 +43,7 @@ def raw_plans(points: list) -> tuple:
     import runner.cli  # noqa: F401  (schema and resolvers)
     from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
-    from runner.plan.io import plan_to_dict
+    from runner.plan.plan_file import plan_to_dict
     from runner.plan.planner import PlanEstimates, torchrec_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes

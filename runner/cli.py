@@ -167,7 +167,7 @@ def _prewarm(args: List[str]) -> None:
     if flags or any(re.match(r"\+*(mode=(plan|write_data)|hydra/launcher=|experiment=)", a) for a in args):
         return
     from runner.config.schema_model import ClusterSchema
-    from runner.launch.warm import prewarm
+    from runner.launch.prewarm import prewarm
     from runner.runtime.affinity import threads_per_worker, workers_on_host
 
     prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count

@@ -1,7 +1,7 @@
 """One node's torch elastic agent: ``python -m runner.launch.agent <run_dir> <node_rank> <port>``.
 
 ``python -m runner.launch.agent --warm <threads>`` is the same agent started before the job's config exists
-(see :mod:`runner.launch.warm`): it sets OpenMP's thread count, imports torch, TorchRec and the
+(see :mod:`runner.launch.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
 runner, then reads its job from stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input:
 exits without a job).
 

@@ -26,12 +26,12 @@ from runner.config.device import (
     host_gpus,
     visible_gpus,
 )
-from runner.launch.agents import launch, nodes_on_this_host
 from runner.launch.mlflow_run import JobContext, MlflowRun
 from runner.launch.ports import check_master_port, free_port
+from runner.launch.prewarm import discard_warm, prewarm
 from runner.launch.resume import link_point
 from runner.launch.slurm import stop_outcome
-from runner.launch.warm import discard_warm, prewarm
+from runner.launch.supervisor import launch, nodes_on_this_host
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads
 from runner.runtime.cores import job_cores

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from runner.launch.prewarm import took_warm
 from runner.launch.resume import config_hash
 from runner.launch.slurm import node_run_dir, run_tags
-from runner.launch.warm import took_warm
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs

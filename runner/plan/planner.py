@@ -33,7 +33,7 @@ from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
 from runner.plan.estimators import shard_estimators
 from runner.plan.infeasible import explain
-from runner.plan.io import load_plan
+from runner.plan.plan_file import load_plan
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
 from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
 from runner.plan.search_loop import Progress, SearchLoopPlanner

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
-from runner.plan.io import plan_table, plan_to_dict, sharding_types_used
+from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.runtime import rundir
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)

@@ -17,7 +17,7 @@ from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 from runner.config.tables import table_specs
 from runner.plan import search_loop
 from runner.plan.analysis import per_rank_estimates
-from runner.plan.io import plan_to_dict
+from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.sharders import sharders_for

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from runner.config.errors import WorkerFailure
-from runner.launch.warm import kill_group, spawn_agent, take_warm
+from runner.launch.prewarm import kill_group, spawn_agent, take_warm
 from runner.runtime import rundir, signals
 from runner.runtime.lifeline import DRIVER_PID
 
