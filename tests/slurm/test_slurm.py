@@ -62,11 +62,15 @@ def start_sweep(store: str, experiment: str, sweep_dir: Path, args: List[str], t
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def wait_for(path: Path, within: float = 120) -> None:
+def until(check, within: float, what: str) -> None:
     deadline = time.monotonic() + within
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {within} s"
+    while not check():
+        assert time.monotonic() < deadline, what
         time.sleep(0.2)
+
+
+def wait_for(path: Path, within: float = 120) -> None:
+    until(path.exists, within, f"{path} did not appear within {within} s")
 
 
 def no_process_left(tag: str, within: float = 20) -> None:
@@ -163,13 +167,6 @@ def test_restart_inside_the_allocation_then_the_time_limit(store: str, tmp_path:
     no_process_left(tag)
 
 
-def _until(check, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
-
-
 def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_path: Path) -> None:
     """Node n2 is lost while a 2-node point trains (``scontrol update state=down``): Slurm requeues the job, and
     with sweep.retries=1 the requeued job is the point's attempt 2, with its own MLflow run; attempt 1's run
@@ -182,7 +179,7 @@ def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_p
         wait_for(sweep / "0" / "events.jsonl")
         job = json.loads((sweep / "scheduler.json").read_text())["job_ids"][0]
         subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=lost-by-a-test"], check=True)
-        _until(lambda: job_state(job) == "PENDING", 60, "the job was not requeued")
+        until(lambda: job_state(job) == "PENDING", 60, "the job was not requeued")
         # Slurm holds a requeued job for a while (BeginTime, about 2 minutes): let it start now
         subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
         subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
