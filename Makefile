@@ -8,6 +8,10 @@ CUDA_MARK := $(VENV)/.cuda
 # PyTorch's wheel index for the machine's CUDA (cu126, cu128, ...): it serves torch and fbgemm-gpu CUDA builds
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
+# Test processes (pytest-xdist): the Slurm tests, which mostly wait on Slurm, run one after the other in one
+# of them while the other runs the rest. TEST_JOBS=0 runs everything in this process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadgroup)
 
 .PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 
@@ -44,11 +48,11 @@ run: $(STAMP)
 	$(PY) -m runner $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)  # no path given: pyproject.toml's testpaths (tests/)
+	$(PY) -m pytest $(XDIST) $(ARGS)  # no path given: pyproject.toml's testpaths (tests/)
 
 # The fast tier: every stage in-process (no runner command, no daemon); a change's inner loop
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not slurm" $(ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow and not slurm" $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runner tests benchmarks

@@ -6,13 +6,22 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import List
 
-import pytest
+# `make test` runs the suite in two processes (pytest-xdist). Each is a host of its own for what the runner
+# shares through the temporary folder (joblib jobs' core slots): set before the runner is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _tmp = Path(tempfile.gettempdir()) / f"runner-tests-{os.environ['PYTEST_XDIST_WORKER']}"
+    _tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(_tmp)
+    tempfile.tempdir = None
 
-from runner.config.device import cuda_present
+import pytest  # noqa: E402
+
+from runner.config.device import cuda_present  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +30,12 @@ CPU_ONLY = pytest.mark.skipif(cuda_present(), reason="expects a machine without 
 
 # Small and quick: few steps, small batches. Every end-to-end test starts from these.
 FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.eval_batches=4"]
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """The Slurm tests first: they mostly wait on Slurm (one process runs them all, one after the other, on
+    the one Slurm), so the other process's tests fill that wait from the start instead of after it."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,9 @@ def check_master_port(addr: str, port: int) -> None:
     """Refuse a ``cluster.master_port`` that another process holds on this host, in one line."""
     host = "0.0.0.0" if addr in ("localhost", "127.0.0.1", "0.0.0.0") else addr
     with socket.socket() as s:
+        # as torch's TCPStore binds it: a port left in TIME_WAIT by an earlier job (a requeued Slurm job gets
+        # its first attempt's port) is free to listen on; only a listening process holds it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

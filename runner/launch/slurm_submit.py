@@ -191,7 +191,10 @@ def _submit(launcher: Any, points: List[Point]) -> None:
         executor = submitit.AutoExecutor(cluster="slurm", folder=params["submitit_folder"],
                                          slurm_max_num_timeout=params.get("max_num_timeout", 0))
         nodes, cpus, gpus = shape
-        chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus}
+        # --kill-on-bad-exit: a node's task that fails (a config error found there, a refused port) ends the
+        # others at once, instead of leaving them waiting for its rendezvous until their timeout
+        chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus,
+                  "srun_args": ["--kill-on-bad-exit=1"]}
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in chosen.items()
                                       if k not in init_keys and v is not None})
         try:
