@@ -8,10 +8,11 @@ CUDA_MARK := $(VENV)/.cuda
 # PyTorch's wheel index for the machine's CUDA (cu126, cu128, ...): it serves torch and fbgemm-gpu CUDA builds
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 ARGS ?=
-# Test processes (pytest-xdist): the Slurm tests, which mostly wait on Slurm, run one after the other in one
-# of them while the other runs the rest. TEST_JOBS=0 runs everything in this process.
+# Test processes (pytest-xdist), each given whole test files: the Slurm tests (one file), which mostly wait
+# on Slurm, run one after the other in one of them while the other runs the rest. TEST_JOBS=0 runs
+# everything in this process.
 TEST_JOBS ?= 2
-XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
 .PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 

@@ -33,9 +33,10 @@ FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.ev
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
-    """The Slurm tests first: they mostly wait on Slurm (one process runs them all, one after the other, on
-    the one Slurm), so the other process's tests fill that wait from the start instead of after it."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+    """Under ``make test`` (pytest-xdist, whole files per process) the Slurm file first, then the other files
+    with slow tests, then the quick ones: the Slurm tests mostly wait on Slurm, and the other process fills
+    that wait from the start; the quick files fill the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slurm") is None, item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(scope="session")

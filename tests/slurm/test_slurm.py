@@ -21,7 +21,7 @@ from typing import List
 import pytest
 from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one Slurm: one at a time
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 ONE_WORKER = ["cluster=2node", "cluster.workers_per_node=1"]
 
