@@ -1,5 +1,5 @@
 from runner.cli import main
-from runner.runtime.lifeline import exit_now
+from runner.runtime.process_end import exit_now
 
 try:
     main()

@@ -20,7 +20,7 @@ from runner.config.errors import TrackingError, WorkerFailure, one_line
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
 from runner.config.validation import validate
-from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
+from runner.launch.precheck import CONF_DIR, checked, hydra_conf, precheck
 from runner.runtime import rundir, signals
 from runner.track.objective import objective_value
 
@@ -43,7 +43,7 @@ register_schemas()
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def _job(cfg: DictConfig) -> Optional[float]:
+def _hydra_job(cfg: DictConfig) -> Optional[float]:
     """One job (a sweep's point, or the single run). Its outcome goes to its run folder's ``status.json``,
     where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it. As a Slurm
     task, a failed or stopped job also fails its Slurm job (and node k > 0 keeps its files in ``node<k>/``)."""
@@ -57,7 +57,6 @@ def _job(cfg: DictConfig) -> Optional[float]:
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     slurm = False
     try:
-        validate(cfg)
         task = task_for(cfg)
         if task is not None:
             slurm = True
@@ -69,6 +68,8 @@ def _job(cfg: DictConfig) -> Optional[float]:
                 run_dir = adopt(cfg, task, run_dir)
             else:
                 cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
+        if task is not None or not checked(list(hc.overrides.task)):
+            validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
         earlier = None
         if hc.mode == RunMode.MULTIRUN:
             from runner.launch.resume import kept_point, reusable
@@ -112,7 +113,7 @@ def _job(cfg: DictConfig) -> Optional[float]:
 def _attempts(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``."""
-    from runner.launch.driver import run_job
+    from runner.launch.driver import execute_job
     from runner.launch.mlflow_run import record_requeued
     from runner.launch.slurm import requeued
 
@@ -127,7 +128,7 @@ def _attempts(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
                                 f"{attempt} does not run")
     while True:
         try:
-            return run_job(cfg, attempt)
+            return execute_job(cfg, attempt)
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
@@ -190,11 +191,11 @@ def _shell_completion(args: List[str]) -> bool:
         os.environ["COMP_LINE"] = os.environ["COMP_LINE"][len(m.group(1)):]
         os.environ["COMP_POINT"] = str(max(int(os.environ.get("COMP_POINT", "0")) - len(m.group(1)), 0))
     if not any(a.startswith("install=bash") for a in args):
-        _job()
+        _hydra_job()
         return True
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _job()
+        _hydra_job()
     print(out.getvalue().replace(
         'if [ "${words[0]}" == "python" ]; then',
         'if [ "${words[0]}" == "python" ] && [ "${words[1]}" == "-m" ] && [ "${words[2]}" == "runner" ]; then\n'
@@ -267,13 +268,13 @@ def main() -> None:
             print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
         sys.argv += launcher
-        _job()
+        _hydra_job()
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code in (130, 143):  # a job of a sweep stopped (it said so): the sweep ends with it
             _end_sweep("SIGINT" if exc.code == 130 else "SIGTERM", said=True)
         if exc.code not in (0, None):
             raise
-    except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _job)
+    except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _hydra_job)
         stop = signals.stopped(exc)
         if not _end_sweep(stop.name, said=False):
             _say_error(f"stopped by {stop.name}")

@@ -11,7 +11,7 @@ data, train).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -76,18 +76,18 @@ class RunnerConfig:
     sweep: SweepSchema = field(default_factory=SweepSchema)
 
 
-def samples_per_step(cfg: Any) -> int:
+def samples_per_step(cfg: RunnerConfig) -> int:
     """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""
     return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
 
 
-def loss_scaling_enabled(cfg: Any) -> bool:
+def loss_scaling_enabled(cfg: RunnerConfig) -> bool:
     """``precision.grad_scaler.enabled``, whose null means: on with float16 autocast."""
     enabled = cfg.precision.grad_scaler.enabled
     return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
 
 
-def uses_split_step(cfg: Any) -> bool:
+def uses_split_step(cfg: RunnerConfig) -> bool:
     """Gradient accumulation and loss scaling train with the split step (:mod:`runner.train.split_step`), which
     needs every table sharded by TorchRec: no ``data_parallel`` tables."""
     return cfg.train.grad_accumulation_steps > 1 or loss_scaling_enabled(cfg)

@@ -6,7 +6,7 @@ Types are checked by Hydra against :mod:`runner.config.schema` while composing; 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.config.choices import (
     AFFINITY_MODES,
@@ -31,6 +31,9 @@ from runner.config.schema import uses_split_step
 from runner.config.schema_model import TableConstraintSchema
 from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -207,7 +210,7 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
            k.best_metric, "null, eval/auc or eval/logloss")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: RunnerConfig) -> None:
     """Check ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
     _check_choices("mode", [cfg.mode], MODES)
     _validate_model(cfg.model)

@@ -3,14 +3,17 @@ torch (the driver of a file-data job would otherwise load torch and TorchRec onl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.config.errors import ConfigError, DataError, first_line
 from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, criteo_files, parquet_files
 from runner.data.layout import layout
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
-def check_data(cfg: Any) -> None:
+
+def check_data(cfg: RunnerConfig) -> None:
     """One line, before launch, for a data config that cannot be read."""
     d = cfg.data
     if d.name == "synthetic":

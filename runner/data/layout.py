@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import numpy as np
 
 from runner.config.tables import table_specs
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 DENSE_PREFIX = "dense_"
 
@@ -26,7 +29,7 @@ class Layout:
         return [f"{DENSE_PREFIX}{i}" for i in range(self.num_dense)]
 
 
-def layout(cfg: Any) -> Layout:
+def layout(cfg: RunnerConfig) -> Layout:
     specs = table_specs(cfg.model)
     return Layout(tuple(cfg.model.tasks), int(cfg.data.num_dense_features), tuple(t.name for t in specs),
                   tuple(int(t.num_embeddings) for t in specs))

@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.data.layout import layout
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 SYNTHETIC_KEYS = ("num_dense_features", "label_noise", "ids_per_feature", "variable_lengths", "zipf_alpha")
 
@@ -22,7 +25,7 @@ def _digest(identity: Any) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _columns(cfg: Any, multi_hot: bool) -> List[Tuple[str, str]]:
+def _columns(cfg: RunnerConfig, multi_hot: bool) -> List[Tuple[str, str]]:
     lay = layout(cfg)
     return ([(t, "float") for t in lay.tasks] + [(c, "float") for c in lay.dense_columns]
             + [(f, "list<long>" if multi_hot else "long") for f in lay.features])
@@ -41,7 +44,7 @@ def _arrow_type(t: Any) -> str:
     return "binary"
 
 
-def _files(cfg: Any, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
+def _files(cfg: RunnerConfig, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
     """``(address, size, mtime ns)`` of each file at ``path``, and the columns (Parquet's schema)."""
     if cfg.data.name == "parquet":
         import pyarrow.parquet as pq
@@ -57,7 +60,7 @@ def _files(cfg: Any, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[Li
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in criteo_files(path)], None
 
 
-def datasets(cfg: Any) -> List[Dict[str, Any]]:
+def datasets(cfg: RunnerConfig) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
     d = cfg.data
@@ -77,7 +80,7 @@ def datasets(cfg: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _tables(cfg: Any) -> List[Any]:
+def _tables(cfg: RunnerConfig) -> List[Any]:
     from runner.config.tables import table_specs
 
     return table_specs(cfg.model)

@@ -14,13 +14,16 @@ import collections
 import itertools
 import queue
 import threading
-from typing import Any, Deque, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from runner.data.sources import source
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 AGREE_EVERY = 16  # batches per all-reduce: one collective per step cost a Parquet job about a quarter of its speed
 _GROUPS: Dict[str, Any] = {}  # for the process group in "world"
@@ -131,7 +134,7 @@ def _pinned(batches: Any) -> Iterator[Batch]:
         yield batch.pin_memory()
 
 
-def batches_for(cfg: Any, rank: int, world: int, eval_split: bool, first: int = 0,
+def batches_for(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, first: int = 0,
                 num_batches: Optional[int] = None, pin: bool = False) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
     ahead; file sources ended on every rank together. ``pin``: in page-locked memory (CUDA workers: the

@@ -7,7 +7,7 @@ clicks (:mod:`.synthetic`), a folder of Parquet files (:mod:`.parquet`), Criteo 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -19,8 +19,11 @@ from runner.data.parquet import ParquetSource
 from runner.data.synthetic import synthetic
 from runner.runtime.logfile import thread_errors_to_log
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
-def source(cfg: Any, rank: int, world: int, eval_split: bool, start_batch: int = 0,
+
+def source(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, start_batch: int = 0,
            num_batches: Optional[int] = None) -> Any:
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""

@@ -4,13 +4,16 @@ and dense features, so a falling loss and an AUC above 0.5 mean something."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, List
+from typing import TYPE_CHECKING, Any, Iterator, List
 
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from runner.data.layout import layout
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 # The hidden model is fixed (independent of train.seed): every seed samples the same task.
 _TRUTH_SEED = 20240611
@@ -113,7 +116,7 @@ class SyntheticClicks:
         return ids, lengths.reshape(-1).to(torch.int32), sparse
 
 
-def synthetic(cfg: Any, batch_size: int, num_batches: int, rank: int, eval_split: bool,
+def synthetic(cfg: RunnerConfig, batch_size: int, num_batches: int, rank: int, eval_split: bool,
               start_batch: int = 0) -> Any:
     """The synthetic source for ``cfg``'s model and data settings (batch ``i`` depends on seed, rank,
     split and ``i`` only)."""

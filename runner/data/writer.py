@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -13,6 +13,9 @@ from torchrec.datasets.utils import Batch
 from runner.config.errors import ConfigError
 from runner.data.layout import Layout, layout, shard_range
 from runner.data.synthetic import synthetic
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def _arrow_table(lay: Layout, b: Batch, rows: int) -> Any:
@@ -31,7 +34,7 @@ def _arrow_table(lay: Layout, b: Batch, rows: int) -> Any:
     return pa.table(cols)
 
 
-def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int,
+def write_parquet(cfg: RunnerConfig, out: Path, rows: int, files: int, eval_rows: int,
                   chunk_rows: int = 65536) -> List[Path]:
     """The synthetic source, written as Parquet (``train/`` and ``eval/`` folders) for ``data=parquet``;
     one row group per ``chunk_rows`` rows, so memory stays flat whatever the size."""
@@ -62,7 +65,7 @@ def write_parquet(cfg: Any, out: Path, rows: int, files: int, eval_rows: int,
     return written
 
 
-def write_data(cfg: Any) -> Dict[str, Any]:
+def write_data(cfg: RunnerConfig) -> Dict[str, Any]:
     """Write ``cfg``'s synthetic source under ``data.path`` (``train/`` and ``eval/``) and say how to train on it."""
     if not cfg.data.path:
         raise ConfigError("data.path", None, "a folder to write to (mode=write_data)")

@@ -26,8 +26,8 @@ from runner.config.device import device_type, node_gpus, visible_gpus
 from runner.launch.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads, workers_on_host
-from runner.runtime.lifeline import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
 from runner.runtime.logfile import log_to_file
+from runner.runtime.process_end import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
 
 
 def _set_threads(threads: int) -> None:

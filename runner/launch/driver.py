@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -26,7 +26,7 @@ from runner.config.device import (
     host_gpus,
     visible_gpus,
 )
-from runner.launch.mlflow_run import JobContext, MlflowRun
+from runner.launch.mlflow_run import HydraJob, MlflowRun
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.prewarm import discard_warm, prewarm
 from runner.launch.resume import link_point
@@ -40,8 +40,11 @@ from runner.track.reporter import summary_line
 from runner.track.sweep import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
-def pre_launch_checks(cfg: Any, run_dir: Path) -> None:
+
+def pre_launch_checks(cfg: RunnerConfig, run_dir: Path) -> None:
     """What can be refused before any worker starts (torch is imported only when it must be asked)."""
     resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
     if cfg.data.name != "synthetic":
@@ -68,7 +71,7 @@ def _mark_start() -> None:
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
-def _plan(cfg: Any, run: MlflowRun) -> Dict[str, Any]:
+def _plan(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
     from runner.plan.plan_only import plan_only
     from runner.plan.reuse import reused_model
     from runner.train.models import planning_model
@@ -77,7 +80,7 @@ def _plan(cfg: Any, run: MlflowRun) -> Dict[str, Any]:
     return plan_only(cfg, run.ctx.run_dir, reused_model(cfg, planning_model))
 
 
-def _train(cfg: Any, run: MlflowRun) -> Optional[Dict[str, Any]]:
+def _train(cfg: RunnerConfig, run: MlflowRun) -> Optional[Dict[str, Any]]:
     """Launch this host's agents; rank 0's results (None when rank 0 ran on another host)."""
     run_dir = run.ctx.run_dir
     pre_launch_checks(cfg, run_dir)
@@ -99,7 +102,7 @@ def _train(cfg: Any, run: MlflowRun) -> Optional[Dict[str, Any]]:
     return results
 
 
-def _prewarm_next(cfg: Any, ctx: JobContext) -> None:
+def _prewarm_next(cfg: RunnerConfig, ctx: HydraJob) -> None:
     """A sweep whose points run one after another in this process: the next point's agent loads torch and
     TorchRec now, while this point's run ends (each point paid those ~3 s of imports before its workers)."""
     if ctx.job_num is None or ctx.parallel != 1 or cfg.cluster.scheduler == "slurm":
@@ -109,10 +112,10 @@ def _prewarm_next(cfg: Any, ctx: JobContext) -> None:
         prewarm(agent_threads(cfg))  # used when the next point loads torch with the same thread count
 
 
-def _job_folder(cfg: Any) -> Tuple[JobContext, Dict[str, Any], Optional[str]]:
+def _job_folder(cfg: RunnerConfig) -> Tuple[HydraJob, Dict[str, Any], Optional[str]]:
     """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
     the resolved config written. Also the MLflow run of that earlier job, if it had one."""
-    ctx = JobContext.from_hydra(cfg)
+    ctx = HydraJob.from_hydra(cfg)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     earlier = rundir.set_aside_previous(ctx.run_dir)
     if earlier is not None:
@@ -124,7 +127,7 @@ def _job_folder(cfg: Any) -> Tuple[JobContext, Dict[str, Any], Optional[str]]:
     return ctx, config, earlier_run  # type: ignore[return-value]
 
 
-def reuse_job(cfg: Any, earlier: Any) -> Dict[str, Any]:
+def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
@@ -138,7 +141,7 @@ def reuse_job(cfg: Any, earlier: Any) -> Dict[str, Any]:
     return results
 
 
-def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:
+def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
     """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``attempt``: which
     run of this job it is (``sweep.retries``)."""
     if cfg.mode != "train":
@@ -159,10 +162,10 @@ def run_job(cfg: Any, attempt: int = 1) -> Dict[str, Any]:
         run.replaces = earlier_run
     store.check_store(run.uri)  # an unreachable server is refused before any worker starts
     with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
-        return _run(cfg, run)
+        return _plan_or_train(cfg, run)
 
 
-def _run(cfg: Any, run: MlflowRun) -> Dict[str, Any]:
+def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
     """Plan or train, keeping the MLflow run's status in step with the outcome."""
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)

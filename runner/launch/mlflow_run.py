@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from runner.launch.prewarm import took_warm
 from runner.launch.resume import config_hash
@@ -24,9 +24,12 @@ from runner.track.sweep import point_name, point_values, sweep_info
 from runner.track.sync import end_or_keep
 from runner.track.system import start_system_metrics
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
 
 @dataclass(frozen=True)
-class JobContext:
+class HydraJob:
     """Where this job sits in Hydra's run: its folder, and for a sweep's point its number and sweep."""
 
     run_dir: Path
@@ -37,7 +40,7 @@ class JobContext:
     parallel: int = 1  # jobs the launcher runs at once on this host
 
     @classmethod
-    def from_hydra(cls, cfg: Any) -> "JobContext":
+    def from_hydra(cls, cfg: RunnerConfig) -> "HydraJob":
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -57,7 +60,7 @@ class MlflowRun:
     job's static rendezvous puts rank 0 on node 0: node 0's task opens the run at once, the others never.
     """
 
-    def __init__(self, cfg: Any, ctx: JobContext, config: Dict[str, Any], port: int) -> None:
+    def __init__(self, cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], port: int) -> None:
         self.cfg, self.ctx, self.config, self.port = cfg, ctx, config, port
         self.uri = store.tracking_uri(cfg)
         self.multi_host = cfg.cluster.node_rank is not None
@@ -175,7 +178,7 @@ class MlflowRun:
             self.open()
 
 
-def _log_datasets(cfg: Any, uri: str, run_id: str) -> None:
+def _log_datasets(cfg: RunnerConfig, uri: str, run_id: str) -> None:
     """The run's training and evaluation data as MLflow inputs; a failure to describe them is logged, not fatal."""
     import logging
 

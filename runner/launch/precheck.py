@@ -9,90 +9,20 @@ import contextlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Set, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.choices import RUNNER_SWEEPERS
 from runner.config.errors import ConfigError, first_line
 from runner.config.validation import validate
+from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_values
 from runner.runtime.cores import plan_batch_size
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
 CONF_DIR = str(PROJECT_ROOT / "conf")
-# Hydra flags that take a value; the value is not an override.
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
-                     "--config-dir", "-cd", "--experimental-rerun"}
-_FLAGS_WITHOUT_CHECK = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
-                        "--version", "--experimental-rerun"}
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
-
-
-def _split_args(args: List[str]) -> tuple[List[str], Optional[str], bool]:
-    """Overrides, the config name, and whether the arguments allow a pre-check at all."""
-    overrides, config_name, checkable, skip = [], None, True, False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        flag = a.split("=", 1)[0]
-        if flag in _FLAGS_WITHOUT_CHECK or flag in ("--config-path", "-cp", "--config-dir", "-cd"):
-            checkable = False
-        if flag in ("--config-name", "-cn"):
-            config_name = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else None)
-        if a.startswith("-"):
-            skip = flag in _FLAGS_WITH_VALUE and "=" not in a
-            continue
-        overrides.append(a)
-    return overrides, config_name, checkable
-
-
-def _sweep_values(overrides: List[str], loader: object = None) -> List[List[str]]:
-    """Each override's values (one for a plain override). ``glob()`` is expanded over the group's options;
-    a sampler's ``interval()`` is left to the sweeper."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    parsed = []
-    for text in overrides:
-        try:
-            parsed.extend(parser.parse_overrides([text]))
-        except Exception:  # noqa: BLE001 - Hydra's grammar error names the lexer, not the fix
-            raise ConfigError(text.split("=", 1)[0], text.partition("=")[2],
-                              "a value Hydra's override grammar can read: quote one with spaces or special "
-                              f"characters, e.g. '{text.split('=', 1)[0]}=\"{text.partition('=')[2]}\"' (the "
-                              "outer quotes keep the shell from splitting it)") from None
-    values = []
-    for text, o in zip(overrides, parsed, strict=True):
-        if o.is_interval_sweep():  # the sampler draws inside it: both ends must be allowed
-            key, ends = o.get_key_element(), o.value()
-            values.append([f"{key}={ends.start}", f"{key}={ends.end}"])
-            continue
-        if o.is_sweep_override():
-            o.config_loader = loader  # glob() reads the group's options through it
-            key = o.get_key_element()
-            values.append([f"{key}={v}" for v in o.sweep_string_iterator()] or [text])
-        else:
-            values.append([text])
-    return values
-
-
-def _combinations(values: List[List[str]]) -> List[List[str]]:
-    """First value of every sweep, then each other sweep value once: every value is composed once."""
-    combos = [[v[0] for v in values]]
-    for i, vs in enumerate(values):
-        for v in vs[1:]:
-            combos.append([c if j != i else v for j, c in enumerate(combos[0])])
-    return combos
-
-
-def _file_sweeps(overrides: List[str], config_name: Optional[str], loader: object) -> List[str]:
-    """Sweeps an experiment file sets in ``hydra.sweeper.params`` (not overridden on the command line)."""
-    from hydra import compose
-
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    first = _combinations(_sweep_values(overrides, loader))[0]
-    cfg = compose(config_name=config_name or "config", overrides=first, return_hydra_config=True)
-    params = cfg.hydra.sweeper.get("params") or {}
-    return [f"{k}={v}" for k, v in params.items() if k not in keys]
 
 
 def _group_error(override: str, loader: object) -> Optional[str]:
@@ -143,7 +73,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
     :func:`runner.runtime.cores.plan_batch_size`)."""
     from hydra import compose
 
-    overrides, config_name, checkable = _split_args(args)
+    overrides, config_name, checkable = split_args(args)
     if not checkable:
         return None, []
     command = list(overrides)
@@ -151,13 +81,13 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
     with hydra_conf() as loader:
         try:
             if multirun:
-                overrides = overrides + _file_sweeps(overrides, config_name, loader)
-            values = _sweep_values(overrides, loader)
+                overrides = overrides + file_sweeps(overrides, config_name, loader)
+            values = sweep_values(overrides, loader)
         except ConfigError as exc:  # override syntax
             return str(exc), []
         except Exception as exc:  # noqa: BLE001
             return first_line(exc), []
-        combos = _combinations(values)
+        combos = combinations(values)
         error = _check_combos(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
         if error:
@@ -208,6 +138,17 @@ def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader
     return cfg
 
 
+_CHECKED: Set[Tuple[str, ...]] = set()  # the override combinations validated in this process
+
+
+def checked(overrides: List[str]) -> bool:
+    """Whether the pre-check composed and validated exactly this combination of overrides in this process
+    (a single run, or a sweep's point under the in-process launcher): its job need not validate it again. A
+    grid point whose values each were checked with the first point's others, or a job in another process
+    (joblib, Slurm), validates its own config."""
+    return tuple(overrides) in _CHECKED
+
+
 def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: object) -> Optional[str]:
     """The first combination's error (compose + validate), naming the point when it is a sweep's; points
     differing from the first only in values are derived from its config (:func:`_from_first`)."""
@@ -226,6 +167,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
                 cfg = compose(config_name=config_name or "config", overrides=combo)
                 first = first or (combo, cfg)
             validate(cfg)
+            _CHECKED.add(tuple(combo))
         except ConfigError as exc:
             return str(exc) + where
         except Exception as exc:
@@ -233,7 +175,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
     return None
 
 
-def _check_sweeper(cfg: Any) -> Optional[str]:
+def _check_sweeper(cfg: RunnerConfig) -> Optional[str]:
     """A searching sweeper must optimise the way ``tracking.objective`` says is better (``cfg``: a point
     composed with Hydra's own config)."""
     from runner.track.objective import objective
@@ -265,7 +207,7 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
     return None
 
 
-def _check_resume(cfg: Any, overrides: List[str]) -> Optional[str]:
+def _check_resume(cfg: RunnerConfig, overrides: List[str]) -> Optional[str]:
     """A sweep folder that holds another command's sweep is refused (resuming it would mix two sweeps)."""
     from runner.launch.resume import check_resume
 
@@ -276,7 +218,7 @@ def _check_resume(cfg: Any, overrides: List[str]) -> Optional[str]:
     return check_resume(folder, overrides, bool(cfg.sweep.resume_changed))
 
 
-def _check_output_folder(cfg: Any, multirun: bool) -> Optional[str]:
+def _check_output_folder(cfg: RunnerConfig, multirun: bool) -> Optional[str]:
     """The run (or sweep) folder can be made: a folder is created and removed where it would go."""
     import tempfile
 

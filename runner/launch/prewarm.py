@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from runner import STARTED
-from runner.runtime.lifeline import DRIVER_PID
+from runner.runtime.process_end import DRIVER_PID
 
 
 class WarmAgent:

@@ -16,12 +16,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from omegaconf import OmegaConf
 
 from runner.runtime import rundir
 from runner.track.sweep import SWEEP_FILE
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 IGNORED = ("sweep", "tracking.uri")  # keys that do not change a point's answer
 
@@ -69,7 +72,7 @@ def _comparable(config: Any, prefix: str = "") -> Dict[str, Any]:
             for k, v in (config or {}).items() if not _ignored(prefix + k)}
 
 
-def kept_point(cfg: Any, run_dir: Path) -> Optional[Dict[str, Any]]:
+def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
     """The status of a finished job in ``run_dir`` of the same resolved config as ``cfg`` (the point is kept,
     not run); None when the point must run."""
     import yaml
@@ -92,7 +95,7 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def reusable(cfg: Any) -> Optional[Any]:
+def reusable(cfg: RunnerConfig) -> Optional[Any]:
     """A FINISHED run of ``cfg``'s config in its experiment, when ``sweep.reuse`` is on (null: plan-only)."""
     from runner.track import store
 
@@ -109,7 +112,7 @@ def reusable(cfg: Any) -> Optional[Any]:
     return found[0] if found else None
 
 
-def link_point(cfg: Any, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
+def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
     copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
     ``runner.reused_from`` naming it. The point's results."""

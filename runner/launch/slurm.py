@@ -17,10 +17,13 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from runner.config.errors import SchedulerError
 from runner.runtime import rundir
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
 PORT_SPAN = 2000
@@ -83,7 +86,7 @@ class SlurmTask:
         return hostnames(self.nodelist)
 
 
-def task_for(cfg: Any) -> Optional[SlurmTask]:
+def task_for(cfg: RunnerConfig) -> Optional[SlurmTask]:
     """The Slurm task this job runs as, per ``cluster.scheduler`` (``auto``: when Slurm's environment says so)."""
     mode = cfg.cluster.scheduler
     task = SlurmTask.detect() if mode in ("auto", "slurm") else None
@@ -98,13 +101,13 @@ def task_for(cfg: Any) -> Optional[SlurmTask]:
     return task
 
 
-def requeued(cfg: Any) -> Optional[SlurmTask]:
+def requeued(cfg: RunnerConfig) -> Optional[SlurmTask]:
     """This task, when it runs in a Slurm job that Slurm requeued (after a lost node, or ``scontrol requeue``)."""
     task = SlurmTask.detect() if cfg.cluster.scheduler in ("auto", "slurm") else None
     return task if task is not None and task.restarts > 0 else None
 
 
-def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
+def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Path:
     """Take node rank, rendezvous host and port from the Slurm job (one task per node, ``cluster.nodes``
     nodes); this node's run folder. Every node checkpoints into the job's folder (one distributed checkpoint)."""
     c = cfg.cluster
@@ -127,13 +130,13 @@ def adopt(cfg: Any, task: SlurmTask, run_dir: Path) -> Path:
     return node_run_dir(run_dir, cfg)
 
 
-def node_run_dir(run_dir: Path, cfg: Any) -> Path:
+def node_run_dir(run_dir: Path, cfg: RunnerConfig) -> Path:
     """Node 0 keeps the job's run folder; another node of a Slurm job keeps its files in ``node<k>/``."""
     k = cfg.cluster.node_rank
     return run_dir / rundir.NODE_DIR.format(k) if cfg.cluster.scheduler == "slurm" and k else run_dir
 
 
-def run_tags(cfg: Any) -> Dict[str, str]:
+def run_tags(cfg: RunnerConfig) -> Dict[str, str]:
     """MLflow tags of a Slurm job's run."""
     task = SlurmTask.detect() if cfg.cluster.scheduler == "slurm" else None
     if task is None:
@@ -160,7 +163,7 @@ def _limit_text(task: SlurmTask) -> str:
     return f" of {m.group(1)}" if m else ""
 
 
-def stop_outcome(cfg: Any, signame: str) -> Tuple[str, str]:
+def stop_outcome(cfg: RunnerConfig, signame: str) -> Tuple[str, str]:
     """``(status, line)`` for a job stopped by ``signame``: KILLED, or FAILED when it is Slurm's time limit."""
     task = SlurmTask.detect() if cfg.cluster.scheduler == "slurm" else None
     if task is not None and signame == "SIGTERM" and _time_limit_reached(task):

@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf, open_dict
 
@@ -24,6 +24,9 @@ from runner.config.errors import SchedulerError, first_line
 from runner.launch.slurm import node_address
 from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 # Filesystems that every node of a cluster mounts alike (the store and the sweep folder must be on one).
 SHARED_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs", "cifs",
@@ -82,7 +85,7 @@ def filesystem(path: Path) -> str:
     return kind
 
 
-def check_submission(cfg: Any) -> None:
+def check_submission(cfg: RunnerConfig) -> None:
     """What the job's nodes must reach, checked before submission: the tracking store and the sweep folder
     (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
     partition = cfg.hydra.launcher.get("partition")
@@ -150,12 +153,12 @@ def partition_resources(partition: Optional[str]) -> Tuple[int, int]:
     return parse_node_resources(_run(["sinfo", "-h", "-o", "%c %G", *(["-p", partition] if partition else [])]))
 
 
-def job_shape(cfg: Any, params: Dict[str, Any], node_cpus: int, node_gpus: int) -> Tuple[int, int, Optional[int]]:
+def job_shape(cfg: RunnerConfig, params: Dict[str, Any], node_cpus: int,
+              node_gpus: int) -> Tuple[int, int, Optional[int]]:
     """Nodes, CPUs per task and GPUs per node of a point's job. Workers use CUDA with ``cluster.device=cuda``,
     or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
-    train = cfg.mode == "train"
-    c = cfg.cluster
+    train, c = cfg.mode == "train", cfg.cluster
     nodes, workers = (int(c.nodes) if train else 1), int(c.workers_per_node)
     gpus = params.get("gpus_per_node")
     if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):
@@ -191,8 +194,7 @@ def _submit(launcher: Any, points: List[Point]) -> None:
         executor = submitit.AutoExecutor(cluster="slurm", folder=params["submitit_folder"],
                                          slurm_max_num_timeout=params.get("max_num_timeout", 0))
         nodes, cpus, gpus = shape
-        # --kill-on-bad-exit: a node's task that fails (a config error found there, a refused port) ends the
-        # others at once, instead of leaving them waiting for its rendezvous until their timeout
+        # --kill-on-bad-exit: a node's failed task ends the others at once (not on the rendezvous for 300 s)
         chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus,
                   "srun_args": ["--kill-on-bad-exit=1"]}
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in chosen.items()

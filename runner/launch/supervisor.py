@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from runner.config.errors import WorkerFailure
 from runner.launch.prewarm import kill_group, spawn_agent, take_warm
 from runner.runtime import rundir, signals
-from runner.runtime.lifeline import DRIVER_PID
+from runner.runtime.process_end import DRIVER_PID
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
 
-from runner.runtime.lifeline import die_with_parent
+from runner.runtime.process_end import die_with_parent
 
 Answer = Tuple[int, bool, Optional[float]]
 ANSWER_TIMEOUT_S = 120.0  # one partition takes well under a second at 1000 tables x 128 GPUs

@@ -14,7 +14,10 @@ estimate). Three causes, checked in order:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 GIB = 1024**3
 KINDS = {"cuda": ("hbm", "HBM", "hbm_cap_gib"), "cpu": ("ddr", "host memory", "ddr_cap_gib")}
@@ -36,7 +39,7 @@ def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
             min(sum(getattr(s.storage, mem) for s in o.shards) for o in options), per_rank)
 
 
-def _budget_text(cfg: Any, device_type: str, per_rank: float, world: int) -> str:
+def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: int) -> str:
     _, word, cap_key = KINDS[device_type]
     cap = cfg.cluster[cap_key]
     s = cfg.sharding
@@ -46,7 +49,7 @@ def _budget_text(cfg: Any, device_type: str, per_rank: float, world: int) -> str
     return f"each of {world} ranks has {_fmt(per_rank)} of {word} for tables ({cap_text} less {reserve}{policy})"
 
 
-def explain(planner: Any, cfg: Any, world: int, device_type: str, also: str = "") -> Optional[str]:
+def explain(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also: str = "") -> Optional[str]:
     """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
     the proposers tried after ``cfg``'s, e.g. " (then greedy)"."""
     tried = also

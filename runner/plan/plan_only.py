@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.device import device_type
 from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
 from runner.track.reporter import Reporter
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 class PlanProgress:
@@ -45,7 +48,7 @@ class PlanProgress:
             print(flush=True)
 
 
-def plan_only(cfg: Any, run_dir: Path, model: Any) -> Dict[str, Any]:
+def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
     """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
     the results."""
     from runner.plan.analysis import draw_plan_chart

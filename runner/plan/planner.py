@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -39,6 +39,9 @@ from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDyna
 from runner.plan.search_loop import Progress, SearchLoopPlanner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
@@ -129,7 +132,7 @@ def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
     return None
 
 
-def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
+def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
@@ -165,7 +168,7 @@ def build_planner(cfg: Any, world_size: int, local_world_size: int, device_type:
     )
 
 
-def torchrec_planner(cfg: Any, world_size: int, local_world_size: int, device_type: str,
+def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
                      estimates: Optional[PlanEstimates] = None,
                      dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
     """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
@@ -182,7 +185,7 @@ def torchrec_planner(cfg: Any, world_size: int, local_world_size: int, device_ty
                                     timeout_seconds=cfg.sharding.planner_timeout_s)
 
 
-def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, device_type: str,
+def explain_planner_error(exc: Exception, planner: Any, cfg: RunnerConfig, world: int, device_type: str,
                           also: str = "") -> str:
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
     line when its state says nothing about memory. ``also``: the proposers tried after ``cfg``'s."""
@@ -192,7 +195,7 @@ def explain_planner_error(exc: Exception, planner: Any, cfg: Any, world: int, de
     return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
-def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world: int, device_type: str,
+def _placeable_plan(planner: Any, cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
                     sharders: List[Any], estimates: PlanEstimates, hbm_cap: Optional[int],
                     notes: List[str], progress: Optional[Progress] = None) -> Optional[ShardingPlan]:
     """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
@@ -219,7 +222,7 @@ def _placeable_plan(planner: Any, cfg: Any, model: Any, world: int, local_world:
     return plan
 
 
-def _greedy_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+def _greedy_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                  estimates: PlanEstimates, hbm_cap: Optional[int], notes: List[str]) -> Optional[ShardingPlan]:
     """Where the dynamic-programming search found no packing while the tables fit: the next proposer,
     TorchRec's greedy ones (``sharding.proposer=greedy``); the plan and a note, or None."""
@@ -234,7 +237,7 @@ def _greedy_plan(cfg: Any, model: Any, world: int, local_world: int, device_type
     return plan
 
 
-def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
                progress: Optional[Progress] = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
@@ -257,7 +260,7 @@ def _plan_here(cfg: Any, model: Any, world: int, local_world: int, device_type: 
         return found if found is not None else NoPlanFits(line)
 
 
-def make_plan(cfg: Any, model: Any, world: int, local_world: int, device_type: str,
+def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
               pg: Any = None, reuse: bool = False,
               hbm_cap: Optional[int] = None,
               notes: Optional[List[str]] = None,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.runtime import rundir
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
 
@@ -27,7 +30,7 @@ class PlanReport:
     console: str
 
 
-def _markdown(cfg: Any, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
+def _markdown(cfg: RunnerConfig, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
               comms: Dict[str, List[float]], types: Dict[str, int], world: int, local: int,
               device_type: str) -> str:
     c = cfg.cluster
@@ -67,7 +70,7 @@ def plan_description(folder: Path) -> str:
     return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)
 
 
-def write_plan_report(cfg: Any, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
+def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
                       out: Path, seconds: float, note: str = "") -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``;
     ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``)."""

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from omegaconf import OmegaConf
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ShardingOption
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 _SWEEPABLE = {"sharding": ("name", "storage_reserve_percent", "storage_reserve_policy", "proposer", "dp_hbm_bins",
                            "grid_max_proposals", "planner_timeout_s", "plan"),
@@ -32,18 +35,18 @@ _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
 _MODELS: Dict[str, Any] = {}
 
 
-def _subtree(cfg: Any, group: str) -> Dict[str, Any]:
+def _subtree(cfg: RunnerConfig, group: str) -> Dict[str, Any]:
     tree = OmegaConf.to_container(cfg[group], resolve=True)
     return {k: v for k, v in tree.items() if k not in _SWEEPABLE.get(group, ())}  # type: ignore[union-attr]
 
 
-def model_key(cfg: Any) -> str:
+def model_key(cfg: RunnerConfig) -> str:
     """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs."""
     return json.dumps({g: _subtree(cfg, g) for g in ("model", "optimizer", "precision")} |
                       {"num_dense": cfg.data.num_dense_features}, sort_keys=True, default=str)
 
 
-def enumeration_key(cfg: Any, world: int, local_world: int, device_type: str, batch: int) -> str:
+def enumeration_key(cfg: RunnerConfig, world: int, local_world: int, device_type: str, batch: int) -> str:
     """Everything enumeration and the storage estimate read; not bandwidths, reserve or proposer."""
     return json.dumps({"model": model_key(cfg), "sharding": _subtree(cfg, "sharding"),
                        "cluster": _subtree(cfg, "cluster"), "data": _subtree(cfg, "data"), "world": world,
@@ -51,7 +54,7 @@ def enumeration_key(cfg: Any, world: int, local_world: int, device_type: str, ba
                        "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
 
 
-def reused_model(cfg: Any, build: Any) -> Any:
+def reused_model(cfg: RunnerConfig, build: Any) -> Any:
     """``build(cfg)``'s model on the meta device, built once per process for each :func:`model_key`."""
     key = model_key(cfg)
     if key not in _MODELS:

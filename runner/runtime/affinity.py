@@ -13,7 +13,10 @@ Imported by the agent before torch: nothing here imports torch.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def allowed_cores() -> List[int]:
@@ -55,7 +58,7 @@ def threads_per_worker(configured: Optional[int], host_workers: int, bound: Opti
     return max(1, len(allowed_cores()) // max(host_workers, 1))
 
 
-def agent_threads(cfg: Any) -> int:
+def agent_threads(cfg: RunnerConfig) -> int:
     """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
     return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
 

@@ -8,14 +8,17 @@ no value (no plan fits, a failed job) is an answer, not a crash: it returns the 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from runner.track import store
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 _IN_RESULTS = {"eval/auc": "eval_auc", "plan/est_step_ms": "est_step_ms", "train/loss": "final_loss"}
 
 
-def objective(cfg: Any) -> Tuple[str, str]:
+def objective(cfg: RunnerConfig) -> Tuple[str, str]:
     """``(metric, direction)`` of ``cfg``, defaults filled in."""
     o = cfg.tracking.objective
     metric = o.metric or ("plan/est_step_ms" if cfg.mode == "plan" else "eval/auc")
@@ -27,7 +30,7 @@ def worst(direction: str) -> float:
     return -math.inf if direction == "max" else math.inf
 
 
-def objective_value(cfg: Any, results: Optional[Dict[str, Any]]) -> float:
+def objective_value(cfg: RunnerConfig, results: Optional[Dict[str, Any]]) -> float:
     """The objective metric's last value in the job's run (or its results); the worst value when it has none."""
     metric, direction = objective(cfg)
     if not results or results.get("plan_status") == "infeasible":

@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -19,6 +19,9 @@ from runner.config.errors import one_line
 from runner.runtime import rundir, signals
 from runner.track import store
 from runner.track.events import EventLog, StoreSink
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 class _Silent:
@@ -38,7 +41,7 @@ class Reporter:
     Either way training never waits for the store.
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, rank: int) -> None:
+    def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
         self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
         self.active = rank == 0
         self.standalone = not (run_dir / rundir.DRIVER).exists()

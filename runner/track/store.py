@@ -11,13 +11,16 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
 from runner.config.secrets import credentials_to_environment, redact_value
 from runner.runtime import rundir
 from runner.runtime.signals import uninterrupted
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s of backoff in all
@@ -26,7 +29,6 @@ LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s 
 def _store_write(fn: Any) -> Any:
     """A write to the store: never cut by Ctrl-C or SIGTERM (:func:`uninterrupted`), and retried with
     backoff while another process holds the SQLite store's write lock."""
-
     @functools.wraps(fn)
     def write(*args: Any, **kwargs: Any) -> Any:
         with uninterrupted():
@@ -42,7 +44,7 @@ def _store_write(fn: Any) -> Any:
     return write
 
 
-def tracking_uri(cfg: Any) -> str:
+def tracking_uri(cfg: Optional[RunnerConfig]) -> str:
     """``tracking.uri``, else $MLFLOW_TRACKING_URI (its ``user:password@`` moved to MLflow's credential
     variables, so that the URI can be shown and stored), else a SQLite store in the project folder."""
     uri = cfg.tracking.uri if cfg is not None else None
@@ -275,7 +277,7 @@ def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[
     return run.info.run_id
 
 
-def open_job_run(uri: str, cfg: Any, config: Mapping[str, Any], run_name: str, parent_run_id: Optional[str],
+def open_job_run(uri: str, cfg: RunnerConfig, config: Mapping[str, Any], run_name: str, parent_run_id: Optional[str],
                  tags: Mapping[str, Any]) -> str:
     """A job's run: created RUNNING in ``tracking.experiment``, the resolved ``config`` as its params."""
     run_id = start_run(uri, cfg.tracking.experiment, run_name, parent_run_id, tags)
@@ -283,18 +285,16 @@ def open_job_run(uri: str, cfg: Any, config: Mapping[str, Any], run_name: str, p
     return run_id
 
 
-def default_run_name(cfg: Any, choices: Optional[Mapping[str, Any]] = None) -> str:
+def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = None) -> str:
     """``tracking.run_name``, else ``<model>-<sharding>-<cluster>`` (the options chosen)."""
     if cfg.tracking.run_name:
         return cfg.tracking.run_name
-    choices = choices or {}
-    return "-".join(str(choices.get(group) or cfg[group].name) for group in ("model", "sharding", "cluster"))
+    return "-".join(str((choices or {}).get(group) or cfg[group].name) for group in ("model", "sharding", "cluster"))
 
 
 @_store_write
 def end_run(uri: str, run_id: str, status: str, error: Optional[str] = None) -> None:
     """Set the final status; a failure's reason goes into the ``error`` tag."""
-    c = client(uri)
     if error:
-        c.set_tag(run_id, "error", error[:5000])
-    c.set_terminated(run_id, status)
+        client(uri).set_tag(run_id, "error", error[:5000])
+    client(uri).set_terminated(run_id, status)

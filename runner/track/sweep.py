@@ -15,7 +15,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +36,9 @@ from runner.track.store import (
     tracking_uri,
 )
 from runner.track.sweep_report import write_sweep_report
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 SWEEP_FILE = "sweep.json"
 SHORT_NAMES = {"cross_node_bandwidth": "xbw", "intra_node_bandwidth": "ibw", "storage_reserve_percent": "reserve"}
@@ -74,7 +77,7 @@ def parent_run_id(sweep_dir: Optional[str]) -> Optional[str]:
     return sweep_info(sweep_dir).get("parent_run_id")
 
 
-def point_values(swept: List[str], cfg: Any, choices: Mapping[str, Any]) -> Dict[str, str]:
+def point_values(swept: List[str], cfg: RunnerConfig, choices: Mapping[str, Any]) -> Dict[str, str]:
     """This point's value of each swept key (a group's chosen option, or the config value)."""
     out = {}
     for key in swept:

@@ -10,7 +10,10 @@ shared run folder). With more than one node the metrics carry the node: ``system
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 class SystemMetrics:
@@ -40,7 +43,7 @@ class SystemMetrics:
             logging.getLogger("runner").warning("last system metrics not logged: %s", exc)
 
 
-def start_system_metrics(cfg: Any, uri: str, run_id: str, node: int) -> Optional[SystemMetrics]:
+def start_system_metrics(cfg: RunnerConfig, uri: str, run_id: str, node: int) -> Optional[SystemMetrics]:
     """A monitor for this host's share of ``run_id``, or None when ``tracking.system_metrics`` is off (or
     MLflow's monitor cannot start here: the run goes on without it)."""
     if cfg.mode != "train" or not cfg.tracking.system_metrics:

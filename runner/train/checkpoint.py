@@ -12,17 +12,20 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.errors import CheckpointError
 from runner.runtime import rundir
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"
 BEST = "best.json"
 
 
-def checkpoint_root(cfg: Any, run_dir: Path) -> Path:
+def checkpoint_root(cfg: RunnerConfig, run_dir: Path) -> Path:
     return Path(cfg.train.checkpoint.dir).resolve() if cfg.train.checkpoint.dir else run_dir / rundir.CHECKPOINTS
 
 
@@ -179,7 +182,7 @@ def check_space(root: Path, my_bytes: int, step: int) -> int:
 class Checkpointer:
     """Saves on every rank (DCP is collective); rank 0 finalises, prunes and tracks the best."""
 
-    def __init__(self, cfg: Any, run_dir: Path, rank: int) -> None:
+    def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
         self.cfg = cfg.train.checkpoint
         self.root = checkpoint_root(cfg, run_dir)
         self.rank = rank

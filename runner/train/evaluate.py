@@ -3,13 +3,16 @@ step time, peak memory and cores, gathered for the report beside the planner's e
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from runner.config.schema import samples_per_step
 from runner.train.loop import TrainResult
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -50,7 +53,7 @@ def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: Any) -> Dict[str, float]:
+def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfig) -> Dict[str, float]:
     """AUC and log loss over every rank's held-out batches, gathered to all ranks; per task as well for
     multi-task models (``eval/auc`` is then the mean of the tasks' AUCs)."""
     dmp.eval()

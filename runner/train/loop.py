@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,8 +20,12 @@ from runner.config.schema import samples_per_step
 from runner.train.optimizers import Schedule, set_learning_rates
 from runner.train.split_step import LossScale, SplitStep
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
-def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: Any, loss_scale: Optional[LossScale]) -> Any:
+
+def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: RunnerConfig,
+              loss_scale: Optional[LossScale]) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
     if cfg.train.grad_accumulation_steps == 1 and loss_scale is None:
         if cfg.train.pipeline == "base":
@@ -138,7 +142,7 @@ def _pause_for_checkpoint(pipeline: Any, dmp: Any, step: int, hooks: LoopHooks) 
     return time.perf_counter() - t0
 
 
-def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: Any,
+def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: RunnerConfig,
           hooks: LoopHooks, loss_scale: Optional[LossScale] = None) -> TrainResult:
     """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
     step). Every ``train.log_every`` steps report metrics; at steps where ``hooks.due(step)``, hand the

@@ -6,7 +6,7 @@ TorchRec's ``DLRMTrain`` that ``TrainPipelineSparseDist`` and evaluation rely on
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from runner.config.tables import table_specs
 from runner.train.optimizers import apply_sparse_optimizer
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def table_configs(model_cfg: Any, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
@@ -133,7 +136,7 @@ def autocast_forward(model: nn.Module, device_type: str, dtype_name: Optional[st
     model.register_forward_hook(leave, always_call=True)
 
 
-def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
+def build_model(cfg: RunnerConfig, dense_device: torch.device) -> nn.Module:
     """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
                                  device=torch.device("meta"))
@@ -160,7 +163,7 @@ def build_model(cfg: Any, dense_device: torch.device) -> nn.Module:
     return ClickModelTrain(EmbeddingMLP(ebc, dense_in, dense_sizes, over_sizes, dense_device))
 
 
-def planning_model(cfg: Any) -> nn.Module:
+def planning_model(cfg: RunnerConfig) -> nn.Module:
     """The model on the meta device with its tables' fused optimizer set (the planner's storage estimate
     reads it): what ``mode=plan`` plans, allocating nothing."""
     model = build_model(cfg, torch.device("meta"))

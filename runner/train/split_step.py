@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,9 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from runner.config.errors import ConfigError
 from runner.config.schema import loss_scaling_enabled
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 @dataclass
@@ -64,7 +67,7 @@ class LossScale:
             self.good_steps = 0
 
 
-def loss_scale_for(cfg: Any) -> LossScale | None:
+def loss_scale_for(cfg: RunnerConfig) -> LossScale | None:
     """The dynamic loss scale ``precision.grad_scaler`` asks for (on by default with float16 autocast)."""
     if not loss_scaling_enabled(cfg):
         return None

@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,8 +25,11 @@ from runner.config.device import backend, check_bf16, check_sparse_optimizer, ch
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
 from runner.runtime import affinity, rundir, signals
-from runner.runtime.lifeline import AGENT_PID, die_with_parent
 from runner.runtime.logfile import log_to_file
+from runner.runtime.process_end import AGENT_PID, die_with_parent
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 
 def _env_int(name: str, default: int) -> int:
@@ -45,7 +48,7 @@ class RankEnv:
     host_workers: int
 
     @classmethod
-    def from_environment(cls, cfg: Any) -> "RankEnv":
+    def from_environment(cls, cfg: RunnerConfig) -> "RankEnv":
         rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
         world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
         expected = cfg.cluster.nodes * cfg.cluster.workers_per_node
@@ -68,13 +71,13 @@ def select_device(cluster_device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def check_gpu(cfg: Any, device: torch.device) -> None:
+def check_gpu(cfg: RunnerConfig, device: torch.device) -> None:
     """What this GPU cannot do, refused before anything runs on it (bf16 autocast on a pre-Ampere GPU)."""
     if device.type == "cuda":
         check_bf16(cfg.precision.autocast, torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device))
 
 
-def gpu_memory_cap(cfg: Any, device: torch.device) -> Optional[int]:
+def gpu_memory_cap(cfg: RunnerConfig, device: torch.device) -> Optional[int]:
     """The planner's HBM per GPU (CUDA only): the smallest memory among the job's GPUs, agreed by every
     rank, or ``cluster.hbm_cap_gib`` checked against it."""
     if device.type != "cuda":
@@ -92,7 +95,7 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
-def bind_cores(cfg: Any, device: torch.device, env: RankEnv) -> Optional[List[int]]:
+def bind_cores(cfg: RunnerConfig, device: torch.device, env: RankEnv) -> Optional[List[int]]:
     """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
     :mod:`runner.runtime.affinity`); returns the cores, or None when the worker is left unbound."""
     if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
@@ -128,13 +131,13 @@ def preload() -> None:
     """Import what :func:`run` needs, in the agent before it forks the workers (start-up time)."""
     import torchrec.distributed.model_parallel  # noqa: F401
 
-    import runner.train.job  # noqa: F401
+    import runner.train.trainer  # noqa: F401
 
 
-def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+def run(cfg: RunnerConfig, run_dir: Path) -> Dict[str, Any]:
     """Set this process up as one rank, then run its part of the job; rank 0 returns the results."""
     from runner.track.reporter import Reporter
-    from runner.train.job import RankJob
+    from runner.train.trainer import Trainer
 
     marks = {"worker_started": time.time()}  # forked: just started; spawned: its imports done
     env = RankEnv.from_environment(cfg)
@@ -151,7 +154,7 @@ def run(cfg: Any, run_dir: Path) -> Dict[str, Any]:
     marks["process_group"] = time.time()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
-        results = RankJob(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
+        results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
         try:  # peers that already stopped can make this raise: it must not replace the job's own outcome
@@ -170,7 +173,7 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
     rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
 
 
-def _run_guarded(cfg: Any, run_dir: Path) -> Dict[str, Any]:
+def _run_guarded(cfg: RunnerConfig, run_dir: Path) -> Dict[str, Any]:
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
     log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:

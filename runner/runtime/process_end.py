@@ -53,7 +53,7 @@ def die_with_parent(env_var: str, sig: int = signal.SIGKILL) -> None:
     if os.getppid() != parent:  # the parent died before the request took effect
         os.kill(os.getpid(), sig)
     if not armed:
-        threading.Thread(target=_watch, args=(parent, sig), name="lifeline", daemon=True).start()
+        threading.Thread(target=_watch, args=(parent, sig), name="parent-watch", daemon=True).start()
 
 
 def exit_now(code: object) -> NoReturn:

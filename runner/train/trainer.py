@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,11 +28,14 @@ from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
 from runner.train.split_step import loss_scale_for
 
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
-class RankJob:
+
+class Trainer:
     """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
 
-    def __init__(self, cfg: Any, run_dir: Path, env: Any, device: Any, reporter: Any,
+    def __init__(self, cfg: RunnerConfig, run_dir: Path, env: Any, device: Any, reporter: Any,
                  marks: Dict[str, float], hbm_cap: Optional[int] = None) -> None:
         self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
         self.reporter, self.marks = reporter, marks
