@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +23,9 @@ from runner.config.validation import validate
 from runner.launch.precheck import CONF_DIR, checked, hydra_conf, precheck
 from runner.runtime import rundir, signals
 from runner.track.objective import objective_value
+
+if TYPE_CHECKING:
+    from runner.launch.slurm import SlurmTask
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
@@ -85,7 +88,7 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
 
             results = reuse_job(cfg, earlier)
         else:
-            results = _attempts(cfg, run_dir)
+            results = _attempts(cfg, run_dir, task)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
@@ -110,15 +113,15 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
     return value
 
 
-def _attempts(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
+def _attempts(cfg: DictConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
-    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``."""
+    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the Slurm
+    task the job runs as, if any."""
     from runner.launch.driver import execute_job
     from runner.launch.mlflow_run import record_requeued
-    from runner.launch.slurm import requeued
 
-    attempt, task = 1, requeued(cfg)
-    if task is not None:  # Slurm requeued the job (it lost a node): the next attempt of its point
+    attempt = 1
+    if task is not None and task.restarts > 0:  # Slurm requeued the job (a lost node): the point's next attempt
         attempt += task.restarts
         if task.node_rank == 0:
             record_requeued(run_dir, task.shown_id, attempt)

@@ -101,12 +101,6 @@ def task_for(cfg: RunnerConfig) -> Optional[SlurmTask]:
     return task
 
 
-def requeued(cfg: RunnerConfig) -> Optional[SlurmTask]:
-    """This task, when it runs in a Slurm job that Slurm requeued (after a lost node, or ``scontrol requeue``)."""
-    task = SlurmTask.detect() if cfg.cluster.scheduler in ("auto", "slurm") else None
-    return task if task is not None and task.restarts > 0 else None
-
-
 def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Path:
     """Take node rank, rendezvous host and port from the Slurm job (one task per node, ``cluster.nodes``
     nodes); this node's run folder. Every node checkpoints into the job's folder (one distributed checkpoint)."""

@@ -107,6 +107,7 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
 
     from runner.cli import _attempts
     from runner.config.errors import WorkerFailure
+    from runner.launch.slurm import task_for
 
     for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
                        "SLURM_RESTART_COUNT": "1"}.items():
@@ -114,4 +115,4 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     cfg = cfg_for("cluster=2node", "cluster.scheduler=slurm")
     with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
                                             r"1 attempt\(s\), so attempt 2 does not run"):
-        _attempts(cfg, tmp_path)
+        _attempts(cfg, tmp_path, task_for(cfg))
