@@ -7,8 +7,9 @@ Rank 0 reports ``--metrics`` values every log step (``train/loss`` and the like)
 - ``driver``: the path of every ``python -m runner`` job. Rank 0 appends each report to the run folder's
   event log (timed: what a training step pays), then the driver's pump writes the log to the store (timed:
   until everything is in the store, which is the most the path can sustain).
-- ``torchrun``: the path of rank 0 under an external torchrun (it owns the run): the reports handed to its
-  sink (timed: what a step pays), then the sink closed (everything in the store).
+- ``torchrun``: the path of rank 0 under an external torchrun (its process owns the run): the same event
+  log, delivered by a thread of the same process every 2 s (timed: what a step pays, then until the run
+  ended with everything in the store).
 - ``mlflow-sync`` / ``mlflow-async``: what a hand-written script does, ``mlflow.log_metrics(..., step=s)``
   once per report, synchronous or with ``synchronous=False`` and a flush at the end.
 
@@ -91,15 +92,20 @@ def driver_path(uri: str, data: list, folder: Path) -> Tuple[float, float, int]:
 
 
 def torchrun_path(uri: str, data: list, folder: Path) -> Tuple[float, float, int]:
-    from runner.track import events
+    from runner.track.events import EventLog, EventPump
+    from runner.track.run_life import RunLife
 
     run_id = new_run(uri, "torchrun")
-    sink = events.StoreSink(uri, run_id)
+    life = RunLife(folder, uri)  # as rank 0's process runs it: the pump in a thread every 2 s while it reports
+    life.run_id, life.pump = run_id, EventPump(folder / "events.jsonl", uri, run_id, say=lambda s: None)
+    life.deliver_every(2.0)
+    log = EventLog(folder / "events.jsonl")
     t0 = time.perf_counter()
     for step, values in data:
-        sink.metrics(values, step)
+        log.metrics(values, step)
     rank0 = time.perf_counter() - t0
-    sink.close()
+    log.close()
+    assert life.end("FINISHED"), "the store refused the backlog"
     return time.perf_counter() - t0, rank0, lost(uri, run_id, data, {})
 
 

@@ -1,37 +1,61 @@
-"""The values a config key may take, where a type alone cannot say (checked by :mod:`.validation`)."""
+"""Keys with a closed set of values. The schema states each set once, on the key's own field (:func:`one_of`,
+:func:`some_of`); :func:`check_choices` checks every such key of a config against it, and ``--help`` shows it.
+"""
 
-SHARDING_TYPES = (
-    "data_parallel",
-    "table_wise",
-    "column_wise",
-    "table_column_wise",
-    "row_wise",
-    "table_row_wise",
-    "grid_shard",
-)
-COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "key_value")
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "lamb", "partial_rowwise_adam",
-                     "partial_rowwise_lamb")
-SPARSE_OPTIMIZERS_CPU = ("rowwise_adagrad", "adagrad", "sgd")
-DENSE_OPTIMIZERS = ("adam", "adamw", "adagrad", "sgd")
-SCHEDULES = ("constant", "exp_decay", "steps", "cosine")
-AUTOCAST_DTYPES = ("bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-STORAGE_POLICIES = ("heuristic", "fixed")
-PROPOSERS = ("default", "dynamic_programming", "greedy", "grid_search", "uniform")
-MODES = ("train", "plan", "write_data")
-MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn", "mmoe")
-DATA_SOURCES = ("synthetic", "parquet", "criteo")
-ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")
-AFFINITY_MODES = ("auto", "none")
-START_METHODS = ("auto", "fork", "spawn")
-SCHEDULERS = ("auto", "slurm", "none")
+from __future__ import annotations
 
-# The runner's sweepers (runner/launch/plugins/hydra_plugins/runner_launcher/), each in place of Hydra's: the
-# grid sweeper for a sweep the pre-check composed and validated point by point, the Optuna sweeper whose
-# study lives in the sweep folder and resumes. The pre-check names them (hydra.sweeper._target_=...); a
-# sweep's recorded command leaves that out.
-CHECKED_SWEEPER = "hydra_plugins.runner_launcher.basic_sweeper.CheckedBasicSweeper"
-RESUMING_OPTUNA = "hydra_plugins.runner_launcher.optuna_sweeper.ResumingOptunaSweeper"
-RUNNER_SWEEPERS = {"hydra._internal.core_plugins.basic_sweeper.BasicSweeper": CHECKED_SWEEPER,
-                   "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": RESUMING_OPTUNA}
+import dataclasses
+import typing
+from typing import Any, Optional, Sequence, Tuple
+
+from omegaconf import ListConfig
+
+from runner.config.errors import ConfigError
+
+_ALLOWED = "allowed"
+_NULL = "null"
+
+
+def one_of(default: Optional[str], allowed: Sequence[str], null: bool = False) -> Any:
+    """A field whose value is one of ``allowed`` (or null, with ``null=True``)."""
+    return dataclasses.field(default=default, metadata={_ALLOWED: tuple(allowed), _NULL: null})
+
+
+def some_of(allowed: Sequence[str], null: bool = False) -> Any:
+    """A list field whose items are each one of ``allowed``; empty by default, or null with ``null=True``."""
+    metadata = {_ALLOWED: tuple(allowed), _NULL: null}
+    if null:
+        return dataclasses.field(default=None, metadata=metadata)
+    return dataclasses.field(default_factory=list, metadata=metadata)
+
+
+def allowed_values(f: dataclasses.Field) -> Optional[Tuple[Tuple[str, ...], bool]]:
+    """``(values, null allowed)`` of a field made by :func:`one_of`/:func:`some_of`; None for any other."""
+    if _ALLOWED not in f.metadata:
+        return None
+    return f.metadata[_ALLOWED], f.metadata[_NULL]
+
+
+def describe(values: Sequence[str], null: bool) -> str:
+    return ("null or " if null else "") + "one of " + ", ".join(values)
+
+
+def check_choices(cls: type, node: Any, prefix: str = "") -> None:
+    """Every key of ``node`` (a config of the dataclass ``cls``, and of its nested dataclasses) that the schema
+    gives a closed set of values holds one of them (each item, for a list); else :class:`ConfigError`
+    naming the key (``prefix`` + its path) and the values allowed."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        spec = allowed_values(f)
+        value = getattr(node, f.name)
+        if spec is None:
+            kind = hints.get(f.name)
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                check_choices(kind, value, f"{prefix}{f.name}.")
+            continue
+        values, null = spec
+        if value is None and null:
+            continue
+        for item in list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]:
+            if item not in values:
+                raise ConfigError(f"{prefix}{f.name}", item, describe(values, null))

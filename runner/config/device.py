@@ -12,8 +12,8 @@ import contextlib
 import os
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from runner.config.choices import SPARSE_OPTIMIZERS_CPU
 from runner.config.errors import ConfigError
+from runner.config.schema_training import SPARSE_OPTIMIZERS_CPU
 
 GIB = 1024**3
 

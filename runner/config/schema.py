@@ -15,6 +15,7 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
+from runner.config.choices import one_of
 from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
 from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, TrainSchema
 
@@ -24,7 +25,7 @@ class ObjectiveSchema:
     metric: Optional[str] = None
     """The run metric a job returns to a searching sweeper (``hydra/sweeper=optuna``); null: ``eval/auc``
     in train mode, ``plan/est_step_ms`` (the plan's estimated step time) in plan mode."""
-    direction: Optional[str] = None
+    direction: Optional[str] = one_of(None, ("max", "min"), null=True)
     """``max`` | ``min``; null: ``max`` for metrics named ``*auc*`` or ``*accuracy*``, else ``min``. A point
     with no value (no plan fits, a failed job) returns the worst value: -inf for max, +inf for min."""
 
@@ -62,7 +63,7 @@ class SweepSchema:
 
 @dataclass
 class RunnerConfig:
-    mode: str = "train"
+    mode: str = one_of("train", ("train", "plan", "write_data"))
     """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) |
     ``write_data`` (write the synthetic source for this model as Parquet to ``data.path``)."""
     model: ModelSchema = field(default_factory=ModelSchema)

@@ -10,6 +10,14 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from runner.config.choices import one_of, some_of
+
+MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn", "mmoe")
+ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")  # one embedding width for every table
+SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
+                  "grid_shard")
+COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "key_value")
+
 
 @dataclass
 class TableSchema:
@@ -39,7 +47,7 @@ class GeneratedTablesSchema:
 class ModelSchema:
     name: str = "dlrm"
     """Preset name, for display."""
-    family: str = "dlrm"
+    family: str = one_of("dlrm", MODEL_FAMILIES)
     """``dlrm`` (TorchRec's DLRM, dot interaction) | ``dcn`` (TorchRec's DLRM with a DCN-v2 cross
     network) | ``deepfm`` (TorchRec's DeepFM) | ``dnn`` (pooled embeddings of any widths concatenated
     with the dense MLP's output, then the over MLP). All but ``dnn`` need one width for every table."""
@@ -70,9 +78,9 @@ class ModelSchema:
 class TableConstraintSchema:
     """TorchRec ``ParameterConstraints`` for one table; null fields leave the planner free."""
 
-    sharding_types: Optional[List[str]] = None
+    sharding_types: Optional[List[str]] = some_of(SHARDING_TYPES, null=True)
     """Sharding types allowed for this table (overrides ``sharding.types``)."""
-    compute_kernels: Optional[List[str]] = None
+    compute_kernels: Optional[List[str]] = some_of(COMPUTE_KERNELS, null=True)
     """Compute kernels allowed for this table (overrides ``sharding.compute_kernels``)."""
     min_partition: Optional[int] = None
     """Smallest column-shard width for column-wise splits."""
@@ -88,13 +96,13 @@ class TableConstraintSchema:
 class ShardingSchema:
     name: str = "auto"
     """Preset name, for display."""
-    types: List[str] = field(default_factory=list)
+    types: List[str] = some_of(SHARDING_TYPES)
     """Sharding types allowed for every table (empty: the planner chooses among all)."""
-    compute_kernels: List[str] = field(default_factory=list)
+    compute_kernels: List[str] = some_of(COMPUTE_KERNELS)
     """Compute kernels allowed (empty: the device's defaults; on CPU ``fused``/``dense``)."""
     storage_reserve_percent: float = 0.15
     """Fraction (0..1) of every device's memory the planner keeps free for non-embedding use."""
-    storage_reserve_policy: str = "heuristic"
+    storage_reserve_policy: str = one_of("heuristic", ("heuristic", "fixed"))
     """``heuristic`` (TorchRec's estimate of dense parameters and activations, plus the percent) or
     ``fixed`` (exactly the percent)."""
     planner_batch_size: Optional[int] = None
@@ -102,7 +110,7 @@ class ShardingSchema:
     constraints: Dict[str, Any] = field(default_factory=dict)
     """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
-    proposer: str = "default"
+    proposer: str = one_of("default", ("default", "dynamic_programming", "greedy", "grid_search", "uniform"))
     """``default`` (TorchRec's: grid search, greedy, uniform) | ``dynamic_programming`` | ``greedy`` |
     ``grid_search`` | ``uniform``."""
     dp_hbm_bins: int = 100
@@ -123,7 +131,7 @@ class ClusterSchema:
     """Number of nodes (hosts). On one host, nodes > 1 are emulated by one elastic agent each."""
     workers_per_node: int = 2
     """Worker processes per node (one per GPU with CUDA)."""
-    device: str = "auto"
+    device: str = one_of("auto", ("auto", "cpu", "cuda"))
     """``auto`` (CUDA when present, else CPU) | ``cpu`` | ``cuda``."""
     hbm_cap_gib: Optional[float] = None
     """GPU memory per worker, GiB, that the planner may use. Default (null): training on CUDA reads it from
@@ -141,7 +149,7 @@ class ClusterSchema:
     """Rendezvous port (default: a free port on this host)."""
     node_rank: Optional[int] = None
     """This host's node rank on a real multi-node job. Unset: all nodes run on this host."""
-    scheduler: str = "auto"
+    scheduler: str = one_of("auto", ("auto", "slurm", "none"))
     """``auto``: a task of a Slurm job step (``hydra/launcher=slurm``, or ``srun python -m runner``) takes its
     node rank, rendezvous host and port from Slurm | ``slurm``: the same, and an error outside Slurm |
     ``none``: ignore Slurm's environment (all nodes on this host, or ``cluster.node_rank`` by hand)."""
@@ -149,9 +157,9 @@ class ClusterSchema:
     """Process-group (collective) timeout, seconds."""
     max_restarts: int = 0
     """How many times torch elastic restarts the workers after a worker fails."""
-    start_method: str = "auto"
+    start_method: str = one_of("auto", ("auto", "fork", "spawn"))
     """How agents start workers: ``fork`` (workers inherit the agent's imports: faster start-up) |
     ``spawn`` (fresh interpreters) | ``auto`` (fork for CPU workers, spawn for CUDA workers)."""
-    cpu_affinity: str = "auto"
+    cpu_affinity: str = one_of("auto", ("auto", "none"))
     """``auto``: bind each CPU worker to its own slice of the host's cores (none when the host has fewer
     cores than workers) | ``none``: let the kernel move workers between cores."""

@@ -8,10 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from runner.config.choices import one_of
+
+# FBGEMM's fused optimizers of the embedding tables; its CPU build runs the first three only
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "lamb", "partial_rowwise_adam",
+                     "partial_rowwise_lamb")
+SPARSE_OPTIMIZERS_CPU = SPARSE_OPTIMIZERS[:3]
+
 
 @dataclass
 class ScheduleSchema:
-    name: str = "constant"
+    name: str = one_of("constant", ("constant", "exp_decay", "steps", "cosine"))
     """``constant`` | ``exp_decay`` | ``steps`` | ``cosine``; all after ``warmup_steps`` of linear warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from lr/warmup_steps to lr."""
@@ -29,7 +36,7 @@ class ScheduleSchema:
 
 @dataclass
 class ClipSchema:
-    kind: str = "none"
+    kind: str = one_of("none", ("none", "norm", "value"))
     """Gradient clipping of the dense parameters: ``none`` | ``norm`` | ``value``."""
     max: float = 1.0
     """Largest total L2 norm (``norm``) or absolute value (``value``) of the dense gradients."""
@@ -39,7 +46,7 @@ class ClipSchema:
 class OptimizerSchema:
     name: str = "rowwise_adagrad_adam"
     """Preset name, for display."""
-    sparse: str = "rowwise_adagrad"
+    sparse: str = one_of("rowwise_adagrad", SPARSE_OPTIMIZERS)
     """Fused optimizer of the embedding tables, applied inside backward by FBGEMM: ``rowwise_adagrad`` |
     ``adagrad`` | ``sgd`` (CPU and GPU) | ``adam`` | ``lamb`` | ``partial_rowwise_adam`` |
     ``partial_rowwise_lamb`` (GPU only: FBGEMM's CPU build does not run them)."""
@@ -49,11 +56,11 @@ class OptimizerSchema:
     """Epsilon of the sparse optimizer (Adagrad and Adam families)."""
     sparse_weight_decay: float = 0.0
     """Weight decay of the sparse optimizer."""
-    sparse_weight_decay_mode: str = "l2"
+    sparse_weight_decay_mode: str = one_of("l2", ("l2", "decoupled"))
     """How FBGEMM applies ``sparse_weight_decay``: ``l2`` (added to the gradient) | ``decoupled``."""
     sparse_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
     """Learning-rate schedule of the sparse optimizer."""
-    dense: str = "adam"
+    dense: str = one_of("adam", ("adam", "adamw", "adagrad", "sgd"))
     """Optimizer of the dense (MLP) parameters: ``adam`` | ``adamw`` | ``adagrad`` | ``sgd``."""
     dense_lr: float = 1e-3
     """Base learning rate of the dense optimizer."""
@@ -87,16 +94,16 @@ class GradScalerSchema:
 class PrecisionSchema:
     name: str = "fp32"
     """Preset name, for display."""
-    autocast: Optional[str] = None
+    autocast: Optional[str] = one_of(None, ("bfloat16", "float16"), null=True)
     """Autocast dtype for the dense part: null (fp32) | ``bfloat16`` | ``float16`` (with loss scaling)."""
     grad_scaler: GradScalerSchema = field(default_factory=GradScalerSchema)
     """Loss scaling for fp16 autocast; the embeddings' fused optimizer gets unscaled gradients."""
-    embedding_dtype: str = "fp32"
+    embedding_dtype: str = one_of("fp32", ("fp32", "fp16"))
     """Storage type of the embedding tables: ``fp32`` | ``fp16`` (half the memory; FBGEMM's kernels
     compute in fp32 and round the stored rows)."""
-    qcomm_forward: Optional[str] = None
+    qcomm_forward: Optional[str] = one_of(None, ("fp16", "bf16"), null=True)
     """Quantised communication of the sharded embeddings' forward collectives: null | ``fp16`` | ``bf16``."""
-    qcomm_backward: Optional[str] = None
+    qcomm_backward: Optional[str] = one_of(None, ("fp16", "bf16"), null=True)
     """Quantised communication of the backward (gradient) collectives: null | ``fp16`` | ``bf16``."""
     tf32: bool = False
     """Allow TF32 matmuls and convolutions on CUDA (Ampere and newer); refused on CPU."""
@@ -104,7 +111,7 @@ class PrecisionSchema:
 
 @dataclass
 class DataSchema:
-    name: str = "synthetic"
+    name: str = one_of("synthetic", ("synthetic", "parquet", "criteo"))
     """Data source: ``synthetic`` (generated; learnable labels that depend on ids and dense features) |
     ``parquet`` (a folder of Parquet files) | ``criteo`` (Criteo click-log TSV files)."""
     path: Optional[str] = None
@@ -147,9 +154,9 @@ class CheckpointSchema:
     """Steps between checkpoints (null: only at the end, which is always written when enabled)."""
     keep_last: int = 2
     """Newest checkpoints kept; older ones are deleted (the best one is always kept)."""
-    best_metric: Optional[str] = "eval/auc"
+    best_metric: Optional[str] = one_of("eval/auc", ("eval/auc", "eval/logloss"), null=True)
     """Eval metric that picks the best checkpoint (each checkpoint is evaluated); null: no best."""
-    best_mode: str = "max"
+    best_mode: str = one_of("max", ("max", "min"))
     """``max`` | ``min``: whether a larger or a smaller ``best_metric`` is better."""
     dir: Optional[str] = None
     """Folder of the checkpoints (default: ``<run folder>/checkpoints``)."""
@@ -161,7 +168,7 @@ class TrainSchema:
     """Training steps (batches per rank)."""
     batch_size: int = 256
     """Samples per rank per micro-batch (per step when ``grad_accumulation_steps`` is 1)."""
-    pipeline: str = "sparse_dist"
+    pipeline: str = one_of("sparse_dist", ("sparse_dist", "base"))
     """Training step: ``sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``: the next batch's input
     dist overlaps this step's compute on GPUs) | ``base`` (TorchRec's ``TrainPipelineBase``: one step
     after the other; on CPU both measure the same). Accumulation and fp16 loss scaling use the split step."""

@@ -6,34 +6,14 @@ Types are checked by Hydra against :mod:`runner.config.schema` while composing; 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from runner.config.choices import (
-    AFFINITY_MODES,
-    AUTOCAST_DTYPES,
-    COMPUTE_KERNELS,
-    DATA_SOURCES,
-    DENSE_OPTIMIZERS,
-    DEVICES,
-    MODEL_FAMILIES,
-    MODES,
-    ONE_WIDTH_FAMILIES,
-    PROPOSERS,
-    SCHEDULERS,
-    SCHEDULES,
-    SHARDING_TYPES,
-    SPARSE_OPTIMIZERS,
-    START_METHODS,
-    STORAGE_POLICIES,
-)
+from runner.config.choices import check_choices
 from runner.config.errors import ConfigError
-from runner.config.schema import uses_split_step
-from runner.config.schema_model import TableConstraintSchema
+from runner.config.schema import RunnerConfig, uses_split_step
+from runner.config.schema_model import ONE_WIDTH_FAMILIES, TableConstraintSchema
 from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
-
-if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -41,13 +21,7 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
-def _check_choices(key: str, values: Any, choices: tuple) -> None:
-    for v in values:
-        _check(v in choices, key, v, "one of " + ", ".join(choices))
-
-
 def _validate_model(m: Any) -> None:
-    _check_choices("model.family", [m.family], MODEL_FAMILIES)
     _check(m.embedding_dim > 0, "model.embedding_dim", m.embedding_dim, "a positive integer")
     names = [tb.name for tb in m.tables] + [f"g{i:03d}" for i in range(max(m.generated_tables.count, 0))]
     _check(len(set(names)) == len(names), "model.tables", names, "unique table names")
@@ -106,23 +80,17 @@ def _validate_sharding(s: Any, model: Any) -> None:
     for table in s.constraints:
         _check(table in tables, f"sharding.constraints.{table}", table,
                "a table of the model: " + ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else ""))
-    _check_choices("sharding.types", s.types, SHARDING_TYPES)
-    _check_choices("sharding.compute_kernels", s.compute_kernels, COMPUTE_KERNELS)
     _check(0.0 <= s.storage_reserve_percent < 1.0, "sharding.storage_reserve_percent",
            s.storage_reserve_percent, "a fraction in [0, 1)")
-    _check_choices("sharding.storage_reserve_policy", [s.storage_reserve_policy], STORAGE_POLICIES)
     _check(s.planner_batch_size is None or s.planner_batch_size > 0, "sharding.planner_batch_size",
            s.planner_batch_size, "null or a positive integer")
-    _check_choices("sharding.proposer", [s.proposer], PROPOSERS)
     _check(s.planner_timeout_s is None or s.planner_timeout_s > 0, "sharding.planner_timeout_s",
            s.planner_timeout_s, "null or a positive number of seconds")
     _check(s.dp_hbm_bins > 0, "sharding.dp_hbm_bins", s.dp_hbm_bins, "a positive integer")
     _check(s.grid_max_proposals > 0, "sharding.grid_max_proposals", s.grid_max_proposals, "a positive integer")
     for table in s.constraints:
         c = table_constraint(s, table)
-        _check_choices(f"sharding.constraints.{table}.sharding_types", c.sharding_types or [], SHARDING_TYPES)
-        _check_choices(f"sharding.constraints.{table}.compute_kernels", c.compute_kernels or [],
-                       COMPUTE_KERNELS)
+        check_choices(TableConstraintSchema, c, f"sharding.constraints.{table}.")
         _check(c.cache_load_factor is None or 0 < c.cache_load_factor <= 1,
                f"sharding.constraints.{table}.cache_load_factor", c.cache_load_factor, "null or in (0, 1]")
         _check(c.pooling_factor is None or c.pooling_factor > 0, f"sharding.constraints.{table}.pooling_factor",
@@ -132,7 +100,6 @@ def _validate_sharding(s: Any, model: Any) -> None:
 
 
 def _validate_schedule(key: str, s: Any) -> None:
-    _check_choices(f"{key}.name", [s.name], SCHEDULES)
     _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, ">= 0")
     _check(0 < s.decay_rate <= 1, f"{key}.decay_rate", s.decay_rate, "in (0, 1]")
     _check(s.decay_steps > 0, f"{key}.decay_steps", s.decay_steps, "> 0")
@@ -143,23 +110,18 @@ def _validate_schedule(key: str, s: Any) -> None:
 
 
 def _validate_optimizer(o: Any) -> None:
-    _check_choices("optimizer.sparse", [o.sparse], SPARSE_OPTIMIZERS)
-    _check_choices("optimizer.dense", [o.dense], DENSE_OPTIMIZERS)
     for key in ("sparse_lr", "dense_lr", "sparse_eps", "dense_eps"):
         _check(getattr(o, key) > 0, f"optimizer.{key}", getattr(o, key), "a positive number")
     for key in ("sparse_weight_decay", "dense_weight_decay", "dense_momentum"):
         _check(getattr(o, key) >= 0, f"optimizer.{key}", getattr(o, key), ">= 0")
-    _check_choices("optimizer.sparse_weight_decay_mode", [o.sparse_weight_decay_mode], ("l2", "decoupled"))
     _validate_schedule("optimizer.sparse_schedule", o.sparse_schedule)
     _validate_schedule("optimizer.dense_schedule", o.dense_schedule)
-    _check_choices("optimizer.clip.kind", [o.clip.kind], ("none", "norm", "value"))
     _check(o.clip.max > 0, "optimizer.clip.max", o.clip.max, "a positive number")
 
 
 def _validate_cluster(c: Any) -> None:
     _check(c.nodes >= 1, "cluster.nodes", c.nodes, "an integer >= 1")
     _check(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "an integer >= 1")
-    _check_choices("cluster.device", [c.device], DEVICES)
     for key in ("intra_node_bandwidth", "cross_node_bandwidth"):
         _check(getattr(c, key) > 0, f"cluster.{key}", getattr(c, key), "a positive bandwidth in GiB/s")
     for key in ("hbm_cap_gib", "ddr_cap_gib"):
@@ -170,19 +132,10 @@ def _validate_cluster(c: Any) -> None:
     _check(c.node_rank is None or 0 <= c.node_rank < c.nodes, "cluster.node_rank", c.node_rank,
            f"null or an integer in [0, cluster.nodes={c.nodes})")
     _check(c.pg_timeout_s > 0, "cluster.pg_timeout_s", c.pg_timeout_s, "a positive number of seconds")
-    _check_choices("cluster.start_method", [c.start_method], START_METHODS)
-    _check_choices("cluster.cpu_affinity", [c.cpu_affinity], AFFINITY_MODES)
-    _check_choices("cluster.scheduler", [c.scheduler], SCHEDULERS)
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
 
 
 def _validate_run(p: Any, d: Any, t: Any) -> None:
-    _check(p.autocast is None or p.autocast in AUTOCAST_DTYPES, "precision.autocast", p.autocast,
-           "null or one of " + ", ".join(AUTOCAST_DTYPES))
-    _check_choices("precision.embedding_dtype", [p.embedding_dtype], ("fp32", "fp16"))
-    for key in ("qcomm_forward", "qcomm_backward"):
-        _check(getattr(p, key) in (None, "fp16", "bf16"), f"precision.{key}", getattr(p, key), "null, fp16 or bf16")
-    _check_choices("data.name", [d.name], DATA_SOURCES)
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "an integer >= 0")
     _check(d.prefetch_batches >= 0, "data.prefetch_batches", d.prefetch_batches, "an integer >= 0")
     for key in ("write_rows", "write_files", "write_eval_rows"):
@@ -192,7 +145,6 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
     _check(d.ids_per_feature >= 1, "data.ids_per_feature", d.ids_per_feature, "an integer >= 1")
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
-    _check_choices("train.pipeline", [t.pipeline], ("sparse_dist", "base"))
     g = p.grad_scaler
     _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
            "precision.grad_scaler", dict(g), "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
@@ -205,21 +157,16 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(k.every_steps is None or k.every_steps > 0, "train.checkpoint.every_steps", k.every_steps,
            "null or a positive integer")
     _check(k.keep_last >= 1, "train.checkpoint.keep_last", k.keep_last, "an integer >= 1")
-    _check_choices("train.checkpoint.best_mode", [k.best_mode], ("max", "min"))
-    _check(k.best_metric is None or k.best_metric in ("eval/auc", "eval/logloss"), "train.checkpoint.best_metric",
-           k.best_metric, "null, eval/auc or eval/logloss")
 
 
 def validate(cfg: RunnerConfig) -> None:
-    """Check ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
-    _check_choices("mode", [cfg.mode], MODES)
+    """Check values, ranges and cross-key rules of a composed config; raise :class:`ConfigError` on the first."""
+    check_choices(RunnerConfig, cfg)
     _validate_model(cfg.model)
     _validate_sharding(cfg.sharding, cfg.model)
     _validate_optimizer(cfg.optimizer)
     _validate_cluster(cfg.cluster)
     _validate_run(cfg.precision, cfg.data, cfg.train)
-    if cfg.tracking.objective.direction is not None:
-        _check_choices("tracking.objective.direction", [cfg.tracking.objective.direction], ("max", "min"))
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
     _check(cfg.sweep.retries >= 0, "sweep.retries", cfg.sweep.retries, "an integer >= 0")

@@ -1,8 +1,8 @@
-"""A job's MLflow run, owned by its driver: opened once, fed rank 0's reports, ended with the job's status.
+"""A job's MLflow run under its driver: the job's :class:`runner.track.run_life.RunLife` and what a driver adds.
 
 Rank 0 never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan``
-reports through the same log from the driver's own process. Only a plain torchrun without a driver has
-rank 0 own its run (:class:`runner.track.reporter.Reporter`).
+reports through the same log from the driver's own process. A plain torchrun, without a driver, has rank 0's
+process hold the job's ``RunLife`` (:func:`runner.track.run_life.torchrun_run`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.events import EventLog, EventPump
+from runner.track.events import EventLog
+from runner.track.run_life import RunLife
 from runner.track.sweep import point_name, point_values, sweep_info
-from runner.track.sync import end_or_keep
 from runner.track.system import start_system_metrics
 
 if TYPE_CHECKING:
@@ -65,12 +65,15 @@ class MlflowRun:
         self.uri = store.tracking_uri(cfg)
         self.multi_host = cfg.cluster.node_rank is not None
         self.slurm = cfg.cluster.scheduler == "slurm"
-        self.run_id: Optional[str] = None
-        self._pump: Optional[EventPump] = None
+        self._life = RunLife(ctx.run_dir, self.uri)  # open, deliver, end
         self._system: Any = None  # this host's system-metrics monitor
         self._chart: Optional[threading.Thread] = None  # draws the plan's chart while the workers train
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
         self.attempt = 1  # which run of this job (sweep.retries)
+
+    @property
+    def run_id(self) -> Optional[str]:
+        return self._life.run_id
 
     def rank0_here(self) -> bool:
         if self.slurm:
@@ -83,7 +86,7 @@ class MlflowRun:
         return not self.multi_host or (self.slurm and self.rank0_here())
 
     def open(self) -> None:
-        """Create the run, log the config, publish ``run.json`` for rank 0."""
+        """Create the run (its folder's ``run.json`` records it), log the config, start the system metrics."""
         ctx = self.ctx
         sweep = sweep_info(ctx.sweep_dir)
         point = point_values(sweep.get("swept", []), self.cfg, ctx.choices)
@@ -98,13 +101,10 @@ class MlflowRun:
             tags["runner.job"] = ctx.job_num
         tags["runner.attempt"] = self.attempt
         tags["runner.config_hash"] = config_hash(self.config)  # what sweep.reuse looks for
-        self.run_id = store.open_job_run(self.uri, self.cfg, self.config, name, sweep.get("parent_run_id"), tags)
+        run_id = self._life.open(self.cfg, self.config, name, sweep.get("parent_run_id"), tags, {"port": self.port})
         if self.replaces and sweep.get("parent_run_id"):
-            _retire(self.uri, self.replaces, sweep["parent_run_id"], self.run_id)
-        self._pump = EventPump(ctx.run_dir / rundir.EVENTS, self.uri, self.run_id)
-        store.log_artifacts(self.uri, self.run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
-        rundir.write_json(ctx.run_dir / rundir.RUN_INFO,
-                          {"tracking_uri": self.uri, "run_id": self.run_id, "port": self.port})
+            _retire(self.uri, self.replaces, sweep["parent_run_id"], run_id)
+        store.log_artifacts(self.uri, run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
         print(f"[runner] MLflow run {self.run_id} | run folder {ctx.run_dir}", flush=True)
         self._system = start_system_metrics(self.cfg, self.uri, self.run_id, self.cfg.cluster.node_rank or 0)
         if self.cfg.mode == "train":
@@ -114,8 +114,8 @@ class MlflowRun:
         """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
         if self.multi_host and self.run_id is None and self.rank0_here():
             self.open()
-        if self._pump is not None:
-            self._pump()
+        if self.run_id is not None:
+            self._life.deliver()
             self._start_chart()
         if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.ctx.run_dir.parent / rundir.RUN_INFO)
@@ -135,7 +135,7 @@ class MlflowRun:
         """Once the workers have ended: the plan's chart (waited for when still drawing) as rank 0's last
         report, so that it reaches the run as the others do (later, from the run folder, in an outage)."""
         self._start_chart()  # rank 0 may have written the plan after the last pump
-        if self._chart is None or self._pump is None:
+        if self._chart is None or self.run_id is None:
             return
         self._chart.join()
         png = self.ctx.run_dir / rundir.PLAN / CHART
@@ -143,7 +143,7 @@ class MlflowRun:
             log = EventLog(self.ctx.run_dir / rundir.EVENTS)  # no rank writes to it any more
             log.artifacts([png], rundir.PLAN)
             log.close()
-        self._pump()
+        self._life.deliver()
 
     def describe_plan(self) -> None:
         """Append the plan's short markdown to the run's Description (best effort: the plan is in its artifacts)."""
@@ -168,9 +168,7 @@ class MlflowRun:
         """End the run (what rank 0 reported first); False when the store is unreachable and the ending
         is kept in the run folder for ``python -m runner sync``."""
         self.stop_system_metrics()
-        if self.run_id is None:
-            return True
-        return end_or_keep(self.ctx.run_dir, self._pump, self.uri, self.run_id, status, error)
+        return self._life.end(status, error)
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Set, Tuple
 
 from runner import PROJECT_ROOT
-from runner.config.choices import RUNNER_SWEEPERS
 from runner.config.errors import ConfigError, first_line
+from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
 from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_values
 from runner.runtime.cores import plan_batch_size

@@ -70,8 +70,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
         progress.close()
         reporter.plan_infeasible(str(exc))
         reporter.flush()
-        results = {**base, "plan_status": "infeasible", "reason": str(exc), "run_id": reporter.run_id,
-                   "tracking_uri": reporter.uri}
+        results = {**base, "plan_status": "infeasible", "reason": str(exc)}
         rundir.write_json(run_dir / rundir.RESULTS, results)
         return results
     progress.close()
@@ -81,7 +80,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
     reporter.flush()
     m = reporter.plan_metrics
     results = {
-        **base, "plan_status": "feasible", "run_id": reporter.run_id, "tracking_uri": reporter.uri,
+        **base, "plan_status": "feasible",
         "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
         "max_mem_bytes": m.get("plan/max_mem_bytes"),
         "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},

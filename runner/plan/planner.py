@@ -26,9 +26,9 @@ from torchrec.distributed.planner.proposers import (
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
-from runner.config.choices import SHARDING_TYPES
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.schema import samples_per_step, uses_split_step
+from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
 from runner.plan.estimators import shard_estimators

@@ -24,7 +24,7 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 RESOLVED = "resolved.yaml"
 DRIVER = "driver.json"
@@ -98,10 +98,10 @@ PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the sa
 _JOB_FILES = (DRIVER, RUN_INFO, EVENTS, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, DELIVERED)
 
 
-def set_aside_previous(run_dir: Path) -> Optional[Path]:
-    """Move an earlier job's files in ``run_dir`` to ``previous/<n>/`` (checkpoints stay, for
-    ``train.resume=latest``), so that this job never reads them; the folder moved to, or None."""
-    found = [run_dir / name for name in _JOB_FILES if (run_dir / name).exists()]
+def set_aside_previous(run_dir: Path, names: Sequence[str] = _JOB_FILES) -> Optional[Path]:
+    """Move an earlier job's files in ``run_dir`` (those of ``names``) to ``previous/<n>/`` (checkpoints stay,
+    for ``train.resume=latest``), so that this job never reads them; the folder moved to, or None."""
+    found = [run_dir / name for name in names if (run_dir / name).exists()]
     if not found:
         return None
     n = 1

@@ -3,21 +3,19 @@
 With a driver (``python -m runner``), rank 0 appends each report as one JSON line to the run folder's
 ``events.jsonl`` (:class:`EventLog`: microseconds a step) and the driver, idle meanwhile, writes the new
 lines to the store every few seconds and once more at the end (:class:`EventPump`). Under an external
-``torchrun`` rank 0 owns the run and hands its reports to MLflow's asynchronous logging (:class:`StoreSink`).
-The three share one interface: ``metrics``, ``tags``, ``artifacts``, ``close``.
+``torchrun``, with no driver, rank 0's own process runs the pump from a thread
+(:func:`runner.track.run_life.torchrun_run`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from runner.config.errors import first_line
 from runner.runtime.rundir import DELIVERED, read_json, update_json
-from runner.track.store import client, log_artifacts, log_metric_points, metric_entities, outage_reason, set_tags
+from runner.track.store import log_artifacts, log_metric_points, outage_reason, set_tags
 
 
 class EventLog:
@@ -129,48 +127,3 @@ def _groups(data: bytes) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
         values += n
     if group:
         yield group, size
-
-
-class StoreSink:
-    """Rank 0's side under an external torchrun (it owns the run): MLflow's asynchronous logging.
-
-    Each report is handed to MLflow's logging queue with the time rank 0 measured it and returns at once;
-    MLflow's writer takes what was queued every ``BUFFER_S`` seconds and merges it into batches of up to
-    1000 values, so a slow store costs one transaction per batch, not per report (without the buffering
-    MLflow writes each report on its own). ``close()`` waits until every report is in the store and
-    raises the first failure. Artifacts (the plan's files before training, its chart after) are written
-    when handed over.
-    """
-
-    BUFFER_S = 2  # as often as a driver writes rank 0's reports (the store's work competes with training)
-
-    def __init__(self, uri: str, run_id: str) -> None:
-        self.uri, self.run_id = uri, run_id
-        os.environ.setdefault("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", str(self.BUFFER_S))  # read per take
-        self._client = client(uri)
-        self._pending: List[Any] = []  # MLflow's RunOperations, one per report
-
-    def metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        points = metric_entities([(metrics, step, int(time.time() * 1000))])
-        self._pending.append(self._client.log_batch(self.run_id, metrics=points, synchronous=False))
-
-    def tags(self, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        self._pending.append(self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
-                                                    synchronous=False))
-
-    def artifacts(self, paths: Iterable[Path], artifact_path: Optional[str]) -> None:
-        log_artifacts(self.uri, self.run_id, list(paths), artifact_path)
-
-    def close(self) -> None:
-        pending, self._pending = self._pending, []
-        errors = []
-        for ops in pending:
-            try:
-                ops.wait()
-            except Exception as exc:  # noqa: BLE001 - every report is waited for; the first failure is raised
-                errors.append(exc)
-        if errors:
-            raise RuntimeError(f"MLflow logging failed for {len(errors)} of {len(pending)} reports: "
-                               f"{first_line(str(errors[0]))}")

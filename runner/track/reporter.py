@@ -13,12 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
-from omegaconf import OmegaConf
-
-from runner.config.errors import one_line
 from runner.runtime import rundir, signals
 from runner.track import store
-from runner.track.events import EventLog, StoreSink
+from runner.track.events import EventLog
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -33,68 +30,28 @@ class _Silent:
 
 
 class Reporter:
-    """Rank 0's link to the run folder and the job's MLflow run.
-
-    Launched by the driver, rank 0 appends MLflow events to ``events.jsonl`` and the driver writes
-    them to the store; under a plain torchrun rank 0 opens the run itself and hands its reports to
-    MLflow's asynchronous logging.
-    Either way training never waits for the store.
+    """Rank 0's reports, appended to the run folder's ``events.jsonl``: the job's MLflow run gets them from
+    whoever owns it (:class:`runner.track.run_life.RunLife`: the driver, or rank 0's own process under a plain
+    torchrun). Training never waits for the store.
     """
 
     def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
         self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
         self.active = rank == 0
-        self.standalone = not (run_dir / rundir.DRIVER).exists()
         self.plan_metrics: Dict[str, float] = {}
         self.extra: Dict[str, Any] = {}
-        self.uri: Optional[str] = None
-        self.run_id: Optional[str] = None
-        self._sink: Any = None
-        if self.active and self.standalone:
-            # opened now, not by MLflow's queue: a failing job must find its run to mark it FAILED
-            self.uri, self.run_id = self._open_own_run()
-            self._sink = StoreSink(self.uri, self.run_id)
-        elif self.active:
-            self._sink = EventLog(run_dir / rundir.EVENTS)
-
-    def _open_own_run(self) -> tuple:
-        uri = store.tracking_uri(self.cfg)
-        run_id = store.open_job_run(uri, self.cfg, OmegaConf.to_container(self.cfg), store.default_run_name(self.cfg),
-                                    None, {"runner.launcher": "torchrun"})
-        return uri, run_id
+        self._sink: Optional[EventLog] = EventLog(run_dir / rundir.EVENTS) if self.active else None
 
     def flush(self) -> None:
-        """Everything handed over: written (own run) or in the event log (the driver writes it)."""
+        """Every report made so far is in the event log (complete lines, for the run's owner to deliver)."""
         sink, self._sink = self._sink, None
-        if sink is None:
-            return
-        sink.close()
-        if self.standalone:
-            return
-        data = rundir.read_json(self.run_dir / rundir.RUN_INFO)
-        if data:
-            self.uri, self.run_id = data["tracking_uri"], data["run_id"]
+        if sink is not None:
+            sink.close()
 
     def failed(self, exc: BaseException) -> None:
-        """Under a plain torchrun rank 0 owns the run: every report it made is written, then the run ends
-        KILLED when torchrun stopped the job (SIGTERM or Ctrl-C, whatever error that caused here), else
-        FAILED with the error (a driver does all this itself otherwise)."""
-        if not (self.active and self.standalone):
-            return
+        """The job failed (``exc``) or was stopped: what rank 0 reported before is kept."""
         with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
-            stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
-            status, why = ("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))
-            try:
-                self.flush()
-            except Exception as inner:  # what was written stays; the run must still end
-                print(f"[runner] warning: some reports did not reach the MLflow run: {inner}", file=sys.stderr,
-                      flush=True)
-            try:
-                if self.run_id:
-                    store.end_run(self.uri, self.run_id, status, why)
-            except Exception as inner:  # the job's own error matters more
-                print(f"[runner] warning: could not mark the MLflow run {status}: {inner}", file=sys.stderr,
-                      flush=True)
+            self.flush()
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
         if self._sink is not None:
@@ -219,15 +176,12 @@ class Reporter:
         self._log(final, self.cfg.train.steps)
         self.flush()
         results = {
-            "run_id": self.run_id, "tracking_uri": self.uri, "world_size": world,
+            "world_size": world,
             "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
             "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
             "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra,
         }
         rundir.write_json(self.run_dir / rundir.RESULTS, results)
-        if self.standalone:
-            store.end_run(self.uri, self.run_id, "FINISHED")
-            print(summary_line(results), flush=True)
         return results
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config.choices import RUNNER_SWEEPERS
+from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.runtime import rundir
 from runner.track.store import (
     check_store,

@@ -24,8 +24,9 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
     results = rundir.read_json(job_dir / rundir.RESULTS)
     if results is None or results.get("mode") != "plan" and not (job_dir / rundir.PLAN / "plan.json").exists():
         return None
+    run = rundir.read_json(job_dir / rundir.RUN_INFO) or {}  # the point's MLflow run, as its owner recorded it
     point = {"job": int(job_dir.name), "params": flatten(yaml.safe_load((job_dir / rundir.RESOLVED).read_text())),
-             "run_id": results.get("run_id"), "status": results.get("plan_status", "feasible"),
+             "run_id": run.get("run_id"), "status": results.get("plan_status", "feasible"),
              "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
              "types": {}, "shapes": {},
              "est_step_ms": float("nan"), "max_mem_gib": float("nan")}

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
 from runner.data.pipeline import batches_for
-from runner.plan.analysis import draw_plan_chart
 from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
 from runner.runtime import rundir
@@ -113,8 +112,6 @@ class Trainer:
                                hooks, self.loss_scale)
         finally:
             getattr(train_data, "close", lambda: None)()
-        if reporter.active and reporter.standalone:  # a plain torchrun: no driver draws it while ranks train
-            reporter.plan_chart(draw_plan_chart(self.run_dir / rundir.PLAN))
         if result.first_step_unix is not None:
             reporter.startup(dict(self.marks, first_step=result.first_step_unix))
         if result.data_ended:

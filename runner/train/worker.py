@@ -189,7 +189,8 @@ def elastic_entry(run_dir: str) -> Dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``torchrun ... -m runner.train.worker <config.yaml>``: results go to the config file's folder."""
+    """``torchrun ... -m runner.train.worker <config.yaml>``: results go to the config file's folder. With no
+    driver, rank 0's process owns the job's MLflow run (:func:`runner.track.run_life.torchrun_run`)."""
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node=N -m runner.train.worker <resolved config.yaml>", file=sys.stderr)
         return 2
@@ -201,13 +202,45 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
+    from runner.track.run_life import torchrun_run
+
+    run = torchrun_run(cfg, path.parent) if os.environ.get("RANK") == "0" else None
     try:
-        _run_guarded(cfg, path.parent)
-    except KeyboardInterrupt as exc:
-        stop = signals.stopped(exc)
-        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop.name}", file=sys.stderr, flush=True)
-        return stop.exit_code
+        results = _run_guarded(cfg, path.parent)
+    except BaseException as exc:
+        stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
+        if run is not None:
+            with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
+                _end_quietly(run, *(("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))))
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        stopped = signals.stopped(exc)
+        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stopped.name}", file=sys.stderr, flush=True)
+        return stopped.exit_code
+    if run is not None:
+        from runner.plan.analysis import draw_plan_chart
+        from runner.track.events import EventLog
+        from runner.track.reporter import summary_line
+
+        png = draw_plan_chart(path.parent / rundir.PLAN)  # no driver drew it while the ranks trained
+        if png is not None:
+            log = EventLog(path.parent / rundir.EVENTS)  # rank 0's last report
+            log.artifacts([png], rundir.PLAN)
+            log.close()
+        results.update(run_id=run.run_id, tracking_uri=run.uri)
+        if not _end_quietly(run, "FINISHED"):
+            results["tracking_pending"] = str(path.parent)
+        print(summary_line(results), flush=True)
     return 0
+
+
+def _end_quietly(run: Any, status: str, error: Optional[str] = None) -> bool:
+    """End rank 0's run; a store that fails here is said in a warning (the job's own outcome matters more)."""
+    try:
+        return run.end(status, error)
+    except Exception as exc:  # noqa: BLE001
+        print(f"[runner] warning: could not mark the MLflow run {status}: {exc}", file=sys.stderr, flush=True)
+        return False
 
 
 if __name__ == "__main__":

@@ -94,6 +94,52 @@ def test_training_option_rules(overrides: list, key: str) -> None:
     assert err.value.key == key
 
 
+def closed_keys(cls: type, prefix: str = "") -> list:
+    """``(key, allowed values, null allowed, is a list)`` of every key the schema gives a closed set of values."""
+    import dataclasses
+    import typing
+
+    from runner.config.choices import allowed_values
+
+    out, hints = [], typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        spec, kind = allowed_values(f), hints[f.name]
+        if spec is not None:
+            out.append((prefix + f.name, *spec, "List" in str(kind)))
+        elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            out.extend(closed_keys(kind, f"{prefix}{f.name}."))
+    return out
+
+
+def test_every_key_with_allowed_values_refuses_others_naming_them() -> None:
+    """The allowed values stated on a schema field are what validation accepts and what its error names."""
+    from omegaconf import OmegaConf
+
+    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import TableConstraintSchema
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        base = compose(config_name="config", overrides=["+sharding.constraints.t0.pooling_factor=1.0"])
+    keys = closed_keys(RunnerConfig) + closed_keys(TableConstraintSchema, "sharding.constraints.t0.")
+    assert {"mode", "model.family", "sharding.types", "optimizer.sparse", "cluster.device", "precision.autocast",
+            "train.pipeline", "sharding.constraints.t0.sharding_types"} <= {k for k, *_ in keys}
+    for key, allowed, null, is_list in keys:
+        for value in allowed:  # each allowed value passes this check (another rule may still refuse it)
+            cfg = OmegaConf.create(OmegaConf.to_container(base))
+            OmegaConf.update(cfg, key, [value] if is_list else value)
+            try:
+                validate(cfg)
+            except ConfigError as exc:
+                assert exc.key != key or "one of" not in str(exc), str(exc)
+        cfg = OmegaConf.create(OmegaConf.to_container(base))
+        OmegaConf.update(cfg, key, ["nope"] if is_list else "nope")
+        with pytest.raises(ConfigError) as err:
+            validate(cfg)
+        assert err.value.key == key and f"{key}='nope' is not allowed" in str(err.value), (key, str(err.value))
+        assert str(err.value).endswith(("null or " if null else "") + "one of " + ", ".join(allowed)), str(err.value)
+
+
 @pytest.mark.slow
 def test_glob_sweep_runs_every_matching_option(tmp_path) -> None:
     proc = run_cli(["-m", "mode=plan", "sharding=glob([tablew*,tablerow*])", f"hydra.sweep.dir={tmp_path}",

@@ -123,7 +123,7 @@ def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
 def test_the_runner_names_its_own_sweepers() -> None:
     """The pre-check composes and validates every point of a grid sweep, then names the grid sweeper that
     does not compose them once more; for Optuna, the sweeper whose study lives in the sweep folder."""
-    from runner.config.choices import CHECKED_SWEEPER, RESUMING_OPTUNA
+    from runner.config.sweepers import CHECKED_SWEEPER, RESUMING_OPTUNA
 
     assert precheck(["-m", "mode=plan", "train.seed=1,2"]) == (None, [f"hydra.sweeper._target_={CHECKED_SWEEPER}"])
     error, added = precheck(["-m", "experiment=optuna_plan"])

@@ -75,8 +75,8 @@ def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: P
 
 
 def test_sigterm_under_external_torchrun_writes_every_report_and_ends_killed(store: str, tmp_path: Path) -> None:
-    """torchrun stops its workers with SIGTERM: rank 0 (which owns the run, logging through MLflow's
-    asynchronous queue) writes every report it made, with the time it measured it, then ends the run KILLED."""
+    """torchrun stops its workers with SIGTERM: rank 0 (whose process owns the run, delivering its event log
+    from a thread) writes every report it made, with the time it measured it, then ends the run KILLED."""
     from mlflow.tracking import MlflowClient
 
     cmd = torchrun_command(["train.steps=100000", f"tracking.uri={store}", "tracking.experiment=torchrun_term"],
