@@ -145,3 +145,10 @@ def test_readme_module_table_lists_every_module() -> None:
     assert not twice, f"listed twice: {twice}"
     assert set(listed) == present, (f"missing from README: {sorted(present - set(listed))}; "
                                     f"gone from the package: {sorted(set(listed) - present)}")
+
+
+def test_the_suites_longest_files_exist() -> None:
+    """conftest's LONGEST orders `make test`'s files; a renamed file must be renamed there too."""
+    from conftest import LONGEST, ROOT
+
+    assert [p for p in LONGEST if not (ROOT / "tests" / p).is_file()] == []
