@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -134,8 +134,9 @@ def preload() -> None:
     import runner.train.trainer  # noqa: F401
 
 
-def run(cfg: RunnerConfig, run_dir: Path) -> Dict[str, Any]:
-    """Set this process up as one rank, then run its part of the job; rank 0 returns the results."""
+def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """Set this process up as one rank, then run its part of the job; rank 0 returns the results. ``joined``
+    runs once the process group is up (a failure after that reaches every peer through it at once)."""
     from runner.track.reporter import Reporter
     from runner.train.trainer import Trainer
 
@@ -152,6 +153,8 @@ def run(cfg: RunnerConfig, run_dir: Path) -> Dict[str, Any]:
     torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, cores))
     _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)
     marks["process_group"] = time.time()
+    if joined is not None:
+        joined()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
         results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
@@ -173,11 +176,11 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
     rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
 
 
-def _run_guarded(cfg: RunnerConfig, run_dir: Path) -> Dict[str, Any]:
+def _run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
     log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:
-        return run(cfg, run_dir)
+        return run(cfg, run_dir, joined)
     except BaseException as exc:
         _record_error(run_dir, exc)
         raise
@@ -204,10 +207,16 @@ def main(argv: list[str]) -> int:
     signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
     from runner.track.run_life import torchrun_run
 
-    run = torchrun_run(cfg, path.parent) if os.environ.get("RANK") == "0" else None
+    owned: List[Any] = []  # rank 0's RunLife, once opened
+
+    def open_run() -> None:  # with the process group up: if the store refuses, every peer fails at once
+        if os.environ.get("RANK") == "0":
+            owned.append(torchrun_run(cfg, path.parent))
+
     try:
-        results = _run_guarded(cfg, path.parent)
+        results = _run_guarded(cfg, path.parent, open_run)
     except BaseException as exc:
+        run = owned[0] if owned else None
         stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
         if run is not None:
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
@@ -217,6 +226,7 @@ def main(argv: list[str]) -> int:
         stopped = signals.stopped(exc)
         print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stopped.name}", file=sys.stderr, flush=True)
         return stopped.exit_code
+    run = owned[0] if owned else None
     if run is not None:
         from runner.plan.analysis import draw_plan_chart
         from runner.track.events import EventLog
