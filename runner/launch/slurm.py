@@ -29,15 +29,22 @@ TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + it
 PORT_SPAN = 2000
 
 
-def _scontrol(*args: str) -> str:
+def slurm_command(cmd: List[str], context: str = "", hint: str = "", timeout: float = 30) -> str:
+    """The output of one of Slurm's commands (``scontrol``, ``sinfo``, ``squeue``, ``scancel``); on failure a
+    :class:`SchedulerError` in one line: ``context`` first, the command and why, then ``hint``."""
     try:
-        out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        why = None if out.returncode == 0 else (out.stderr or out.stdout).strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SchedulerError(f"scontrol {' '.join(args)} failed ({exc}); the runner needs Slurm's commands on "
-                             "every node to find the job's nodes") from None
-    if out.returncode != 0:
-        raise SchedulerError(f"scontrol {' '.join(args)} failed: {(out.stderr or out.stdout).strip()}")
+        why = str(exc)
+    if why is not None:
+        raise SchedulerError(f"{context}{' '.join(cmd)} failed: {why}{hint}")
     return out.stdout
+
+
+def _scontrol(*args: str) -> str:
+    return slurm_command(["scontrol", *args], hint=" (the runner needs Slurm's commands on every node to find the "
+                                                   "job's nodes)")
 
 
 def hostnames(nodelist: str) -> List[str]:
@@ -142,11 +149,9 @@ def run_tags(cfg: RunnerConfig) -> Dict[str, str]:
 def _time_limit_reached(task: SlurmTask) -> bool:
     """Whether Slurm is ending the job for its time limit (its reason while it completes)."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", task.job_id, "-o", "%r"], capture_output=True,
-                             text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        return "TimeLimit" in slurm_command(["squeue", "-h", "-j", task.job_id, "-o", "%r"], timeout=10)
+    except SchedulerError:
         return False
-    return "TimeLimit" in out
 
 
 def _limit_text(task: SlurmTask) -> str:

@@ -11,8 +11,8 @@ job's nodes cannot reach.
 
 from __future__ import annotations
 
+import contextlib
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf, open_dict
 
 from runner.config.errors import SchedulerError, first_line
-from runner.launch.slurm import node_address
+from runner.launch.slurm import node_address, slurm_command
 from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 
@@ -36,15 +36,8 @@ UNLISTED_S = 60.0  # a job squeue has never listed counts as ended after this lo
 
 
 def _run(cmd: List[str]) -> str:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SchedulerError(f"hydra/launcher=slurm: {cmd[0]} failed ({exc}); is Slurm installed here "
-                             "(make slurm-up starts a 2-node one on this machine)?") from None
-    if out.returncode != 0:
-        raise SchedulerError(f"hydra/launcher=slurm: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()} "
-                             "(is slurmctld up? make slurm-up starts a 2-node cluster on this machine)")
-    return out.stdout
+    return slurm_command(cmd, "hydra/launcher=slurm: ", " (are Slurm's commands installed and slurmctld up? make "
+                         "slurm-up starts a 2-node cluster on this machine)")
 
 
 def partition_nodes(partition: Optional[str]) -> List[str]:
@@ -230,10 +223,13 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 
 
-def job_states() -> Dict[str, str]:
-    """Slurm's state of every job it still lists (``squeue``; no accounting daemon needed), by job id."""
-    out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True, text=True,
-                         timeout=30).stdout
+def job_states() -> Optional[Dict[str, str]]:
+    """Slurm's state of every job it still lists (``squeue``; no accounting daemon needed), by job id; None
+    when squeue did not answer (asked again at the next poll)."""
+    try:
+        out = _run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"])
+    except SchedulerError:
+        return None
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
@@ -260,6 +256,9 @@ def _wait(points: List[Point]) -> None:
     pending, seen, since = [p for p in points if p.job is not None], set(), time.monotonic()
     while pending:
         states = job_states()
+        if states is None:
+            time.sleep(POLL_S)
+            continue
         seen.update(states)
         for p in [p for p in pending if states.get(p.job.job_id) not in ACTIVE]:
             if p.job.job_id not in states and p.job.job_id not in seen and time.monotonic() - since < UNLISTED_S:
@@ -294,7 +293,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         _wait(points)
     except KeyboardInterrupt:
         ids = [p.job.job_id for p in submitted]
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
+        with contextlib.suppress(SchedulerError):  # what is left of the jobs, Slurm ends at their time limit
+            slurm_command(["scancel", *ids])
         print(f"[runner] Slurm: cancelled {', '.join(ids)}", flush=True)
         raise
     return [_job_return(p) for p in points]

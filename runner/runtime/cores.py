@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, List, Optional
 
+from runner.runtime.affinity import worker_cores
+
 SLOT_DIR = Path(tempfile.gettempdir()) / f"runner-core-slots-{os.getuid()}"
 
 
@@ -38,7 +40,6 @@ def job_cores(parallel: int) -> Iterator[Optional[List[int]]]:
     if n <= 1:
         yield None
         return
-    per = len(allowed) // n
     SLOT_DIR.mkdir(exist_ok=True)
     key = hashlib.sha1(",".join(map(str, allowed)).encode()).hexdigest()[:10]
     for slot in range(n):
@@ -48,7 +49,7 @@ def job_cores(parallel: int) -> Iterator[Optional[List[int]]]:
         except OSError:
             os.close(fd)
             continue
-        cores = allowed[slot * per:(slot + 1) * per]
+        cores = worker_cores(slot, n, allowed) or allowed  # n <= the cores: a slice each
         os.sched_setaffinity(0, cores)
         try:
             yield cores

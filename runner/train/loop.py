@@ -18,7 +18,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipeline
 
 from runner.config.schema import samples_per_step
 from runner.train.optimizers import Schedule, set_learning_rates
-from runner.train.split_step import LossScale, SplitStep
+from runner.train.split_step import LossScale, SplitStep, Unpaused
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -34,15 +34,9 @@ def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: RunnerConfig,
     return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, loss_scale)
 
 
-class _BasePipeline(TrainPipelineBase):
+class _BasePipeline(TrainPipelineBase, Unpaused):
     """TorchRec's unpipelined step (input dist, forward, backward, step in order), pausable like
     the sparse pipeline."""
-
-    def detach(self) -> None:
-        pass
-
-    def attach(self, model: Any) -> None:
-        pass
 
 
 @dataclass

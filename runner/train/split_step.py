@@ -86,7 +86,19 @@ def _ddp(dmp: Any) -> Any:
     return wrapped if hasattr(wrapped, "no_sync") else None
 
 
-class SplitStep:
+class Unpaused:
+    """A step that keeps no hold on the model between calls: the training loop's pause (``detach`` before
+    evaluating or saving outside the step, ``attach`` after) has nothing to do. TorchRec's sparse pipeline
+    has its own."""
+
+    def detach(self) -> None:
+        pass
+
+    def attach(self, model: Any) -> None:
+        pass
+
+
+class SplitStep(Unpaused):
     """``progress(it) -> (loss, logits, labels)`` like TorchRec's pipeline, one optimizer step a call.
 
     Each embedding module must receive the batch's ``sparse_features`` unchanged (true of every model
@@ -106,13 +118,6 @@ class SplitStep:
                               " or fp16 loss scaling")
         self._ddp = _ddp(dmp)
         self._dense = list(optimizer.optimizers[1][1].params.values())  # (name, ClippedOptimizer)
-
-    # The pipeline's interface, so the training loop can pause either the same way.
-    def detach(self) -> None:
-        pass
-
-    def attach(self, model: Any) -> None:
-        pass
 
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = next(it).to(self.device)
