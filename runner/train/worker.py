@@ -9,6 +9,7 @@ cause, not its peers' broken connections).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -221,11 +222,12 @@ def main(argv: list[str]) -> int:
         if run is not None:
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
                 _end_quietly(run, *(("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))))
-        if not isinstance(exc, KeyboardInterrupt):
+        if stop is None:
             raise
-        stopped = signals.stopped(exc)
-        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stopped.name}", file=sys.stderr, flush=True)
-        return stopped.exit_code
+        # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
+        # stopped before this rank breaks its collective)
+        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop}", file=sys.stderr, flush=True)
+        return signals.Stopped(signal.Signals[stop]).exit_code
     run = owned[0] if owned else None
     if run is not None:
         from runner.plan.analysis import draw_plan_chart
