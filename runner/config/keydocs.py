@@ -9,6 +9,8 @@ import inspect
 import typing
 from typing import Any, Dict, List, Tuple
 
+from runner.config.choices import allowed_values, describe
+
 
 def _attribute_docs(cls: type) -> Dict[str, str]:
     """``field -> first sentence-line of the string literal under it`` in ``cls``'s source."""
@@ -43,5 +45,8 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             out.extend(key_docs(kind, f"{prefix}{f.name}."))
         else:
-            out.append((f"{prefix}{f.name}", _default(f), docs.get(f.name, "")))
+            doc, spec = docs.get(f.name, ""), allowed_values(f)
+            if spec is not None:  # the schema's own list (the one validation checks)
+                doc = f"{doc} [{describe(*spec)}]".strip()
+            out.append((f"{prefix}{f.name}", _default(f), doc))
     return out

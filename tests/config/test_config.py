@@ -184,6 +184,15 @@ def test_help_filtered_by_a_word_in_process(capsys: pytest.CaptureFixture) -> No
     assert "  sharding: auto, columnwise, dataparallel, gridshard, rowwise," in out
     keys = out.split("Keys (key = default: what it means):")[1]
     assert "sharding.storage_reserve_percent = 0.15" in keys and "train.steps" not in keys
+    assert _help(["--help", "proposer"])  # a key with allowed values: the schema's own list, as validation has it
+    import dataclasses
+
+    from runner.config.choices import allowed_values
+    from runner.config.schema_model import ShardingSchema
+
+    (field,) = [f for f in dataclasses.fields(ShardingSchema) if f.name == "proposer"]
+    allowed, _ = allowed_values(field)
+    assert "[one of " + ", ".join(allowed) + "]" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.slow
