@@ -19,7 +19,6 @@ from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.events import EventLog
 from runner.track.run_life import RunLife
 from runner.track.sweep import point_name, point_values, sweep_info
 from runner.track.system import start_system_metrics
@@ -140,9 +139,7 @@ class MlflowRun:
         self._chart.join()
         png = self.ctx.run_dir / rundir.PLAN / CHART
         if png.exists():
-            log = EventLog(self.ctx.run_dir / rundir.EVENTS)  # no rank writes to it any more
-            log.artifacts([png], rundir.PLAN)
-            log.close()
+            self._life.report_last([png], rundir.PLAN)
         self._life.deliver()
 
     def describe_plan(self) -> None:

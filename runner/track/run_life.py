@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from runner.runtime import rundir
 from runner.track import store
-from runner.track.events import EventPump
+from runner.track.events import EventLog, EventPump
 from runner.track.sync import end_or_keep
 
 if TYPE_CHECKING:
@@ -59,6 +59,13 @@ class RunLife:
 
         self._thread = threading.Thread(target=loop, args=(self._stop,), name="run-delivery", daemon=True)
         self._thread.start()
+
+    def report_last(self, files: Any, artifact_path: str) -> None:
+        """Files made once every rank has ended (the plan's chart), appended to the run folder's event log as
+        rank 0's last report: they reach the run as the others do (from the folder by ``sync`` in an outage)."""
+        log = EventLog(self.run_dir / rundir.EVENTS)
+        log.artifacts(list(files), artifact_path)
+        log.close()
 
     def end(self, status: str, error: Optional[str] = None) -> bool:
         """Deliver what is left and end the run; False when the store is unreachable and the ending is kept

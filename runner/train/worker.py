@@ -206,18 +206,18 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
-    from runner.track.run_life import torchrun_run
+    from runner.track.run_life import RunLife, torchrun_run
 
-    owned: List[Any] = []  # rank 0's RunLife, once opened
+    run: Optional[RunLife] = None  # rank 0's, once opened
 
     def open_run() -> None:  # with the process group up: if the store refuses, every peer fails at once
+        nonlocal run
         if os.environ.get("RANK") == "0":
-            owned.append(torchrun_run(cfg, path.parent))
+            run = torchrun_run(cfg, path.parent)
 
     try:
         results = _run_guarded(cfg, path.parent, open_run)
     except BaseException as exc:
-        run = owned[0] if owned else None
         stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
         if run is not None:
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
@@ -228,17 +228,13 @@ def main(argv: list[str]) -> int:
         # stopped before this rank breaks its collective)
         print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop}", file=sys.stderr, flush=True)
         return signals.Stopped(signal.Signals[stop]).exit_code
-    run = owned[0] if owned else None
     if run is not None:
         from runner.plan.analysis import draw_plan_chart
-        from runner.track.events import EventLog
         from runner.track.reporter import summary_line
 
         png = draw_plan_chart(path.parent / rundir.PLAN)  # no driver drew it while the ranks trained
         if png is not None:
-            log = EventLog(path.parent / rundir.EVENTS)  # rank 0's last report
-            log.artifacts([png], rundir.PLAN)
-            log.close()
+            run.report_last([png], rundir.PLAN)
         results.update(run_id=run.run_id, tracking_uri=run.uri)
         if not _end_quietly(run, "FINISHED"):
             results["tracking_pending"] = str(path.parent)

@@ -40,6 +40,11 @@ def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None
     assert run.data.tags["runner.world_size"] == "2"
     assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
     assert (tmp_path / "plan" / "plan.json").exists()
+    # the plan's chart, drawn by rank 0's process once the ranks have ended (no driver), reached the run
+    from mlflow import MlflowClient
+
+    charts = [a.path for a in MlflowClient(store).list_artifacts(run.info.run_id, "plan")]
+    assert "plan/plan.png" in charts, charts
 
 
 def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: Path) -> None:
