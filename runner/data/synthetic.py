@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 _TRUTH_SEED = 20240611
 _EVAL_STREAM = 1_000_003
 _SALT = 7919  # per-task offset of the id-weight hash
+CHUNK_BATCHES, CHUNK_SAMPLES = 16, 4096  # one-hot batches drawn together: up to 16, up to 4,096 samples in all
 
 
 def _id_weight(ids: torch.Tensor, table_index: torch.Tensor) -> torch.Tensor:
@@ -54,34 +55,56 @@ class SyntheticClicks:
         self._dense_w = torch.randn(tasks, num_dense, generator=g) / math.sqrt(num_dense)
         self._sizes = torch.tensor(self.num_embeddings, dtype=torch.float64).unsqueeze(1)
         self._table_index = torch.arange(len(self.num_embeddings)).unsqueeze(1)
-        self._lengths = torch.ones(batch_size * len(self.num_embeddings), dtype=torch.int32)
+        tables = len(self.num_embeddings)
+        self._lengths = torch.ones(batch_size * tables, dtype=torch.int32)
+        self._offsets = torch.arange(batch_size * tables + 1, dtype=torch.int32)
+        self._per_key = [batch_size] * tables
+        self._offset_per_key = [batch_size * t for t in range(tables + 1)]
+        self._chunk = max(1, min(CHUNK_BATCHES, CHUNK_SAMPLES // max(batch_size, 1)))
 
     def __len__(self) -> int:
         return max(self.num_batches - self.start_batch, 0)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.ids_per_feature == 1 and not self.variable_lengths:
+            yield from self._one_hot_batches()
+            return
         g = torch.Generator()
         for i in range(self.start_batch, self.num_batches):
             g.manual_seed(self._seed * 1_000_003 + i)
-            yield self._batch(g)
+            dense = torch.randn(self.batch_size, self.num_dense, generator=g)
+            values, lengths, sparse = self._multi_hot(g, self.batch_size, len(self.num_embeddings))
+            kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=values, lengths=lengths)
+            yield Batch(dense_features=dense, sparse_features=kjt, labels=self._labels(g, dense, sparse))
 
-    def _batch(self, g: torch.Generator) -> Batch:
-        b, tables = self.batch_size, len(self.num_embeddings)
-        dense = torch.randn(b, self.num_dense, generator=g)
-        if self.ids_per_feature == 1 and not self.variable_lengths:
-            # one draw per (table, sample), scaled to each table's size: every table at once
-            ids = self._draw(torch.rand(tables, b, generator=g, dtype=torch.float64), self._sizes)
-            sparse = torch.stack([_id_weight(ids, self._table_index + _SALT * k).sum(0)
-                                  for k in range(self.tasks)]) / math.sqrt(tables)
-            values, lengths = ids.reshape(-1), self._lengths
-        else:
-            values, lengths, sparse = self._multi_hot(g, b, tables)
-        score = self._dense_w @ dense.T + sparse * math.sqrt(3.0)  # (tasks, b); unit variance each part
+    def _one_hot_batches(self) -> Iterator[Batch]:
+        """One id per (table, sample): ``_chunk`` batches drawn at once (a few dozen tensor operations per
+        chunk instead of per batch), each chunk from its own seed, so batch ``i`` is still a function of
+        (seed, rank, split, i) alone, wherever a run starts."""
+        b, tables, k = self.batch_size, len(self.num_embeddings), self._chunk
+        g = torch.Generator()
+        for c in range(self.start_batch // k, -(-self.num_batches // k)):
+            g.manual_seed(self._seed * 1_000_003 + c)
+            dense = torch.randn(k, b, self.num_dense, generator=g)
+            # one draw per (batch, table, sample), scaled to each table's size
+            ids = self._draw(torch.rand(k, tables, b, generator=g, dtype=torch.float64), self._sizes)
+            sparse = torch.stack([_id_weight(ids, self._table_index + _SALT * t).sum(1)
+                                  for t in range(self.tasks)], 1) / math.sqrt(tables)  # (k, tasks, b)
+            labels = self._labels(g, dense, sparse)
+            for j in range(max(self.start_batch - c * k, 0), min(k, self.num_batches - c * k)):
+                # lengths and offsets are the same for every batch: given, not computed per batch
+                kjt = KeyedJaggedTensor(keys=self.feature_names, values=ids[j].reshape(-1), lengths=self._lengths,
+                                        offsets=self._offsets, stride=b, length_per_key=self._per_key,
+                                        offset_per_key=self._offset_per_key)
+                yield Batch(dense_features=dense[j], sparse_features=kjt, labels=labels[j])
+
+    def _labels(self, g: torch.Generator, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """Clicks from the hidden model: ``dense`` (..., b, num_dense) and the ids' part ``sparse``
+        (..., tasks, b) give labels (..., b), or (..., b, tasks) for several tasks."""
+        score = self._dense_w @ dense.transpose(-1, -2) + sparse * math.sqrt(3.0)  # unit variance each part
         p = torch.sigmoid(score / self.label_noise)
-        labels = (torch.rand(self.tasks, b, generator=g) < p).float()
-        labels = labels[0] if self.tasks == 1 else labels.T.contiguous()
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=self.feature_names, values=values, lengths=lengths)
-        return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
+        labels = (torch.rand(p.shape, generator=g) < p).float()
+        return labels.select(-2, 0) if self.tasks == 1 else labels.transpose(-1, -2).contiguous()
 
     def _draw(self, u: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Ids from uniforms ``u``: uniform over each table, or power-law (Zipf-like) with the hot ids

@@ -77,10 +77,11 @@ class _Window:
 
     def _reset(self, now: float) -> None:
         self.sums = torch.zeros(1 + self.tasks, dtype=torch.float64, device=self.device)  # loss, then each task's
+        self.losses: List[torch.Tensor] = []  # each step's loss, summed at the window's end (one op per step)
         self.steps, self.start, self.paused = 0, now, 0.0
 
     def add(self, loss: torch.Tensor, task_losses: Optional[torch.Tensor]) -> None:
-        self.sums[0] += loss.detach().float().mean().double()
+        self.losses.append(loss.detach())
         if task_losses is not None:
             self.sums[1:] += task_losses.double()
         self.steps += 1
@@ -93,6 +94,8 @@ class _Window:
         if not self._first or last and self.timed_steps == 0:
             self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + self.steps
         self._first = False
+        if self.losses:
+            self.sums[0] = torch.stack(self.losses).double().sum()  # scalars: backward() takes no other
         means, steps = self.sums / self.steps, self.steps
         self._reset(now)
         return means, steps, elapsed

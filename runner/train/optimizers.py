@@ -67,14 +67,16 @@ def dense_optimizer(model: torch.nn.Module, o: Any) -> KeyedOptimizerWrapper:
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     lr = o.dense_lr * lr_factor(o.dense_schedule, 1, 1)
 
+    fused = True if o.dense_fused else None  # None: torch's own choice (foreach on a GPU, a loop on CPU)
+
     def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         if o.dense == "adam":
-            return torch.optim.Adam(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
+            return torch.optim.Adam(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
         if o.dense == "adamw":
-            return torch.optim.AdamW(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
+            return torch.optim.AdamW(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
         if o.dense == "adagrad":
-            return torch.optim.Adagrad(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay)
-        return torch.optim.SGD(p, lr=lr, momentum=o.dense_momentum, weight_decay=o.dense_weight_decay)
+            return torch.optim.Adagrad(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
+        return torch.optim.SGD(p, lr=lr, momentum=o.dense_momentum, weight_decay=o.dense_weight_decay, fused=fused)
 
     return ClippedOptimizer(params, make, o.clip)
 

@@ -210,6 +210,31 @@ def test_parquet_resume_skips_to_the_same_batches(tmp_path: Path) -> None:
         assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
 
 
+@pytest.mark.parametrize("tasks,multi_hot", [(1, False), (3, False), (1, True)])
+def test_synthetic_batch_i_is_the_same_wherever_a_run_starts(tasks: int, multi_hot: bool) -> None:
+    """One-hot batches are drawn 16 at a time: a run that starts (resumes) or ends inside such a chunk
+    still sees exactly the batches of an uninterrupted run."""
+    from runner.data.synthetic import SyntheticClicks
+
+    def batches(num: int = 40, start: int = 0) -> list:
+        return list(SyntheticClicks(["a", "b", "c"], [1000, 50, 7], 13, 256, num, 3, 1, start_batch=start,
+                                    tasks=tasks, ids_per_feature=2 if multi_hot else 1))
+
+    full, resumed, cut = batches(), batches(start=21), batches(num=23)
+    assert (len(full), len(resumed), len(cut)) == (40, 19, 23)
+    for a, b in [*zip(full[21:], resumed, strict=True), *zip(full, cut, strict=False)]:
+        assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+    assert not torch.equal(full[16].labels, full[17].labels)  # a new batch every step
+    one = full[5]
+    assert one.labels.shape == ((256,) if tasks == 1 else (256, tasks)) and one.dense_features.shape == (256, 13)
+    kjt, width = one.sparse_features, 2 if multi_hot else 1
+    assert kjt.length_per_key() == [256 * width] * 3 and kjt.offset_per_key() == [0, 256 * width, 512 * width,
+                                                                                   768 * width]
+    assert 0 <= int(kjt["c"].values().min()) and int(kjt["c"].values().max()) < 7
+    assert 0.3 < float(torch.stack([b.labels.float().mean() for b in full]).mean()) < 0.7
+
+
 def test_prefetcher_keeps_order_raises_where_the_source_failed_and_stops() -> None:
     import threading
 

@@ -210,9 +210,23 @@ def test_dense_optimizers_and_value_clipping(name: str, cls: type, extra: dict) 
     opt = dense_optimizer(model, o)
     inner = opt._optimizer  # the torch optimizer TorchRec's KeyedOptimizerWrapper holds
     assert type(inner) is cls and all(inner.param_groups[0][k] == v for k, v in extra.items())
+    assert inner.param_groups[0]["fused"] is True  # optimizer.dense_fused's default
     model.weight.grad = torch.full_like(model.weight, 100.0)
     opt.step()
     assert model.weight.grad.abs().max().item() == pytest.approx(0.01)  # clipped before the step
+    # the fused kernel makes the update of torch's default implementation, up to float rounding
+    pair = [torch.nn.Linear(4, 1, bias=False) for _ in range(2)]
+    with torch.no_grad():
+        pair[1].weight.copy_(pair[0].weight)
+    before = pair[0].weight.detach().clone()
+    steps = [dense_optimizer(m, OmegaConf.merge(o, {"dense_fused": f})) for m, f in zip(pair, (True, False))]
+    assert not steps[1]._optimizer.param_groups[0]["fused"]
+    for i in range(3):
+        for m, step in zip(pair, steps):
+            m.weight.grad = torch.linspace(-0.004, 0.005 * (i + 1), 4).reshape(1, 4)  # inside the clip
+            step.step()
+    assert not torch.equal(pair[0].weight, before)
+    torch.testing.assert_close(pair[0].weight, pair[1].weight, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow
