@@ -9,6 +9,8 @@ optimizers:
 - ``plain_bound``: the same loop with each rank bound to its own cores, as the runner binds its workers
   by default (``cluster.cpu_affinity=auto``): shows how much of the difference is core binding;
 - ``runner``: ``python -m runner`` with its defaults (plus any overrides given);
+- ``runner_unfused``: the same with torch's default implementation of the dense optimizer
+  (``optimizer.dense_fused=false``), which the plain loop uses: how much of the difference the fused kernel is;
 - ``runner_parquet``: the same job reading ``--parquet-rows`` rows of Parquet (``mode=write_data``'s copy of
   the synthetic source, written once): the Parquet line, its throughput over the synthetic job's.
 
@@ -33,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = Path(sys.executable)
-SERIES = ("plain", "plain_bound", "runner")
+SERIES = ("plain", "plain_bound", "runner", "runner_unfused")
+UNFUSED = ("optimizer.dense_fused=false",)  # the runner with torch's default dense optimizer, as the plain loop
 
 
 def _run(args: list) -> None:
@@ -82,7 +85,7 @@ def parquet_overrides(folder: Path) -> tuple:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=256, help="per worker")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark.json")
@@ -99,11 +102,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         data = write_parquet(Path(d) / "clicks", args.parquet_rows) if args.parquet_rows else None
         for i in range(args.repeats):
-            for name in series:
+            for name in series[i % len(series):] + series[:i % len(series)]:  # each first in turn
                 tmp = Path(d) / f"{name}{i}"
                 tmp.mkdir()
                 if name.startswith("runner"):
-                    extra = (*args.overrides, *(parquet_overrides(data) if name == "runner_parquet" else ()))
+                    extra = (*args.overrides, *(parquet_overrides(data) if name == "runner_parquet" else ()),
+                             *(UNFUSED if name == "runner_unfused" else ()))
                     rows[name].append(run_runner(args.steps, args.batch, tmp, extra))
                 else:
                     rows[name].append(run_plain(args.steps, args.batch, tmp, name == "plain_bound", warmup))
@@ -120,6 +124,8 @@ def main() -> None:
         "throughput_ratio_runner_over_plain": med["runner"]["samples_per_s"] / med["plain"]["samples_per_s"],
         "throughput_ratio_runner_over_plain_bound":
             med["runner"]["samples_per_s"] / med["plain_bound"]["samples_per_s"],
+        "throughput_ratio_runner_unfused_over_plain_bound":
+            med["runner_unfused"]["samples_per_s"] / med["plain_bound"]["samples_per_s"],
         "startup_ratio_runner_over_plain": med["runner"]["startup_s"] / med["plain"]["startup_s"],
         "repeats_runner_faster_than_plain": pairs_faster,
     }
@@ -143,8 +149,9 @@ def main() -> None:
     print(f"runner / plain: throughput x{summary['throughput_ratio_runner_over_plain']:.3f} "
           f"(faster in {pairs_faster} of {args.repeats} repeats), "
           f"start-up x{summary['startup_ratio_runner_over_plain']:.2f}; "
-          f"runner / plain_bound: throughput x{summary['throughput_ratio_runner_over_plain_bound']:.3f}  "
-          f"(written to {args.out})")
+          f"runner / plain_bound: throughput x{summary['throughput_ratio_runner_over_plain_bound']:.3f} "
+          f"(with torch's default dense optimizer: x{summary['throughput_ratio_runner_unfused_over_plain_bound']:.3f})"
+          f"  (written to {args.out})")
     if data is not None:
         print(f"parquet: runner on {args.parquet_rows} Parquet rows / the same job on synthetic data: throughput "
               f"x{summary['throughput_ratio_parquet_over_synthetic']:.3f} (data.num_workers: the option's)")

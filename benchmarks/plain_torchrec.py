@@ -79,18 +79,23 @@ def main() -> None:
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
     it = iter(data)
     first_step = t_start = None
+    windows, t_window = [], time.perf_counter()  # samples/s of every `--warmup` steps, the first included
     for step in range(1, args.steps + 1):
         pipeline.progress(it)
         if step == 1:
             first_step = time.time()
         if step == args.warmup:
             t_start = time.perf_counter()
+        if step % args.warmup == 0:
+            now = time.perf_counter()
+            windows.append(world * args.batch * args.warmup / (now - t_window))
+            t_window = now
     elapsed = time.perf_counter() - t_start
     if rank == 0:
         types = {t: p.sharding_type for m in plan.plan.values() for t, p in m.items()}
         with open(args.out, "w") as f:
             json.dump({"samples_per_s": world * args.batch * (args.steps - args.warmup) / elapsed,
-                       "first_step_unix": first_step, "sharding_types": types}, f)
+                       "first_step_unix": first_step, "sharding_types": types, "windows": windows}, f)
     dist.destroy_process_group()
 
 

@@ -75,3 +75,14 @@ def bind(cores: List[int]) -> None:
             os.sched_setaffinity(tid, core_set)
         except OSError:  # a thread that ended meanwhile
             pass
+
+
+def idle_priority() -> bool:
+    """Run the calling thread only on cores the workers leave idle (Linux ``SCHED_IDLE``): the driver's
+    side work while its workers train (the plan's chart), which otherwise takes CPU from them. True when
+    set; elsewhere nothing changes."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return True
+    except (AttributeError, OSError):
+        return False
