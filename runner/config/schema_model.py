@@ -163,3 +163,8 @@ class ClusterSchema:
     cpu_affinity: str = one_of("auto", ("auto", "none"))
     """``auto``: bind each CPU worker to its own slice of the host's cores (none when the host has fewer
     cores than workers) | ``none``: let the kernel move workers between cores."""
+    gloo_loop_priority: str = one_of("low", ("low", "normal"))
+    """``low``: each worker's gloo event-loop threads at nice 19. Such a thread polls without sleeping
+    while a peer's data waits for this rank to post its receive, on the cores of the rank's training
+    thread, which it then slows: low, it runs when that thread waits (2 CPU workers: about +20%
+    samples/s, docs/benchmarks.md) | ``normal``: as torch starts them."""

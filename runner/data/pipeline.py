@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from runner.data.sources import source
+from runner.runtime.affinity import lower_gloo_loops
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -29,13 +30,16 @@ AGREE_EVERY = 16  # batches per all-reduce: one collective per step cost a Parqu
 _GROUPS: Dict[str, Any] = {}  # for the process group in "world"
 
 
-def _group(stream: str) -> Any:
+def _group(stream: str, low_loops: bool) -> Any:
     """The gloo group of a stream ("train": the prefetch thread's; "eval": the training thread's), made once
     per process for both, on every rank in the same order. Two groups: a collective of one thread must never
-    meet another thread's on the same group, and an evaluation during training runs beside the prefetch."""
+    meet another thread's on the same group, and an evaluation during training runs beside the prefetch.
+    ``low_loops``: their event loops at low priority too (``cluster.gloo_loop_priority``)."""
     if _GROUPS.get("world") is not dist.group.WORLD:  # first use, or a new process group since
         _GROUPS.update(world=dist.group.WORLD, train=dist.new_group(backend="gloo"),
                        eval=dist.new_group(backend="gloo"))
+        if low_loops:
+            lower_gloo_loops()
     return _GROUPS[stream]
 
 
@@ -47,8 +51,8 @@ class AllRanksIterator:
     one collective per chunk.
     """
 
-    def __init__(self, batches: Any, stream: str, chunk: int = AGREE_EVERY) -> None:
-        self._it, self._group, self._chunk = iter(batches), _group(stream), chunk
+    def __init__(self, batches: Any, stream: str, chunk: int = AGREE_EVERY, low_loops: bool = True) -> None:
+        self._it, self._group, self._chunk = iter(batches), _group(stream, low_loops), chunk
         self._ready: Deque[Batch] = collections.deque()
         self._ended = False
 
@@ -143,7 +147,8 @@ def batches_for(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, firs
     if pin:
         batches = _pinned(batches)
     if cfg.data.name != "synthetic":  # synthetic sources have the same length on every rank; files may not
-        batches = AllRanksIterator(batches, "eval" if eval_split else "train")
+        batches = AllRanksIterator(batches, "eval" if eval_split else "train",
+                                   low_loops=cfg.cluster.gloo_loop_priority == "low")
     if not eval_split and cfg.data.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too
         batches = Prefetcher(batches, cfg.data.prefetch_batches)
     return batches

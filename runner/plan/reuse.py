@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 _SWEEPABLE = {"sharding": ("name", "storage_reserve_percent", "storage_reserve_policy", "proposer", "dp_hbm_bins",
                            "grid_max_proposals", "planner_timeout_s", "plan"),
               "cluster": ("name", "intra_node_bandwidth", "cross_node_bandwidth", "master_addr", "master_port",
-                          "node_rank", "pg_timeout_s", "max_restarts", "start_method", "cpu_affinity", "scheduler")}
+                          "node_rank", "pg_timeout_s", "max_restarts", "start_method", "cpu_affinity", "scheduler",
+                          "gloo_loop_priority")}
 _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
 _MODELS: Dict[str, Any] = {}
 

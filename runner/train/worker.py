@@ -153,6 +153,8 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     check_sparse_optimizer(cfg.optimizer.sparse, device.type)
     torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, cores))
     _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)
+    if cfg.cluster.gloo_loop_priority == "low":
+        affinity.lower_gloo_loops()
     marks["process_group"] = time.time()
     if joined is not None:
         joined()

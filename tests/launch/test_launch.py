@@ -31,6 +31,16 @@ def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess
                           timeout=300)
 
 
+def gloo_loop_nices(run_dir: Path) -> list:
+    """The nice of each rank's gloo event-loop threads (ranks' pids from the run folder)."""
+    found = []
+    for pid_file in sorted((run_dir / "pids").glob("rank*.pid")):
+        task = Path("/proc") / pid_file.read_text().strip() / "task"
+        found += [os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in task.iterdir()
+                  if (t / "comm").read_text().startswith("gloo_tcp_loop")]
+    return found
+
+
 def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
     proc = torchrun_job([f"tracking.uri={store}", "tracking.experiment=torchrun"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -62,6 +72,7 @@ def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: P
             assert time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1.0)
+        assert gloo_loop_nices(tmp_path) == [19, 19]  # cluster.gloo_loop_priority=low, in each training rank
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

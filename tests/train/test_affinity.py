@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from runner.runtime.affinity import host_slot, threads_per_worker, worker_cores
+from runner.runtime.affinity import GLOO_LOOP, host_slot, threads_per_worker, worker_cores
 
 
 def test_each_worker_gets_its_own_slice_of_the_allowed_cores() -> None:
@@ -46,3 +46,27 @@ print(core, seen['early'], seen['late'], sorted(os.sched_getaffinity(0)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
     core = int(out[0])
     assert out[1].strip() == f"[{core}] [{core}] [{core}]"
+
+
+def test_gloo_event_loops_are_lowered_and_nothing_else() -> None:
+    """cluster.gloo_loop_priority=low: every gloo event loop of the process at nice 19, also a later
+    group's; the training thread and gloo's collective threads keep their priority."""
+    code = """
+import os, tempfile, torch.distributed as dist
+from runner.runtime.affinity import lower_gloo_loops
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+first = lower_gloo_loops()
+dist.new_group(backend="gloo")  # a second group: its own event loop, at normal priority until lowered
+before = sorted(os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")
+                if open(f"/proc/self/task/{t}/comm").read().startswith("%s"))
+second = lower_gloo_loops()
+for t in os.listdir("/proc/self/task"):
+    print(open(f"/proc/self/task/{t}/comm").read().strip(), os.getpriority(os.PRIO_PROCESS, int(t)))
+print("counts", first, second, before)
+""" % GLOO_LOOP
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines[-1] == "counts 1 2 [0, 19]"
+    nice = [line.rsplit(" ", 1) for line in lines[:-1]]
+    assert sorted(int(n) for name, n in nice if name == GLOO_LOOP) == [19, 19]
+    assert {int(n) for name, n in nice if name != GLOO_LOOP} == {0}
+    assert any(name == "pt_gloo_runloop" for name, _ in nice)
