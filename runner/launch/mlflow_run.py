@@ -17,7 +17,6 @@ from runner.launch.resume import config_hash
 from runner.launch.slurm import node_run_dir, run_tags
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
-from runner.runtime.affinity import idle_priority
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
 from runner.track.run_life import RunLife
@@ -128,7 +127,7 @@ class MlflowRun:
         about a second: off every rank's path and, while the workers train, off the job's)."""
         folder = self.ctx.run_dir / rundir.PLAN
         if self._chart is None and self.cfg.mode == "train" and (folder / ESTIMATES).exists():
-            self._chart = threading.Thread(target=_draw_idle, args=(folder,), name="plan-chart", daemon=True)
+            self._chart = threading.Thread(target=draw_plan_chart, args=(folder,), name="plan-chart", daemon=True)
             self._chart.start()
 
     def log_chart(self) -> None:
@@ -211,9 +210,3 @@ def _retire(uri: str, old: str, parent: str, new: str) -> None:
     except Exception:  # noqa: BLE001 - the earlier run stays; the new one is recorded all the same
         pass
 
-
-def _draw_idle(folder: Path) -> None:
-    """The plan's chart, drawn on the CPU the workers leave idle: its half second of matplotlib falls in
-    the first seconds of training, on the workers' cores (2 cores: it took 26% of a core for 2.3 s)."""
-    idle_priority()
-    draw_plan_chart(folder)

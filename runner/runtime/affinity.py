@@ -107,13 +107,3 @@ def lower_gloo_loops() -> int:
             continue
     return lowered
 
-
-def idle_priority() -> bool:
-    """Run the calling thread only on cores the workers leave idle (Linux ``SCHED_IDLE``): the driver's
-    side work while its workers train (the plan's chart), which otherwise takes CPU from them. True when
-    set; elsewhere nothing changes."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-        return True
-    except (AttributeError, OSError):
-        return False
