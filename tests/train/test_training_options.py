@@ -219,10 +219,11 @@ def test_dense_optimizers_and_value_clipping(name: str, cls: type, extra: dict) 
     with torch.no_grad():
         pair[1].weight.copy_(pair[0].weight)
     before = pair[0].weight.detach().clone()
-    steps = [dense_optimizer(m, OmegaConf.merge(o, {"dense_fused": f})) for m, f in zip(pair, (True, False))]
+    steps = [dense_optimizer(m, OmegaConf.merge(o, {"dense_fused": fused}))
+             for m, fused in zip(pair, (True, False), strict=True)]
     assert not steps[1]._optimizer.param_groups[0]["fused"]
     for i in range(3):
-        for m, step in zip(pair, steps):
+        for m, step in zip(pair, steps, strict=True):
             m.weight.grad = torch.linspace(-0.004, 0.005 * (i + 1), 4).reshape(1, 4)  # inside the clip
             step.step()
     assert not torch.equal(pair[0].weight, before)
