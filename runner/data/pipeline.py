@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from runner.data.sources import source
-from runner.runtime.affinity import lower_gloo_loops
+from runner.runtime.affinity import gloo_loops, lower_gloo_loops
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -36,10 +36,11 @@ def _group(stream: str, low_loops: bool) -> Any:
     meet another thread's on the same group, and an evaluation during training runs beside the prefetch.
     ``low_loops``: their event loops at low priority too (``cluster.gloo_loop_priority``)."""
     if _GROUPS.get("world") is not dist.group.WORLD:  # first use, or a new process group since
+        loops = len(gloo_loops())
         _GROUPS.update(world=dist.group.WORLD, train=dist.new_group(backend="gloo"),
                        eval=dist.new_group(backend="gloo"))
         if low_loops:
-            lower_gloo_loops()
+            lower_gloo_loops(expect=loops + 2)
     return _GROUPS[stream]
 
 

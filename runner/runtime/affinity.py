@@ -13,6 +13,7 @@ Imported by the agent before torch: nothing here imports torch.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
 if TYPE_CHECKING:
@@ -81,29 +82,42 @@ GLOO_LOOP = "gloo_tcp_loop"  # the thread name gloo gives its TCP event loop (on
 LOW_NICE = 19
 
 
-def lower_gloo_loops() -> int:
+def gloo_loops() -> List[int]:
+    """Thread ids of this process's gloo event loops (by the name each loop gives itself once it runs)."""
+    found = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:  # not Linux
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith(GLOO_LOOP):
+                    found.append(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return found
+
+
+def lower_gloo_loops(expect: int, wait_s: float = 2.0) -> int:
     """Put this process's gloo event-loop threads at nice 19 (``cluster.gloo_loop_priority=low``); how many.
 
     gloo's TCP loop does not sleep while a peer's data waits on a socket for a receive this rank has not
     posted yet: it polls again at once (``epoll_wait`` 150,000-200,000 times a second, 10-20% of a core,
     measured), on the cores of the rank's training thread, and so slows the very rank that is behind. At
     nice 19 it gets the core when the training thread waits on a collective, and little before. Called
-    after each gloo process group is made (each has its own loop); threads made later keep their nice.
+    after each gloo process group is made (each has its own loop; threads made later keep their nice).
+    A new loop names itself once it first runs: wait up to ``wait_s`` until ``expect`` loops are named.
     """
-    lowered = 0
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:  # not Linux
-        return 0
+    deadline = time.monotonic() + wait_s
+    tids = gloo_loops()
+    while len(tids) < expect and time.monotonic() < deadline:
+        time.sleep(0.005)
+        tids = gloo_loops()
     for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith(GLOO_LOOP):
-                    continue
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < LOW_NICE:
-                os.setpriority(os.PRIO_PROCESS, int(tid), LOW_NICE)  # Linux: per thread
-            lowered += 1
+            if os.getpriority(os.PRIO_PROCESS, tid) < LOW_NICE:
+                os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)  # Linux: per thread
         except OSError:  # a thread that ended meanwhile
             continue
-    return lowered
-
+    return len(tids)

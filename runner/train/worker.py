@@ -154,7 +154,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, cores))
     _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)
     if cfg.cluster.gloo_loop_priority == "low":
-        affinity.lower_gloo_loops()
+        affinity.lower_gloo_loops(expect=1 if dist.get_backend() == "gloo" else 0)
     marks["process_group"] = time.time()
     if joined is not None:
         joined()

@@ -52,18 +52,20 @@ def test_gloo_event_loops_are_lowered_and_nothing_else() -> None:
     """cluster.gloo_loop_priority=low: every gloo event loop of the process at nice 19, also a later
     group's; the training thread and gloo's collective threads keep their priority."""
     code = """
-import os, tempfile, torch.distributed as dist
-from runner.runtime.affinity import lower_gloo_loops
+import os, tempfile, time, torch.distributed as dist
+from runner.runtime.affinity import gloo_loops, lower_gloo_loops
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-first = lower_gloo_loops()
+first = lower_gloo_loops(expect=1)
 dist.new_group(backend="gloo")  # a second group: its own event loop, at normal priority until lowered
-before = sorted(os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")
-                if open(f"/proc/self/task/{t}/comm").read().startswith("%s"))
-second = lower_gloo_loops()
+deadline = time.monotonic() + 10
+while len(gloo_loops()) < 2 and time.monotonic() < deadline:  # a new loop names itself once it runs
+    time.sleep(0.005)
+before = sorted(os.getpriority(os.PRIO_PROCESS, t) for t in gloo_loops())
+second = lower_gloo_loops(expect=2)
 for t in os.listdir("/proc/self/task"):
     print(open(f"/proc/self/task/{t}/comm").read().strip(), os.getpriority(os.PRIO_PROCESS, int(t)))
 print("counts", first, second, before)
-""" % GLOO_LOOP
+"""
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert lines[-1] == "counts 1 2 [0, 19]"
     nice = [line.rsplit(" ", 1) for line in lines[:-1]]
