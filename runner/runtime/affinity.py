@@ -67,11 +67,7 @@ def agent_threads(cfg: RunnerConfig) -> int:
 def bind(cores: List[int]) -> None:
     """Bind every thread of this process to ``cores`` (threads started later inherit it)."""
     core_set = set(cores)
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
+    for tid in _thread_ids() or [0]:  # not Linux: this thread
         try:
             os.sched_setaffinity(tid, core_set)
         except OSError:  # a thread that ended meanwhile
@@ -85,18 +81,22 @@ LOW_NICE = 19
 def gloo_loops() -> List[int]:
     """Thread ids of this process's gloo event loops (by the name each loop gives itself once it runs)."""
     found = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:  # not Linux
-        return found
-    for tid in tids:
+    for tid in _thread_ids():
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().startswith(GLOO_LOOP):
-                    found.append(int(tid))
+                    found.append(tid)
         except OSError:  # a thread that ended meanwhile
             continue
     return found
+
+
+def _thread_ids() -> List[int]:
+    """This process's threads (none listed where there is no ``/proc``)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
 
 
 def lower_gloo_loops(expect: int, wait_s: float = 2.0) -> int:
