@@ -110,9 +110,17 @@ class ShardingSchema:
     constraints: Dict[str, Any] = field(default_factory=dict)
     """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
-    proposer: str = one_of("default", ("default", "dynamic_programming", "greedy", "grid_search", "uniform"))
-    """``default`` (TorchRec's: grid search, greedy, uniform) | ``dynamic_programming`` | ``greedy`` |
-    ``grid_search`` | ``uniform``."""
+    proposer: str = one_of("default", ("default", "balanced", "dynamic_programming", "greedy", "grid_search",
+                                       "uniform"))
+    """``default`` (TorchRec's: grid search, greedy, uniform) | ``balanced`` (the runner's search for the plan
+    with the least loaded busiest rank, never worse than its starts; docs/planning.md) |
+    ``dynamic_programming`` | ``greedy`` | ``grid_search`` | ``uniform``."""
+    balanced_budget_s: float = 5.0
+    """Seconds the ``balanced`` proposer's search may take after TorchRec's plans it starts from (> 0)."""
+    balanced_compare: Optional[List[str]] = some_of(("dynamic_programming", "greedy"), null=True)
+    """TorchRec's proposers whose plans the ``balanced`` proposer also starts from and reports (null:
+    ``[dynamic_programming]`` on GPU clusters, none on CPU, where that proposer does not run; ``greedy``
+    takes a minute at 300 tables on 64 GPUs)."""
     dp_hbm_bins: int = 100
     """HBM bins per device of the dynamic-programming proposer (its precision)."""
     grid_max_proposals: int = 10000

@@ -62,10 +62,11 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
     reporter = Reporter(cfg, run_dir, rank=0)
     base = {"mode": "plan", "world_size": world}
     notes: List[str] = []
+    facts: Dict[str, Any] = {}
     progress = PlanProgress()
     try:
         plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes,
-                                                progress=progress)
+                                                progress=progress, facts=facts)
     except NoPlanFits as exc:
         progress.close()
         reporter.plan_infeasible(str(exc))
@@ -75,7 +76,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
         return results
     progress.close()
     reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
-                                    " ".join(notes)))
+                                    " ".join(notes), facts))
     reporter.plan_chart(draw_plan_chart(run_dir / rundir.PLAN))
     reporter.flush()
     m = reporter.plan_metrics
@@ -83,6 +84,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
         **base, "plan_status": "feasible",
         "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
         "max_mem_bytes": m.get("plan/max_mem_bytes"),
+        "lower_bound_ms": m.get("plan/lower_bound_ms"), "gap_to_bound": m.get("plan/gap_to_bound"),
         "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},
     }
     rundir.write_json(run_dir / rundir.RESULTS, results)

@@ -9,6 +9,7 @@ config names. Pure with respect to processes: :func:`build_planner` needs no pro
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
+from runner.plan.balanced import BalancedPlanner, BalancedProposer, balanced_note, compared_metrics, problem_of
+from runner.plan.bound import lower_bound
 from runner.plan.estimators import shard_estimators
 from runner.plan.infeasible import explain
 from runner.plan.plan_file import load_plan
@@ -87,10 +90,23 @@ class PlanEstimates(Stats):
 
     best_plan: List[ShardingOption] = field(default_factory=list)
     world_size: int = 0
+    lower_bound_ms: Optional[float] = None
 
     def log(self, sharding_plan: ShardingPlan, topology: Topology, *args: Any, **kwargs: Any) -> None:
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
         self.world_size = topology.world_size
+        self.lower_bound_ms = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
+
+
+def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
+    """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
+    on the devices ``reservation`` reserved last; None where either is unknown."""
+    space = getattr(enumerator, "last_stored_search_space", None)
+    reserved = getattr(reservation, "_last_reserved_topology", None)
+    if not space or reserved is None:
+        return None
+    found = lower_bound(problem_of(space, reserved)[0])
+    return found if found == found else None
 
 
 class BoundedGridSearchProposer(GridSearchProposer):
@@ -123,6 +139,16 @@ def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
                               "another proposer on CPU workers (it bins HBM, which they do not have)")
         return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins),
                                 world_size)
+    if sharding.proposer == "balanced":
+        compare = sharding.balanced_compare
+        if compare is None:
+            compare = ["dynamic_programming"] if device_type == "cuda" else []
+        if device_type != "cuda" and "dynamic_programming" in compare:
+            raise ConfigError("sharding.balanced_compare", list(compare),
+                              "[] or [greedy] on CPU workers (the dynamic-programming proposer bins HBM)")
+        if not sharding.balanced_budget_s > 0:
+            raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
+        return BalancedProposer(float(sharding.balanced_budget_s), list(compare))
     if sharding.proposer == "greedy":
         return [GreedyProposer(), GreedyProposer(use_depth=False)]
     if sharding.proposer == "grid_search":
@@ -154,12 +180,17 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
         enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, local_world_size, device_type, batch), **kwargs)
     else:
         enumerator = EmbeddingEnumerator(**kwargs)
-    return SearchLoopPlanner(
+    proposer = build_proposer(cfg.sharding, device_type, world_size)
+    planner_class: Any = SearchLoopPlanner
+    if isinstance(proposer, BalancedProposer):
+        planner_class = functools.partial(BalancedPlanner, balanced=proposer, dp_hbm_bins=cfg.sharding.dp_hbm_bins)
+        proposer = None  # the planner's own loop: TorchRec's default list is never run
+    return planner_class(
         topology=topology,
         batch_size=batch,
         enumerator=enumerator,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
-        proposer=build_proposer(cfg.sharding, device_type, world_size),
+        proposer=proposer,
         constraints=constraints,
         stats=[estimates] if estimates is not None else None,
         debug=False,
@@ -239,13 +270,17 @@ def _greedy_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, de
 
 def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-               progress: Optional[Progress] = None) -> Any:
+               facts: Dict[str, Any], progress: Optional[Progress] = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
     try:
         planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap,
                                 progress=progress)
-        return planner.plan(model, sharders)
+        plan = planner.plan(model, sharders)
+        if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
+            facts["compared"] = compared_metrics(planner.balanced.facts)
+            notes.append(balanced_note(planner.balanced.facts))
+        return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))
     except Exception as exc:  # PlannerError and the planner's assertions
@@ -264,12 +299,15 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
               pg: Any = None, reuse: bool = False,
               hbm_cap: Optional[int] = None,
               notes: Optional[List[str]] = None,
-              progress: Optional[Progress] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              progress: Optional[Progress] = None,
+              facts: Optional[Dict[str, Any]] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
-    by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs.
+    by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
+    (rank 0's) gets ``lower_bound_ms`` (:mod:`.bound`) and, for the balanced proposer, ``compared``: the
+    ratings of TorchRec's plans it started from (:func:`.balanced.compared_metrics`).
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -284,8 +322,10 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
+        found: Dict[str, Any] = facts if facts is not None else {}
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                               notes if notes is not None else [], progress)
+                               notes if notes is not None else [], found, progress)
+        found["lower_bound_ms"] = estimates.lower_bound_ms
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
@@ -70,10 +70,33 @@ def plan_description(folder: Path) -> str:
     return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)
 
 
+def bound_metrics(est_step_ms: Optional[float], facts: Optional[Dict[str, Any]]) -> Dict[str, float]:
+    """``plan/lower_bound_ms`` (:mod:`.bound`) and ``plan/gap_to_bound`` (estimated step / bound - 1), with
+    the ratings of TorchRec's plans the balanced proposer compared (``facts`` from ``make_plan``)."""
+    facts = facts or {}
+    m: Dict[str, float] = dict(facts.get("compared") or {})
+    bound = facts.get("lower_bound_ms")
+    if bound:
+        m["plan/lower_bound_ms"] = float(bound)
+        if est_step_ms is not None:
+            m["plan/gap_to_bound"] = est_step_ms / bound - 1
+    return m
+
+
+def bound_text(metrics: Dict[str, float]) -> str:
+    """``lower bound 11.416 ms (+0.98%)`` for the summary and report lines; empty without a bound."""
+    if "plan/lower_bound_ms" not in metrics:
+        return ""
+    gap = metrics.get("plan/gap_to_bound")
+    return f"lower bound {metrics['plan/lower_bound_ms']:.3f} ms" + (f" (gap {gap:+.2%})" if gap is not None else "")
+
+
 def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
-                      out: Path, seconds: float, note: str = "") -> PlanReport:
+                      out: Path, seconds: float, note: str = "",
+                      facts: Optional[Dict[str, Any]] = None) -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``;
-    ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``)."""
+    ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``);
+    ``facts``: what ``make_plan`` found beside the plan (its lower bound, TorchRec's ratings compared)."""
     out.mkdir(parents=True, exist_ok=True)
     specs = table_specs(cfg.model)
     plan_dict = plan_to_dict(plan, specs)
@@ -85,6 +108,8 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type)}
+    metrics.update(bound_metrics(metrics.get("plan/est_step_ms"), facts))
+    bound = bound_text(metrics)
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
@@ -93,17 +118,22 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan)})  # whole: the driver reads it
     (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
+                                   + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
+                                      if bound else "")
                                    + (f"\nNote: {note}.\n" if note else ""))
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
         head += (f"; estimated step {metrics['plan/est_step_ms']:.3f} ms, "
-                 f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank")
+                 f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank"
+                 + (f", {bound}" if bound else ""))
     if note:
         head += f"\n[runner] note: {note}"
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
+            "runner.plan_source": "runner" if cfg.sharding.proposer == "balanced" and "kept TorchRec's" not in note
+            else "torchrec",
             **({"runner.plan_note": note} if note else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 

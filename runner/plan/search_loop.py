@@ -96,7 +96,12 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                 message=f"the dynamic-programming proposer's {self._num_proposals} proposals found no plan "
                         f"({proposer.skipped_unplaceable} held a shard no device can hold)")
-        options, ranks = best
+        return self._finish(module, sharders, *best, start_time)
+
+    def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
+                start_time: float) -> ShardingPlan:
+        """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once; callbacks,
+        ``to_sharding_plan`` and stats as TorchRec's loop calls them."""
         for option, option_ranks in zip(options, ranks, strict=True):
             for shard, rank in zip(option.shards, option_ranks, strict=True):
                 shard.rank = rank

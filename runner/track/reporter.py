@@ -196,6 +196,8 @@ def summary_line(results: Dict[str, Any]) -> str:
         types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
         est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
                f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
+        if results.get("lower_bound_ms") and results.get("gap_to_bound") is not None:
+            est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
         return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
                 f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; {view}")
     return (

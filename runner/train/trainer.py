@@ -50,8 +50,10 @@ class Trainer:
         autocast_forward(model, self.device.type, cfg.precision.autocast)
         apply_sparse_optimizer(model, cfg.optimizer)
         notes: List[str] = []
+        facts: Dict[str, Any] = {}
         plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
-                                                       dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes)
+                                                       dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
+                                                       facts=facts)
         self.marks["planned"] = time.time()
         # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
         wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
@@ -60,7 +62,7 @@ class Trainer:
         types: List[str] = []
         if self.reporter.active:
             report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
-                                       self.run_dir / rundir.PLAN, seconds, " ".join(notes))
+                                       self.run_dir / rundir.PLAN, seconds, " ".join(notes), facts)
             self.reporter.plan(report)
             types = sorted(report.tags["runner.sharding_types"].split(","))
         return dmp, combined_optimizer(dmp, cfg.optimizer), types

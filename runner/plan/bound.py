@@ -1,0 +1,102 @@
+"""A lower bound on the estimated step of any valid plan: how far a plan can be from the best.
+
+The estimated step of a plan is TorchRec's rating: its busiest rank's summed shard perf. Every valid plan
+picks one sharding option per table, so, with the options TorchRec's enumerator gave (only those whose
+every shard fits on some device after the reservation):
+
+- **simple**: the larger of (a) the sum over tables of their cheapest option's total perf, divided by the
+  ranks (the busiest rank carries at least the mean), and (b) the largest, over tables, of their cheapest
+  largest-shard perf (some rank holds that shard);
+- **LP**: the linear-programming relaxation of the same choice with the storage limits: fractions
+  ``x[t, o]`` of each table's options summing to one, ``T`` at least the mean rank's perf and at least each
+  table's largest shard, the chosen options' storage of each kind within all devices' capacity together,
+  and the uniform (row-wise, data-parallel) shards within each device's capacity. Every valid plan is a
+  0/1 point of it, so its optimum (SciPy's HiGHS) is at most any plan's rating; it is taken a hair lower
+  (:data:`LP_MARGIN`) so that the solver's tolerance cannot lift it above one.
+
+:func:`lower_bound` gives the larger of the two. docs/planning.md defines them for users.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from runner.plan.balance import UNIFORM, Problem
+
+LP_MARGIN = 1e-6  # relative: HiGHS's feasibility tolerance is 1e-7
+
+
+def _placeable(problem: Problem) -> List[List[int]]:
+    cap = problem.capacity.max(0)
+    return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
+
+
+def simple_bound(problem: Problem) -> float:
+    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options."""
+    kept = _placeable(problem)
+    if any(not k for k in kept):
+        return float("nan")
+    total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
+    largest = max(min(problem.tables[t][o].perf.max(initial=0.0) for o in k) for t, k in enumerate(kept))
+    return max(total / problem.world, largest)
+
+
+def lp_bound(problem: Problem) -> float:
+    """The LP relaxation's optimum (see the module doc), or nan where the solver gives none."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    kept = _placeable(problem)
+    if any(not k for k in kept):
+        return float("nan")
+    cols = [(t, o) for t, k in enumerate(kept) for o in k]
+    n, tables, w = len(cols) + 1, len(problem.tables), problem.world  # the last column is T
+    kinds = problem.capacity.shape[1]
+    rows: List[int] = []
+    data: List[float] = []
+    col_of: List[int] = []
+    b: List[float] = []
+    eq_rows, eq_cols = [t for t, _ in cols], list(range(len(cols)))
+
+    def row(entries: Dict[int, float], rhs: float) -> None:
+        r = len(b)
+        for c, v in entries.items():
+            rows.append(r)
+            col_of.append(c)
+            data.append(v)
+        b.append(rhs)
+
+    choices = [problem.tables[t][o] for t, o in cols]
+    row({**{i: float(c.perf.sum()) for i, c in enumerate(choices)}, n - 1: -float(w)}, 0.0)
+    for t in range(tables):
+        row({**{i: float(choices[i].perf.max(initial=0.0)) for i, (tt, _) in enumerate(cols) if tt == t},
+             n - 1: -1.0}, 0.0)
+    scale = np.maximum(problem.capacity.sum(0).astype(float), 1.0)
+    for k in range(kinds):
+        row({i: float(c.mem[:, k].sum()) / scale[k] for i, c in enumerate(choices)}, 1.0)
+    uniform = [i for i, c in enumerate(choices) if c.kind == UNIFORM and len(c.mem) == w]
+    if uniform:
+        # the uniform shards' storage per device: one row per distinct (device, kind) where they could bind
+        per_device = np.stack([choices[i].mem for i in uniform])  # (options, world, kinds)
+        for k in range(kinds):
+            cap = problem.capacity[:, k].astype(float)
+            for d in np.unique(np.argmax(per_device[:, :, k] / np.maximum(cap, 1.0), axis=1)):
+                row({i: float(choices[i].mem[d, k]) / max(cap[d], 1.0) for i in uniform}, 1.0)
+    a_ub = coo_matrix((data, (rows, col_of)), shape=(len(b), n)).tocsr()
+    a_eq = coo_matrix((np.ones(len(cols)), (eq_rows, eq_cols)), shape=(tables, n)).tocsr()
+    cost = np.zeros(n)
+    cost[-1] = 1.0
+    found = linprog(cost, A_ub=a_ub, b_ub=np.array(b), A_eq=a_eq, b_eq=np.ones(tables),
+                    bounds=[(0.0, 1.0)] * (n - 1) + [(0.0, None)], method="highs")
+    if found.status != 0:
+        return float("nan")
+    return float(found.fun) * (1 - LP_MARGIN)
+
+
+def lower_bound(problem: Problem) -> float:
+    """The larger of :func:`simple_bound` and :func:`lp_bound` (nan where no option of a table fits)."""
+    simple = simple_bound(problem)
+    lp = lp_bound(problem)
+    return simple if lp != lp else max(simple, lp)

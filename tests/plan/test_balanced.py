@@ -1,0 +1,206 @@
+"""The balanced proposer: the optimum on tiny cases (solved exhaustively), only valid plans, never worse than
+TorchRec's proposers, a lower bound never above a plan, and a bandwidth study whose points agree."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+import pytest
+from conftest import cfg_for
+
+from runner.plan import balanced
+from runner.plan.balance import (DEVICE, HOST, HOST_UNIFORM, MULTI_HOST, UNIFORM, Choice, Problem, Solution, rating,
+                                 valid)
+from runner.plan.balanced import problem_of, search, solution_of
+from runner.plan.bound import lower_bound, simple_bound
+from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
+from runner.plan.sharders import sharders_for
+from runner.plan.topology import dense_bytes
+from runner.train.models import planning_model
+
+GIB = 2**30
+
+
+def _random_problem(rng: random.Random) -> Problem:
+    """Up to 6 tables on up to 4 ranks, with the option kinds TorchRec enumerates and tight memory."""
+    world = rng.choice([2, 3, 4])
+    local = rng.choice([d for d in (1, 2, world) if world % d == 0])
+    tables = []
+    for _ in range(rng.randint(1, 6)):
+        base, size = rng.uniform(0.5, 6.0), rng.randint(1, 8) * GIB // 4
+        options = [Choice(DEVICE, np.array([base]), np.array([[size, 0, 0]]))]
+        if rng.random() < 0.6:  # column-wise: two halves, a little dearer
+            options.append(Choice(DEVICE, np.full(2, base * rng.uniform(0.5, 0.6)), np.array([[size // 2, 0, 0]] * 2)))
+        if rng.random() < 0.6:  # row-wise on every rank
+            options.append(Choice(UNIFORM, np.full(world, base * rng.uniform(1.0, 2.0) / world),
+                                  np.array([[size // world + GIB // 64, 0, 0]] * world)))
+        if rng.random() < 0.5:  # table-row-wise within a host
+            options.append(Choice(HOST_UNIFORM, np.full(local, base * rng.uniform(1.0, 1.5) / local),
+                                  np.array([[size // local + GIB // 64, 0, 0]] * local)))
+        if rng.random() < 0.3:  # table-column-wise: two shards within a host
+            options.append(Choice(HOST, np.full(2, base * 0.55), np.array([[size // 2, 0, 0]] * 2)))
+        if rng.random() < 0.3:  # data-parallel: cheap, whole table everywhere
+            options.append(Choice(UNIFORM, np.full(world, base * rng.uniform(0.1, 0.5)), np.array([[size, 0, 0]] * world)))
+        if rng.random() < 0.2 and world // local >= 2:  # a grid over two hosts
+            options.append(Choice(MULTI_HOST, np.full(2 * local, base * 0.6 / local),
+                                  np.array([[size // (2 * local), 0, 0]] * (2 * local))))
+        rng.shuffle(options)
+        tables.append(options)
+    total = sum(min(int(c.mem[:, 0].sum()) for c in options) for options in tables)
+    cap = int(total / world * rng.uniform(1.05, 2.5)) + GIB // 8
+    return Problem(tables, np.array([[cap, 0, 0]] * world, dtype=np.int64), local)
+
+
+def _placements(problem: Problem, c: Choice) -> Iterator[np.ndarray]:
+    w, local = problem.world, problem.local
+    hosts, k = w // local, len(c.perf)
+    if c.kind == UNIFORM:
+        yield np.arange(w)
+    elif c.kind == DEVICE:
+        yield from (np.array(r) for r in itertools.product(range(w), repeat=k))
+    elif c.kind == HOST_UNIFORM:
+        yield from (h * local + np.arange(local) for h in range(hosts))
+    elif c.kind == HOST:
+        for h in range(hosts):
+            yield from (h * local + np.array(r) for r in itertools.product(range(local), repeat=k))
+    else:
+        for hs in itertools.permutations(range(hosts), k // local):
+            yield np.concatenate([h * local + np.arange(local) for h in hs])
+
+
+def _optimum(problem: Problem, start: float) -> Tuple[float, Optional[Solution]]:
+    """Every option and placement of every table (depth first, cut where the busiest rank or the mean is
+    already no better than the best): the least rating of a valid plan, and one such plan."""
+    order = sorted(range(len(problem.tables)), key=lambda t: -max(c.perf.max() for c in problem.tables[t]))
+    rest = [sum(min(c.perf.sum() for c in problem.tables[t]) for t in order[i:]) for i in range(len(order) + 1)]
+    best: List = [start * (1 - 1e-9), None]  # only a strictly better plan is recorded
+    load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
+    picks, ranks = [0] * len(order), [np.empty(0, dtype=np.int64)] * len(order)
+
+    def go(i: int) -> None:
+        if max(load.max(), (load.sum() + rest[i]) / problem.world) >= best[0]:
+            return
+        if i == len(order):
+            best[:] = [load.max(), Solution(list(picks), [r.copy() for r in ranks])]
+            return
+        t = order[i]
+        for o, c in enumerate(problem.tables[t]):
+            for r in _placements(problem, c):
+                np.add.at(used, r, c.mem)
+                if (used <= problem.capacity).all():
+                    np.add.at(load, r, c.perf)
+                    picks[t], ranks[t] = o, r
+                    go(i + 1)
+                    np.subtract.at(load, r, c.perf)
+                np.subtract.at(used, r, c.mem)
+
+    go(0)
+    return best[0], best[1]
+
+
+def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
+    found = solved = 0
+    missed = []
+    for seed in range(100):
+        problem = _random_problem(random.Random(seed))
+        try:
+            ours, _ = search(problem, {}, 1.0)
+        except ValueError:  # no start fits: a miss where some plan does
+            optimum, plan = _optimum(problem, float("inf"))
+            solved += plan is not None
+            if plan is not None:
+                missed.append(seed)
+            continue
+        assert valid(problem, ours) is None, (seed, valid(problem, ours))
+        mine = rating(problem, ours)
+        optimum, better = _optimum(problem, mine)
+        assert better is None or valid(problem, better) is None
+        solved += 1
+        found += better is None  # nothing strictly better than ours exists
+        if better is not None:
+            missed.append(seed)
+        bound = lower_bound(problem)
+        assert bound <= (mine if better is None else optimum) * (1 + 1e-9), seed
+        assert simple_bound(problem) <= bound * (1 + 1e-5), seed
+    assert solved >= 90 and found >= 0.95 * solved, (found, solved, missed)
+
+
+BASE = ["model=dnn_many", "cluster=gpu_2x8", "train.batch_size=512", "sharding.compute_kernels=[fused,dense]",
+        "sharding.proposer=balanced", "sharding.balanced_budget_s=2"]
+
+
+def _rated(cfg, proposer: str) -> Optional[float]:
+    """The rating of TorchRec's own planner with ``proposer`` on the same inputs (None: no plan)."""
+    model = planning_model(cfg)
+    estimates = PlanEstimates()
+    other = cfg.copy()
+    other.sharding.proposer = proposer
+    try:
+        torchrec_planner(other, 16, 8, "cuda", estimates, dense_bytes(model)).plan(model, sharders_for(cfg.precision))
+    except Exception:  # noqa: BLE001 - TorchRec found no plan
+        return None
+    totals = [0.0] * 16
+    for option in estimates.best_plan:
+        for shard in option.shards:
+            totals[shard.rank] += shard.perf.total
+    return max(totals)
+
+
+@pytest.mark.parametrize("point", [("12", "1.0", "0.3"), ("20", "12.5", "0.15"), ("8", "3", "0.6"),
+                                   ("16", "50", "0.45")])
+def test_never_worse_than_torchrec_and_valid(point: Tuple[str, str, str]) -> None:
+    tables, bandwidth, reserve = point
+    cfg = cfg_for(*BASE, f"model.generated_tables.count={tables}", f"cluster.cross_node_bandwidth={bandwidth}",
+                  f"sharding.storage_reserve_percent={reserve}", "sharding.balanced_compare=[]")
+    model = planning_model(cfg)
+    notes, facts = [], {}
+    plan, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", notes=notes, facts=facts)
+    planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model))
+    reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
+                                                    module=model, sharders=sharders_for(cfg.precision),
+                                                    constraints=planner._constraints)
+    problem, options = problem_of(planner._enumerator.enumerate(model, sharders_for(cfg.precision)), reserved)
+    ours = solution_of(options, {o.fqn: (o.sharding_type, o.compute_kernel, tuple(s.rank for s in o.shards))
+                                 for o in best})
+    assert ours is not None and valid(problem, ours) is None
+    mine = rating(problem, ours)
+    for proposer in ("dynamic_programming", "greedy"):
+        theirs = _rated(cfg, proposer)
+        assert theirs is None or mine <= theirs * (1 + 1e-9), (proposer, mine, theirs)
+    assert facts["lower_bound_ms"] <= mine * (1 + 1e-9)
+    assert "not a TorchRec proposer's" in notes[0] or "kept TorchRec's" in notes[0]
+    placed = {name: p for module in plan.plan.values() for name, p in module.items()}
+    assert len(placed) == int(tables)  # every table in the ShardingPlan DMP gets, with its chosen type and ranks
+    for o in best:
+        assert placed[o.name].sharding_type == o.sharding_type
+        assert [s.placement.rank() for s in placed[o.name].sharding_spec.shards] == [s.rank for s in o.shards]
+
+
+def test_a_bandwidth_study_is_monotone_and_its_points_agree() -> None:
+    balanced._POOL.clear()
+    points = {}
+    for bandwidth in ("1", "3", "12.5", "25"):  # each point hands its plan to the later ones
+        cfg = cfg_for(*BASE, "model.generated_tables.count=24", f"cluster.cross_node_bandwidth={bandwidth}",
+                      "sharding.storage_reserve_percent=0.3")
+        model = planning_model(cfg)
+        _, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", reuse=True)
+        planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model), reuse=True)
+        reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
+                                                        module=model, sharders=sharders_for(cfg.precision),
+                                                        constraints=planner._constraints)
+        problem, options = problem_of(planner._enumerator.enumerate(model, sharders_for(cfg.precision)), reserved)
+        plan = {o.fqn: (o.sharding_type, o.compute_kernel, tuple(s.rank for s in o.shards)) for o in best}
+        points[float(bandwidth)] = (problem, options, plan)
+    rated = {b: rating(p, solution_of(o, plan)) for b, (p, o, plan) in points.items()}
+    ordered = [rated[b] for b in sorted(rated)]
+    assert all(a >= b for a, b in zip(ordered, ordered[1:], strict=False)), rated  # more bandwidth, never slower
+    for here, (problem, options, _) in points.items():
+        for there, (_, _, plan) in points.items():
+            if there > here:
+                continue  # planned after this point
+            other = solution_of(options, plan)
+            if other is not None and valid(problem, other) is None:
+                assert rated[here] <= rating(problem, other) * (1 + 1e-9), (here, there)
