@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -77,7 +77,27 @@ def _plan(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
     from runner.train.models import planning_model
 
     run.open()
-    return plan_only(cfg, run.ctx.run_dir, reused_model(cfg, planning_model))
+    return plan_only(cfg, run.ctx.run_dir, reused_model(cfg, planning_model), _sweep_choices())
+
+
+def _sweep_choices() -> Any:
+    """This point's share of a sweep planned together (:mod:`runner.plan.sweep_plans`), or None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.plan.sweep_plans import choices_for
+
+    return choices_for(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
+
+
+def plan_sweep_together(points: List[Tuple[List[str], Any]]) -> None:
+    """Pass 1 of a grid sweep of balanced plan-only points (:func:`runner.plan.sweep_plans.plan_together`),
+    before Hydra launches its jobs; nothing for any other sweep."""
+    from runner.plan.reuse import reused_model
+    from runner.plan.sweep_plans import applies, plan_together
+    from runner.train.models import planning_model
+
+    if applies([cfg for _, cfg in points]):
+        plan_together(points, lambda cfg: reused_model(cfg, planning_model))
 
 
 def _train(cfg: RunnerConfig, run: MlflowRun) -> Optional[Dict[str, Any]]:

@@ -88,6 +88,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         except Exception as exc:  # noqa: BLE001
             return first_line(exc), []
         combos = combinations(values)
+        _GRID[:] = [values, config_name] if multirun and len(combos) > 1 else []
         error = _check_combos(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
         if error:
@@ -139,6 +140,30 @@ def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader
 
 
 _CHECKED: Set[Tuple[str, ...]] = set()  # the override combinations validated in this process
+_GRID: List[Any] = []  # the last pre-check's sweep: its values per override and its config name
+
+
+def grid_points(limit: int = 1000) -> List[Tuple[List[str], Any]]:
+    """Every point of the grid sweep the last pre-check checked (its overrides, its config composed), in
+    Hydra's order; empty for a single run or above ``limit`` points. Points differing from the first only in
+    values are derived from its config (:func:`_from_first`)."""
+    import itertools
+
+    from hydra import compose
+
+    if not _GRID or math.prod(len(v) for v in _GRID[0]) > limit:
+        return []
+    values, config_name = _GRID
+    out: List[Tuple[List[str], Any]] = []
+    with hydra_conf() as loader:
+        first: Optional[Tuple[List[str], Any]] = None
+        for combo in itertools.product(*values):
+            cfg = _from_first(first, list(combo), loader)
+            if cfg is None:
+                cfg = compose(config_name=config_name or "config", overrides=list(combo))
+                first = first or (list(combo), cfg)
+            out.append((list(combo), cfg))
+    return out
 
 
 def checked(overrides: List[str]) -> bool:

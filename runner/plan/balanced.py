@@ -79,6 +79,9 @@ class BalancedProposer:
     budget_s: float
     compare: List[str]
     facts: Dict[str, Any] = field(default_factory=dict)
+    choose_from: Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]] = None
+    """A sweep planned together (:mod:`.sweep_plans`): its plans, of which the best valid here is taken
+    instead of a search, and what this point compared when it was planned."""
 
 
 def _kind(option: ShardingOption) -> Optional[int]:
@@ -242,6 +245,10 @@ class BalancedPlanner(SearchLoopPlanner):
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="a table has no sharding option whose every shard fits on a device")
+        if self.balanced.choose_from is not None:
+            chosen = self._choose(problem, table_options)
+            if chosen is not None:
+                return self._done(module, sharders, problem, table_options, reserved, *chosen, start_time)
         facts: Dict[str, Any] = {"torchrec": {}}
         starts: Dict[str, Solution] = {}
         for name in self.balanced.compare:
@@ -258,13 +265,38 @@ class BalancedPlanner(SearchLoopPlanner):
         except ValueError:
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="the balanced search found no placement that fits") from None
+        facts.update(found_facts, pooled=sum(k.startswith("point_") for k in starts))
+        return self._done(module, sharders, problem, table_options, reserved, solution, facts, start_time)
+
+    def _choose(self, problem: Problem, table_options: List[List[ShardingOption]]
+                ) -> Optional[Tuple[Solution, Dict[str, Any]]]:
+        """The best, rated here, of the sweep's plans that are valid here (ties: the first); None where none is."""
+        assert self.balanced.choose_from is not None
+        plans, known = self.balanced.choose_from
+        best: Optional[Tuple[float, Solution]] = None
+        count = 0
+        for plan in plans:
+            solution = solution_of(table_options, {k: (v[0], v[1], tuple(v[2])) for k, v in plan.items()})
+            if solution is None or valid(problem, solution) is not None:
+                continue
+            count += 1
+            r = rating(problem, solution)
+            if best is None or r < best[0]:
+                best = (r, solution)
+        if best is None:
+            return None
+        facts = {"torchrec": dict(known.get("torchrec", {})), "winner": "sweep", "optimal": False, "pooled": 0,
+                 "starts": {"sweep": {"rating": best[0], "improved": best[0], "changed": True}}, "chosen_of": count}
+        return best[1], facts
+
+    def _done(self, module: nn.Module, sharders: List[Any], problem: Problem, table_options: List[List[ShardingOption]],
+              reserved: Topology, solution: Solution, facts: Dict[str, Any], start_time: float) -> ShardingPlan:
         problem_check = valid(problem, solution)
         assert problem_check is None, f"the balanced search's plan is not valid: {problem_check}"
         remember(problem, table_options, solution)
         options = [options[o] for options, o in zip(table_options, solution.picks, strict=True)]
         ranks = [r.tolist() for r in solution.ranks]
-        facts.update(found_facts, rating=self._torchrec_rating(options, ranks, reserved, rating(problem, solution)),
-                     pooled=sum(k.startswith("point_") for k in starts))
+        facts["rating"] = self._torchrec_rating(options, ranks, reserved, rating(problem, solution))
         self.balanced.facts = facts
         self._counts.update(best=facts["rating"], seconds=time.perf_counter() - start_time)
         self._report()
@@ -331,6 +363,11 @@ class BalancedPlanner(SearchLoopPlanner):
         return None if best is None else (best[1], best[2])
 
 
+def entries_of(best_plan: List[ShardingOption]) -> PlanEntries:
+    """A planner's chosen options (with their shards' ranks) as table -> (sharding type, kernel, ranks)."""
+    return {o.fqn: (*_signature(o), tuple(int(s.rank) for s in o.shards)) for o in best_plan}
+
+
 def compared_metrics(facts: Dict[str, Any]) -> Dict[str, float]:
     """``plan/torchrec_<proposer>_ms``: the rating of TorchRec's plan for each proposer compared (where it
     found one)."""
@@ -343,6 +380,10 @@ def balanced_note(facts: Dict[str, Any]) -> str:
     winner = facts["winner"]
     compared = "; ".join(f"TorchRec's {name}: " + ("no plan" if r is None else f"{r:.3f} ms")
                          for name, r in facts.get("torchrec", {}).items())
+    if winner == "sweep":
+        return (f"sharding.proposer=balanced: the best, rated here, of the {facts['chosen_of']} plans this sweep's "
+                f"points found when planned together, estimated step {facts['rating']:.3f} ms"
+                + (f" ({compared})" if compared else ""))
     if winner.startswith("torchrec_") and not starts[winner]["changed"]:
         return (f"sharding.proposer=balanced kept TorchRec's {winner[len('torchrec_'):]} plan: no move lowered its "
                 f"busiest rank ({facts['rating']:.3f} ms)")

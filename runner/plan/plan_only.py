@@ -48,9 +48,9 @@ class PlanProgress:
             print(flush=True)
 
 
-def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
+def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = None) -> Dict[str, Any]:
     """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
-    the results."""
+    the results. ``choose_from``: the plans of a sweep planned together (:mod:`.sweep_plans`)."""
     from runner.plan.analysis import draw_plan_chart
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
@@ -66,7 +66,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any) -> Dict[str, Any]:
     progress = PlanProgress()
     try:
         plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes,
-                                                progress=progress, facts=facts)
+                                                progress=progress, facts=facts, choose_from=choose_from)
     except NoPlanFits as exc:
         progress.close()
         reporter.plan_infeasible(str(exc))

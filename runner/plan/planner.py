@@ -162,12 +162,13 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
-                  progress: Optional[Progress] = None) -> EmbeddingShardingPlanner:
+                  progress: Optional[Progress] = None, choose_from: Any = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
     ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`);
     ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
     already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
-    with the search's counts while it runs (:class:`.search_loop.SearchLoopPlanner`)."""
+    with the search's counts while it runs (:class:`.search_loop.SearchLoopPlanner`); ``choose_from``: a
+    sweep's plans for the balanced proposer to choose from (:mod:`.sweep_plans`)."""
     topology = build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap)
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
@@ -183,6 +184,7 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     proposer = build_proposer(cfg.sharding, device_type, world_size)
     planner_class: Any = SearchLoopPlanner
     if isinstance(proposer, BalancedProposer):
+        proposer.choose_from = choose_from
         planner_class = functools.partial(BalancedPlanner, balanced=proposer, dp_hbm_bins=cfg.sharding.dp_hbm_bins)
         proposer = None  # the planner's own loop: TorchRec's default list is never run
     return planner_class(
@@ -270,15 +272,16 @@ def _greedy_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, de
 
 def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-               facts: Dict[str, Any], progress: Optional[Progress] = None) -> Any:
+               facts: Dict[str, Any], progress: Optional[Progress] = None, choose_from: Any = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
     try:
         planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap,
-                                progress=progress)
+                                progress=progress, choose_from=choose_from)
         plan = planner.plan(model, sharders)
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
             facts["compared"] = compared_metrics(planner.balanced.facts)
+            facts["torchrec"] = planner.balanced.facts.get("torchrec", {})
             notes.append(balanced_note(planner.balanced.facts))
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
@@ -300,14 +303,16 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
               hbm_cap: Optional[int] = None,
               notes: Optional[List[str]] = None,
               progress: Optional[Progress] = None,
-              facts: Optional[Dict[str, Any]] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              facts: Optional[Dict[str, Any]] = None,
+              choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
     by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
     (rank 0's) gets ``lower_bound_ms`` (:mod:`.bound`) and, for the balanced proposer, ``compared``: the
-    ratings of TorchRec's plans it started from (:func:`.balanced.compared_metrics`).
+    ratings of TorchRec's plans it started from (:func:`.balanced.compared_metrics`); ``choose_from``: a
+    sweep's plans, for a sweep planned together (:mod:`.sweep_plans`).
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -324,7 +329,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     if pg is None or dist.get_rank(pg) == 0:
         found: Dict[str, Any] = facts if facts is not None else {}
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                               notes if notes is not None else [], found, progress)
+                               notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)

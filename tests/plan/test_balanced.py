@@ -11,10 +11,20 @@ import numpy as np
 import pytest
 from conftest import cfg_for
 
-from runner.plan import balanced
-from runner.plan.balance import (DEVICE, HOST, HOST_UNIFORM, MULTI_HOST, UNIFORM, Choice, Problem, Solution, rating,
-                                 valid)
-from runner.plan.balanced import problem_of, search, solution_of
+from runner.plan import balanced, sweep_plans
+from runner.plan.balance import (
+    DEVICE,
+    HOST,
+    HOST_UNIFORM,
+    MULTI_HOST,
+    UNIFORM,
+    Choice,
+    Problem,
+    Solution,
+    rating,
+    valid,
+)
+from runner.plan.balanced import entries_of, problem_of, search, solution_of
 from runner.plan.bound import lower_bound, simple_bound
 from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
@@ -43,7 +53,8 @@ def _random_problem(rng: random.Random) -> Problem:
         if rng.random() < 0.3:  # table-column-wise: two shards within a host
             options.append(Choice(HOST, np.full(2, base * 0.55), np.array([[size // 2, 0, 0]] * 2)))
         if rng.random() < 0.3:  # data-parallel: cheap, whole table everywhere
-            options.append(Choice(UNIFORM, np.full(world, base * rng.uniform(0.1, 0.5)), np.array([[size, 0, 0]] * world)))
+            options.append(Choice(UNIFORM, np.full(world, base * rng.uniform(0.1, 0.5)),
+                                  np.array([[size, 0, 0]] * world)))
         if rng.random() < 0.2 and world // local >= 2:  # a grid over two hosts
             options.append(Choice(MULTI_HOST, np.full(2 * local, base * 0.6 / local),
                                   np.array([[size // (2 * local), 0, 0]] * (2 * local))))
@@ -179,28 +190,37 @@ def test_never_worse_than_torchrec_and_valid(point: Tuple[str, str, str]) -> Non
         assert [s.placement.rank() for s in placed[o.name].sharding_spec.shards] == [s.rank for s in o.shards]
 
 
-def test_a_bandwidth_study_is_monotone_and_its_points_agree() -> None:
+def _point(cfg, choose_from=None):
+    """A point's balanced plan (as table -> entry) and the point's problem, for rating other points' plans."""
+    model = planning_model(cfg)
+    _, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", reuse=True, choose_from=choose_from)
+    planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model), reuse=True)
+    reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
+                                                    module=model, sharders=sharders_for(cfg.precision),
+                                                    constraints=planner._constraints)
+    problem, options = problem_of(planner._enumerator.enumerate(model, sharders_for(cfg.precision)), reserved)
+    return entries_of(best), problem, options
+
+
+def test_a_sweep_planned_together_agrees_and_is_monotone(monkeypatch: pytest.MonkeyPatch) -> None:
     balanced._POOL.clear()
-    points = {}
-    for bandwidth in ("1", "3", "12.5", "25"):  # each point hands its plan to the later ones
-        cfg = cfg_for(*BASE, "model.generated_tables.count=24", f"cluster.cross_node_bandwidth={bandwidth}",
-                      "sharding.storage_reserve_percent=0.3")
-        model = planning_model(cfg)
-        _, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", reuse=True)
-        planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model), reuse=True)
-        reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
-                                                        module=model, sharders=sharders_for(cfg.precision),
-                                                        constraints=planner._constraints)
-        problem, options = problem_of(planner._enumerator.enumerate(model, sharders_for(cfg.precision)), reserved)
-        plan = {o.fqn: (o.sharding_type, o.compute_kernel, tuple(s.rank for s in o.shards)) for o in best}
-        points[float(bandwidth)] = (problem, options, plan)
-    rated = {b: rating(p, solution_of(o, plan)) for b, (p, o, plan) in points.items()}
-    ordered = [rated[b] for b in sorted(rated)]
-    assert all(a >= b for a, b in zip(ordered, ordered[1:], strict=False)), rated  # more bandwidth, never slower
-    for here, (problem, options, _) in points.items():
-        for there, (_, _, plan) in points.items():
-            if there > here:
-                continue  # planned after this point
+    monkeypatch.delenv(sweep_plans.PLAN_SET_ENV, raising=False)
+    grid = [(b, r) for b in ("25", "3", "12.5", "1") for r in ("0.1", "0.5")]  # 25 first: the order that failed
+    points = [[*BASE, "model.generated_tables.count=24", f"cluster.cross_node_bandwidth={b}",
+               f"sharding.storage_reserve_percent={r}"] for b, r in grid]
+    path = sweep_plans.plan_together([(p, cfg_for(*p)) for p in points], planning_model)
+    try:
+        found = {(float(b), float(r)): _point(cfg_for(*p), sweep_plans.choices_for(p))
+                 for (b, r), p in zip(grid, points, strict=True)}
+    finally:
+        path.unlink()
+    rated = {k: rating(problem, solution_of(options, plan)) for k, (plan, problem, options) in found.items()}
+    for (b, r), mine in rated.items():
+        for (b2, r2), theirs in rated.items():
+            if b2 >= b and r2 <= r:  # more bandwidth and no more reserve: never slower
+                assert theirs <= mine * (1 + 1e-9), ((b, r), (b2, r2), mine, theirs)
+    for here, (_, problem, options) in found.items():
+        for there, (plan, _, _) in found.items():
             other = solution_of(options, plan)
-            if other is not None and valid(problem, other) is None:
+            if other is not None and valid(problem, other) is None:  # another point's plan, valid here
                 assert rated[here] <= rating(problem, other) * (1 + 1e-9), (here, there)

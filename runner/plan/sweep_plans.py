@@ -1,0 +1,128 @@
+"""A plan-only sweep's points planned together by the balanced proposer, so that they agree.
+
+A point's plan can be rated at any other point of a study (the same tables' options, other estimates or
+storage). The balanced proposer's answers agree when no point's plan is worse than another point's plan
+rated there, wherever that plan is valid. One search per point cannot promise that: a later point may find
+a plan better at an earlier point than the earlier point's own. So a grid sweep of balanced plans runs in
+two passes:
+
+1. :func:`plan_together`, in the sweep's own process before any job starts: every point is planned in
+   full (:func:`runner.plan.planner.make_plan`: enumeration, TorchRec's compared plans, the search), and
+   each point's plan joins the sweep's plan set, written to a file the jobs find through
+   :data:`PLAN_SET_ENV` (jobs in other processes, joblib's, inherit it);
+2. each job then takes, of the set's plans valid at its point, the one with the lowest rating there
+   (:func:`choices_for`: the balanced planner's selection), and reports what pass 1 compared
+   (TorchRec's ratings).
+
+Every point's own plan is in the set, so no point is worse than its own search, nor than TorchRec's
+plans it started from; and each point holds the best of the set, so none is worse than another's. In
+this process the enumerated options are reused between the passes (:mod:`.reuse`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+PLAN_SET_ENV = "RUNNER_SWEEP_PLAN_SET"  # the plan set's file, for the sweep's jobs (set by plan_together)
+_LOADED: Dict[str, Dict[str, Any]] = {}
+
+
+def applies(cfgs: Sequence[RunnerConfig]) -> bool:
+    """Whether these points are a sweep of balanced plan-only points (two or more)."""
+    return len(cfgs) > 1 and all(c.mode == "plan" and c.sharding.proposer == "balanced" and not c.sharding.plan
+                                 for c in cfgs)
+
+
+def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any]) -> Path:
+    """Pass 1 (see the module doc) for ``points`` (each a point's overrides and its config): every point
+    planned, the plans and what each point compared written to a file named in :data:`PLAN_SET_ENV`;
+    that file's path. A point where no plan fits adds nothing."""
+    plans: List[Dict[str, Any]] = []
+    facts_of: Dict[str, Any] = {}
+    t0 = time.perf_counter()
+    tty = sys.stdout.isatty()
+    if not tty:
+        print(f"[runner] planning the sweep's {len(points)} points together (sharding.proposer=balanced)", flush=True)
+    with warnings.catch_warnings(), _quiet("torchrec"):
+        warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
+        for i, (overrides, cfg) in enumerate(points):
+            _plan_point(i, overrides, cfg, len(points), t0, build_model, plans, facts_of)
+    done = time.perf_counter() - t0
+    print(f"{chr(13) if tty else ''}[runner] planned the sweep's {len(points)} points together in {done:.1f} s: "
+          f"{len(plans)} distinct plans; each point takes the best of them" + ("\x1b[K" if tty else ""), flush=True)
+    fd, name = tempfile.mkstemp(prefix="runner-sweep-plans-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"plans": plans, "facts": facts_of}, f)
+    atexit.register(lambda: Path(name).unlink(missing_ok=True))
+    os.environ[PLAN_SET_ENV] = name
+    return Path(name)
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0: float,
+                build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any]) -> None:
+    from runner.config.device import device_type
+    from runner.config.errors import PlanError
+    from runner.plan.balanced import entries_of
+    from runner.plan.planner import make_plan
+
+    if sys.stdout.isatty():
+        print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "
+              f"{i + 1}/{count}, {time.perf_counter() - t0:.0f} s\x1b[K", end="", flush=True)
+    world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
+    facts: Dict[str, Any] = {}
+    try:
+        _, best, _, _ = make_plan(cfg, build_model(cfg), world, local,
+                                  device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts)
+    except PlanError:
+        return  # no plan fits this point: its job says so
+    entry = {k: list(v) for k, v in entries_of(best).items()}
+    if entry not in plans:
+        plans.append(entry)
+    facts_of[_key(overrides)] = {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {})}
+
+
+def _key(overrides: Sequence[str]) -> str:
+    # a job's task overrides: in Hydra's order, without hydra's own keys, special characters escaped
+    return json.dumps(sorted(o.replace("\\", "") for o in overrides if not o.lstrip("+~").startswith("hydra")))
+
+
+def choices_for(overrides: Sequence[str]) -> Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]]:
+    """Pass 2's inputs for the point with these overrides: the sweep's plans and what pass 1 compared at
+    this point; None outside a sweep planned together (or for a point it did not plan)."""
+    name = os.environ.get(PLAN_SET_ENV)
+    if not name:
+        return None
+    if name not in _LOADED:
+        try:
+            _LOADED[name] = json.loads(Path(name).read_text())
+        except (OSError, ValueError):
+            return None  # gone or damaged: the point plans on its own
+    found = _LOADED[name]
+    facts = found["facts"].get(_key(overrides))
+    if facts is None:
+        return None
+    return found["plans"], facts
