@@ -85,6 +85,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
         "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
         "max_mem_bytes": m.get("plan/max_mem_bytes"),
         "lower_bound_ms": m.get("plan/lower_bound_ms"), "gap_to_bound": m.get("plan/gap_to_bound"),
+        "compared_ms": {k: v for k, v in m.items() if k.startswith("plan/torchrec_")},
         "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},
     }
     rundir.write_json(run_dir / rundir.RESULTS, results)

@@ -105,7 +105,7 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
         return None
-    found = lower_bound(problem_of(space, reserved)[0])
+    found = float(lower_bound(problem_of(space, reserved)[0]))
     return found if found == found else None
 
 

@@ -29,7 +29,8 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
              "run_id": run.get("run_id"), "status": results.get("plan_status", "feasible"),
              "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
              "types": {}, "shapes": {},
-             "est_step_ms": float("nan"), "max_mem_gib": float("nan")}
+             "est_step_ms": float("nan"), "max_mem_gib": float("nan"),
+             "lower_bound_ms": float(results.get("lower_bound_ms") or "nan")}
     if point["status"] == "infeasible":
         return point
     plan = json.loads((job_dir / rundir.PLAN / "plan.json").read_text())
@@ -127,12 +128,18 @@ def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> Non
     tables = sorted({t for p in points for t in p["types"]})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["job", *keys, "plan_status", "est_step_ms", "max_mem_gib", *tables, "run_id", "reason",
-                    "reused_from", "vs_first"])
+        w.writerow(["job", *keys, "plan_status", "est_step_ms", "lower_bound_ms", "gap_to_bound", "max_mem_gib",
+                    *tables, "run_id", "reason", "reused_from", "vs_first"])
         for p in points:
             w.writerow([p["job"], *(p["params"].get(k) for k in keys), p["status"], f"{p['est_step_ms']:.6f}",
-                        f"{p['max_mem_gib']:.6f}", *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"],
-                        p["reused_from"], vs_first(p, points[0], keys)])
+                        f"{p['lower_bound_ms']:.6f}", f"{gap(p):.6f}", f"{p['max_mem_gib']:.6f}",
+                        *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"], p["reused_from"],
+                        vs_first(p, points[0], keys)])
+
+
+def gap(p: Dict[str, Any]) -> float:
+    """A point's estimated step over its lower bound, less one (nan where either is unknown)."""
+    return p["est_step_ms"] / p["lower_bound_ms"] - 1 if p["lower_bound_ms"] > 0 else float("nan")
 
 
 def _summary(p: Dict[str, Any]) -> str:
@@ -150,12 +157,13 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
     infeasible = sum(p["status"] == "infeasible" for p in points)
     lines = [f"# Sweep report: {len(points)} points ({infeasible} infeasible)", "",
              "Swept: " + (", ".join(keys) or "(nothing)"), "",
-             "| job | " + " | ".join(keys) + " | est. step ms | max memory GiB | sharding types | vs the first point |",
-             "|---" * (len(keys) + 5) + "|"]
+             "| job | " + " | ".join(keys) + " | est. step ms | lower bound ms | gap | max memory GiB "
+             "| sharding types | vs the first point |",
+             "|---" * (len(keys) + 7) + "|"]
     for p in points:
         vals = " | ".join(str(p["params"].get(k)) for k in keys)
-        lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['max_mem_gib']:.3f} | {_summary(p)} | "
-                     f"{vs_first(p, points[0], keys)} |")
+        lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['lower_bound_ms']:.4f} | {gap(p):+.2%} | "
+                     f"{p['max_mem_gib']:.3f} | {_summary(p)} | {vs_first(p, points[0], keys)} |")
     for key, found in moved.items():
         lines += ["", f"## What changes with {key} ({len(found)})", ""]
         lines += [f"- {line}" for line in found[:60]] or ["Nothing: the plan is the same at every value."]
