@@ -35,6 +35,7 @@ from runner.config.validation import table_constraint
 from runner.plan.balanced import BalancedPlanner, BalancedProposer, balanced_note, compared_metrics, problem_of
 from runner.plan.bound import lower_bound
 from runner.plan.estimators import shard_estimators
+from runner.plan.greedy import SkippingGreedyProposer
 from runner.plan.infeasible import explain
 from runner.plan.plan_file import load_plan
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
@@ -150,7 +151,7 @@ def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
             raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
         return BalancedProposer(float(sharding.balanced_budget_s), list(compare))
     if sharding.proposer == "greedy":
-        return [GreedyProposer(), GreedyProposer(use_depth=False)]
+        return SkippingGreedyProposer(world_size)
     if sharding.proposer == "grid_search":
         return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
     if sharding.proposer == "uniform":
@@ -208,9 +209,9 @@ def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, 
     planner gets from ``cfg`` (topology, storage reservation, constraints, batch): what the runner's plans
     are compared with, in tests and benchmarks."""
     ours = build_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes)
-    proposer = (DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins)
-                if cfg.sharding.proposer == "dynamic_programming" else build_proposer(cfg.sharding, device_type,
-                                                                                    world_size))
+    proposer = {"dynamic_programming": lambda: DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins),
+                "greedy": lambda: [GreedyProposer(), GreedyProposer(use_depth=False)]}.get(
+        cfg.sharding.proposer, lambda: build_proposer(cfg.sharding, device_type, world_size))()
     return EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
                                     storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
                                     proposer=proposer, constraints=ours._constraints,
@@ -237,7 +238,7 @@ def _placeable_plan(planner: Any, cfg: RunnerConfig, model: Any, world: int, loc
     proposer = planner._proposers[0] if len(planner._proposers) == 1 else None
     reserved = getattr(planner._storage_reservation, "_last_reserved_topology", None)
     space = planner._enumerator.last_stored_search_space
-    if not isinstance(proposer, SkippingProposer) or reserved is None or not space:
+    if type(proposer) is not SkippingProposer or reserved is None or not space:  # the dynamic-programming one
         return None
     kept = placeable_only(space, reserved)
     if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:

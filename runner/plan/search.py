@@ -112,7 +112,7 @@ def _proposals(option_of: np.ndarray, prev_of: np.ndarray) -> List[List[int]]:
 
 
 class _ProposalFacts:
-    """Per (table, option) of a loaded dynamic-programming proposer, as arrays: what each option's uniform
+    """Per (table, option) of a loaded dynamic-programming (or greedy) proposer, as arrays: what each option's uniform
     shards (row-wise, data-parallel: shard i goes to device i) add to each device's storage, its other
     shards' storage (total and largest, per storage kind), its perf (total and largest shard), and whether
     every shard fits on some device at all."""
@@ -176,6 +176,8 @@ class SkippingProposer:
     (see the module doc); counts what it skipped. ``exact_partitioner``: the planner partitions with
     TorchRec's greedy partitioner, whose failures :meth:`_ProposalFacts.cannot_place` predicts."""
 
+    name = "dynamic-programming"
+
     def __init__(self, inner: DynamicProgrammingProposer, world_size: int, exact_partitioner: bool = True) -> None:
         self.inner, self.world_size, self.exact_partitioner = inner, world_size, exact_partitioner
         self.best: Optional[float] = None
@@ -193,10 +195,15 @@ class SkippingProposer:
         self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
 
     def _skip(self) -> bool:
+        # called after the proposer's first feedback built its proposals: the option index per table, as proposed
+        return self._skip_options(np.asarray(self.inner._proposal_list[self.inner._current_proposal]))
+
+    def _skip_options(self, o: np.ndarray) -> bool:
+        """Whether the proposal with option ``o[t]`` of each table ``t`` (in the facts' order) cannot change
+        the planner's answer; counted by why."""
         facts = self.facts
         assert facts is not None
-        # called after the proposer's first feedback built its proposals: the option index per table, as proposed
-        t, o = facts.tables, np.asarray(self.inner._proposal_list[self.inner._current_proposal])
+        t = facts.tables
         if not facts.placeable[t, o].all():
             self.skipped_unplaceable += 1
             return True

@@ -94,7 +94,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         if best is None:
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
-                message=f"the dynamic-programming proposer's {self._num_proposals} proposals found no plan "
+                message=f"the {proposer.name} proposer's {self._num_proposals} proposals found no plan "
                         f"({proposer.skipped_unplaceable} held a shard no device can hold)")
         return self._finish(module, sharders, *best, start_time)
 
