@@ -271,7 +271,9 @@ def main() -> None:
             print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
         sys.argv += launcher
-        _plan_together(sys.argv[1:])
+        from runner.launch.driver import plan_sweep_together
+
+        plan_sweep_together(sys.argv[1:])  # a grid sweep of balanced plans: planned together first
         _hydra_job()
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code in (130, 143):  # a job of a sweep stopped (it said so): the sweep ends with it
@@ -283,17 +285,6 @@ def main() -> None:
         if not _end_sweep(stop.name, said=False):
             _say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
-
-
-def _plan_together(args: List[str]) -> None:
-    """A grid sweep of balanced plan-only points, not on Slurm: its points planned together first
-    (:func:`runner.launch.driver.plan_sweep_together`), so that their plans agree."""
-    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
-        return
-    from runner.launch.driver import plan_sweep_together
-    from runner.launch.precheck import grid_points
-
-    plan_sweep_together(grid_points())
 
 
 def _end_sweep(signame: str, said: bool) -> bool:

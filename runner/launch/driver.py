@@ -89,13 +89,18 @@ def _sweep_choices() -> Any:
     return choices_for(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
 
 
-def plan_sweep_together(points: List[Tuple[List[str], Any]]) -> None:
-    """Pass 1 of a grid sweep of balanced plan-only points (:func:`runner.plan.sweep_plans.plan_together`),
-    before Hydra launches its jobs; nothing for any other sweep."""
+def plan_sweep_together(args: List[str]) -> None:
+    """Pass 1 of a grid sweep (``args``: the command's) of balanced plan-only points, not on Slurm
+    (:func:`runner.plan.sweep_plans.plan_together`), before Hydra launches its jobs; nothing for any other
+    command."""
+    from runner.launch.precheck import grid_points
     from runner.plan.reuse import reused_model
     from runner.plan.sweep_plans import applies, plan_together
     from runner.train.models import planning_model
 
+    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
+        return
+    points = grid_points()
     if applies([cfg for _, cfg in points]):
         plan_together(points, lambda cfg: reused_model(cfg, planning_model))
 

@@ -10,7 +10,6 @@ config names. Pure with respect to processes: :func:`build_planner` needs no pro
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -21,8 +20,6 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import (
     DynamicProgrammingProposer,
     GreedyProposer,
-    GridSearchProposer,
-    UniformProposer,
 )
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
@@ -32,14 +29,15 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
-from runner.plan.balanced import BalancedPlanner, BalancedProposer, balanced_note, compared_metrics, problem_of
+from runner.plan.balanced import BalancedProposer, balanced_note, compared_metrics, problem_of
+from runner.plan.balanced_planner import BalancedPlanner
 from runner.plan.bound import lower_bound
 from runner.plan.estimators import shard_estimators
-from runner.plan.greedy import SkippingGreedyProposer
 from runner.plan.infeasible import explain
 from runner.plan.plan_file import load_plan
+from runner.plan.proposers import build_proposer
 from runner.plan.reuse import ReusingEnumerator, enumeration_key
-from runner.plan.search import FixedEnumerator, SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
+from runner.plan.search import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.search_loop import Progress, SearchLoopPlanner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
@@ -108,55 +106,6 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
         return None
     found = float(lower_bound(problem_of(space, reserved)[0]))
     return found if found == found else None
-
-
-class BoundedGridSearchProposer(GridSearchProposer):
-    """TorchRec's grid search, failing loudly where TorchRec's silently proposes nothing.
-
-    Above ``max_proposals`` combinations TorchRec's proposer skips itself, and the planner then reports
-    a misleading "insufficient storage".
-    """
-
-    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
-        per_table: Dict[str, int] = {}
-        for option in search_space:
-            per_table[option.fqn] = per_table.get(option.fqn, 0) + 1
-        total = math.prod(per_table.values())
-        if total > self._max_proposals:
-            raise PlanError(
-                f"sharding.proposer=grid_search: {total:.3g} combinations of {len(per_table)} tables exceed "
-                f"sharding.grid_max_proposals={self._max_proposals}; raise it, constrain sharding.types, or use "
-                "greedy or dynamic_programming")
-        super().load(search_space, enumerator)
-
-
-def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
-    """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list. The
-    dynamic-programming one is TorchRec's, vectorised and skipping what cannot change its answer
-    (:mod:`.search`)."""
-    if sharding.proposer == "dynamic_programming":
-        if device_type != "cuda":
-            raise ConfigError("sharding.proposer", sharding.proposer,
-                              "another proposer on CPU workers (it bins HBM, which they do not have)")
-        return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins),
-                                world_size)
-    if sharding.proposer == "balanced":
-        compare = sharding.balanced_compare
-        if compare is None:
-            compare = ["dynamic_programming"] if device_type == "cuda" else []
-        if device_type != "cuda" and "dynamic_programming" in compare:
-            raise ConfigError("sharding.balanced_compare", list(compare),
-                              "[] or [greedy] on CPU workers (the dynamic-programming proposer bins HBM)")
-        if not sharding.balanced_budget_s > 0:
-            raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
-        return BalancedProposer(float(sharding.balanced_budget_s), list(compare))
-    if sharding.proposer == "greedy":
-        return SkippingGreedyProposer(world_size)
-    if sharding.proposer == "grid_search":
-        return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
-    if sharding.proposer == "uniform":
-        return UniformProposer()
-    return None
 
 
 def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,

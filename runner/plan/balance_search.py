@@ -1,0 +1,290 @@
+"""The ``balanced`` proposer's search over a :class:`.balance.Problem`.
+
+- :func:`improve`: repeatedly take the busiest rank and make the move that lowers it most while every rank
+  it touches stays below the old maximum: move one of its shards, swap one with a smaller shard elsewhere,
+  or take one of its tables off and place it again with any of its options (TorchRec's row-wise,
+  table-row-wise or column-wise alternatives). Each move lowers the sorted vector of rank loads, so the
+  search ends, at a local optimum or at its time budget.
+- :func:`perturb`: ruin and recreate around that local optimum (a few tables taken off and placed again,
+  then improved), keeping what rates no worse.
+- :func:`exact`: branch and bound over every option and placement, for small problems.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from runner.plan.balance import (
+    DEVICE,
+    HOST,
+    HOST_UNIFORM,
+    MULTI_HOST,
+    REL_EPS,
+    UNIFORM,
+    Choice,
+    Problem,
+    Solution,
+    fits,
+    loads,
+    loads_after,
+    place,
+    rating,
+)
+
+
+@dataclass
+class _State:
+    problem: Problem
+    solution: Solution
+    load: np.ndarray = field(init=False)
+    used: np.ndarray = field(init=False)
+    members: List[set] = field(init=False)  # per rank, the tables with a shard there
+
+    def __post_init__(self) -> None:
+        self.load, self.used = loads(self.problem, self.solution)
+        self.members = [set() for _ in range(self.problem.world)]
+        for t, ranks in enumerate(self.solution.ranks):
+            for r in set(ranks.tolist()):
+                self.members[r].add(t)
+
+    def choice(self, t: int) -> Choice:
+        return self.problem.tables[t][self.solution.picks[t]]
+
+    def take(self, t: int) -> None:
+        c, ranks = self.choice(t), self.solution.ranks[t]
+        np.subtract.at(self.load, ranks, c.perf)
+        np.subtract.at(self.used, ranks, c.mem)
+        for r in set(ranks.tolist()):
+            self.members[r].discard(t)
+
+    def put(self, t: int, o: int, ranks: np.ndarray) -> None:
+        self.solution.picks[t], self.solution.ranks[t] = o, ranks
+        c = self.choice(t)
+        np.add.at(self.load, ranks, c.perf)
+        np.add.at(self.used, ranks, c.mem)
+        for r in set(ranks.tolist()):
+            self.members[r].add(t)
+
+
+Move = Tuple[float, int, int, np.ndarray]  # (worst load it leaves on the ranks it touches, table, option, ranks)
+
+
+def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
+    """The move that lowers rank ``r`` and leaves every rank it touches below ``limit``, with the lowest
+    such load: a table of ``r`` placed again with any of its options, or one of its device shards moved."""
+    best: Optional[Move] = None
+    tables = s.problem.tables
+    for t in sorted(s.members[r]):
+        old_o, old_ranks = s.solution.picks[t], s.solution.ranks[t]
+        old = s.choice(t)
+        if old.kind == DEVICE:
+            for j in np.flatnonzero(old_ranks == r):
+                ok = fits(s.used, old.mem[j], s.problem.capacity)
+                ok[r] = False
+                after = np.where(ok, s.load + old.perf[j], np.inf)
+                q = int(np.argmin(after))
+                score = max(after[q], s.load[r] - old.perf[j])
+                if score < limit and (best is None or score < best[0]):
+                    ranks = old_ranks.copy()
+                    ranks[j] = q
+                    best = (score, t, old_o, ranks)
+        s.take(t)
+        try:
+            for o, c in enumerate(tables[t]):
+                ranks = place(s.problem, c, s.load, s.used)
+                if ranks is None:
+                    continue
+                touched = np.union1d(ranks, [r])
+                after = s.load[touched].copy()
+                np.add.at(after, np.searchsorted(touched, ranks), c.perf)
+                score = float(after.max())
+                if score < limit and (best is None or score < best[0]):
+                    best = (score, t, o, ranks)
+        finally:
+            s.put(t, old_o, old_ranks)
+    return best
+
+
+def _best_swap(s: _State, r: int, limit: float) -> Optional[Tuple[float, int, int, int, int]]:
+    """The swap of a device shard of rank ``r`` with a smaller device shard elsewhere that leaves both ranks
+    below ``limit``, with the lowest such load: (load, table a, shard a, table b, shard b)."""
+    shards = [(t, j) for t in range(len(s.solution.picks)) if s.choice(t).kind == DEVICE
+              for j in range(len(s.solution.ranks[t]))]
+    if not shards:
+        return None
+    tb = np.array([t for t, _ in shards])
+    jb = np.array([j for _, j in shards])
+    rb = np.array([s.solution.ranks[t][j] for t, j in shards])
+    pb = np.array([s.choice(t).perf[j] for t, j in shards])
+    mb = np.array([s.choice(t).mem[j] for t, j in shards])
+    cap, best = s.problem.capacity, None
+    for k in np.flatnonzero(rb == r):
+        pa, ma = pb[k], mb[k]
+        new_r = s.load[r] - pa + pb
+        new_q = s.load[rb] - pb + pa
+        score = np.maximum(new_r, new_q)
+        ok = (rb != r) & (pb < pa) & (score < limit)
+        ok &= ((s.used[r] - ma + mb) <= cap[r]).all(1) & ((s.used[rb] - mb + ma) <= cap[rb]).all(1)
+        if ok.any():
+            i = int(np.argmin(np.where(ok, score, np.inf)))
+            if best is None or score[i] < best[0]:
+                best = (float(score[i]), int(tb[k]), int(jb[k]), int(tb[i]), int(jb[i]))
+    return best
+
+
+def improve(problem: Problem, start: Solution, budget_s: float, max_moves: int = 100000) -> Tuple[Solution, int]:
+    """Local search from ``start`` (see the module doc) until no move lowers the busiest rank, ``max_moves``
+    moves or ``budget_s`` seconds; the solution found and the moves made."""
+    s = _State(problem, start.copy())
+    deadline = time.perf_counter() + budget_s
+    moves = 0
+    while moves < max_moves and time.perf_counter() < deadline:
+        r = int(np.argmax(s.load))
+        limit = s.load[r] * (1 - REL_EPS)
+        move = _best_move(s, r, limit)
+        swap = _best_swap(s, r, limit if move is None else min(limit, move[0]))
+        if swap is not None:
+            _, ta, ja, tb, jb = swap
+            ra, rb = s.solution.ranks[ta].copy(), s.solution.ranks[tb].copy()
+            ra[ja], rb[jb] = rb[jb], ra[ja]
+            s.take(ta)
+            s.put(ta, s.solution.picks[ta], ra)
+            s.take(tb)
+            s.put(tb, s.solution.picks[tb], rb)
+        elif move is not None:
+            _, t, o, ranks = move
+            s.take(t)
+            s.put(t, o, ranks)
+        else:
+            break
+        moves += 1
+    return s.solution, moves
+
+
+def _reinsert(s: _State, tables: List[int]) -> bool:
+    """Each of ``tables`` (taken off ``s``) placed again, in order, with the option and placement that leave
+    the least load on the ranks they touch (then the least total perf); False where one fits nowhere."""
+    for t in tables:
+        best: Optional[Tuple[float, float, int, np.ndarray]] = None
+        for o, c in enumerate(s.problem.tables[t]):
+            ranks = place(s.problem, c, s.load, s.used)
+            if ranks is None:
+                continue
+            key = (float(loads_after(s.load, ranks, c.perf).max()), float(c.perf.sum()))
+            if best is None or key < best[:2]:
+                best = (*key, o, ranks)
+        if best is None:
+            return False
+        s.put(t, best[2], best[3])
+    return True
+
+
+def perturb(problem: Problem, start: Solution, budget_s: float, rounds: int, seed: int = 0) -> Tuple[Solution, int]:
+    """Ruin and recreate around :func:`improve`'s local optimum, for ``rounds`` rounds or ``budget_s``: take
+    off one to three tables of the busiest rank and up to two others (chosen by a generator seeded with
+    ``seed``), place them again (:func:`_reinsert`, the largest first), improve; keep the result when it
+    rates no worse (so the search walks plateaus) and the best seen. The best solution and rounds run."""
+    rng = random.Random(seed)
+    deadline = time.perf_counter() + budget_s
+    best, _ = improve(problem, start, budget_s)
+    best_rating = rating(problem, best)
+    current, current_rating = best, best_rating
+    done = 0
+    while done < rounds and time.perf_counter() < deadline:
+        done += 1
+        s = _State(problem, current.copy())
+        r = int(np.argmax(s.load))
+        mine = sorted(s.members[r])
+        chosen = set(rng.sample(mine, min(len(mine), rng.randint(1, 3))))
+        if rng.random() < 0.5:  # with the tables of a less loaded rank, to trade places with
+            q = int(rng.choice(np.argsort(s.load)[: max(1, problem.world // 4)]))
+            chosen |= set(s.members[q])
+        chosen |= set(rng.sample(range(len(problem.tables)), min(len(problem.tables), rng.randint(0, 2))))
+        for t in chosen:
+            s.take(t)
+        order = sorted(chosen, key=lambda t: -max(c.perf.max(initial=0.0) for c in problem.tables[t]))
+        if not _reinsert(s, order):
+            continue
+        found, _ = improve(problem, s.solution, max(deadline - time.perf_counter(), 0.0))
+        found_rating = rating(problem, found)
+        if found_rating <= current_rating * (1 + REL_EPS):
+            current, current_rating = found, found_rating
+        if found_rating < best_rating * (1 - REL_EPS):
+            best, best_rating = found, found_rating
+    return best, done
+
+
+def _placements(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray) -> List[np.ndarray]:
+    """Every placement of ``c`` by its rule that fits (one order of the ranks of shards that are alike)."""
+    w, local, cap = problem.world, problem.local, problem.capacity
+    hosts, k = w // local, len(c.perf)
+
+    found: List[np.ndarray] = []
+    if c.kind == UNIFORM:
+        found = [np.arange(w)]
+    elif c.kind in (DEVICE, HOST):
+        pools = [np.arange(w)] if c.kind == DEVICE else [np.arange(h * local, (h + 1) * local) for h in range(hosts)]
+        alike = bool((c.perf == c.perf[0]).all() and (c.mem == c.mem[0]).all())
+        for pool in pools:
+            if alike:  # shards alike: one order of their ranks is enough
+                found += [np.array(p) for p in itertools.combinations_with_replacement(pool.tolist(), k)]
+            else:
+                found += [np.array(p) for p in itertools.product(pool.tolist(), repeat=k)]
+    elif c.kind == HOST_UNIFORM and k == local:
+        found = [h * local + np.arange(local) for h in range(hosts)]
+    elif c.kind == MULTI_HOST and k % local == 0 and k // local <= hosts:
+        found = [np.concatenate([h * local + np.arange(local) for h in hs])
+                 for hs in itertools.permutations(range(hosts), k // local)]
+    out = []
+    for ranks in found:
+        after = used.copy()
+        np.add.at(after, ranks, c.mem)
+        if (after <= cap).all():
+            out.append(ranks)
+    return out
+
+
+def exact(problem: Problem, incumbent: float, node_limit: int) -> Tuple[Optional[Solution], bool]:
+    """Branch and bound over every option and placement (the largest tables first, cheap options first;
+    cut where the busiest rank or the mean rank is no better than the best so far): a
+    solution strictly better than ``incumbent`` or None, and whether the search was complete (then nothing
+    better than what it returns, or than ``incumbent``, exists) within ``node_limit`` nodes."""
+    tables = problem.tables
+    order = sorted(range(len(tables)), key=lambda t: -max(c.perf.max(initial=0.0) for c in tables[t]))
+    rest = [sum(min(c.perf.sum() for c in tables[t]) for t in order[i:]) for i in range(len(order) + 1)]
+    best: List[Any] = [incumbent * (1 - REL_EPS), None]
+    load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
+    picks, ranks = [0] * len(tables), [np.empty(0, dtype=np.int64)] * len(tables)
+    nodes = [0]
+
+    def go(i: int) -> bool:
+        nodes[0] += 1
+        if nodes[0] > node_limit:
+            return False
+        if max(load.max(initial=0.0), (load.sum() + rest[i]) / problem.world) >= best[0]:
+            return True
+        if i == len(order):
+            best[:] = [float(load.max()), Solution(list(picks), [r.copy() for r in ranks])]
+            return True
+        t = order[i]
+        for o in sorted(range(len(tables[t])), key=lambda o: tables[t][o].perf.sum()):
+            c = tables[t][o]
+            for r in _placements(problem, c, load, used):
+                np.add.at(load, r, c.perf)
+                np.add.at(used, r, c.mem)
+                picks[t], ranks[t] = o, r
+                complete = go(i + 1)
+                np.subtract.at(load, r, c.perf)
+                np.subtract.at(used, r, c.mem)
+                if not complete:
+                    return False
+        return True
+
+    complete = go(0)
+    return best[1], complete

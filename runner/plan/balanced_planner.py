@@ -1,0 +1,180 @@
+"""The planner of ``sharding.proposer=balanced``: TorchRec's planner whose loop is the balanced search.
+
+TorchRec's storage reservation and enumeration, then :func:`.balanced.search` from the runner's start,
+TorchRec's plans for ``sharding.balanced_compare`` (found as the runner finds them for those proposers:
+:mod:`.search_loop`, :mod:`.search`) and earlier points' plans; or, in a sweep planned together
+(:mod:`.sweep_plans`), the best of the sweep's plans. The winner's shards get their ranks on TorchRec's
+options, its rating is checked against TorchRec's perf model and its storage against every device, and
+TorchRec's ``to_sharding_plan`` and stats end it, as TorchRec's loop ends.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from torch import nn
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.proposers import GreedyProposer
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Storage, Topology
+from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.distributed.types import ShardingPlan
+
+from runner.plan.balance import Problem, Solution, rating, valid
+from runner.plan.balanced import BalancedProposer, from_torchrec, pooled, problem_of, remember, search, solution_of
+from runner.plan.copies import quick_copies
+from runner.plan.helper import rate
+from runner.plan.prefixes import shared_uniform_prefixes
+from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
+from runner.plan.search_loop import SearchLoopPlanner
+
+
+class BalancedPlanner(SearchLoopPlanner):
+    """TorchRec's planner whose loop is :func:`search` (see the module doc): the same storage reservation,
+    enumeration, perf model, ``to_sharding_plan`` and stats as TorchRec's; the plan's shards placed by the
+    search instead of TorchRec's partitioner."""
+
+    def __init__(self, *args: Any, balanced: BalancedProposer, dp_hbm_bins: int = 100, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.balanced, self._dp_hbm_bins = balanced, dp_hbm_bins
+
+    def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+        if self.plan_loader is not None:
+            return super().plan(module, sharders)
+        with quick_copies():
+            return self._plan_balanced(module, sharders)
+
+    def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+        self._num_proposals = self._num_plans = 0
+        start_time = time.perf_counter()
+        reserved: Topology = self._storage_reservation.reserve(
+            topology=self._topology, batch_size=self._batch_size, module=module, sharders=sharders,
+            constraints=self._constraints)
+        space = self._enumerator.enumerate(module=module, sharders=sharders)
+        if not space:
+            return ShardingPlan({})
+        problem, table_options = problem_of(space, reserved)
+        self._counts = {"tables": len(table_options), "options": len(space), "partitioned": 0, "skipped": 0,
+                        "best": None, "seconds": time.perf_counter() - start_time}
+        self._report()
+        largest = problem.capacity.max(0)
+        if len(table_options) != len({o.fqn for o in space}) or any(
+                not any((c.mem <= largest).all() for c in options) for options in problem.tables):
+            raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+                               message="a table has no sharding option whose every shard fits on a device")
+        if self.balanced.choose_from is not None:
+            chosen = self._choose(problem, table_options)
+            if chosen is not None:
+                return self._done(module, sharders, problem, table_options, reserved, *chosen, start_time)
+        facts: Dict[str, Any] = {"torchrec": {}}
+        starts: Dict[str, Solution] = {}
+        for name in self.balanced.compare:
+            found = self._torchrec_plan(name, space, reserved)
+            solution = from_torchrec(table_options, *found) if found is not None else None
+            facts["torchrec"][name] = None if solution is None else rating(problem, solution)
+            if solution is not None and valid(problem, solution) is None:
+                starts[f"torchrec_{name}"] = solution
+            self._report()
+        for i, solution in enumerate(pooled(problem, table_options)):
+            starts[f"point_{i}"] = solution
+        try:
+            solution, found_facts = search(problem, starts, self.balanced.budget_s)
+        except ValueError:
+            raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+                               message="the balanced search found no placement that fits") from None
+        facts.update(found_facts, pooled=sum(k.startswith("point_") for k in starts))
+        return self._done(module, sharders, problem, table_options, reserved, solution, facts, start_time)
+
+    def _choose(self, problem: Problem, table_options: List[List[ShardingOption]]
+                ) -> Optional[Tuple[Solution, Dict[str, Any]]]:
+        """The best, rated here, of the sweep's plans that are valid here (ties: the first); None where none is."""
+        assert self.balanced.choose_from is not None
+        plans, known = self.balanced.choose_from
+        best: Optional[Tuple[float, Solution]] = None
+        count = 0
+        for plan in plans:
+            solution = solution_of(table_options, {k: (v[0], v[1], tuple(v[2])) for k, v in plan.items()})
+            if solution is None or valid(problem, solution) is not None:
+                continue
+            count += 1
+            r = rating(problem, solution)
+            if best is None or r < best[0]:
+                best = (r, solution)
+        if best is None:
+            return None
+        facts = {"torchrec": dict(known.get("torchrec", {})), "winner": "sweep", "optimal": False, "pooled": 0,
+                 "starts": {"sweep": {"rating": best[0], "improved": best[0], "changed": True}}, "chosen_of": count}
+        return best[1], facts
+
+    def _done(self, module: nn.Module, sharders: List[Any], problem: Problem, table_options: List[List[ShardingOption]],
+              reserved: Topology, solution: Solution, facts: Dict[str, Any], start_time: float) -> ShardingPlan:
+        problem_check = valid(problem, solution)
+        assert problem_check is None, f"the balanced search's plan is not valid: {problem_check}"
+        remember(problem, table_options, solution)
+        options = [options[o] for options, o in zip(table_options, solution.picks, strict=True)]
+        ranks = [r.tolist() for r in solution.ranks]
+        facts["rating"] = self._torchrec_rating(options, ranks, reserved, rating(problem, solution))
+        self.balanced.facts = facts
+        self._counts.update(best=facts["rating"], seconds=time.perf_counter() - start_time)
+        self._report()
+        return self._finish(module, sharders, options, ranks, start_time)
+
+    def _report(self) -> None:
+        if self._progress is not None:
+            self._progress(dict(self._counts))
+
+    def _torchrec_rating(self, options: List[ShardingOption], ranks: List[List[int]], reserved: Topology,
+                         ours: float) -> float:
+        """TorchRec's perf model's rating of the plan, after checking every device's storage as TorchRec's
+        partitioner checks it (``Storage.fits_in``); it must equal the search's own."""
+        used = [Storage(hbm=0, ddr=0, ssd=0) for _ in reserved.devices]
+        for option, option_ranks in zip(options, ranks, strict=True):
+            for shard, rank in zip(option.shards, option_ranks, strict=True):
+                shard.rank = rank
+                used[rank] += shard.storage
+        try:
+            torchrec_rating = self._perf_model.rate(plan=options)
+        finally:
+            reset_shard_rank(options)
+        over = [d.rank for d, u in zip(reserved.devices, used, strict=True) if not u.fits_in(d.storage)]
+        assert not over, f"the balanced plan overfills ranks {over}"
+        assert abs(torchrec_rating - ours) <= 1e-9 * max(1.0, abs(ours)), (torchrec_rating, ours)
+        return float(torchrec_rating)
+
+    def _torchrec_plan(self, name: str, space: List[ShardingOption], reserved: Topology
+                       ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+        """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
+        found as ``sharding.proposer=<name>`` finds it; None where it finds none."""
+        if name == "dynamic_programming":
+            for candidates in (space, placeable_only(space, reserved)):
+                proposer = SkippingProposer(VectorisedDynamicProgrammingProposer(
+                    hbm_bins_per_device=self._dp_hbm_bins), len(reserved.devices))
+                proposer.load(search_space=candidates, enumerator=self._enumerator)
+                proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
+                with shared_uniform_prefixes(reserved.devices):
+                    found = self._search(proposer, reserved, time.perf_counter(), candidates)
+                if found is not None:
+                    return found
+            return None
+        return self._proposers_plan([GreedyProposer(), GreedyProposer(use_depth=False)], space, reserved)
+
+    def _proposers_plan(self, proposers: List[Any], space: List[ShardingOption], reserved: Topology
+                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
+        """TorchRec's loop over ``proposers``: the first plan with the strictly lowest rating."""
+        best: Optional[Tuple[float, List[ShardingOption], List[List[int]]]] = None
+        for proposer in proposers:
+            proposer.load(search_space=space, enumerator=self._enumerator)
+            seen: Dict[Tuple[int, ...], Tuple[bool, Optional[float]]] = {}
+            proposal = proposer.propose()
+            while proposal:
+                key = tuple(sorted(map(id, proposal)))
+                if key not in seen:
+                    found = rate(self._partitioner, self._perf_model, proposal, reserved)
+                    seen[key] = (found is not None, found)
+                    if found is not None and (best is None or found < best[0]):
+                        best = (found, list(proposal), [[s.rank for s in o.shards] for o in proposal])
+                    reset_shard_rank(proposal)
+                proposer.feedback(partitionable=seen[key][0], plan=proposal, perf_rating=seen[key][1],
+                                  storage_constraint=reserved)
+                proposal = proposer.propose()
+        return None if best is None else (best[1], best[2])
