@@ -10,8 +10,8 @@ the runner, each point's plan against TorchRec's proposers and the lower bound, 
 - Per point: the balanced plan's estimated step (TorchRec's rating: the busiest rank's summed shard perf),
   TorchRec's dynamic-programming plan's (the run's ``plan/torchrec_dynamic_programming_ms``: TorchRec's own
   answer, found faster, as ``sharding.proposer=dynamic_programming`` gives it), TorchRec's greedy
-  proposers' (300 tables only: TorchRec's own planner in this process, about a minute a point), and the
-  lower bound (``plan/lower_bound_ms``).
+  proposers' (300 tables only: ``sharding.proposer=greedy`` in this process, TorchRec's plan found faster,
+  about 6 s a point), and the lower bound (``plan/lower_bound_ms``).
 - ``worse``: points where the balanced plan rates worse than TorchRec's DP or greedy plan.
 - ``violations``: pairs of points (A, B) where B's plan, valid at A, rates better at A than A's own plan
   (each point's options enumerated again here, with TorchRec's enumerator). More bandwidth or less reserve
@@ -72,9 +72,8 @@ def sweep(tables: int, ranks: int, grid: Tuple[List[float], List[float]], tmp: P
                   if o.startswith(("cluster.cross_node_bandwidth", "sharding.storage_reserve_percent"))]
         plan = json.loads((job / "plan" / "plan.json").read_text())
         points.append({"bandwidth": float(chosen[0]), "reserve": float(chosen[1]), "results": results,
-                       "plan": {f"{m}.{t}": (p["sharding_type"], p["compute_kernel"], tuple(s["rank"] for s in
-                                                                                           p["shards"]))
-                                for m, tabs in plan.items() for t, p in tabs.items()}})
+                       "plan": {f"{m}.{t}": (p["sharding_type"], p["compute_kernel"], tuple(p["ranks"]))
+                                for m, tabs in plan.items() for t, p in tabs.items()}})  # ranks: in shard order
     return seconds, points
 
 
@@ -110,8 +109,9 @@ def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
 
 
 def greedy_rating(cfg: Any, ranks: int) -> Optional[float]:
-    """TorchRec's own planner with its greedy proposers on the runner's inputs: its plan's rating."""
-    from runner.plan.planner import PlanEstimates, torchrec_planner
+    """TorchRec's greedy proposers' plan on the runner's inputs (``sharding.proposer=greedy``: TorchRec's plan,
+    found faster; ``tests/plan/test_greedy.py``): its rating."""
+    from runner.plan.planner import PlanEstimates, build_planner
     from runner.plan.reuse import reused_model
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
@@ -121,7 +121,8 @@ def greedy_rating(cfg: Any, ranks: int) -> Optional[float]:
     model = reused_model(cfg, planning_model)
     estimates = PlanEstimates()
     try:
-        torchrec_planner(cfg, ranks, 8, "cuda", estimates, dense_bytes(model)).plan(model, sharders_for(cfg.precision))
+        build_planner(cfg, ranks, 8, "cuda", estimates, dense_bytes(model), reuse=True).plan(
+            model, sharders_for(cfg.precision))
     except Exception:  # noqa: BLE001 - TorchRec found no plan
         return None
     totals = [0.0] * ranks
@@ -147,6 +148,8 @@ def violations(tables: int, ranks: int, points: List[Dict]) -> Tuple[int, int]:
                 continue
             if rating(problem, other) < mine * (1 - 1e-9):
                 count += 1
+                print(f"  violation: at {p['bandwidth']:g} GiB/s, reserve {p['reserve']:g} ({mine:.4f} ms) the plan of "
+                      f"{q['bandwidth']:g}, {q['reserve']:g} rates {rating(problem, other):.4f} ms", flush=True)
         monotone += sum(1 for q in points if q["bandwidth"] >= p["bandwidth"] and q["reserve"] <= p["reserve"]
                         and q["results"]["est_step_ms"] > p["results"]["est_step_ms"] * (1 + 1e-9))
     return count, monotone
@@ -183,7 +186,7 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=300, help="tables of the 64-GPU grid")
     ap.add_argument("--big", type=int, default=1000, help="tables of the 128-GPU grid")
     ap.add_argument("--greedy", default="all", help="points of the small grid planned with TorchRec's greedy "
-                                                    "proposers too (all, none or a number; about a minute each)")
+                                                    "proposers too (all, none or a number; about 6 s each)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)

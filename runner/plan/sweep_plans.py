@@ -106,8 +106,21 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
 
 
 def _key(overrides: Sequence[str]) -> str:
-    # a job's task overrides: in Hydra's order, without hydra's own keys, special characters escaped
-    return json.dumps(sorted(o.replace("\\", "") for o in overrides if not o.lstrip("+~").startswith("hydra")))
+    """A point's identity from its overrides, as its job and the pre-check both see them: Hydra's parse of
+    each (a job's task overrides come in Hydra's order, without hydra's own keys, escaped, with values
+    normalised: ``false`` as ``False``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, out = OverridesParser.create(), []
+    for o in overrides:
+        if o.lstrip("+~").startswith("hydra"):
+            continue
+        try:
+            parsed = parser.parse_overrides([o])[0]
+            out.append(f"{parsed.get_key_element()}={parsed.value()!r}")
+        except Exception:  # noqa: BLE001 - not Hydra's syntax: as written
+            out.append(o)
+    return json.dumps(sorted(out))
 
 
 def choices_for(overrides: Sequence[str]) -> Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]]:

@@ -90,10 +90,13 @@ def test_plan_only_for_16_gpus_runs_no_worker(store: str, tmp_path: Path) -> Non
 
 
 def test_plan_sweep_report_matches_children(store: str, tmp_path: Path) -> None:
-    proc = run_cli(["-m", "experiment=plan_many_tables", "cluster.cross_node_bandwidth=0.5,12.5",
+    proc = run_cli(["-m", "experiment=plan_many_tables", "cluster.cross_node_bandwidth=0.5,12.5", "sweep.reuse=false",
                     f"tracking.uri={store}", "tracking.experiment=report", f"hydra.sweep.dir={tmp_path}"],
                    timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the balanced proposer's points planned together: each job took the best of the sweep's plans
+    assert "[runner] planned the sweep's 2 points together" in proc.stdout
+    assert proc.stdout.count("this sweep's points found when planned together") == 2, proc.stdout[-3000:]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store)
