@@ -45,18 +45,11 @@ class BalancedPlanner(SearchLoopPlanner):
             return self._plan_balanced(module, sharders)
 
     def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
-        self._num_proposals = self._num_plans = 0
         start_time = time.perf_counter()
-        reserved: Topology = self._storage_reservation.reserve(
-            topology=self._topology, batch_size=self._batch_size, module=module, sharders=sharders,
-            constraints=self._constraints)
-        space = self._enumerator.enumerate(module=module, sharders=sharders)
+        reserved, space = self._reserve_and_enumerate(module, sharders, start_time)
         if not space:
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
-        self._counts = {"tables": len(table_options), "options": len(space), "partitioned": 0, "skipped": 0,
-                        "best": None, "seconds": time.perf_counter() - start_time}
-        self._report()
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):

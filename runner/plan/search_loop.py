@@ -72,19 +72,11 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
 
     def _plan(self, module: nn.Module, sharders: List[Any], proposer: SkippingProposer) -> ShardingPlan:
         proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
-        self._num_proposals = self._num_plans = 0
         start_time = time.perf_counter()
-        storage_constraint: Topology = self._storage_reservation.reserve(
-            topology=self._topology, batch_size=self._batch_size, module=module, sharders=sharders,
-            constraints=self._constraints)
-        search_space = self._enumerator.enumerate(module=module, sharders=sharders)
+        storage_constraint, search_space = self._reserve_and_enumerate(module, sharders, start_time)
         if not search_space:
             return ShardingPlan({})
         proposer.load(search_space=search_space, enumerator=self._enumerator)
-        self._counts = {"tables": len({o.name for o in search_space}), "options": len(search_space),
-                        "partitioned": 0, "skipped": 0, "best": None, "seconds": time.perf_counter() - start_time}
-        if self._progress is not None:
-            self._progress(dict(self._counts))
         if proposer.exact_partitioner:
             with shared_uniform_prefixes(storage_constraint.devices) as prefixes:
                 best = self._search(proposer, storage_constraint, start_time, search_space)
@@ -97,6 +89,21 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 message=f"the {proposer.name} proposer's {self._num_proposals} proposals found no plan "
                         f"({proposer.skipped_unplaceable} held a shard no device can hold)")
         return self._finish(module, sharders, *best, start_time)
+
+    def _reserve_and_enumerate(self, module: nn.Module, sharders: List[Any],
+                               start_time: float) -> Tuple[Topology, List[ShardingOption]]:
+        """TorchRec's first two steps: the storage reservation (the devices' storage left for tables) and the
+        enumerated options; the counts reported (progress) from here on start."""
+        self._num_proposals = self._num_plans = 0
+        reserved: Topology = self._storage_reservation.reserve(
+            topology=self._topology, batch_size=self._batch_size, module=module, sharders=sharders,
+            constraints=self._constraints)
+        space = self._enumerator.enumerate(module=module, sharders=sharders)
+        self._counts = {"tables": len({o.name for o in space}), "options": len(space), "partitioned": 0,
+                        "skipped": 0, "best": None, "seconds": time.perf_counter() - start_time}
+        if space and self._progress is not None:
+            self._progress(dict(self._counts))
+        return reserved, space
 
     def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
                 start_time: float) -> ShardingPlan:
