@@ -14,7 +14,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,9 @@ bench-plan: $(STAMP)
 
 bench-plan-scale: $(STAMP)
 	$(PY) benchmarks/plan_scale.py $(ARGS)
+
+bench-plan-quality: $(STAMP)
+	$(PY) benchmarks/plan_quality.py $(ARGS)
 
 bench-tracking: $(STAMP)
 	$(PY) benchmarks/tracking_rate.py $(ARGS)
