@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.runtime import rundir
+from runner.runtime.folder_lock import FolderBusy, hold
 from runner.track.store import (
     check_store,
     client,
@@ -172,6 +173,13 @@ class SweepParentRun(Callback):
         check_store(self._uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:  # one owner at a time: a second run or resume of this folder is refused here, before it runs a point
+            note = hold(sweep_dir)
+        except FolderBusy as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        if note:
+            print(note, flush=True)
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
         self._experiment_id = experiment_id(self._uri, config.tracking.experiment)

@@ -241,7 +241,8 @@ def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, la
 
 def test_a_stopped_sweep_resumes_only_its_unfinished_points(store: str, tmp_path: Path) -> None:
     """A joblib sweep stopped after two of its four points finished: `python -m runner resume <folder>` runs
-    only the two others, under the same parent run, which ends with four children and a report of four."""
+    only the two others, under the same parent run, which ends with four children and a report of four; a
+    second resume started at the same time is refused, naming the first."""
     import csv
 
     sweep, exp = tmp_path / "sweep", "sweep_resume"
@@ -266,11 +267,21 @@ def test_a_stopped_sweep_resumes_only_its_unfinished_points(store: str, tmp_path
     assert {j: r.info.status for j, r in children.items()} == {0: "FINISHED", 1: "FINISHED", 2: "KILLED", 3: "KILLED"}
     before = {j: r.info.run_id for j, r in children.items()}
 
-    resumed = subprocess.run([sys.executable, "-m", "runner", "resume", str(sweep)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=300, env={k: v for k, v in os.environ.items()
-                                                          if k != "MLFLOW_TRACKING_URI"})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "job 0 kept" in resumed.stdout and "job 1 kept" in resumed.stdout, resumed.stdout[-3000:]
+    # two resumes at once (two terminals, a retried wrapper): one runs the sweep, the other is refused in one
+    # line naming the folder and the process that holds it; no point runs twice
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    both = [subprocess.Popen([sys.executable, "-m", "runner", "resume", str(sweep)], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [(p, *p.communicate(timeout=300)) for p in both]
+    (resumed,) = [p for p in outs if p[0].returncode == 0]
+    (refused2,) = [p for p in outs if p[0].returncode != 0]
+    assert refused2[0].returncode == 2, refused2[2][-3000:]
+    errors = [ln for ln in refused2[2].splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"the sweep folder {sweep} is in use by process {resumed[0].pid}" in errors[0], errors
+    assert "job 0 kept" in resumed[1] and "job 1 kept" in resumed[1], resumed[1][-3000:]
+    assert f"lock was held by process {job.proc.pid}, which is gone: taken over" in resumed[1]  # the stopped sweep's
+    finished = [r for r in runs(store, exp) if r.data.tags.get("runner.kind") == "job" and r.info.status == "FINISHED"]
+    assert sorted(int(r.data.tags["runner.job"]) for r in finished) == [0, 1, 2, 3]
     again, children = by_job()
     assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
     assert {j: r.info.status for j, r in children.items()} == {j: "FINISHED" for j in range(4)}

@@ -1,0 +1,67 @@
+"""One owner of a sweep folder at a time.
+
+A sweep (or its resume) holds an advisory lock (``flock``) on ``<sweep folder>/.runner.lock`` from the moment
+its multirun starts until its process ends; the file names the holder (pid and command). A second sweep or
+resume on the same folder is refused in one line naming the folder and the holder, instead of running the
+folder's points a second time under the same parent run. The kernel releases the lock when its holder dies
+(a SIGKILL included), so a lock left by a process that is gone blocks no one: it is taken over, and the line
+says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+LOCK_FILE = ".runner.lock"
+_HELD: Dict[str, int] = {}  # folder -> the lock file's descriptor, open for this process's life
+
+
+class FolderBusy(Exception):
+    """The folder is held by another live process; the message is the one line to show."""
+
+
+def _holder(text: str) -> Optional[int]:
+    try:
+        return int(text.split(maxsplit=1)[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def hold(folder: Path) -> Optional[str]:
+    """Take ``folder``'s lock for the rest of this process; a note when it was taken over from a process that
+    is gone, else None. Raises :class:`FolderBusy` when a live process holds it."""
+    key = str(folder.resolve())
+    if key in _HELD:
+        return None
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        pid = _holder(text)
+        who = f"process {pid} ({text.split(maxsplit=1)[1] if ' ' in text else 'command unknown'})" if pid else \
+            "another process"
+        raise FolderBusy(f"the sweep folder {folder} is in use by {who}; wait for it to end (or stop it), then "
+                         f"run again or resume it: python -m runner resume {folder}") from None
+    before = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode(), 0)
+    _HELD[key] = fd
+    if before is not None and before != os.getpid() and not _alive(before):
+        return f"[runner] the sweep folder's lock was held by process {before}, which is gone: taken over"
+    return None
