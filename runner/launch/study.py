@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,9 +32,24 @@ class SweepFolderStorage(InMemoryStorage):
 
     @classmethod
     def open(cls, path: Path) -> "SweepFolderStorage":
+        """The study kept at ``path`` (a new one where there is none). A file that cannot be read back (cut
+        short by a full disk or a copy that stopped, emptied, garbled) ends the command with one line naming
+        it and what to do (exit 2), before any trial runs."""
         if path.exists():
-            with path.open("rb") as f:
-                storage = pickle.load(f)  # the study this sweep folder's own sweeper wrote
+            try:
+                with path.open("rb") as f:
+                    storage = pickle.load(f)  # the study this sweep folder's own sweeper wrote
+                if not isinstance(storage, cls):
+                    raise TypeError(f"holds a {type(storage).__name__}")
+            except Exception as exc:  # noqa: BLE001 - unpickling damaged bytes raises almost anything
+                from runner.track.sweep import end_stopped_sweep
+
+                line = (f"the Optuna study file {path} cannot be read back ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}); restore it from a copy, or move it "
+                        "away to start the study again in this folder (its finished trials' runs stay in MLflow)")
+                end_stopped_sweep("", failed=line)  # the parent run, opened before the study, ends FAILED
+                print(f"error: {line}", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
             storage.path = path
             return storage
         return cls(path)

@@ -124,23 +124,25 @@ class _Running:
     sweep: Optional[tuple] = None
 
 
-def end_stopped_sweep(signame: str) -> Optional[Path]:
+def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Path]:
     """A sweep stopped by ``signame`` (Ctrl-C, SIGTERM) before its end: its parent run and every point's run
-    still RUNNING end KILLED. The sweep folder, or None when no sweep was running here."""
+    still RUNNING end KILLED; with ``failed`` (the one line of what ended it instead) they end FAILED with it.
+    The sweep folder, or None when no sweep was running here."""
     running, _Running.sweep = _Running.sweep, None
     if running is None:
         return None
     uri, run_id, sweep_dir = running
-    why = f"stopped by {signame}"
+    why, status = (failed, "FAILED") if failed else (f"stopped by {signame}", "KILLED")
     try:
         store = client(uri)
         children = store.search_runs([store.get_run(run_id).info.experiment_id],
                                      f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'")
         for child in children:
-            end_run(uri, child.info.run_id, "KILLED", why)
-        end_run(uri, run_id, "KILLED", why)
+            end_run(uri, child.info.run_id, status, why)
+        end_run(uri, run_id, status, why)
     except Exception as exc:  # noqa: BLE001 - the store may be the reason; the folder keeps every point's status
-        print(f"[runner] warning: the sweep's runs could not be marked KILLED ({exc})", file=sys.stderr, flush=True)
+        print(f"[runner] warning: the sweep's runs could not be marked {status} ({exc})", file=sys.stderr,
+              flush=True)
     return sweep_dir
 
 
