@@ -137,6 +137,10 @@ def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> 
 def resume_args(folder: Path, extra: List[str]) -> List[str]:
     """The command line that resumes the sweep in ``folder``: its recorded command, this folder, ``extra``."""
     info = rundir.read_json(folder / SWEEP_FILE)
+    if (folder / SWEEP_FILE).exists() and not (isinstance(info, dict) and isinstance(info.get("command"), list)):
+        raise ValueError(f"{folder / SWEEP_FILE} cannot be read back (cut short, emptied or garbled), so the sweep's "
+                         f"command is lost: run the sweep's command again with hydra.sweep.dir={folder} (points "
+                         "that finished with the same config are kept)")
     if not info or "command" not in info:
         raise ValueError(f"{folder} is not a sweep folder the runner can resume (no {SWEEP_FILE} with its command)")
     command = [a for a in info["command"] if not a.startswith("hydra.sweep.dir=")]

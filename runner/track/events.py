@@ -10,6 +10,7 @@ lines to the store every few seconds and once more at the end (:class:`EventPump
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
@@ -61,7 +62,7 @@ class EventPump:
     def __init__(self, path: Path, uri: str, run_id: str, say: Callable[[str], None] = print) -> None:
         self.path, self.uri, self.run_id, self._say = path, uri, run_id, say
         self._state_path = path.with_name(DELIVERED)
-        self._offset = int((read_json(self._state_path) or {}).get("offset", 0))
+        self._offset = self._delivered()
         self.down: Optional[str] = None  # why the store is unreachable, while it is
 
     def __call__(self) -> bool:
@@ -72,14 +73,37 @@ class EventPump:
             f.seek(self._offset)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        for group, size in _groups(data[:end]):
+        skipped: List[int] = []
+        for group, size in _groups(data[:end], skipped):
             try:
-                self._deliver(group)
+                if group:
+                    self._deliver(group)
             except Exception as exc:  # noqa: BLE001 - any store failure is an outage to ride out
                 return self.went_down(exc)
             self._offset += size
             update_json(self._state_path, offset=self._offset)
+        if skipped:
+            self._say(f"[runner] warning: {self.path}: {len(skipped)} damaged line(s) ({sum(skipped)} bytes) are not "
+                      "events; passed over, the rest delivered")
         return self._up()
+
+    def _delivered(self) -> int:
+        """How far the event log was delivered (``delivered.json``); 0 where there is no record yet. A record
+        that cannot be read back, or that does not fall on a line's start, is said once and the log is
+        delivered from its start (metrics already in the store are logged again at the same steps)."""
+        if not self._state_path.exists():
+            return 0
+        found = read_json(self._state_path)
+        offset = found.get("offset") if isinstance(found, dict) else None
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if isinstance(offset, int) and 0 <= offset <= size:
+            with self.path.open("rb") if size else open(os.devnull, "rb") as f:
+                f.seek(max(offset - 1, 0))
+                if offset == 0 or f.read(1) == b"\n":
+                    return offset
+        self._say(f"[runner] warning: {self._state_path} cannot be read back or does not match {self.path.name}; "
+                  "the event log is delivered again from its start")
+        return 0
 
     def pending(self) -> int:
         """Lines of the event log not yet in the store."""
@@ -112,12 +136,27 @@ class EventPump:
         return True
 
 
-def _groups(data: bytes) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
-    """The lines of ``data`` as delivery groups (consecutive metric events together), with their bytes."""
+def _event(line: bytes) -> Optional[Dict[str, Any]]:
+    """One line of the event log as an event; None for a line that is not one (garbled, or cut: a disk
+    that filled, a copy that stopped)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and event.get("kind") in ("metrics", "tags", "artifacts") else None
+
+
+def _groups(data: bytes, skipped: List[int]) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
+    """The lines of ``data`` as delivery groups (consecutive metric events together), with their bytes; a line
+    that is not an event is passed over (its bytes counted with the next group's) and counted in ``skipped``."""
     group: List[Dict[str, Any]] = []
     size = values = 0
     for line in data.splitlines(keepends=True):
-        event = json.loads(line)
+        event = _event(line)
+        if event is None:
+            skipped.append(len(line))
+            size += len(line)
+            continue
         n = len(event.get("metrics", ()))
         if group and (event["kind"] != "metrics" or group[0]["kind"] != "metrics" or values + n > _GROUP_VALUES):
             yield group, size
@@ -125,5 +164,5 @@ def _groups(data: bytes) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
         group.append(event)
         size += len(line)
         values += n
-    if group:
+    if group or size:
         yield group, size

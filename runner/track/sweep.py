@@ -70,7 +70,8 @@ def swept_params(config: DictConfig) -> Dict[str, List[str]]:
 
 def sweep_info(sweep_dir: Optional[str]) -> Dict[str, Any]:
     """``sweep.json`` of a sweep folder: ``parent_run_id`` and ``swept`` keys ({} outside a sweep)."""
-    return (rundir.read_json(Path(sweep_dir) / SWEEP_FILE) or {}) if sweep_dir else {}
+    found = rundir.read_json(Path(sweep_dir) / SWEEP_FILE) if sweep_dir else None
+    return found if isinstance(found, dict) else {}
 
 
 def parent_run_id(sweep_dir: Optional[str]) -> Optional[str]:
@@ -149,7 +150,19 @@ def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Pa
 def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[str]:
     """The parent run of an earlier sweep in ``sweep_dir`` (same store and experiment), set RUNNING again;
     None for a new sweep."""
+    path = sweep_dir / SWEEP_FILE
     run_id = sweep_info(str(sweep_dir)).get("parent_run_id")
+    if not run_id and path.exists():  # sweep.json cut short or garbled: the store knows the folder's parent
+        try:
+            found = client(uri).search_runs([experiment], f"tags.`runner.kind` = 'sweep' and "
+                                            f"tags.`runner.sweep_dir` = '{sweep_dir}'", max_results=1,
+                                            order_by=["attributes.start_time DESC"])
+        except Exception:  # noqa: BLE001 - the store cannot say: a new parent
+            found = []
+        run_id = found[0].info.run_id if found else None
+        print(f"[runner] warning: {path} cannot be read back; "
+              + (f"the sweep's parent run {run_id} found in the store by its folder" if run_id else
+                 "no parent run of this folder in the store: a new one") + " (it is written again)", flush=True)
     if not run_id:
         return None
     try:

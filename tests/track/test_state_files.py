@@ -1,0 +1,70 @@
+"""State files the runner reads back, damaged as a full disk, a stopped copy or a crash leaves them: the event
+log (a garbled line, a torn last line) and its delivery record; each gives at most one line saying what was
+passed over, and what can be delivered is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+from mlflow.tracking import MlflowClient
+
+from runner.runtime.rundir import DELIVERED
+from runner.track.events import EventLog, EventPump
+from runner.track.store import start_run
+
+
+def _log(path: Path, steps: int) -> None:
+    log = EventLog(path)
+    for step in range(steps):
+        log.metrics({"train/loss": 1.0 / (step + 1)}, step)
+    log.close()
+
+
+def test_a_garbled_and_a_torn_line_are_passed_over_the_rest_delivered(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = start_run(uri, "state_files", "events", None, {})
+    events = tmp_path / "events.jsonl"
+    _log(events, 6)
+    lines = events.read_bytes().splitlines(keepends=True)
+    lines[2] = b'{"kind": "metr\\x00\\xff garbled\n'  # a complete line that is not an event
+    events.write_bytes(b"".join(lines) + b'{"kind": "metrics", "metr')  # and a last line cut short
+    said: List[str] = []
+    pump = EventPump(events, uri, run_id, say=said.append)
+    assert pump()
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")]
+    assert sorted(steps) == [0, 1, 3, 4, 5]  # all but the garbled one; the torn one waits
+    assert len(said) == 1 and "1 damaged line(s)" in said[0] and str(events) in said[0], said
+    delivered = json.loads((tmp_path / DELIVERED).read_text())["offset"]
+    assert delivered == sum(len(x) for x in lines)  # up to the torn line, which is not consumed
+
+    for damage in (b"", b'{"offset": 12', b"\x00\x01garbage", b'{"offset": 7}'):  # emptied, cut, garbled, mid-line
+        (tmp_path / DELIVERED).write_bytes(damage)
+        said.clear()
+        again = EventPump(events, uri, run_id, say=said.append)
+        assert len(said) == 1 and str(tmp_path / DELIVERED) in said[0] and "from its start" in said[0], (damage, said)
+        assert again.pending() == 6  # every complete line, from the start
+
+
+def test_a_damaged_sweep_json_is_named_and_its_parent_found_by_its_folder(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from runner.launch.resume import resume_args
+    from runner.track.store import experiment_id
+    from runner.track.sweep import SWEEP_FILE, _resumable_parent
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    parent = start_run(uri, "state_files", "sweep", None, {"runner.kind": "sweep", "runner.sweep_dir": str(sweep)})
+    good = json.dumps({"parent_run_id": parent, "command": ["-m", "train.seed=1,2"], "overrides": []})
+    for damage in (good[:20], "", "\x00\xff not json", "[1, 2]"):  # cut short, emptied, garbled, not a record
+        (sweep / SWEEP_FILE).write_text(damage)
+        with pytest.raises(ValueError) as refused:
+            resume_args(sweep, [])
+        assert str(sweep / SWEEP_FILE) in str(refused.value) and "\n" not in str(refused.value)
+        assert "hydra.sweep.dir=" in str(refused.value)  # what to do
+        assert _resumable_parent(uri, experiment_id(uri, "state_files"), sweep) == parent  # no second parent
+        out = capsys.readouterr().out
+        assert f"{sweep / SWEEP_FILE} cannot be read back; the sweep's parent run {parent} found" in out, out
