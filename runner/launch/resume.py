@@ -78,14 +78,26 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
     import yaml
 
     status = rundir.read_status(run_dir)
+    if (run_dir / rundir.STATUS).exists() and not isinstance(status, dict):
+        return _runs_again(run_dir / rundir.STATUS)
     if not status or status.get("status") != "FINISHED" or not (run_dir / rundir.RESOLVED).exists():
         return None
+    if (run_dir / rundir.RESULTS).exists() and not isinstance(rundir.read_json(run_dir / rundir.RESULTS), dict):
+        return _runs_again(run_dir / rundir.RESULTS)
     try:
         before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
+    except (OSError, ValueError, yaml.YAMLError):  # a byte that is not UTF-8 is a ValueError
+        return _runs_again(run_dir / rundir.RESOLVED)
+    if not isinstance(before, dict):
+        return _runs_again(run_dir / rundir.RESOLVED)
     now = OmegaConf.to_container(cfg, resolve=True)
     return status if _comparable(before) == _comparable(now) else None
+
+
+def _runs_again(path: Path) -> None:
+    """A finished point whose record cannot be read back (cut short, emptied, garbled) is not kept: said."""
+    print(f"[runner] warning: {path} cannot be read back; the point runs again", flush=True)
+    return None
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

@@ -140,8 +140,12 @@ def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, d
         raise PlanError(f"{where}: no such file")
     try:
         data = json.loads(p.read_text())
-    except ValueError as exc:
-        raise PlanError(f"{where}: not a plan JSON ({exc})") from None
+    except (ValueError, OSError) as exc:
+        raise PlanError(f"{where}: not a plan JSON ({exc}); give a plan.json a run wrote") from None
+    if not isinstance(data, dict) or not all(isinstance(t, dict) and all(isinstance(v, dict) for v in t.values())
+                                             for t in data.values()):
+        raise PlanError(f"{where}: not a plan JSON (no module -> table -> settings mapping); give a plan.json a run "
+                        "wrote")
     by_name = {s.name: s for s in specs}
     planned = {t for tables in data.values() for t in tables}
     if planned != set(by_name):

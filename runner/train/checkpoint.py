@@ -60,11 +60,34 @@ def resolve(resume: Optional[str], root: Path) -> Optional[Path]:
     raise CheckpointError(f"{where}: not a checkpoint (no {META}) and holds no step-* checkpoint")
 
 
-def read_meta(path: Path) -> Dict[str, Any]:
+def _read_best(path: Path) -> Optional[Dict[str, Any]]:
+    """The best checkpoint's record; None where there is none, or where it cannot be read back (said: the next
+    checkpoint with the metric becomes the best, and none is kept as best meanwhile)."""
+    if not path.exists():
+        return None
     try:
-        return json.loads((path / META).read_text())
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        found = None
+    if isinstance(found, dict) and isinstance(found.get("path"), str) and isinstance(found.get("value"), (int, float)):
+        return found
+    print(f"[runner] warning: {path} cannot be read back; the next checkpoint with the metric becomes the best",
+          flush=True)
+    return None
+
+
+def read_meta(path: Path) -> Dict[str, Any]:
+    """A checkpoint's metadata, or :class:`CheckpointError` in one line naming it and what to do."""
+    try:
+        found = json.loads((path / META).read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path}: unreadable {META} ({exc})") from None
+        found, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "not a metadata record"
+    if isinstance(found, dict) and isinstance(found.get("step", 0), int):
+        return found
+    raise CheckpointError(f"checkpoint {path}: its {META} cannot be read back ({why}); resume from another "
+                          "checkpoint (train.resume=<its folder>) or without train.resume")
 
 
 def _state(dmp: Any, optimizer: Any, with_optimizer: bool) -> Dict[str, Any]:
@@ -234,14 +257,13 @@ class Checkpointer:
         if value is None:
             return
         best_file = self.root / BEST
-        best = json.loads(best_file.read_text()) if best_file.exists() else None
+        best = _read_best(best_file)
         better = best is None or (value > best["value"] if self.cfg.best_mode == "max" else value < best["value"])
         if better or (best and best["path"] == str(path)):
             best_file.write_text(json.dumps({"path": str(path), "metric": key, "value": value}))
 
     def _prune(self) -> None:
-        best_file = self.root / BEST
-        best = json.loads(best_file.read_text())["path"] if best_file.exists() else None
+        best = (_read_best(self.root / BEST) or {}).get("path")
         for old in complete_checkpoints(self.root)[: -self.cfg.keep_last]:
             if str(old) != best:
                 shutil.rmtree(old, ignore_errors=True)

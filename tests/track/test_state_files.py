@@ -68,3 +68,61 @@ def test_a_damaged_sweep_json_is_named_and_its_parent_found_by_its_folder(tmp_pa
         assert _resumable_parent(uri, experiment_id(uri, "state_files"), sweep) == parent  # no second parent
         out = capsys.readouterr().out
         assert f"{sweep / SWEEP_FILE} cannot be read back; the sweep's parent run {parent} found" in out, out
+
+
+DAMAGES = {"cut short": lambda b: b[: max(1, len(b) // 3)], "emptied": lambda b: b"",
+           "garbled": lambda b: b"\x00\xff" + b[::-1], "not a record": lambda b: b"[1, 2, 3]"}
+
+
+def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_path: Path, capsys) -> None:
+    from conftest import cfg_for
+    from omegaconf import OmegaConf
+
+    from runner.launch.resume import kept_point
+    from runner.runtime import rundir
+
+    cfg = cfg_for("mode=plan")
+    run = tmp_path / "0"
+    run.mkdir()
+    for name in (rundir.STATUS, rundir.RESULTS, rundir.RESOLVED):
+        for how, damage in DAMAGES.items():
+            rundir.write_status(run, "FINISHED", objective=1.0)
+            rundir.write_json(run / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
+            OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
+            assert kept_point(cfg, run) is not None  # intact: kept
+            capsys.readouterr()
+            (run / name).write_bytes(damage((run / name).read_bytes()))
+            if name == rundir.RESOLVED and how == "not a record":
+                (run / name).write_text("- 1\n- 2\n")
+            assert kept_point(cfg, run) is None, (name, how)
+            out = capsys.readouterr().out
+            assert out.count("\n") == 1 and f"{run / name} cannot be read back; the point runs again" in out, out
+
+
+def test_a_damaged_pinned_plan_or_checkpoint_record_is_one_line(tmp_path: Path, capsys) -> None:
+    import pytest
+    from conftest import cfg_for
+
+    from runner.config.errors import PlanError
+    from runner.config.tables import table_specs
+    from runner.plan.plan_file import load_plan
+    from runner.train.checkpoint import BEST, META, CheckpointError, _read_best, read_meta
+
+    cfg = cfg_for()
+    plan = tmp_path / "plan.json"
+    good = json.dumps({"m": {t.name: {"sharding_type": "table_wise", "ranks": [0]} for t in table_specs(cfg.model)}})
+    step = tmp_path / "step-10"
+    step.mkdir()
+    for how, damage in DAMAGES.items():
+        plan.write_bytes(damage(good.encode()))
+        with pytest.raises(PlanError) as refused:
+            load_plan(str(plan), table_specs(cfg.model), 2, 2, "cpu")
+        assert f"sharding.plan={plan}: not a plan JSON" in str(refused.value) and "\n" not in str(refused.value), how
+        (step / META).write_bytes(damage(b'{"step": 10, "metrics": {}}'))
+        with pytest.raises(CheckpointError) as bad:
+            read_meta(step)
+        assert f"checkpoint {step}: its {META} cannot be read back" in str(bad.value)
+        assert "train.resume" in str(bad.value) and "\n" not in str(bad.value)
+        (tmp_path / BEST).write_bytes(damage(b'{"path": "x", "metric": "eval/auc", "value": 0.7}'))
+        assert _read_best(tmp_path / BEST) is None
+        assert f"{tmp_path / BEST} cannot be read back" in capsys.readouterr().out
