@@ -38,10 +38,15 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: str,
 
 def _sync_one(run_dir: Path) -> Optional[str]:
     """Deliver one run folder's kept reports and ending; the one-line reason when it cannot."""
-    info = rundir.read_json(run_dir / rundir.RUN_INFO)
-    if not info:
+    path = run_dir / rundir.RUN_INFO
+    info = rundir.read_json(path)
+    if not path.exists():
         return f"{run_dir}: not a run folder of the runner (no {rundir.RUN_INFO})"
-    state = rundir.read_json(run_dir / rundir.DELIVERED) or {}
+    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and info.get("run_id")):
+        return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
+                f"the run's reports stay in {run_dir / rundir.EVENTS}")
+    state = rundir.read_json(run_dir / rundir.DELIVERED)
+    state = state if isinstance(state, dict) else {}
     uri, run_id = info["tracking_uri"], info["run_id"]
     pump = EventPump(run_dir / rundir.EVENTS, uri, run_id, say=lambda line: None)
     before = pump.pending()

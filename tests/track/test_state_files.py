@@ -126,3 +126,16 @@ def test_a_damaged_pinned_plan_or_checkpoint_record_is_one_line(tmp_path: Path, 
         (tmp_path / BEST).write_bytes(damage(b'{"path": "x", "metric": "eval/auc", "value": 0.7}'))
         assert _read_best(tmp_path / BEST) is None
         assert f"{tmp_path / BEST} cannot be read back" in capsys.readouterr().out
+
+
+def test_sync_of_a_folder_whose_run_json_is_damaged_says_so(tmp_path: Path, capsys) -> None:
+    from runner.runtime import rundir
+    from runner.track.sync import sync
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for how, damage in DAMAGES.items():
+        (run_dir / rundir.RUN_INFO).write_bytes(damage(b'{"tracking_uri": "sqlite:///x.db", "run_id": "abc"}'))
+        assert sync([str(run_dir)]) == 1, how
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], (how, err)
