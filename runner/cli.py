@@ -16,13 +16,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.config.errors import TrackingError, WorkerFailure, one_line
+from runner.config.errors import TrackingError, WorkerFailure, disk_full, one_line
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
 from runner.config.validation import validate
 from runner.launch.precheck import CONF_DIR, checked, hydra_conf, precheck
 from runner.runtime import rundir, signals
 from runner.track.objective import objective_value
+from runner.track.sweep import end_failed_sweep
 
 if TYPE_CHECKING:
     from runner.launch.slurm import SlurmTask
@@ -98,6 +99,12 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
         _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
         raise SystemExit(stop.exit_code) from None
     except Exception as exc:
+        # a full disk in a sweep: every later point would fail too, so the sweep ends here
+        if (full := disk_full(exc, str(run_dir))) and hc.mode == RunMode.MULTIRUN:
+            line = end_failed_sweep(f"disk full: {full}", Path(hc.sweep.dir).resolve())
+            _record_status(run_dir, "FAILED", line)
+            _say_error(line)
+            raise SystemExit(1) from None
         line = one_line(exc)
         logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
         if line.startswith("unexpected error"):
@@ -161,20 +168,6 @@ def _record_status(run_dir: Path, status: str, error: Optional[str] = None, **ex
         rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
     except OSError as exc:  # the job's own outcome matters more than its record
         print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
-
-
-def _prewarm(args: List[str]) -> None:
-    """Start node 0's agent now, for a training job or a sweep whose points run in this process (no other
-    flag than ``-m``, no other launcher, no ``experiment=``), so that its imports overlap composing the
-    config and opening the run (start-up)."""
-    flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun")]
-    if flags or any(re.match(r"\+*(mode=(plan|write_data)|hydra/launcher=|experiment=)", a) for a in args):
-        return
-    from runner.config.schema_model import ClusterSchema
-    from runner.launch.prewarm import prewarm
-    from runner.runtime.affinity import threads_per_worker, workers_on_host
-
-    prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count
 
 
 _PYTHON_M = re.compile(r"^(\S*python[\d.]*\s+-m\s+)runner\b")
@@ -244,6 +237,7 @@ def _help(args: List[str]) -> bool:
 def main() -> None:
     """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
     signals.install()
+    logging.raiseExceptions = False  # a log file on a full disk: no traceback on the terminal for its handler
     if sys.argv[1:2] == ["sync"]:
         from runner.track.sync import sync
 
@@ -265,7 +259,9 @@ def main() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     try:
-        _prewarm(sys.argv[1:])
+        from runner.launch.prewarm import prewarm_for
+
+        prewarm_for(sys.argv[1:])
         error, launcher = precheck(sys.argv[1:])
         if error:
             print(f"error: {redact_text(error)}", file=sys.stderr)

@@ -8,7 +8,9 @@ name and first line, and its traceback goes to the run folder.
 
 from __future__ import annotations
 
-from typing import Any
+import errno
+import os
+from typing import Any, Optional
 
 
 class ConfigError(ValueError):
@@ -84,9 +86,21 @@ def _original(text: str) -> str:
     return rest if sep and " " not in head else last
 
 
+def disk_full(exc: BaseException, folder: Optional[str] = None) -> Optional[str]:
+    """The line for a write that found its device full (``ENOSPC``, ``EDQUOT``), naming the path (the file,
+    else ``folder``, where the error does not say); else None."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or folder or "a file"
+        return f"no space left on the device of {where} ({os.strerror(exc.errno)}); free space there, then run again"
+    return None
+
+
 def one_line(exc: BaseException) -> str:
     """``<kind>: <message>`` for the runner's own errors, ``error: <message>`` for any other (the class
     name and traceback go to the run's log file, not the user's line)."""
+    full = disk_full(exc)
+    if full:
+        return f"disk full: {full}"
     kind = next((name for cls, name in _KINDS if isinstance(exc, cls)), "unexpected error")
     text = str(exc)
     message = _original(text) if text.startswith("Caught ") and "Original Traceback" in text else first_line(exc)

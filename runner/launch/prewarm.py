@@ -106,3 +106,18 @@ def discard_warm() -> None:
     """Stop the prewarmed agent if no job took it."""
     if _agent is not None:
         _agent.discard()
+
+
+def prewarm_for(args: List[str]) -> None:
+    """Start node 0's agent now (:func:`prewarm`), for a training job or a sweep whose points run in this
+    process (no other flag than ``-m``, no other launcher, no ``experiment=``), so that its imports overlap
+    composing the config and opening the run (start-up)."""
+    import re
+
+    flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun")]
+    if flags or any(re.match(r"\+*(mode=(plan|write_data)|hydra/launcher=|experiment=)", a) for a in args):
+        return
+    from runner.config.schema_model import ClusterSchema
+    from runner.runtime.affinity import threads_per_worker, workers_on_host
+
+    prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count

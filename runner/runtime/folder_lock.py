@@ -59,8 +59,11 @@ def hold(folder: Path) -> Optional[str]:
         raise FolderBusy(f"the sweep folder {folder} is in use by {who}; wait for it to end (or stop it), then "
                          f"run again or resume it: python -m runner resume {folder}") from None
     before = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode(), 0)
+    except OSError:  # a full disk: the lock holds without its holder's name
+        pass
     _HELD[key] = fd
     if before is not None and before != os.getpid() and not _alive(before):
         return f"[runner] the sweep folder's lock was held by process {before}, which is gone: taken over"

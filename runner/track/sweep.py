@@ -175,6 +175,14 @@ def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[st
     return run_id
 
 
+def end_failed_sweep(line: str, sweep_dir: Path) -> str:
+    """A sweep that cannot go on (a full disk): its runs end FAILED with ``line``; the line with where the
+    points answered so far are and how to resume, for the user."""
+    line += f"; the points answered so far are kept in {sweep_dir}: resume with python -m runner resume {sweep_dir}"
+    end_stopped_sweep("", failed=line)
+    return line
+
+
 class SweepParentRun(Callback):
     """Hydra callback: one MLflow parent run per multirun; each job's run becomes its child."""
 

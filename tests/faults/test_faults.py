@@ -219,6 +219,34 @@ def test_full_disk_refuses_checkpoint_and_keeps_earlier_ones(store: str, tmp_pat
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+def test_full_disk_ends_a_plan_sweep_in_one_line(store: str, tmp_path: Path) -> None:
+    """An 8-point plan-only sweep into a small tmpfs: one line naming the full path and how to resume, exit 1,
+    the sweep's runs FAILED (none left RUNNING), the points answered before the disk filled kept, no process
+    left."""
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "500k"):
+        pytest.skip("needs root and mount to make a small tmpfs for the sweep folder")
+    try:
+        sweep = disk / "sweep"
+        job = Job(tmp_path / "a", store, "fault_disk_sweep", ["-m", "mode=plan", "cluster=gpu_2x8",
+                                                               "cluster.cross_node_bandwidth=1,2,3,4,5,6,7,8",
+                                                               f"hydra.sweep.dir={sweep}"])
+        assert job.finish(180) == 1, job.err.read_text()[-3000:]
+        line = one_clean_line(job)
+        assert line.startswith("error: disk full: no space left on the device of ") and str(sweep) in line, line
+        assert f"python -m runner resume {sweep}" in line, line
+        found = runs(store, "fault_disk_sweep")
+        assert all(r.info.status in ("FINISHED", "FAILED") for r in found), [r.info.status for r in found]
+        (parent,) = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
+        assert parent.info.status == "FAILED"
+        kept = [r for r in found if r.data.tags.get("runner.kind") == "job" and r.info.status == "FINISHED"]
+        assert 0 < len(kept) < 8 and all((sweep / r.data.tags["runner.job"] / "results.json").exists() for r in kept)
+        left = subprocess.run(["pgrep", "-f", f"hydra.sweep.dir={sweep}"], capture_output=True, text=True).stdout
+        assert left.strip() == "", left  # no process of the sweep left (the planning helper included)
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
 @pytest.mark.parametrize("launcher", ["basic"])  # joblib: test_a_stopped_sweep_resumes_only_its_unfinished_points
 def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, launcher: str) -> None:
     """Ctrl-C during a sweep: the parent run and each point's run end KILLED (none left RUNNING), exit 130,
