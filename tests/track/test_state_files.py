@@ -139,3 +139,28 @@ def test_sync_of_a_folder_whose_run_json_is_damaged_says_so(tmp_path: Path, caps
         assert sync([str(run_dir)]) == 1, how
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], (how, err)
+
+
+def test_a_damaged_study_file_is_one_line_and_the_sweep_ends_failed(tmp_path: Path, capsys) -> None:
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    from runner.launch.study import STUDY_FILE, SweepFolderStorage
+    from runner.track import sweep as sweep_module
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = tmp_path / STUDY_FILE
+    SweepFolderStorage(path).save()
+    good = path.read_bytes()
+    assert isinstance(SweepFolderStorage.open(path), SweepFolderStorage)
+    for how, damage in DAMAGES.items():
+        parent = start_run(uri, "state_files", "study", None, {"runner.kind": "sweep"})
+        sweep_module._Running.sweep = (uri, parent, tmp_path)  # the sweep's parent is open when the study loads
+        path.write_bytes(damage(good) if how != "cut short" else good[:100])
+        with pytest.raises(SystemExit) as stopped:
+            SweepFolderStorage.open(path)
+        assert stopped.value.code == 2, how
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: the Optuna study file {path} cannot be read back"), err
+        run = MlflowClient(uri).get_run(parent)
+        assert run.info.status == "FAILED", how  # not left RUNNING
