@@ -100,8 +100,8 @@ def plan_sweep_together(args: List[str]) -> None:
 
     if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
         return
-    points = grid_points()
-    if applies([cfg for _, cfg in points]):
+    points = grid_points(applies)
+    if len(points) > 1:
         plan_together(points, lambda cfg: reused_model(cfg, planning_model))
 
 

@@ -9,7 +9,7 @@ import contextlib
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line
@@ -88,7 +88,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         except Exception as exc:  # noqa: BLE001
             return first_line(exc), []
         combos = combinations(values)
-        _GRID[:] = [values, config_name] if multirun and len(combos) > 1 else []
+        _GRID[:] = [values, config_name, None] if multirun and len(combos) > 1 else []
         error = _check_combos(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
         if error:
@@ -140,28 +140,30 @@ def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader
 
 
 _CHECKED: Set[Tuple[str, ...]] = set()  # the override combinations validated in this process
-_GRID: List[Any] = []  # the last pre-check's sweep: its values per override and its config name
+_GRID: List[Any] = []  # the last pre-check's sweep: its values per override, its config name, its first point
 
 
-def grid_points(limit: int = 1000) -> List[Tuple[List[str], Any]]:
+def grid_points(keep: Callable[[Any], bool], limit: int = 1000) -> List[Tuple[List[str], Any]]:
     """Every point of the grid sweep the last pre-check checked (its overrides, its config composed), in
-    Hydra's order; empty for a single run or above ``limit`` points. Points differing from the first only in
-    values are derived from its config (:func:`_from_first`)."""
+    Hydra's order, while ``keep`` holds for each config; empty for a single run, above ``limit`` points, or as
+    soon as a point is not kept (its first point was composed by the pre-check already, so a sweep of other
+    points composes nothing more). Points differing from the first only in values are derived from its config
+    (:func:`_from_first`)."""
     import itertools
 
     from hydra import compose
 
     if not _GRID or math.prod(len(v) for v in _GRID[0]) > limit:
         return []
-    values, config_name = _GRID
+    values, config_name, first = _GRID
     out: List[Tuple[List[str], Any]] = []
     with hydra_conf() as loader:
-        first: Optional[Tuple[List[str], Any]] = None
         for combo in itertools.product(*values):
             cfg = _from_first(first, list(combo), loader)
             if cfg is None:
                 cfg = compose(config_name=config_name or "config", overrides=list(combo))
-                first = first or (list(combo), cfg)
+            if not keep(cfg):
+                return []
             out.append((list(combo), cfg))
     return out
 
@@ -193,6 +195,8 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
                 first = first or (combo, cfg)
             validate(cfg)
             _CHECKED.add(tuple(combo))
+            if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
+                _GRID[2] = (combo, cfg)
         except ConfigError as exc:
             return str(exc) + where
         except Exception as exc:

@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
-from torchrec.distributed.planner.proposers import GreedyProposer
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Storage, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
@@ -23,7 +22,7 @@ from torchrec.distributed.types import ShardingPlan
 from runner.plan.balance import Problem, Solution, rating, valid
 from runner.plan.balanced import BalancedProposer, from_torchrec, pooled, problem_of, remember, search, solution_of
 from runner.plan.copies import quick_copies
-from runner.plan.helper import rate
+from runner.plan.greedy import SkippingGreedyProposer
 from runner.plan.prefixes import shared_uniform_prefixes
 from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
 from runner.plan.search_loop import SearchLoopPlanner
@@ -112,10 +111,6 @@ class BalancedPlanner(SearchLoopPlanner):
         self._report()
         return self._finish(module, sharders, options, ranks, start_time)
 
-    def _report(self) -> None:
-        if self._progress is not None:
-            self._progress(dict(self._counts))
-
     def _torchrec_rating(self, options: List[ShardingOption], ranks: List[List[int]], reserved: Topology,
                          ours: float) -> float:
         """TorchRec's perf model's rating of the plan, after checking every device's storage as TorchRec's
@@ -137,37 +132,22 @@ class BalancedPlanner(SearchLoopPlanner):
     def _torchrec_plan(self, name: str, space: List[ShardingOption], reserved: Topology
                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
-        found as ``sharding.proposer=<name>`` finds it; None where it finds none."""
-        if name == "dynamic_programming":
-            for candidates in (space, placeable_only(space, reserved)):
-                proposer = SkippingProposer(VectorisedDynamicProgrammingProposer(
-                    hbm_bins_per_device=self._dp_hbm_bins), len(reserved.devices))
-                proposer.load(search_space=candidates, enumerator=self._enumerator)
-                proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
-                with shared_uniform_prefixes(reserved.devices):
-                    found = self._search(proposer, reserved, time.perf_counter(), candidates)
-                if found is not None:
-                    return found
-            return None
-        return self._proposers_plan([GreedyProposer(), GreedyProposer(use_depth=False)], space, reserved)
+        found as ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`.search`, :mod:`.greedy`);
+        None where it finds none."""
+        world = len(reserved.devices)
 
-    def _proposers_plan(self, proposers: List[Any], space: List[ShardingOption], reserved: Topology
-                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
-        """TorchRec's loop over ``proposers``: the first plan with the strictly lowest rating."""
-        best: Optional[Tuple[float, List[ShardingOption], List[List[int]]]] = None
-        for proposer in proposers:
-            proposer.load(search_space=space, enumerator=self._enumerator)
-            seen: Dict[Tuple[int, ...], Tuple[bool, Optional[float]]] = {}
-            proposal = proposer.propose()
-            while proposal:
-                key = tuple(sorted(map(id, proposal)))
-                if key not in seen:
-                    found = rate(self._partitioner, self._perf_model, proposal, reserved)
-                    seen[key] = (found is not None, found)
-                    if found is not None and (best is None or found < best[0]):
-                        best = (found, list(proposal), [[s.rank for s in o.shards] for o in proposal])
-                    reset_shard_rank(proposal)
-                proposer.feedback(partitionable=seen[key][0], plan=proposal, perf_rating=seen[key][1],
-                                  storage_constraint=reserved)
-                proposal = proposer.propose()
-        return None if best is None else (best[1], best[2])
+        def dp() -> SkippingProposer:
+            return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=self._dp_hbm_bins), world)
+
+        # the DP proposer, and where it finds none, again without the options no device can hold
+        tries = [(space, dp), (placeable_only(space, reserved), dp)] if name == "dynamic_programming" else [
+            (space, lambda: SkippingGreedyProposer(world))]
+        for candidates, make in tries:
+            proposer = make()
+            proposer.load(search_space=candidates, enumerator=self._enumerator)
+            proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
+            with shared_uniform_prefixes(reserved.devices):
+                found = self._search(proposer, reserved, time.perf_counter(), candidates)
+            if found is not None:
+                return found
+        return None

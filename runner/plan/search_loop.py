@@ -101,9 +101,14 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         space = self._enumerator.enumerate(module=module, sharders=sharders)
         self._counts = {"tables": len({o.name for o in space}), "options": len(space), "partitioned": 0,
                         "skipped": 0, "best": None, "seconds": time.perf_counter() - start_time}
-        if space and self._progress is not None:
-            self._progress(dict(self._counts))
+        if space:
+            self._report()
         return reserved, space
+
+    def _report(self) -> None:
+        """The search's counts to ``progress``, when given."""
+        if self._progress is not None:
+            self._progress(dict(self._counts))
 
     def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
                 start_time: float) -> ShardingPlan:
@@ -150,7 +155,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                     best = min(rated.values(), default=None)
                     self._counts.update(partitioned=self._num_proposals, skipped=proposer.skipped, best=best,
                                         seconds=time.perf_counter() - start_time)
-                    self._progress(dict(self._counts))
+                    self._report()
                 key = tuple(sorted(map(id, proposal)))
                 if key in cache:  # the same proposal again: an earlier one rated the same, never strictly better
                     partitionable, rating = cache[key]

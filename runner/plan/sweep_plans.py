@@ -40,10 +40,9 @@ PLAN_SET_ENV = "RUNNER_SWEEP_PLAN_SET"  # the plan set's file, for the sweep's j
 _LOADED: Dict[str, Dict[str, Any]] = {}
 
 
-def applies(cfgs: Sequence[RunnerConfig]) -> bool:
-    """Whether these points are a sweep of balanced plan-only points (two or more)."""
-    return len(cfgs) > 1 and all(c.mode == "plan" and c.sharding.proposer == "balanced" and not c.sharding.plan
-                                 for c in cfgs)
+def applies(cfg: RunnerConfig) -> bool:
+    """Whether a sweep's point is one this module plans together: a balanced plan-only point."""
+    return cfg.mode == "plan" and cfg.sharding.proposer == "balanced" and not cfg.sharding.plan
 
 
 def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any]) -> Path:

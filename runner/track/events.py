@@ -10,7 +10,6 @@ lines to the store every few seconds and once more at the end (:class:`EventPump
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
@@ -96,10 +95,12 @@ class EventPump:
         found = read_json(self._state_path)
         offset = found.get("offset") if isinstance(found, dict) else None
         size = self.path.stat().st_size if self.path.exists() else 0
-        if isinstance(offset, int) and 0 <= offset <= size:
-            with self.path.open("rb") if size else open(os.devnull, "rb") as f:
-                f.seek(max(offset - 1, 0))
-                if offset == 0 or f.read(1) == b"\n":
+        if offset == 0:
+            return 0
+        if isinstance(offset, int) and 0 < offset <= size:
+            with self.path.open("rb") as f:
+                f.seek(offset - 1)
+                if f.read(1) == b"\n":  # the end of a line: where the next one starts
                     return offset
         self._say(f"[runner] warning: {self._state_path} cannot be read back or does not match {self.path.name}; "
                   "the event log is delivered again from its start")
