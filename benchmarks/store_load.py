@@ -1,6 +1,7 @@
 """Many jobs, one MLflow store: a big plan-only sweep over joblib and training jobs started at once.
 
     .venv/bin/python benchmarks/store_load.py [--points 100] [--n-jobs 2] [--trainers 4] [--stores sqlite,server]
+                                              [--outage] [--down-s 20]
 
 - ``sweep``: ``python -m runner -m hydra/launcher=joblib hydra.launcher.n_jobs=N mode=plan ...`` over
   ``--points`` points (storage reserve x intra-node bandwidth), against a new SQLite file and against a real
@@ -8,6 +9,12 @@
   ``sweep/points`` is the number of points and ``sweep/failed_points`` 0; one child per point, FINISHED, with
   the point's swept values as params, the plan status tag, and ``plan/seconds`` and ``plan/est_step_ms``
   (or, where no plan fits, the reason); no two children with the same job number.
+- ``outage`` (``--outage``): the same sweep against a server that is killed (SIGKILL) once ``--points`` / 4
+  points have ended, and started again ``--down-s`` seconds later on the same port and store. Checked: the
+  sweep exits 0; every point is FINISHED in the store at its end or named in its "tracking pending" line
+  (and none is both); after ``python -m runner sync <sweep folder>`` the store holds what the ``sweep`` case
+  checks (each point once). Printed: how many runs were complete at the sweep's end, how many it named, the
+  sync's seconds.
 - ``trainers``: ``--trainers`` training jobs (``train.steps=30``) started at the same moment on one new
   SQLite file: every run FINISHED with its params and a ``train/loss`` history.
 
@@ -129,6 +136,65 @@ def plan_sweep(uri: str, points: int, n_jobs: int, folder: Path, experiment: str
     return wall, problems + check_sweep(uri, experiment, expected)
 
 
+def outage(points: int, n_jobs: int, folder: Path, down_s: float) -> List[str]:
+    """The plan sweep with its server killed a quarter of the way and back ``down_s`` later; what went wrong."""
+    import re
+    import signal
+
+    server, uri = start_server(folder / "server")
+    port = int(uri.rsplit(":", 1)[1])
+    reserves, bandwidths = grid(points)
+    expected = len(reserves) * len(bandwidths)
+    sweep_dir = folder / "sweep-outage"
+    args = [sys.executable, "-m", "runner", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", *PLAN,
+            f"sharding.storage_reserve_percent={','.join(reserves)}",
+            f"cluster.intra_node_bandwidth={','.join(bandwidths)}", "tracking.experiment=outage",
+            f"hydra.sweep.dir={sweep_dir}"]
+    t0 = time.perf_counter()
+    printed = (folder / "outage.out").open("w+")  # a file, not a pipe: a sweep prints more than a pipe holds
+    proc = subprocess.Popen(args, cwd=ROOT, env=runner_env(uri), stdout=printed, stderr=subprocess.STDOUT, text=True)
+    while len(list(sweep_dir.glob("*/status.json"))) < expected // 4 and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    killed = time.perf_counter() - t0
+    done_then = len(list(sweep_dir.glob("*/status.json")))
+    time.sleep(down_s)
+    server, _ = start_server(folder / "server", port)
+    back = time.perf_counter() - t0
+    try:
+        proc.wait()
+        wall = time.perf_counter() - t0
+        printed.seek(0)
+        out = printed.read()
+        problems = [] if proc.returncode == 0 else [f"sweep exit {proc.returncode}: {out.strip()[-600:]}"]
+        _, found = experiment_runs(uri, "outage")
+        complete = {int(r.data.tags["runner.job"]) for r in found or [] if r.data.tags.get("runner.kind") == "job"
+                    and r.info.status == "FINISHED"}
+        named = re.search(r"tracking pending: .* point\(s\) \(jobs ([0-9, ]+|none)\)", out)
+        listed = {int(j) for j in named.group(1).split(", ")} if named and named.group(1) != "none" else set()
+        if complete | listed != set(range(expected)) or complete & listed:
+            problems.append(f"complete at the end {len(complete)}, named for sync {len(listed)}: "
+                            f"missing {sorted(set(range(expected)) - complete - listed)[:10]}, "
+                            f"both {sorted(complete & listed)[:10]}")
+        s0 = time.perf_counter()
+        sync = subprocess.run([sys.executable, "-m", "runner", "sync", str(sweep_dir)], cwd=ROOT,
+                              env=runner_env(uri), capture_output=True, text=True)
+        sync_s = time.perf_counter() - s0
+        if sync.returncode != 0:
+            problems.append(f"sync exit {sync.returncode}: {sync.stderr.strip()[-600:]}")
+        after = check_sweep(uri, "outage", expected)
+        problems += after
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    print(f"outage server: points={expected} n_jobs={n_jobs} killed_at_s={killed:.1f} (after {done_then} points) "
+          f"back_at_s={back:.1f} wall_s={wall:.1f} complete_at_end={len(complete)} named_for_sync={len(listed)} "
+          f"sync_s={sync_s:.1f} after_sync={'every run once' if not after else f'{len(after)} problems'} "
+          + ("ok" if not problems else "FAILED"), flush=True)
+    return problems
+
+
 def trainers(uri: str, count: int, folder: Path, experiment: str) -> Tuple[float, List[str]]:
     """``count`` training jobs started at once on ``uri``: (wall seconds, problems)."""
     t0 = time.perf_counter()
@@ -149,6 +215,8 @@ def main() -> None:
     ap.add_argument("--n-jobs", type=int, default=2, help="joblib processes of the sweep")
     ap.add_argument("--trainers", type=int, default=4, help="training jobs started at once (0: none)")
     ap.add_argument("--stores", default="sqlite,server")
+    ap.add_argument("--outage", action="store_true", help="also the sweep with its server killed and restarted")
+    ap.add_argument("--down-s", type=float, default=20.0, help="seconds the server stays away (--outage)")
     args = ap.parse_args()
     failed = False
     with tempfile.TemporaryDirectory(prefix="store-load-") as tmp:
@@ -171,6 +239,11 @@ def main() -> None:
             print(f"sweep {store}: points={expected} n_jobs={args.n_jobs} wall_s={wall:.1f} "
                   f"s_per_point={wall / expected:.2f} runs={expected + 1} " + ("ok" if not problems else "FAILED"),
                   flush=True)
+            for p in problems[:20]:
+                print(f"  {p}", flush=True)
+            failed |= bool(problems)
+        if args.outage:
+            problems = outage(args.points, args.n_jobs, folder, args.down_s)
             for p in problems[:20]:
                 print(f"  {p}", flush=True)
             failed |= bool(problems)

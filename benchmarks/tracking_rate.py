@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -134,8 +134,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(folder: Path) -> Tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_server(folder: Path, port: Optional[int] = None) -> Tuple[subprocess.Popen, str]:
+    """A real ``mlflow server`` on 127.0.0.1 (``port``, else a free one) with its store in ``folder``."""
+    port = port or free_port()
     proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1", "--backend-store-uri",
                              f"sqlite:///{folder}/server.db", "--default-artifact-root", str(folder / "art")],

@@ -26,6 +26,7 @@ from runner.config.device import (
     host_gpus,
     visible_gpus,
 )
+from runner.config.errors import disk_full
 from runner.launch.mlflow_run import HydraJob, MlflowRun
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.prewarm import discard_warm, prewarm
@@ -115,9 +116,9 @@ def _train(cfg: RunnerConfig, run: MlflowRun) -> Optional[Dict[str, Any]]:
         _prewarm_next(cfg, run.ctx)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
-        if run.run_id is None:  # node k of a multi-host job: the run is node 0's to end
+        if not run.opened:  # node k of a multi-host job: the run is node 0's to end
             run.stop_system_metrics()
-    if run.multi_host and run.run_id is None:
+    if run.multi_host and not run.opened:
         who = "node 0's task" if run.slurm else "rank 0 ran on another host, whose driver"
         print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)
         return None
@@ -185,7 +186,8 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
     run.attempt = attempt
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
-    store.check_store(run.uri)  # an unreachable server is refused before any worker starts
+    if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
+        store.check_store(run.uri)  # (the sweep began with the store there) goes on and keeps its run for later
     with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
         return _plan_or_train(cfg, run)
 
@@ -206,10 +208,11 @@ def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
         raise
     except BaseException as exc:
         run.ensure_on_record()
-        run.end("FAILED", str(exc))
+        run.end("FAILED", f"disk full: {full}" if (full := disk_full(exc)) else str(exc))
         raise
     if not run.end("FINISHED"):
         results["tracking_pending"] = str(run.ctx.run_dir)
+    results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
     print(results["summary"], flush=True)
     return results

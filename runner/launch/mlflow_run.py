@@ -74,6 +74,11 @@ class MlflowRun:
     def run_id(self) -> Optional[str]:
         return self._life.run_id
 
+    @property
+    def opened(self) -> bool:
+        """Whether this driver opened the run (in the store, or kept while the store is away)."""
+        return self._life.opened
+
     def rank0_here(self) -> bool:
         if self.slurm:
             return self.cfg.cluster.node_rank == 0
@@ -101,9 +106,11 @@ class MlflowRun:
         tags["runner.attempt"] = self.attempt
         tags["runner.config_hash"] = config_hash(self.config)  # what sweep.reuse looks for
         run_id = self._life.open(self.cfg, self.config, name, sweep.get("parent_run_id"), tags, {"port": self.port})
+        self._life.artifacts([ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
+        if run_id is None:  # the store is away: the run is kept in the folder
+            return
         if self.replaces and sweep.get("parent_run_id"):
             _retire(self.uri, self.replaces, sweep["parent_run_id"], run_id)
-        store.log_artifacts(self.uri, run_id, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"])
         print(f"[runner] MLflow run {self.run_id} | run folder {ctx.run_dir}", flush=True)
         self._system = start_system_metrics(self.cfg, self.uri, self.run_id, self.cfg.cluster.node_rank or 0)
         if self.cfg.mode == "train":
@@ -111,9 +118,9 @@ class MlflowRun:
 
     def pump(self) -> None:
         """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
-        if self.multi_host and self.run_id is None and self.rank0_here():
+        if self.multi_host and not self.opened and self.rank0_here():
             self.open()
-        if self.run_id is not None:
+        if self.opened:
             self._life.deliver()
             self._start_chart()
         if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
@@ -134,7 +141,7 @@ class MlflowRun:
         """Once the workers have ended: the plan's chart (waited for when still drawing) as rank 0's last
         report, so that it reaches the run as the others do (later, from the run folder, in an outage)."""
         self._start_chart()  # rank 0 may have written the plan after the last pump
-        if self._chart is None or self.run_id is None:
+        if self._chart is None or not self.opened:
             return
         self._chart.join()
         png = self.ctx.run_dir / rundir.PLAN / CHART
@@ -147,13 +154,8 @@ class MlflowRun:
         from runner.plan.report import plan_description
 
         section = plan_description(self.ctx.run_dir / rundir.PLAN)
-        if not section or self.run_id is None:
-            return
-        try:
-            note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
-            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": f"{note}\n\n{section}".strip()})
-        except Exception:  # an outage: the run keeps its Description without the plan
-            pass
+        if section and self.opened:
+            self._life.add_to_note(section)
 
     def stop_system_metrics(self) -> None:
         """This host's last system-metric samples, logged before the run ends."""
@@ -169,7 +171,7 @@ class MlflowRun:
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
-        if self.run_id is None and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
+        if not self.opened and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
             self.open()
 
 

@@ -114,13 +114,18 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
         return None
     uri = store.tracking_uri(cfg)
-    experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
-    if experiment is None:
-        return None
     digest = config_hash(OmegaConf.to_container(cfg, resolve=True))
-    found = store.client(uri).search_runs(
-        [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
-        max_results=1)
+    try:
+        experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
+        found = [] if experiment is None else store.client(uri).search_runs(
+            [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
+            max_results=1)
+    except Exception as exc:
+        if not store.is_outage(uri, exc):
+            raise
+        print(f"[runner] tracking store {uri} unreachable ({store.outage_reason(exc)}): no earlier run can answer "
+              "this point (sweep.reuse); it runs", flush=True)
+        return None
     return found[0] if found else None
 
 

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
+from runner.config.errors import disk_full
 from runner.runtime.rundir import DELIVERED, read_json, update_json
-from runner.track.store import log_artifacts, log_metric_points, outage_reason, set_tags
+from runner.track.store import client, log_artifacts, log_metric_points, log_params, outage_reason, set_tags
 
 
 class EventLog:
@@ -34,6 +35,9 @@ class EventLog:
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         self._write({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+
+    def params(self, params: Mapping[str, str]) -> None:
+        self._write({"kind": "params", "params": dict(params)})
 
     def artifacts(self, paths: Iterable[Path], artifact_path: Optional[str]) -> None:
         self._write({"kind": "artifacts", "paths": [str(p) for p in paths], "artifact_path": artifact_path})
@@ -77,7 +81,9 @@ class EventPump:
             try:
                 if group:
                     self._deliver(group)
-            except Exception as exc:  # noqa: BLE001 - any store failure is an outage to ride out
+            except Exception as exc:  # noqa: BLE001 - any store failure but a full disk is an outage to ride out
+                if disk_full(exc):  # the artifact store's disk: it will not pass by itself (the job ends in one line)
+                    raise OSError(exc.errno, exc.strerror, exc.filename or self._artifacts_at()) from exc
                 return self.went_down(exc)
             self._offset += size
             update_json(self._state_path, offset=self._offset)
@@ -106,6 +112,14 @@ class EventPump:
                   "the event log is delivered again from its start")
         return 0
 
+    def _artifacts_at(self) -> str:
+        """Where the run's artifacts go (a local folder, else the store's URI for them)."""
+        try:
+            uri = client(self.uri).get_run(self.run_id).info.artifact_uri
+        except Exception:  # noqa: BLE001
+            return f"the artifact store of {self.uri}"
+        return uri[len("file://"):] if uri.startswith("file://") else uri
+
     def pending(self) -> int:
         """Lines of the event log not yet in the store."""
         if not self.path.exists():
@@ -118,6 +132,8 @@ class EventPump:
         kind = group[0]["kind"]
         if kind == "metrics":
             log_metric_points(self.uri, self.run_id, [(e["metrics"], e["step"], e.get("time")) for e in group])
+        elif kind == "params":
+            log_params(self.uri, self.run_id, group[0]["params"])
         elif kind == "tags":
             set_tags(self.uri, self.run_id, group[0]["tags"])
         elif kind == "artifacts":
@@ -126,7 +142,7 @@ class EventPump:
     def went_down(self, exc: BaseException) -> bool:
         if self.down is None:
             self.down = outage_reason(exc)
-            self._say(f"[runner] tracking store {self.uri} unreachable ({self.down}); training goes on, its "
+            self._say(f"[runner] tracking store {self.uri} unreachable ({self.down}); the job goes on, its "
                       f"reports are kept in {self.path} and sent when the store is back")
         return False
 
@@ -137,6 +153,9 @@ class EventPump:
         return True
 
 
+_KINDS = ("metrics", "params", "tags", "artifacts")
+
+
 def _event(line: bytes) -> Optional[Dict[str, Any]]:
     """One line of the event log as an event; None for a line that is not one (garbled, or cut: a disk
     that filled, a copy that stopped)."""
@@ -144,7 +163,7 @@ def _event(line: bytes) -> Optional[Dict[str, Any]]:
         event = json.loads(line)
     except ValueError:
         return None
-    return event if isinstance(event, dict) and event.get("kind") in ("metrics", "tags", "artifacts") else None
+    return event if isinstance(event, dict) and event.get("kind") in _KINDS else None
 
 
 def _groups(data: bytes, skipped: List[int]) -> Iterator[Tuple[List[Dict[str, Any]], int]]:

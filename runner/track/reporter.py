@@ -187,11 +187,13 @@ class Reporter:
 
 def summary_line(results: Dict[str, Any]) -> str:
     """The job's last line: what came out, and where to see it in the MLflow UI."""
-    view = store.view_hint(results["tracking_uri"], results.get("run_id"))
+    run = results.get("run_id") or "(created when the store is back)"
     if results.get("tracking_pending"):
         view = f"tracking pending (the store is unreachable): python -m runner sync {results['tracking_pending']}"
+    else:
+        view = store.view_hint(results["tracking_uri"], results.get("run_id"))
     if results.get("plan_status") == "infeasible":
-        return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {results['run_id']}; {view}"
+        return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {run}; {view}"
     if results.get("mode") == "plan":
         types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
         est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
@@ -199,8 +201,8 @@ def summary_line(results: Dict[str, Any]) -> str:
         if results.get("lower_bound_ms") and results.get("gap_to_bound") is not None:
             est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
         return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
-                f"{results['plan_seconds']:.1f}s; MLflow run {results['run_id']}; {view}")
+                f"{results['plan_seconds']:.1f}s; MLflow run {run}; {view}")
     return (
         f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
-        f"{results['samples_per_s']:.0f} samples/s, MLflow run {results['run_id']}; {view}"
+        f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}"
     )

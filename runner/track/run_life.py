@@ -12,41 +12,98 @@ thread. Either way a store that is away keeps the reports and the ending in the 
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.events import EventLog, EventPump
-from runner.track.sync import end_or_keep
+from runner.track.sync import end_or_keep, open_kept
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
 class RunLife:
-    """One job's MLflow run: :meth:`open`, :meth:`deliver` (or :meth:`deliver_every`), :meth:`end` once."""
+    """One job's MLflow run: :meth:`open`, :meth:`deliver` (or :meth:`deliver_every`), :meth:`end` once.
+
+    A run opened while a tracking server is away is *kept*: ``run.json`` records what the run is to be created
+    with (``pending``), its params go to the event log with the reports, and the job goes on. Each later
+    delivery tries to create it (every few seconds at most); ``python -m runner sync`` does it after the job.
+    """
+
+    RETRY_S = 5.0  # how often a kept run's creation is tried again while the job runs
 
     def __init__(self, run_dir: Path, uri: str) -> None:
         self.run_dir, self.uri = run_dir, uri
         self.run_id: Optional[str] = None
+        self.pending: Optional[Dict[str, Any]] = None  # the run to create once the store is back
         self.pump: Optional[EventPump] = None
         self._lock = threading.Lock()  # one delivery at a time
         self._stop: Optional[threading.Event] = None
         self._thread: Optional[threading.Thread] = None
+        self._next_try = 0.0
+
+    @property
+    def opened(self) -> bool:
+        """Whether :meth:`open` ran: the run is in the store, or kept for when the store is back."""
+        return self.run_id is not None or self.pending is not None
 
     def open(self, cfg: RunnerConfig, config: Mapping[str, Any], name: str, parent: Optional[str],
-             tags: Mapping[str, Any], record: Optional[Dict[str, Any]] = None) -> str:
-        """Create the run RUNNING and record it in the run folder's ``run.json`` (with ``record``'s entries)."""
-        self.run_id = store.open_job_run(self.uri, cfg, config, name, parent, tags)
+             tags: Mapping[str, Any], record: Optional[Dict[str, Any]] = None) -> Optional[str]:
+        """Create the run RUNNING and record it in the run folder's ``run.json`` (with ``record``'s entries);
+        None when the server is away and the run is kept instead."""
+        params = store.flatten(config)
+        try:
+            self.run_id = store.start_run(self.uri, cfg.tracking.experiment, name, parent, tags)
+        except Exception as exc:
+            if not store.is_outage(self.uri, exc):
+                raise
+            self.pending = {"experiment": cfg.tracking.experiment, "name": name, "tags": store.creation_tags(
+                name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
+            rundir.write_json(self.run_dir / rundir.RUN_INFO,
+                              {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
+            self.report_last([], None, params=params)
+            self._next_try = time.monotonic() + self.RETRY_S
+            print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes on; "
+                  f"its MLflow run is created when the store is back (or by python -m runner sync {self.run_dir})",
+                  flush=True)
+            return None
         self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
         rundir.write_json(self.run_dir / rundir.RUN_INFO,
                           {"tracking_uri": self.uri, "run_id": self.run_id, **(record or {})})
+        try:
+            store.log_params(self.uri, self.run_id, params)
+        except Exception as exc:
+            if not store.is_outage(self.uri, exc):
+                raise
+            self.report_last([], None, params=params)  # delivered with the reports once the store is back
         return self.run_id
+
+    def _create_kept(self) -> bool:
+        """Create the kept run now (at most every few seconds); True once it is in the store."""
+        if self.pending is None:
+            return True
+        if time.monotonic() < self._next_try:
+            return False
+        try:
+            self.run_id = open_kept(self.run_dir, self.uri, self.pending)
+        except Exception:  # noqa: BLE001 - still away
+            self._next_try = time.monotonic() + self.RETRY_S
+            return False
+        self.pending = None
+        self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
+        print(f"[runner] tracking store {self.uri} is back: MLflow run {self.run_id} created for {self.run_dir}",
+              flush=True)
+        return True
 
     def deliver(self) -> bool:
         """Write rank 0's new reports to the run; True when the store has all of them."""
         with self._lock:
+            if not self._create_kept():
+                return False
             return self.pump() if self.pump is not None else True
 
     def deliver_every(self, seconds: float) -> None:
@@ -60,11 +117,39 @@ class RunLife:
         self._thread = threading.Thread(target=loop, args=(self._stop,), name="run-delivery", daemon=True)
         self._thread.start()
 
-    def report_last(self, files: Any, artifact_path: str) -> None:
-        """Files made once every rank has ended (the plan's chart), appended to the run folder's event log as
-        rank 0's last report: they reach the run as the others do (from the folder by ``sync`` in an outage)."""
+    def artifacts(self, files: Any, artifact_path: Optional[str] = None) -> None:
+        """Log ``files`` to the run now; while the store is away they wait in the event log with the reports."""
+        try:
+            if self.run_id is not None and (self.pump is None or self.pump.down is None):
+                store.log_artifacts(self.uri, self.run_id, list(files), artifact_path)
+                return
+        except Exception as exc:
+            if not store.is_outage(self.uri, exc):
+                raise
+        self.report_last(files, artifact_path)
+
+    def add_to_note(self, section: str) -> None:
+        """Append ``section`` to the run's Description (best effort: an outage leaves it as it was)."""
+        if self.pending is not None:
+            tags = self.pending["tags"]
+            tags["mlflow.note.content"] = f"{tags.get('mlflow.note.content', '')}\n\n{section}".strip()
+            rundir.update_json(self.run_dir / rundir.RUN_INFO, pending=self.pending)
+            return
+        try:
+            note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
+            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": f"{note}\n\n{section}".strip()})
+        except Exception:  # noqa: BLE001 - an outage: the run keeps its Description without the section
+            pass
+
+    def report_last(self, files: Any, artifact_path: Optional[str], params: Optional[Mapping[str, str]] = None) -> None:
+        """Files made once every rank has ended (the plan's chart), or ``params``, appended to the run folder's
+        event log as rank 0's last report: they reach the run as the others do (from the folder by ``sync``
+        in an outage)."""
         log = EventLog(self.run_dir / rundir.EVENTS)
-        log.artifacts(list(files), artifact_path)
+        if params:
+            log.params(params)
+        if files:
+            log.artifacts(list(files), artifact_path)
         log.close()
 
     def end(self, status: str, error: Optional[str] = None) -> bool:
@@ -73,10 +158,12 @@ class RunLife:
         if self._stop is not None and self._thread is not None:
             self._stop.set()
             self._thread.join()
-        if self.run_id is None:
+        if not self.opened:
             return True
         with self._lock:
-            return end_or_keep(self.run_dir, self.pump, self.uri, self.run_id, status, error)
+            self._next_try = 0.0  # one more try to create a kept run
+            created = self._create_kept()
+            return end_or_keep(self.run_dir, self.pump if created else None, self.uri, self.run_id, status, error)
 
 
 def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> RunLife:

@@ -162,7 +162,13 @@ def check_store(uri: str) -> None:
 
 
 _OUTAGES = ("Connection refused", "Connection reset", "timed out", "Name or service not known",
-            "Temporary failure in name resolution", "No route to host", "Max retries exceeded")
+            "Temporary failure in name resolution", "No route to host", "Max retries exceeded", "Connection aborted",
+            "Bad Gateway", "Service Unavailable")
+
+
+def is_outage(uri: str, exc: BaseException) -> bool:
+    """Whether ``exc``, from a call to the server at ``uri``, says the server is away (not that it refused)."""
+    return uri.startswith(("http://", "https://")) and any(phrase in str(exc) for phrase in _OUTAGES)
 
 
 def outage_reason(exc: BaseException) -> str:
@@ -246,7 +252,6 @@ def log_artifacts(uri: str, run_id: str, paths: Iterable[Path], artifact_path: O
             c.log_artifact(run_id, str(p), artifact_path=artifact_path)
 
 
-@_store_write
 def context_tags(tags: Mapping[str, Any]) -> Dict[str, str]:
     """MLflow's own context tags (user, source, git commit and branch when in a git work tree), as its fluent
     API sets them, and a Description (``mlflow.note.content``): the command and the run folder."""
@@ -265,24 +270,19 @@ def context_tags(tags: Mapping[str, Any]) -> Dict[str, str]:
     return found
 
 
-def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
-              tags: Mapping[str, Any]) -> str:
-    """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
+def creation_tags(run_name: str, parent_run_id: Optional[str], tags: Mapping[str, Any]) -> Dict[str, str]:
+    """Every tag a run is created with: ``tags``, its context (Description, source) and name, its parent."""
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
     all_tags = {**context_tags(tags), MLFLOW_RUN_NAME: run_name, **{k: str(v) for k, v in tags.items()}}
-    if parent_run_id:
-        all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
-    run = client(uri).create_run(experiment_id(uri, experiment), tags=all_tags, run_name=run_name)
-    return run.info.run_id
+    return {**all_tags, MLFLOW_PARENT_RUN_ID: parent_run_id} if parent_run_id else all_tags
 
 
-def open_job_run(uri: str, cfg: RunnerConfig, config: Mapping[str, Any], run_name: str, parent_run_id: Optional[str],
-                 tags: Mapping[str, Any]) -> str:
-    """A job's run: created RUNNING in ``tracking.experiment``, the resolved ``config`` as its params."""
-    run_id = start_run(uri, cfg.tracking.experiment, run_name, parent_run_id, tags)
-    log_params(uri, run_id, flatten(config))
-    return run_id
+def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
+              tags: Mapping[str, Any]) -> str:
+    """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
+    all_tags = creation_tags(run_name, parent_run_id, tags)
+    return client(uri).create_run(experiment_id(uri, experiment), tags=all_tags, run_name=run_name).info.run_id
 
 
 def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = None) -> str:

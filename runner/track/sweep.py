@@ -23,20 +23,19 @@ from omegaconf import DictConfig, OmegaConf
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.runtime import rundir
 from runner.runtime.folder_lock import FolderBusy, hold
+from runner.track.events import EventLog, EventPump
 from runner.track.store import (
     check_store,
     client,
     compare_url,
     end_run,
     experiment_id,
-    log_artifacts,
-    log_metrics,
     log_params,
-    set_tags,
     start_run,
     tracking_uri,
 )
 from runner.track.sweep_report import write_sweep_report
+from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -231,21 +230,35 @@ class SweepParentRun(Callback):
         if not self._run_id:
             return
         sweep_dir = Path(config.hydra.sweep.dir)
-        log_artifacts(self._uri, self._run_id, [p for p in [sweep_dir / "multirun.yaml"] if p.exists()])
-        found = self._report(sweep_dir)
+        # the parent's last reports go through its own event log (sweep_dir/parent/): a store away now keeps them
+        folder = sweep_dir / PARENT_DIR
+        folder.mkdir(exist_ok=True)
+        rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": self._run_id})
+        log = EventLog(folder / rundir.EVENTS)
+        log.artifacts([p for p in [sweep_dir / "multirun.yaml"] if p.exists()], None)
+        found = self._report(sweep_dir, log)
         points = outcomes(sweep_dir)
         failed = [p for p in points if p.status != "FINISHED"]
         lines = [f"job {p.job}: {p.status.lower()}: {p.error or 'no reason recorded'}" for p in failed]
-        log_metrics(self._uri, self._run_id, {"sweep/points": len(points), "sweep/failed_points": len(failed),
-                                              **found.get("metrics", {})}, 0)
+        log.metrics({"sweep/points": len(points), "sweep/failed_points": len(failed), **found.get("metrics", {})}, 0)
         scheduler = rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}
         tags = {**found.get("tags", {}), **({"runner.scheduler": scheduler["scheduler"],
                                               "runner.slurm_job_ids": ",".join(scheduler.get("job_ids", []))}
                                              if scheduler.get("scheduler") else {})}
         if tags:
-            set_tags(self._uri, self._run_id, tags)
-        end_run(self._uri, self._run_id, "FAILED" if failed else "FINISHED", "; ".join(lines) or None)
-        if found.get("run_ids"):
+            log.tags(tags)
+        log.close()
+        pump = EventPump(folder / rundir.EVENTS, self._uri, self._run_id)
+        ended = end_or_keep(folder, pump, self._uri, self._run_id, "FAILED" if failed else "FINISHED",
+                            "; ".join(lines) or None, say=False)
+        kept = kept_runs(sweep_dir)
+        if kept or not ended:
+            jobs = ", ".join(d.name for d in kept if d.name != PARENT_DIR)
+            print(f"[runner] tracking pending: the store {self._uri} was unreachable; the runs of "
+                  f"{len([d for d in kept if d.name != PARENT_DIR])} point(s) (jobs {jobs or 'none'})"
+                  f"{'' if ended else ' and the sweep parent'} are kept in {sweep_dir}; deliver them with: "
+                  f"python -m runner sync {sweep_dir}", flush=True)
+        elif found.get("run_ids"):
             print(f"[runner] sweep done: {len(points)} points; compare them: "
                   f"{compare_url(self._uri, self._experiment_id, found['run_ids'])}", flush=True)
         if failed:
@@ -253,14 +266,14 @@ class SweepParentRun(Callback):
                   flush=True)
             raise SystemExit(1)
 
-    def _report(self, sweep_dir: Path) -> Dict[str, Any]:
-        """Write and log the report; what it found (metrics and tags for the parent run)."""
+    def _report(self, sweep_dir: Path, log: EventLog) -> Dict[str, Any]:
+        """Write the report and add it to the parent's reports; what it found (metrics and tags for the parent)."""
         try:
             report, found = write_sweep_report(sweep_dir)
         except Exception as exc:  # a report problem must not hide the sweep's own outcome
             print(f"[runner] warning: sweep report failed: {type(exc).__name__}: {exc}", flush=True)
             return {}
         if report is not None:
-            log_artifacts(self._uri, self._run_id, sorted(report.iterdir()), artifact_path="report")
+            log.artifacts(sorted(report.iterdir()), "report")
             print(f"[runner] sweep report: {report / 'report.md'}", flush=True)
         return found

@@ -110,7 +110,7 @@ def findings(points: List[Dict[str, Any]]) -> Dict[str, Any]:
     if feasible:
         best = min(feasible, key=lambda p: p["est_step_ms"])
         metrics["sweep/best_est_step_ms"] = best["est_step_ms"]
-        tags = {"runner.best_run_id": best["run_id"], "runner.best_job": best["job"]}
+        tags = {"runner.best_run_id": best["run_id"] or "", "runner.best_job": best["job"]}
     return {"metrics": metrics, "tags": tags, "run_ids": [p["run_id"] for p in points if p["run_id"]]}
 
 

@@ -10,18 +10,45 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Mapping, Optional
 
+from runner.config.errors import disk_full
 from runner.runtime import rundir
 from runner.track.events import EventPump
-from runner.track.store import end_run, outage_reason
+from runner.track.store import client, end_run, experiment_id, outage_reason
+
+PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last reports (a run folder of its own)
 
 
-def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: str, status: str,
-                error: Optional[str] = None) -> bool:
-    """Deliver what is left and end the run with ``status``; if the store is unreachable, keep the
-    ending in the run folder and say how to deliver it. True when the store has the whole run."""
-    if pump is None or pump():
+def kept_runs(sweep_dir: Path) -> List[Path]:
+    """The run folders of a sweep (its points', its parent's) whose run the store does not wholly have: created
+    or ended while it was away, kept for ``python -m runner sync``."""
+    kept = []
+    for run_dir in [*rundir.point_dirs(sweep_dir), sweep_dir / PARENT_DIR]:
+        info, state = rundir.read_json(run_dir / rundir.RUN_INFO), rundir.read_json(run_dir / rundir.DELIVERED)
+        if isinstance(info, dict) and info.get("pending") or isinstance(state, dict) and state.get("final"):
+            kept.append(run_dir)
+    return kept
+
+
+def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any]) -> str:
+    """Create the MLflow run of a job that began while the store was away (``run.json``'s ``pending`` record:
+    experiment, name, tags), or find it where an earlier try created it; ``run.json`` then names it."""
+    experiment = experiment_id(uri, pending["experiment"])
+    record = pending["tags"]["runner.record_id"]
+    found = client(uri).search_runs([experiment], f"tags.`runner.record_id` = '{record}'", max_results=1)
+    run_id = found[0].info.run_id if found else client(uri).create_run(
+        experiment, tags=pending["tags"], run_name=pending["name"]).info.run_id
+    rundir.update_json(run_dir / rundir.RUN_INFO, run_id=run_id, pending=None)
+    return run_id
+
+
+def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: Optional[str], status: str,
+                error: Optional[str] = None, say: bool = True) -> bool:
+    """Deliver what is left and end the run with ``status``; if the store is unreachable (or the run is
+    still to be created: ``run_id`` None), keep the ending in the run folder and say how to deliver it. True
+    when the store has the whole run."""
+    if run_id is not None and (pump is None or _deliver_but_full(pump)):
         try:
             end_run(uri, run_id, status, error)
             rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=status)
@@ -30,24 +57,48 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: str,
             if pump is not None:
                 pump.went_down(exc)
     rundir.update_json(run_dir / rundir.DELIVERED, final={"status": status, "error": error})
-    kept = pump.pending() if pump is not None else 0
-    print(f"[runner] tracking pending: the store {uri} is unreachable; {kept} reports and the final status "
-          f"({status}) are kept in {run_dir}; deliver them with: python -m runner sync {run_dir}", flush=True)
+    kept = (pump or EventPump(run_dir / rundir.EVENTS, uri, "", say=lambda line: None)).pending()
+    if say:
+        print(f"[runner] tracking pending: the store {uri} is unreachable; {kept} reports and the final status "
+              f"({status}) are kept in {run_dir}; deliver them with: python -m runner sync {run_dir}", flush=True)
     return False
 
 
-def _sync_one(run_dir: Path) -> Optional[str]:
-    """Deliver one run folder's kept reports and ending; the one-line reason when it cannot."""
+def _deliver_but_full(pump: EventPump) -> bool:
+    """Deliver what is left; on a full disk (the artifact store's) say what stays in the run folder and go on to
+    end the run (True): the job's own error names the full path."""
+    try:
+        return pump()
+    except OSError as exc:
+        full = disk_full(exc)
+        if not full:
+            raise
+        print(f"[runner] warning: disk full: {full}; {pump.pending()} reports not delivered stay in {pump.path}",
+              flush=True)
+        return True
+
+
+def _sync_one(run_dir: Path, quiet: bool = False) -> Optional[str]:
+    """Deliver one run folder's kept reports and ending; the one-line reason when it cannot. ``quiet``: say
+    nothing of a run that had nothing kept."""
     path = run_dir / rundir.RUN_INFO
     info = rundir.read_json(path)
     if not path.exists():
         return f"{run_dir}: not a run folder of the runner (no {rundir.RUN_INFO})"
-    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and info.get("run_id")):
+    pending = info.get("pending") if isinstance(info, dict) else None
+    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and (info.get("run_id") or pending)):
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
                 f"the run's reports stay in {run_dir / rundir.EVENTS}")
     state = rundir.read_json(run_dir / rundir.DELIVERED)
     state = state if isinstance(state, dict) else {}
-    uri, run_id = info["tracking_uri"], info["run_id"]
+    uri, run_id = info["tracking_uri"], info.get("run_id")
+    created = not run_id
+    if created:
+        try:
+            run_id = open_kept(run_dir, uri, pending)
+        except Exception as exc:  # noqa: BLE001
+            return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
+                    "run sync again later")
     pump = EventPump(run_dir / rundir.EVENTS, uri, run_id, say=lambda line: None)
     before = pump.pending()
     final = state.get("final")
@@ -60,7 +111,9 @@ def _sync_one(run_dir: Path) -> Optional[str]:
             return f"{run_dir}: the store {uri} refused the final status ({outage_reason(exc)})"
         rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=final["status"])
     ended = f", ended {final['status']}" if final else ""
-    print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}{ended}", flush=True)
+    if before or final or created or not quiet:
+        print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}"
+              f"{' (created now)' if created else ''}{ended}", flush=True)
     return None
 
 
@@ -72,10 +125,14 @@ def sync(args: List[str]) -> int:
     failed = 0
     for arg in args:
         folder = Path(arg).resolve()
-        runs = rundir.point_dirs(folder) if not (folder / rundir.RUN_INFO).exists() else [folder]
-        for run_dir in runs or [folder]:
-            error = _sync_one(run_dir)
-            if error:
-                print(f"error: {error}", file=sys.stderr, flush=True)
-                failed += 1
+        runs = [folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder)
+        if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
+            runs.append(folder / PARENT_DIR)
+        errors = [e for e in (_sync_one(run_dir, quiet=len(runs) > 1) for run_dir in runs or [folder]) if e]
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        if len(runs) > 1:
+            print(f"[runner] synced {folder}: {len(runs) - len(errors)} of {len(runs)} runs complete in the store",
+                  flush=True)
+        failed += len(errors)
     return 1 if failed else 0

@@ -247,6 +247,34 @@ def test_full_disk_ends_a_plan_sweep_in_one_line(store: str, tmp_path: Path) -> 
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+def test_a_full_artifact_store_ends_a_sweep_in_one_line(store: str, tmp_path: Path) -> None:
+    """The MLflow artifact store on a full disk (here the experiment's artifact location, a 64 KiB tmpfs; the
+    store's database elsewhere): one line naming the artifact folder and how to resume, exit 1, the point's run
+    and the parent FAILED with that line, no process left."""
+    from mlflow.tracking import MlflowClient
+
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "64k"):
+        pytest.skip("needs root and mount to make a small tmpfs for the artifact store")
+    try:
+        sweep = tmp_path / "sweep"
+        MlflowClient(store).create_experiment("fault_disk_artifacts", artifact_location=(disk / "art").as_uri())
+        job = Job(tmp_path / "a", store, "fault_disk_artifacts", ["-m", "mode=plan", "cluster=gpu_2x8",
+                                                                   "cluster.cross_node_bandwidth=1,2",
+                                                                   f"hydra.sweep.dir={sweep}"])
+        assert job.finish(180) == 1, job.err.read_text()[-3000:]
+        line = one_clean_line(job)
+        assert line.startswith(f"error: disk full: no space left on the device of {disk / 'art'}/"), line
+        assert f"python -m runner resume {sweep}" in line, line
+        found = {r.data.tags.get("runner.kind"): r for r in runs(store, "fault_disk_artifacts")}
+        assert sorted(found) == ["job", "sweep"] and all(r.info.status == "FAILED" for r in found.values())
+        assert str(disk / "art") in found["job"].data.tags["error"]
+        left = subprocess.run(["pgrep", "-f", f"hydra.sweep.dir={sweep}"], capture_output=True, text=True).stdout
+        assert left.strip() == "", left
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
 @pytest.mark.parametrize("launcher", ["basic"])  # joblib: test_a_stopped_sweep_resumes_only_its_unfinished_points
 def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, launcher: str) -> None:
     """Ctrl-C during a sweep: the parent run and each point's run end KILLED (none left RUNNING), exit 130,

@@ -83,3 +83,47 @@ def links_open_the_model_training_view(url: str, experiment: str, stdout: str) -
     assert f"Runs - Experiment {exp}" in training_view and parent in training_view, training_view[:500]
     assert "Overview - Experiment" in ui_text(f"{url}/#/experiments/{exp}")
 
+
+
+def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflow_server, tmp_path: Path) -> None:
+    """A job whose server is away when its run opens (a sweep's point during an outage) goes on: ``run.json``
+    keeps what the run is to be created with, its params and reports wait in the event log, its ending in
+    ``delivered.json``; ``python -m runner sync`` creates the run once, under its parent, and delivers it all."""
+    from omegaconf import OmegaConf
+
+    from runner.config.schema import RunnerConfig
+    from runner.launch.ports import free_port
+    from runner.runtime import rundir
+    from runner.track.events import EventLog
+    from runner.track.run_life import RunLife
+    from runner.track.store import start_run
+    from runner.track.sync import kept_runs, open_kept, sync
+
+    url = mlflow_server[0]
+    parent = start_run(url, "kept", "sweep", None, {"runner.kind": "sweep"})
+    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "kept"}})
+    away = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the server is away
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    run_dir.mkdir(parents=True)
+    life = RunLife(run_dir, away)
+    assert life.open(cfg, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
+    assert life.opened and not life.deliver()  # retried at most every few seconds: not yet
+    log = EventLog(run_dir / rundir.EVENTS)
+    log.metrics({"plan/est_step_ms": 1.5}, 0)
+    log.close()
+    assert life.end("FINISHED") is False  # tried once more, still away: kept
+    assert kept_runs(sweep) == [run_dir]
+    assert rundir.read_json(run_dir / rundir.DELIVERED)["final"] == {"status": "FINISHED", "error": None}
+
+    info = rundir.read_json(run_dir / rundir.RUN_INFO)  # the server is back, at the address the job had
+    rundir.write_json(run_dir / rundir.RUN_INFO, {**info, "tracking_uri": url})
+    assert sync([str(sweep)]) == 0
+    (run,) = [r for r in runs(url, "kept") if r.info.run_id != parent]
+    assert run.info.status == "FINISHED" and run.data.params["train.steps"] == "7"
+    assert run.data.metrics["plan/est_step_ms"] == 1.5
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["mlflow.runName"] == "xbw=3"
+    assert kept_runs(sweep) == [] and rundir.read_json(run_dir / rundir.RUN_INFO)["run_id"] == run.info.run_id
+    # a creation that reached the store before its answer was lost is found again, not made twice
+    assert open_kept(run_dir, url, info["pending"]) == run.info.run_id
+    assert sync([str(sweep)]) == 0 and len(runs(url, "kept")) == 2
