@@ -2,8 +2,8 @@
 
 ``cluster.device=auto`` means CUDA + NCCL when CUDA is present, else CPU + gloo; ``cuda`` on a machine
 without CUDA is refused for training (planning for a GPU cluster works anywhere). torch is imported
-only when a question needs it: asking whether CUDA is present goes to the driver (NVML) and creates no
-CUDA context, so agents may still fork workers afterwards.
+only when a question needs it: asking whether CUDA is present goes to the driver (NVML) and initialises no
+CUDA (:func:`cuda_present`). CUDA workers are spawned, never forked (:func:`check_start_method`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,44 @@ def _nvml() -> Iterator[Any]:
         pynvml.nvmlShutdown()
 
 
+_SAID: List[str] = []  # notes said once per process
+
+
 def cuda_present() -> bool:
+    """Whether this process can train on CUDA, asked without initialising CUDA: NVML lists the GPUs, then
+    ``torch.cuda.device_count()`` (which counts through NVML before CUDA is initialised). torch's
+    ``is_available()`` would call ``cuInit`` unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, and a process that
+    forks its workers afterwards (an agent with ``cluster.start_method=fork``) would hand them a CUDA they
+    cannot use. GPUs that torch cannot use (a CPU build of torch) are said once: the job runs on CPU."""
     with _nvml() as nvml:
-        if nvml is None:
-            return False
+        listed = _listed(nvml)
+    if not listed:
+        return False
     import torch
 
-    return torch.cuda.is_available()
+    present, note = cuda_decision(listed, torch.cuda.device_count(), torch.version.cuda, torch.__version__)
+    if note and note not in _SAID:
+        _SAID.append(note)
+        print(note, flush=True)
+    return present
+
+
+def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torch_version: str) -> Tuple[bool, str]:
+    """Whether to train on CUDA, from the GPUs the driver lists and those torch counts; the note to say when
+    GPUs are there but torch cannot use them ('' otherwise)."""
+    if listed == 0 or torch_count > 0:
+        return torch_count > 0, ""
+    why = "is a CPU build" if torch_cuda is None else f"(CUDA {torch_cuda}) sees none of them"
+    return False, (f"[runner] note: the NVIDIA driver lists {listed} GPU(s) but torch {torch_version} {why}: "
+                   "cluster.device=auto runs on CPU (install a CUDA build of torch and FBGEMM: make gpu-check)")
+
+
+def _listed(nvml: Any) -> int:
+    """GPUs the NVIDIA driver lists (0 where it cannot be asked)."""
+    try:
+        return int(nvml.nvmlDeviceGetCount()) if nvml is not None else 0
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 def device_type(cluster_device: str, planning: bool = False) -> str:
@@ -58,6 +89,14 @@ def device_type(cluster_device: str, planning: bool = False) -> str:
 def backend(device_kind: str) -> str:
     """The process-group backend for a device type."""
     return "nccl" if device_kind == "cuda" else "gloo"
+
+
+def check_start_method(start_method: str, device_kind: str) -> None:
+    """Forked workers cannot use CUDA (their parent's CUDA state does not survive a fork): CUDA workers are
+    spawned (``auto``), as TorchRec's examples start them."""
+    if start_method == "fork" and device_kind == "cuda":
+        raise ConfigError("cluster.start_method", start_method,
+                          "auto or spawn with CUDA workers (a forked process cannot use CUDA; auto spawns them)")
 
 
 def check_tf32(enabled: bool, device_kind: str) -> None:
@@ -117,40 +156,64 @@ def check_gpu_count(workers_on_host: int, workers_per_node: int, visible: Sequen
     return None
 
 
-def host_gpus() -> List[Tuple[str, Tuple[int, int]]]:
-    """Every GPU the NVIDIA driver lists on this host: (name, compute capability), read through NVML (no
-    CUDA context, no torch); empty where NVML cannot be asked."""
+def host_gpus() -> List[Tuple[str, Tuple[int, int], str]]:
+    """Every GPU the NVIDIA driver lists on this host: (name, compute capability, UUID), in NVML's order,
+    read through NVML (no CUDA context, no torch); empty where NVML cannot be asked."""
     with _nvml() as nvml:
         if nvml is None:
             return []
         try:
             handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-            return [(str(nvml.nvmlDeviceGetName(h)), tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
-                    for h in handles]
+            return [(str(nvml.nvmlDeviceGetName(h)), tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)),
+                     str(nvml.nvmlDeviceGetUUID(h))) for h in handles]
         except Exception:  # noqa: BLE001
             return []
 
 
-def check_bf16_before_launch(autocast_dtype: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int]]]) -> None:
-    """bf16 autocast refused before anything starts when none of the host's GPUs has bf16 (compute
-    capability below 8.0); a host with some that do is checked again by each worker on its own GPU."""
-    if gpus and all(capability < (8, 0) for _, capability in gpus):
-        check_bf16(autocast_dtype, False, gpus[0][0])
+def job_gpus(gpus: Sequence[Tuple[str, Tuple[int, int], str]], visible: Sequence[str],
+             count: int) -> List[Tuple[str, Tuple[int, int], str]]:
+    """The host GPUs (:func:`host_gpus`) that this host's ``count`` workers use: the first ``count`` of
+    ``visible`` (:func:`visible_gpus`: indices, or UUIDs and their unique prefixes as CUDA takes them). An
+    index counts in NVML's order, CUDA's own under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (each worker checks its
+    GPU again through CUDA); a name that matches no GPU is left out."""
+    found = []
+    for name in visible[:count]:
+        if name.isdigit():
+            found += [gpus[int(name)]] if int(name) < len(gpus) else []
+        else:
+            found += [g for g in gpus if g[2].startswith(name) or g[2].startswith(f"GPU-{name}")][:1]
+    return found
+
+
+def has_bf16(capability: Tuple[int, int]) -> bool:
+    """bf16 in hardware: compute capability 8.0 (Ampere) or later. torch's ``is_bf16_supported()`` also
+    counts the emulation older GPUs get, many times slower."""
+    return tuple(capability) >= (8, 0)
+
+
+def check_bf16_before_launch(autocast_dtype: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int], str]]) -> None:
+    """bf16 autocast refused before anything starts when one of the job's GPUs (:func:`job_gpus`) would
+    emulate it; each worker checks its own GPU again (also under a plain torchrun, without a driver)."""
+    lacking = [name for name, capability, _ in gpus if not has_bf16(capability)]
+    if lacking:
+        check_bf16(autocast_dtype, False, lacking[0])
 
 
 def check_bf16(autocast_dtype: Optional[str], supported: bool, device_name: str) -> None:
     """bf16 autocast needs a GPU that computes in bf16 (compute capability 8.0 or later)."""
     if autocast_dtype == "bfloat16" and not supported:
-        raise ConfigError("precision", "bf16", f"fp32 or fp16 on this GPU ({device_name} has no bf16 support)")
+        raise ConfigError("precision", "bf16", f"fp32 or fp16 on this GPU ({device_name} has no bf16 in hardware: "
+                          "compute capability below 8.0, where torch would emulate it)")
 
 
 def hbm_cap_bytes(configured_gib: Optional[float], smallest_device_bytes: int) -> int:
-    """The planner's HBM per GPU: ``cluster.hbm_cap_gib`` when set (refused above what the smallest GPU of
-    the job exposes), else that smallest GPU's memory."""
+    """The planner's HBM per GPU: ``cluster.hbm_cap_gib`` when set (refused above the memory free on the
+    job's GPU with the least), else that GPU's free memory (another process's share of a GPU is not the
+    job's to plan for)."""
     if configured_gib is None:
         return int(smallest_device_bytes)
     if configured_gib * GIB > smallest_device_bytes:
         raise ConfigError("cluster.hbm_cap_gib", configured_gib,
-                          f"at most {smallest_device_bytes / GIB:.2f} (the smallest GPU of this job exposes "
-                          f"{smallest_device_bytes / GIB:.2f} GiB), or null to read it from the devices")
+                          f"at most {smallest_device_bytes / GIB:.2f} (the job's GPU with the least free memory "
+                          f"has {smallest_device_bytes / GIB:.2f} GiB free), or null to read it from the devices")
     return int(configured_gib * GIB)

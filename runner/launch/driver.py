@@ -21,9 +21,11 @@ from runner.config.device import (
     check_bf16_before_launch,
     check_gpu_count,
     check_sparse_optimizer,
+    check_start_method,
     check_tf32,
     device_type,
     host_gpus,
+    job_gpus,
     visible_gpus,
 )
 from runner.config.errors import disk_full
@@ -54,11 +56,13 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path) -> None:
         check_data(cfg)
     kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
     check_tf32(cfg.precision.tf32, kind)
+    check_start_method(cfg.cluster.start_method, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
     if kind == "cuda":
-        check_bf16_before_launch(cfg.precision.autocast, host_gpus())
         c = cfg.cluster
-        note = check_gpu_count(c.workers_per_node * len(nodes_on_this_host(c)), c.workers_per_node, visible_gpus())
+        workers, visible = c.workers_per_node * len(nodes_on_this_host(c)), visible_gpus()
+        check_bf16_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
+        note = check_gpu_count(workers, c.workers_per_node, visible)
         if note:
             print(note, flush=True)
 
@@ -188,7 +192,10 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
         store.check_store(run.uri)  # (the sweep began with the store there) goes on and keeps its run for later
-    with job_cores(ctx.parallel):  # concurrent jobs on this host: each on its own cores
+    gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
+    if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
+        gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
+    with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _plan_or_train(cfg, run)
 
 

@@ -42,6 +42,9 @@ def _stop_all(procs: List[subprocess.Popen]) -> None:
             p.wait()
 
 
+ECHOES = ("SIGTERM", "SIGABRT")  # signal deaths that follow a peer's failure rather than cause one
+
+
 def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
     """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
     records = [r for r in rundir.error_records(run_dir) if "rank" in r and "time" in r]
@@ -52,8 +55,10 @@ def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
     workers = [r for r in records if r.get("source") == "worker"]
     spoke = {str(r["rank"]) for r in workers}
     killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
-    # SIGTERM is what stopping the others after a failure sends: an echo, unless nothing else was recorded
-    killed = [r for r in killed if r["signal"] != "SIGTERM"] or (killed if not workers else [])
+    # Echoes, unless nothing else was recorded: SIGTERM is what stopping the others after a failure sends;
+    # SIGABRT is what NCCL's watchdog sends a surviving rank whose peer left (a rank that aborts by itself, a
+    # failed C++ check, records nothing else and is still named when no worker spoke)
+    killed = [r for r in killed if r["signal"] not in ECHOES] or (killed if not workers else [])
     return min(killed or workers or records, key=lambda r: r["time"])
 
 

@@ -16,8 +16,10 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence
 
+from runner.config.device import visible_gpus
+from runner.config.errors import ConfigError
 from runner.runtime.affinity import worker_cores
 
 SLOT_DIR = Path(tempfile.gettempdir()) / f"runner-core-slots-{os.getuid()}"
@@ -32,9 +34,23 @@ def parallel_jobs(launcher: object) -> int:
     return len(os.sched_getaffinity(0)) if n < 0 else max(n, 1)
 
 
+def gpu_share(visible: Sequence[str], slot: int, parallel: int, needed: int) -> List[str]:
+    """The GPUs of the ``slot``-th of ``parallel`` jobs running at once on this host: its own
+    ``len(visible) // parallel`` of the visible ones; refused in one line when that is fewer than the
+    ``needed`` (one per worker on this host)."""
+    per = len(visible) // parallel
+    if per < needed:
+        raise ConfigError("hydra.launcher.n_jobs", parallel,
+                          f"at most {len(visible) // max(needed, 1)} CUDA jobs at once on this host: each needs "
+                          f"{needed} GPU(s) (one per worker) and {len(visible)} are visible")
+    return list(visible[slot * per:(slot + 1) * per])
+
+
 @contextlib.contextmanager
-def job_cores(parallel: int) -> Iterator[Optional[List[int]]]:
-    """Restrict this process (and what it starts) to a free slice of the host's cores while the job runs."""
+def job_cores(parallel: int, gpus: int = 0) -> Iterator[Optional[List[int]]]:
+    """Restrict this process (and what it starts) to a free slice of the host's cores while the job runs;
+    with ``gpus`` (a CUDA job's workers on this host), also to its own slice of the visible GPUs
+    (``CUDA_VISIBLE_DEVICES``), as disjoint between the jobs as the cores are."""
     allowed = sorted(os.sched_getaffinity(0))
     n = min(parallel, len(allowed))
     if n <= 1:
@@ -50,11 +66,18 @@ def job_cores(parallel: int) -> Iterator[Optional[List[int]]]:
             os.close(fd)
             continue
         cores = worker_cores(slot, n, allowed) or allowed  # n <= the cores: a slice each
-        os.sched_setaffinity(0, cores)
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         try:
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_share(visible_gpus(), slot, n, gpus))
+            os.sched_setaffinity(0, cores)
             yield cores
         finally:
             os.sched_setaffinity(0, allowed)
+            if gpus and shown is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            elif gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = shown
             os.close(fd)  # releases the lock
         return
     yield None

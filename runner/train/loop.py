@@ -51,6 +51,13 @@ class TrainResult:
     data_ended: bool = False
 
 
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """What waits for ``device`` to finish the work queued on it: CUDA's synchronize; nothing on CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def _mean_across_ranks(sums: torch.Tensor) -> List[float]:
     dist.all_reduce(sums)
     return (sums / dist.get_world_size()).tolist()  # the host waits for the device here, at log steps only
@@ -72,6 +79,7 @@ class _Window:
 
     def __init__(self, tasks: int, device: torch.device) -> None:
         self.tasks, self.device = tasks, device
+        self.sync = device_sync(device)
         self.timed_s, self.timed_steps, self._first = 0.0, 0, True
         self._reset(time.perf_counter())
 
@@ -88,7 +96,8 @@ class _Window:
 
     def close(self, last: bool) -> tuple:
         """End the window: (the summed losses divided by its steps, as a tensor; steps; seconds); start the
-        next."""
+        next. The clock is read once the device has done the window's work (CUDA runs it asynchronously)."""
+        self.sync()
         now = time.perf_counter()
         elapsed = now - self.start - self.paused  # wall time of the window: logging included, pauses not
         if not self._first or last and self.timed_steps == 0:
@@ -167,6 +176,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
         result.last_step = step
         window.add(loss, _task_losses(logits, labels) if len(tasks) > 1 else None)
         if result.first_step_unix is None:
+            window.sync()  # when the first step was done, not queued
             result.first_step_unix = time.time()
         hooks.progress.update(1)
         if step % log_every == 0 or step == steps:

@@ -120,7 +120,7 @@ class SplitStep(Unpaused):
         self._dense = list(optimizer.optimizers[1][1].params.values())  # (name, ClippedOptimizer)
 
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch = next(it).to(self.device)
+        batch = next(it).to(self.device, non_blocking=True)  # from pinned memory: no wait on the copy
         n = self.micro_batches
         size = batch.labels.shape[0]
         if size % n:

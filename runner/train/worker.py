@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from runner.config.device import backend, check_bf16, check_sparse_optimizer, check_tf32, device_type, hbm_cap_bytes
+from runner.config.device import (
+    backend,
+    check_bf16,
+    check_sparse_optimizer,
+    check_tf32,
+    device_type,
+    has_bf16,
+    hbm_cap_bytes,
+)
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
 from runner.runtime import affinity, rundir, signals
@@ -75,16 +84,17 @@ def select_device(cluster_device: str, local_rank: int) -> torch.device:
 def check_gpu(cfg: RunnerConfig, device: torch.device) -> None:
     """What this GPU cannot do, refused before anything runs on it (bf16 autocast on a pre-Ampere GPU)."""
     if device.type == "cuda":
-        check_bf16(cfg.precision.autocast, torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device))
+        check_bf16(cfg.precision.autocast, has_bf16(torch.cuda.get_device_capability(device)),
+                   torch.cuda.get_device_name(device))
 
 
 def gpu_memory_cap(cfg: RunnerConfig, device: torch.device) -> Optional[int]:
-    """The planner's HBM per GPU (CUDA only): the smallest memory among the job's GPUs, agreed by every
-    rank, or ``cluster.hbm_cap_gib`` checked against it."""
+    """The planner's HBM per GPU (CUDA only): the least free memory among the job's GPUs (what other
+    processes hold on a shared GPU is not the job's), agreed by every rank, or ``cluster.hbm_cap_gib``
+    checked against it."""
     if device.type != "cuda":
         return None
-    smallest = torch.tensor([torch.cuda.get_device_properties(device).total_memory], dtype=torch.int64,
-                            device=device)
+    smallest = torch.tensor([torch.cuda.mem_get_info(device)[0]], dtype=torch.int64, device=device)
     dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
     return hbm_cap_bytes(cfg.cluster.hbm_cap_gib, int(smallest.item()))
 
@@ -163,13 +173,41 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
-        try:  # peers that already stopped can make this raise: it must not replace the job's own outcome
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
-            pass
+        end_process_group(failed=True)
         raise
     dist.destroy_process_group()
     return results
+
+
+ABORT_WITHIN_S = 10.0  # how long a failed rank waits for its process group to end before it exits anyway
+
+
+def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
+    """End this rank's process group; True when it ended within ``within_s``. After a failure, peers may be gone
+    or stuck in a collective, and ``destroy_process_group`` can wait on them until ``cluster.pg_timeout_s``:
+    NCCL's group is aborted instead (``_abort_process_group``, as torch's own fault-tolerance examples do),
+    and either way the rank waits at most ``within_s`` before going on to exit with its error, so that its
+    agent sees the failure and stops the others in seconds. Any error here is passed over: the job's own
+    outcome is the failure."""
+    if not dist.is_initialized():
+        return True
+    end = dist.destroy_process_group
+    if failed and dist.get_backend() == "nccl":
+        end = getattr(dist.distributed_c10d, "_abort_process_group", end)
+    if not failed:
+        end()
+        return True
+
+    def quietly() -> None:
+        try:
+            end()
+        except Exception:  # noqa: BLE001 - peers that already stopped can make this raise
+            pass
+
+    ender = threading.Thread(target=quietly, name="end-process-group", daemon=True)
+    ender.start()
+    ender.join(within_s)
+    return not ender.is_alive()
 
 
 def _record_error(run_dir: Path, exc: BaseException) -> None:

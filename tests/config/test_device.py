@@ -13,7 +13,11 @@ from runner.config.device import (
     check_bf16,
     check_bf16_before_launch,
     check_gpu_count,
+    check_start_method,
+    cuda_decision,
+    has_bf16,
     hbm_cap_bytes,
+    job_gpus,
     node_gpus,
     visible_gpus,
 )
@@ -58,10 +62,23 @@ def test_hbm_cap_is_the_smallest_gpu_unless_set_below_it() -> None:
 def test_bf16_is_refused_on_a_gpu_without_it() -> None:
     with pytest.raises(ConfigError, match="precision='bf16'.*Tesla V100"):
         check_bf16("bfloat16", False, "Tesla V100-SXM2-32GB")
-    with pytest.raises(ConfigError, match="Tesla T4"):  # before launch: no GPU of the host has bf16
-        check_bf16_before_launch("bfloat16", [("Tesla T4", (7, 5)), ("Tesla T4", (7, 5))])
-    check_bf16_before_launch("bfloat16", [("Tesla T4", (7, 5)), ("NVIDIA A100", (8, 0))])  # each worker checks
+    t4, a100 = ("Tesla T4", (7, 5), "GPU-11aa-t4"), ("NVIDIA A100", (8, 0), "GPU-22bb-a100")
+    with pytest.raises(ConfigError, match="Tesla T4 has no bf16 in hardware"):  # before launch: torch would emulate
+        check_bf16_before_launch("bfloat16", [t4, t4])
+    mixed = [t4, a100, a100]  # a host with both: what matters is the GPUs the job's workers get
+    for visible, count, refused in ((["0", "1"], 2, True), (["1", "2"], 2, False), (["1", "0"], 1, False),
+                                    (["GPU-22bb-a100"], 1, False), (["GPU-11aa"], 1, True), (["22bb"], 1, False),
+                                    (["0", "1", "2"], 2, True)):
+        gpus = job_gpus(mixed, visible, count)
+        assert len(gpus) == count, (visible, gpus)
+        if refused:
+            with pytest.raises(ConfigError, match="Tesla T4"):
+                check_bf16_before_launch("bfloat16", gpus)
+        else:
+            check_bf16_before_launch("bfloat16", gpus)
+    assert job_gpus(mixed, ["7", "GPU-none"], 2) == []  # no such GPU: CUDA refuses it at start-up
     check_bf16_before_launch("bfloat16", [])  # NVML not there: the workers check
+    assert has_bf16((9, 0)) and has_bf16((8, 6)) and not has_bf16((7, 5)) and not has_bf16((6, 1))
     check_bf16("bfloat16", True, "NVIDIA H100")
     check_bf16("float16", False, "Tesla V100-SXM2-32GB")
 
@@ -109,3 +126,50 @@ def test_autocast_wraps_the_forward_only() -> None:
     plain = Probe()
     autocast_forward(plain, "cpu", None)
     assert plain(torch.ones(2, 4)).dtype == torch.float32
+
+
+def test_cuda_is_decided_without_initialising_it_and_a_cpu_torch_on_a_gpu_host_is_said() -> None:
+    assert cuda_decision(0, 0, None, "2.13.0+cpu") == (False, "")  # no NVIDIA driver: CPU, nothing to say
+    assert cuda_decision(8, 8, "12.8", "2.13.0") == (True, "")
+    present, note = cuda_decision(8, 0, None, "2.13.0+cpu")  # GPUs, but a CPU build of torch
+    assert not present and "lists 8 GPU(s) but torch 2.13.0+cpu is a CPU build" in note and "runs on CPU" in note
+    present, note = cuda_decision(1, 0, "12.8", "2.13.0")  # e.g. CUDA_VISIBLE_DEVICES hides them all
+    assert not present and "sees none of them" in note
+    import torch.cuda
+
+    assert not torch.cuda.is_initialized()  # the suite's own questions initialised nothing
+
+
+def test_cuda_workers_are_never_forked() -> None:
+    with pytest.raises(ConfigError, match="cluster.start_method='fork'.*auto or spawn with CUDA"):
+        check_start_method("fork", "cuda")
+    for method, kind in (("fork", "cpu"), ("spawn", "cuda"), ("auto", "cuda")):
+        check_start_method(method, kind)
+
+
+def test_parallel_cuda_jobs_get_disjoint_gpus_or_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A joblib sweep's jobs running at once on one host split its visible GPUs as they split its cores
+    (indices or UUIDs alike), or are refused in one line when there are too few."""
+    import os
+    import subprocess
+    import sys
+
+    from runner.runtime.cores import gpu_share, job_cores
+
+    uuids = [f"GPU-{i}aa" for i in range(8)]
+    assert gpu_share(uuids, 1, 2, 4) == uuids[4:] and gpu_share(uuids, 0, 4, 2) == uuids[:2]
+    with pytest.raises(ConfigError, match="n_jobs=3 is not allowed; expected at most 2 CUDA jobs at once.*8 are"):
+        gpu_share(uuids, 0, 3, 4)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two jobs at once need two cores here")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    other = ("import os; from runner.runtime.cores import job_cores\n"
+             "with job_cores(2, gpus=4) as cores: print(os.environ['CUDA_VISIBLE_DEVICES'], cores)")
+    allowed, host = os.sched_getaffinity(0), dict(os.environ)
+    with job_cores(2, gpus=4) as first:  # two jobs of 4 workers each, the second in another process
+        seen = os.environ["CUDA_VISIBLE_DEVICES"]
+        out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, check=True, env=host,
+                             preexec_fn=lambda: os.sched_setaffinity(0, allowed)).stdout
+        gpus, cores = out.split(" ", 1)
+        assert {seen, gpus} == {"0,1,2,3", "4,5,6,7"} and str(first) != cores.strip()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"  # the host's view again after the jobs

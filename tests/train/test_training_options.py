@@ -243,3 +243,18 @@ def test_dense_adagrad_sparse_decoupled_decay_and_exp_decay_train(store: str, tm
     losses = metric_history(store, run.info.run_id, "train/loss")
     assert losses[-1] < losses[0]
     assert run.data.params["optimizer.sparse_weight_decay_mode"] == "decoupled"
+
+
+def test_a_window_is_timed_once_the_device_has_done_its_work() -> None:
+    """The loop's clock is read after the device finished the window's steps (CUDA queues them): here a
+    device still busy for 0.2 s when the window closes."""
+    import time
+
+    from runner.train.loop import _Window, device_sync
+
+    window = _Window(1, torch.device("cpu"))
+    window.sync = lambda: time.sleep(0.2)
+    window.add(torch.tensor(1.0), None)
+    means, steps, elapsed = window.close(last=True)
+    assert steps == 1 and float(means[0]) == 1.0 and elapsed >= 0.2
+    assert device_sync(torch.device("cpu"))() is None
