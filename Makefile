@@ -14,7 +14,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: gpu-env run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ gpu-env:
 	touch $(CUDA_MARK)
 	rm -f $(STAMP)
 	$(MAKE) $(STAMP)
+
+# A GPU box end to end (docs/gpu.md): the CUDA environment (once), what was found, the GPU tests, runner
+# commands over the CUDA path; outputs/gpu-check/report.md is what to send us
+gpu-check:
+	test -f $(CUDA_MARK) || $(MAKE) gpu-env
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 run: $(STAMP)
 	$(PY) -m runner $(ARGS)

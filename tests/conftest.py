@@ -25,8 +25,22 @@ from runner.config.device import cuda_present  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Cases that expect a machine without CUDA (a GPU-only optimizer or cluster.device=cuda refused) skip on a GPU host
-CPU_ONLY = pytest.mark.skipif(cuda_present(), reason="expects a machine without CUDA; this host has a GPU")
+# The suite is a CPU suite on any host: a GPU host's GPUs are hidden from it and from every process it starts
+# (CUDA_VISIBLE_DEVICES="", read by torch and the runner through NVML: nothing initialises CUDA here), so that
+# the end-to-end tests run as on CPU (gloo, forked workers) instead of being refused or switched to NCCL. The
+# tests marked gpu see the host's GPUs again (the autouse fixture below).
+HOST_CUDA = cuda_present()
+HOST_GPUS = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+@pytest.fixture(autouse=True)
+def _host_gpus_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("gpu") is not None:
+        if HOST_GPUS is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", HOST_GPUS)
 
 # Small and quick: few steps, small batches. Every end-to-end test starts from these.
 FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.eval_batches=4"]

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ONLY, FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs, stderr_lines
+from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs, stderr_lines
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,6 @@ def plan_types(run_dir: Path) -> dict[str, str]:
     return {t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()}
 
 
-@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_default_job_trains_and_logs_everything(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "train.steps=60", f"tracking.uri={store}", "tracking.experiment=e2e",
                     f"hydra.run.dir={tmp_path}"])
@@ -82,7 +81,6 @@ def test_tablewise_bf16_puts_every_table_whole_on_one_rank(store: str, tmp_path:
             assert len(p["shards"]) == 1 and len(p["ranks"]) == 1
 
 
-@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "cluster=2node", "sharding=rowwise", f"tracking.uri={store}",
                     "tracking.experiment=rw2", f"hydra.run.dir={tmp_path}", "tracking.system_metrics_interval_s=1"])
@@ -154,7 +152,6 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     assert [c.data.tags["runner.agent_prewarmed"] for c in children] == ["true"] * 4
 
 
-@CPU_ONLY  # binds CPU workers to cores / plans in host memory
 def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     # 1 MiB of memory per worker: planning fails inside the workers, after the run was created
@@ -171,7 +168,6 @@ def test_worker_failure_names_rank_fails_run_and_leaves_no_process(store: str, t
     assert processes_tagged(tag) == []
 
 
-@CPU_ONLY
 def test_cuda_training_without_cuda_fails_in_one_line(store: str, tmp_path: Path) -> None:
     proc = run_cli([*FAST, "cluster.device=cuda", f"tracking.uri={store}", "tracking.experiment=nocuda",
                     f"hydra.run.dir={tmp_path}"])

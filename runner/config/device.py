@@ -60,11 +60,11 @@ def cuda_present() -> bool:
 def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torch_version: str) -> Tuple[bool, str]:
     """Whether to train on CUDA, from the GPUs the driver lists and those torch counts; the note to say when
     GPUs are there but torch cannot use them ('' otherwise)."""
-    if listed == 0 or torch_count > 0:
-        return torch_count > 0, ""
-    why = "is a CPU build" if torch_cuda is None else f"(CUDA {torch_cuda}) sees none of them"
-    return False, (f"[runner] note: the NVIDIA driver lists {listed} GPU(s) but torch {torch_version} {why}: "
-                   "cluster.device=auto runs on CPU (install a CUDA build of torch and FBGEMM: make gpu-check)")
+    if listed == 0 or torch_count > 0 or torch_cuda is not None:  # a CUDA torch seeing none: hidden on purpose
+        return torch_count > 0, ""                                  # (CUDA_VISIBLE_DEVICES="")
+    return False, (f"[runner] note: the NVIDIA driver lists {listed} GPU(s) but torch {torch_version} is a CPU "
+                   "build: cluster.device=auto runs on CPU (install the CUDA builds of torch and FBGEMM: make "
+                   "gpu-check)")
 
 
 def _listed(nvml: Any) -> int:

@@ -72,6 +72,13 @@ class Reporter:
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
         self.plan_metrics = report.metrics
 
+    def hbm_cap(self, cap: Optional[int]) -> None:
+        """The HBM per GPU the planner was given (CUDA: the job's GPUs' least free memory, or
+        ``cluster.hbm_cap_gib``), as ``plan/hbm_cap_gib``."""
+        if self.active and cap is not None:
+            self._log({"plan/hbm_cap_gib": cap / 2**30}, 0)
+            self.extra["hbm_cap_bytes"] = cap
+
     def plan_infeasible(self, reason: str) -> None:
         """``mode=plan``'s answer when no plan fits: printed, and tagged on the run (which still finishes)."""
         if not self.active:

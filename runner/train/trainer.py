@@ -64,6 +64,7 @@ class Trainer:
             report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
                                        self.run_dir / rundir.PLAN, seconds, " ".join(notes), facts)
             self.reporter.plan(report)
+            self.reporter.hbm_cap(self.hbm_cap)
             types = sorted(report.tags["runner.sharding_types"].split(","))
         return dmp, combined_optimizer(dmp, cfg.optimizer), types
 

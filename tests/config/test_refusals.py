@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ONLY, FAST, cfg_for
+from conftest import FAST, cfg_for
 
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import one_line
@@ -49,9 +49,9 @@ PRECHECK = [
 ]
 # {d}: a folder of broken data files
 BEFORE_LAUNCH = [
-    pytest.param(["optimizer.sparse=adam"], "rowwise_adagrad", marks=CPU_ONLY),
-    pytest.param(["cluster.device=cuda"], "cuda", marks=CPU_ONLY),
-    pytest.param(["precision.tf32=true"], "precision.tf32", marks=CPU_ONLY),
+    pytest.param(["optimizer.sparse=adam"], "rowwise_adagrad"),
+    pytest.param(["cluster.device=cuda"], "cuda"),
+    pytest.param(["precision.tf32=true"], "precision.tf32"),
     (["data=parquet", "data.path={d}/none"], "none found"),
     (["data=parquet", "data.path={d}/x.parquet"], "is not a Parquet file"),
     ([*CRITEO, "data.path={d}/empty.tsv"], "empty"),

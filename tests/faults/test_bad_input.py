@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import CPU_ONLY, FAST, processes_tagged, run_cli, stderr_lines
+from conftest import FAST, processes_tagged, run_cli, stderr_lines
 
 from runner.data.criteo import criteo_lines
 
@@ -51,8 +51,7 @@ def broken(tmp_path_factory: pytest.TempPathFactory):
         yield d, held.getsockname()[1]
 
 
-ON_CPU_ONLY = ("cluster.ddr_cap_gib=0.001", "sharding.proposer=dynamic_programming")  # fine on a GPU host
-PARAMS = [pytest.param(a, says, id=" ".join(a)[:60], marks=[CPU_ONLY] if a[0] in ON_CPU_ONLY else [])
+PARAMS = [pytest.param(a, says, id=" ".join(a)[:60])
           for a, says in CASES]
 
 
