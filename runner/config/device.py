@@ -217,3 +217,18 @@ def hbm_cap_bytes(configured_gib: Optional[float], smallest_device_bytes: int) -
                           f"at most {smallest_device_bytes / GIB:.2f} (the job's GPU with the least free memory "
                           f"has {smallest_device_bytes / GIB:.2f} GiB free), or null to read it from the devices")
     return int(configured_gib * GIB)
+
+
+def ddr_cap_for_host(configured_gib: Optional[float], workers_on_host: int, job_bytes: Optional[int],
+                     bound_by: str) -> Tuple[Optional[float], str]:
+    """``cluster.ddr_cap_gib`` (host memory per GPU, where UVM tables live) reconciled with what this host
+    gives the job: a value above its share per worker (``job_bytes`` over ``workers_on_host``) is planned at
+    that share instead (GPU presets carry a DGX-class 256 GiB), with the note to say; unchanged otherwise."""
+    if configured_gib is None or not job_bytes:
+        return configured_gib, ""
+    share = job_bytes / max(workers_on_host, 1) / GIB
+    if configured_gib <= share:
+        return configured_gib, ""
+    return round(share, 2), (f"[runner] note: cluster.ddr_cap_gib={configured_gib} is more host memory per GPU than "
+                             f"this host gives the job ({job_bytes / GIB:.1f} GiB, {bound_by}, over {workers_on_host} "
+                             f"workers): planned with {share:.2f} GiB per GPU")

@@ -170,7 +170,8 @@ class ClusterSchema:
     ``spawn`` (fresh interpreters) | ``auto`` (fork for CPU workers, spawn for CUDA workers)."""
     cpu_affinity: str = one_of("auto", ("auto", "none"))
     """``auto``: bind each CPU worker to its own slice of the host's cores (none when the host has fewer
-    cores than workers) | ``none``: let the kernel move workers between cores."""
+    cores than workers), each CUDA worker to the cores of its GPU's socket | ``none``: let the kernel move
+    workers between cores."""
     gloo_loop_priority: str = one_of("low", ("low", "normal"))
     """``low``: each worker's gloo event-loop threads at nice 19. Such a thread polls without sleeping
     while a peer's data waits for this rank to post its receive, on the cores of the rank's training

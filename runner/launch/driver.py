@@ -23,6 +23,7 @@ from runner.config.device import (
     check_sparse_optimizer,
     check_start_method,
     check_tf32,
+    ddr_cap_for_host,
     device_type,
     host_gpus,
     job_gpus,
@@ -37,7 +38,7 @@ from runner.launch.slurm import stop_outcome
 from runner.launch.supervisor import launch, nodes_on_this_host
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads
-from runner.runtime.cores import job_cores
+from runner.runtime.cores import job_cores, job_memory
 from runner.track import store
 from runner.track.reporter import summary_line
 from runner.track.sweep import sweep_info
@@ -63,8 +64,10 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path) -> None:
         workers, visible = c.workers_per_node * len(nodes_on_this_host(c)), visible_gpus()
         check_bf16_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
         note = check_gpu_count(workers, c.workers_per_node, visible)
-        if note:
-            print(note, flush=True)
+        _, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *job_memory())  # each worker plans with it
+        for line in (note, ddr_note):
+            if line:
+                print(line, flush=True)
 
 
 _JOBS = itertools.count()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 if TYPE_CHECKING:
@@ -62,6 +63,29 @@ def threads_per_worker(configured: Optional[int], host_workers: int, bound: Opti
 def agent_threads(cfg: RunnerConfig) -> int:
     """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
     return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
+
+
+def gpu_local_cores(cpulist: str, allowed: List[int]) -> List[int]:
+    """The allowed cores on a GPU's own socket (NUMA node), from its PCI device's ``local_cpulist`` (e.g.
+    ``0-23,48-71``); every allowed core where the list names none of them (or cannot be read)."""
+    local = set()
+    for part in filter(None, cpulist.strip().split(",")):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high or low).isdigit():
+            local.update(range(int(low), int(high or low) + 1))
+    return [c for c in allowed if c in local] or list(allowed)
+
+
+def bind_near_gpu(pci_bus_id: str) -> List[int]:
+    """Bind a CUDA worker to the allowed cores of its GPU's socket (the host memory its copies and data
+    loading touch stays local); the cores bound."""
+    try:
+        cpulist = Path(f"/sys/bus/pci/devices/{pci_bus_id.lower()}/local_cpulist").read_text()
+    except OSError:
+        cpulist = ""
+    cores = gpu_local_cores(cpulist, allowed_cores())
+    bind(cores)
+    return cores
 
 
 def bind(cores: List[int]) -> None:

@@ -16,7 +16,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.device import visible_gpus
 from runner.config.errors import ConfigError
@@ -96,3 +96,22 @@ def plan_batch_size(cfg: object, points: int) -> Optional[int]:
         return None
     jobs = parallel_jobs(launcher)
     return -(-points // jobs) if 1 < jobs < points else None
+
+
+def job_memory() -> Tuple[Optional[int], str]:
+    """The host memory this job may use, in bytes, and what bounds it: the host's (``/proc/meminfo``), its
+    cgroup's limit (a container, Slurm's cgroup plugin), Slurm's ``SLURM_MEM_PER_NODE`` (MiB); (None, '') where
+    none can be read."""
+    found: List[Tuple[int, str]] = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                found.append((int(line.split()[1]) * 1024, "the host's memory"))
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append((int(limit), "the cgroup's memory.max"))
+    with contextlib.suppress(ValueError):
+        if os.environ.get("SLURM_MEM_PER_NODE"):
+            found.append((int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20, "Slurm's allocation (SLURM_MEM_PER_NODE)"))
+    return min(found) if found else (None, "")

@@ -28,6 +28,7 @@ from runner.config.device import (
     check_bf16,
     check_sparse_optimizer,
     check_tf32,
+    ddr_cap_for_host,
     device_type,
     has_bf16,
     hbm_cap_bytes,
@@ -35,6 +36,7 @@ from runner.config.device import (
 from runner.config.errors import ConfigError, one_line
 from runner.config.validation import validate
 from runner.runtime import affinity, rundir, signals
+from runner.runtime.cores import job_memory
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, die_with_parent
 
@@ -107,10 +109,13 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
 
 
 def bind_cores(cfg: RunnerConfig, device: torch.device, env: RankEnv) -> Optional[List[int]]:
-    """``cluster.cpu_affinity=auto``: bind a CPU worker to its own slice of the host's cores (see
-    :mod:`runner.runtime.affinity`); returns the cores, or None when the worker is left unbound."""
-    if cfg.cluster.cpu_affinity != "auto" or device.type != "cpu":
+    """``cluster.cpu_affinity=auto``: a CPU worker on its own slice of the host's cores, a CUDA worker on its
+    GPU's socket (:mod:`runner.runtime.affinity`); the cores, or None when the worker is left unbound."""
+    if cfg.cluster.cpu_affinity != "auto":
         return None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return affinity.bind_near_gpu(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
     allowed = affinity.allowed_cores()
     slot = affinity.host_slot(env.rank, env.local_rank, env.local_world, env.host_workers)
     cores = affinity.worker_cores(slot, env.host_workers, allowed)
@@ -161,7 +166,8 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     cores = bind_cores(cfg, device, env)  # before gloo or OpenMP start threads
     set_tf32(cfg.precision.tf32, device)
     check_sparse_optimizer(cfg.optimizer.sparse, device.type)
-    torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, cores))
+    bound = cores if device.type == "cpu" else None  # a GPU's socket is shared: threads are the host's share
+    torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, bound))
     _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)
     if cfg.cluster.gloo_loop_priority == "low":
         affinity.lower_gloo_loops(expect=1 if dist.get_backend() == "gloo" else 0)
@@ -170,6 +176,8 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         joined()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
+        if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job
+            cfg.cluster.ddr_cap_gib, _ = ddr_cap_for_host(cfg.cluster.ddr_cap_gib, env.host_workers, *job_memory())
         results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
@@ -184,19 +192,16 @@ ABORT_WITHIN_S = 10.0  # how long a failed rank waits for its process group to e
 
 def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
     """End this rank's process group; True when it ended within ``within_s``. After a failure, peers may be gone
-    or stuck in a collective, and ``destroy_process_group`` can wait on them until ``cluster.pg_timeout_s``:
-    NCCL's group is aborted instead (``_abort_process_group``, as torch's own fault-tolerance examples do),
-    and either way the rank waits at most ``within_s`` before going on to exit with its error, so that its
-    agent sees the failure and stops the others in seconds. Any error here is passed over: the job's own
-    outcome is the failure."""
+    or stuck in a collective, and destroying the group can wait on them until ``cluster.pg_timeout_s``: NCCL's
+    is aborted instead, and the rank waits at most ``within_s`` before exiting with its error (errors here are
+    passed over), so that its agent stops the job in seconds."""
     if not dist.is_initialized():
         return True
-    end = dist.destroy_process_group
-    if failed and dist.get_backend() == "nccl":
-        end = getattr(dist.distributed_c10d, "_abort_process_group", end)
     if not failed:
-        end()
+        dist.destroy_process_group()
         return True
+    end = getattr(dist.distributed_c10d, "_abort_process_group", dist.destroy_process_group) \
+        if dist.get_backend() == "nccl" else dist.destroy_process_group
 
     def quietly() -> None:
         try:

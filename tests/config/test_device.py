@@ -172,3 +172,18 @@ def test_parallel_cuda_jobs_get_disjoint_gpus_or_are_refused(monkeypatch: pytest
         gpus, cores = out.split(" ", 1)
         assert {seen, gpus} == {"0,1,2,3", "4,5,6,7"} and str(first) != cores.strip()
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"  # the host's view again after the jobs
+
+
+def test_host_memory_per_gpu_is_reconciled_with_what_the_host_gives_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_1x8's 256 GiB of DDR per GPU (UVM tables) on a host that gives the job less: planned at the share."""
+    from runner.config.device import ddr_cap_for_host
+    from runner.runtime.cores import job_memory
+
+    assert ddr_cap_for_host(256.0, 8, 4096 * GIB, "the host's memory") == (256.0, "")  # a 4 TiB host
+    cap, note = ddr_cap_for_host(256.0, 8, 1024 * GIB, "the cgroup's memory.max")
+    assert cap == 128.0 and "cluster.ddr_cap_gib=256.0" in note and "the cgroup's memory.max" in note
+    assert ddr_cap_for_host(None, 8, 64 * GIB, "x") == (None, "")  # not set: TorchRec's default stands
+    host, source = job_memory()  # this machine, read for real
+    assert host and host > 2**30 and source
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # a 1 GiB Slurm allocation bounds it
+    assert job_memory() == (2**30, "Slurm's allocation (SLURM_MEM_PER_NODE)")

@@ -72,3 +72,14 @@ print("counts", first, second, before)
     assert sorted(int(n) for name, n in nice if name == GLOO_LOOP) == [19, 19]
     assert {int(n) for name, n in nice if name != GLOO_LOOP} == {0}
     assert any(name == "pt_gloo_runloop" for name, _ in nice)
+
+
+def test_a_cuda_worker_is_bound_to_its_gpus_socket() -> None:
+    """The cores of a GPU's socket, from its PCI device's local_cpulist, within the cores the job may use."""
+    from runner.runtime.affinity import gpu_local_cores
+
+    allowed = list(range(0, 96))
+    assert gpu_local_cores("0-23,48-71\n", allowed) == [*range(0, 24), *range(48, 72)]
+    assert gpu_local_cores("24-47,72-95", list(range(40, 60))) == list(range(40, 48))  # a job's slice
+    assert gpu_local_cores("", allowed) == allowed  # no list (not Linux, a virtual GPU): every allowed core
+    assert gpu_local_cores("0-3", [8, 9]) == [8, 9]  # none of the socket's cores allowed: the allowed ones
