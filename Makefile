@@ -16,19 +16,17 @@ XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfil
 
 .PHONY: gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store clean-outputs mlflow-ui slurm-up slurm-down chromium
 
-$(STAMP): requirements/runtime.txt requirements/lock.txt pyproject.toml
+$(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# CPU build of torch from the machine's wheel cache, unless `make gpu-env` made this a CUDA venv (marked
 	# by $(CUDA_MARK)): installing fbgemm-gpu-cpu there would overwrite the CUDA build's fbgemm_gpu package
 	test -f $(CUDA_MARK) || $(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
-	# the rest before torchrec: pip checks declared dependencies on every resolving install, and torchrec
-	# declares the CUDA fbgemm-gpu, which the CPU stack replaces (so it goes in last, with --no-deps)
-	$(PY) -m pip install --quiet -r requirements/runtime.txt -c requirements/lock.txt
+	# the runner and what pyproject.toml declares (and the test tools), before torchrec: pip checks declared
+	# dependencies on every resolving install, and torchrec declares the CUDA fbgemm-gpu, which the CPU stack
+	# replaces (so it goes in last, with --no-deps). A .pth left by an earlier Makefile is taken out.
+	$(PY) -m pip install --quiet -e ".[test]" -c requirements/lock.txt
 	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
-	$(PY) -m pip install --quiet --no-deps -e .
-	# Hydra finds launcher plugins only in its hydra_plugins namespace: the runner's lives in runner/launch/plugins
-	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'runner_hydra_plugins.pth')\
-	.write_text('$(CURDIR)/runner/launch/plugins\n')"
+	rm -f $(VENV)/lib/python*/site-packages/runner_hydra_plugins.pth
 	$(PY) -c "import torch, fbgemm_gpu, torchrec, hydra, mlflow; print('environment ready: torch', torch.__version__, \
 	'| fbgemm', fbgemm_gpu.__version__, '| torchrec', torchrec.__version__, '| hydra', hydra.__version__, \
 	'| mlflow', mlflow.__version__, '|', 'CUDA' if torch.cuda.is_available() else 'CPU')"
