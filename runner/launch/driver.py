@@ -104,10 +104,11 @@ def plan_sweep_together(args: List[str]) -> None:
     from runner.launch.precheck import grid_points
     from runner.plan.reuse import reused_model
     from runner.plan.sweep_plans import applies, plan_together
+    from runner.plan.torchrec_seam import seam_note
     from runner.train.models import planning_model
 
-    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
-        return
+    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args or seam_note():
+        return  # (a TorchRec the runner's search was not tested with: each point plans with TorchRec's planner)
     points = grid_points(applies)
     if len(points) > 1:
         plan_together(points, lambda cfg: reused_model(cfg, planning_model))

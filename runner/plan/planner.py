@@ -20,6 +20,8 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import (
     DynamicProgrammingProposer,
     GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
 )
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
@@ -41,6 +43,7 @@ from runner.plan.search import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.search_loop import Progress, SearchLoopPlanner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
+from runner.plan.torchrec_seam import planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -119,10 +122,9 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
     with the search's counts while it runs (:class:`.search_loop.SearchLoopPlanner`); ``choose_from``: a
     sweep's plans for the balanced proposer to choose from (:mod:`.sweep_plans`)."""
-    topology = build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap)
-    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
-    constraints = build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)],
-                                    float(cfg.data.ids_per_feature), ("data_parallel",) if uses_split_step(cfg) else ())
+    if seam_note() is not None:  # a TorchRec the runner's search was not tested with: TorchRec's own planner
+        return torchrec_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes, hbm_cap)
+    topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
               "estimator": shard_estimators(topology, constraints)}
     if search_space is not None:
@@ -151,19 +153,29 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     )
 
 
+def _inputs(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
+            hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
+    """The topology, batch and constraints every planner of ``cfg`` plans with."""
+    return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap),
+            cfg.sharding.planner_batch_size or samples_per_step(cfg),
+            build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], float(cfg.data.ids_per_feature),
+                              ("data_parallel",) if uses_split_step(cfg) else ()))
+
+
 def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
-                     estimates: Optional[PlanEstimates] = None,
-                     dense_tensor_bytes: Optional[int] = None) -> EmbeddingShardingPlanner:
+                     estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
+                     hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
     """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
-    planner gets from ``cfg`` (topology, storage reservation, constraints, batch): what the runner's plans
-    are compared with, in tests and benchmarks."""
-    ours = build_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes)
+    planner gets from ``cfg``: what the runner's plans are compared with (tests, benchmarks, the balanced
+    proposer), and the planner itself on a TorchRec the runner's search was not tested with (:mod:`.torchrec_seam`)."""
+    topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
     proposer = {"dynamic_programming": lambda: DynamicProgrammingProposer(hbm_bins_per_device=cfg.sharding.dp_hbm_bins),
-                "greedy": lambda: [GreedyProposer(), GreedyProposer(use_depth=False)]}.get(
-        cfg.sharding.proposer, lambda: build_proposer(cfg.sharding, device_type, world_size))()
-    return EmbeddingShardingPlanner(topology=ours._topology, batch_size=ours._batch_size,
+                "greedy": lambda: [GreedyProposer(), GreedyProposer(use_depth=False)],
+                "grid_search": lambda: GridSearchProposer(max_proposals=cfg.sharding.grid_max_proposals),
+                "uniform": lambda: UniformProposer()}.get(cfg.sharding.proposer, lambda: None)()
+    return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
                                     storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
-                                    proposer=proposer, constraints=ours._constraints,
+                                    proposer=proposer, constraints=constraints,
                                     stats=[estimates] if estimates is not None else None, debug=False,
                                     timeout_seconds=cfg.sharding.planner_timeout_s)
 
@@ -225,6 +237,7 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
                facts: Dict[str, Any], progress: Optional[Progress] = None, choose_from: Any = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks)."""
     planner = None
+    notes += [line for line in [seam_note()] if line]  # planned by TorchRec's stock planner: said
     try:
         planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap,
                                 progress=progress, choose_from=choose_from)
@@ -236,7 +249,9 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))
-    except Exception as exc:  # PlannerError and the planner's assertions
+    except Exception as exc:  # PlannerError, and what TorchRec's planner raises; a bug of the runner's own raises
+        if not planner_refusal(exc):
+            raise
         if planner is None:
             return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
         found = _placeable_plan(planner, cfg, model, world, local_world, device_type, sharders, estimates, hbm_cap,
@@ -248,12 +263,9 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         return found if found is not None else NoPlanFits(line)
 
 
-def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
-              pg: Any = None, reuse: bool = False,
-              hbm_cap: Optional[int] = None,
-              notes: Optional[List[str]] = None,
-              progress: Optional[Progress] = None,
-              facts: Optional[Dict[str, Any]] = None,
+def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, pg: Any = None,
+              reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
+              progress: Optional[Progress] = None, facts: Optional[Dict[str, Any]] = None,
               choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).

@@ -224,3 +224,23 @@ def test_a_long_plan_shows_its_progress(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("[runner] planning: ") for line in lines), lines
     assert f"{seen[0]['options']} sharding options of 30 tables" in lines[0], lines
+
+
+def test_a_bug_in_the_runners_search_surfaces_instead_of_a_fallback_plan() -> None:
+    """TorchRec's planner saying no (PlannerError, or an error raised inside it) is a planner's answer; an error
+    raised by the runner's own code is a bug: it surfaces, not a slower fallback plan."""
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.planner.utils import bytes_to_gb
+
+    from runner.plan.torchrec_seam import planner_refusal
+
+    def raised(fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        raise AssertionError("did not raise")
+
+    assert planner_refusal(raised(lambda: (_ for _ in ()).throw(PlannerError("no plan"))))
+    assert planner_refusal(raised(lambda: bytes_to_gb("not a number")))  # raised inside torchrec
+    assert not planner_refusal(raised(lambda: {}["a key the runner forgot"]))  # raised by the runner's code
