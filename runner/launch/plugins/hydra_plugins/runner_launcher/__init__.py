@@ -1,3 +1,3 @@
-"""The runner's Hydra launcher plugins. Hydra finds plugins only in the ``hydra_plugins`` namespace: the
-Makefile puts ``runner/launch/plugins`` on the environment's path (a ``.pth`` file), so that this package is
-that namespace's part of the runner."""
+"""The runner's Hydra launcher and sweepers. Hydra finds plugins only in the ``hydra_plugins`` namespace:
+importing :mod:`runner` puts ``runner/launch/plugins`` on the import path (``runner.PLUGINS``), so that this
+package is that namespace's part of the runner."""
