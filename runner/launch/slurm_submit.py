@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf, open_dict
 
+from runner import PLUGINS
 from runner.config.errors import SchedulerError, first_line
 from runner.launch.slurm import node_address, slurm_command
 from runner.runtime import rundir
@@ -141,13 +142,11 @@ def parse_node_resources(sinfo_out: str) -> Tuple[int, int]:
     return (min(cpus), min(gpus)) if cpus else (0, 0)
 
 
-def partition_resources(partition: Optional[str]) -> Tuple[int, int]:
-    """(CPUs, GPUs) that every node of ``partition`` (None: the default one) has."""
+def partition_resources(partition: Optional[str]) -> Tuple[int, int]:  # (CPUs, GPUs) every node of it has
     return parse_node_resources(_run(["sinfo", "-h", "-o", "%c %G", *(["-p", partition] if partition else [])]))
 
 
-def job_shape(cfg: RunnerConfig, params: Dict[str, Any], node_cpus: int,
-              node_gpus: int) -> Tuple[int, int, Optional[int]]:
+def job_shape(cfg: RunnerConfig, params: Dict[str, Any], node_cpus: int, node_gpus: int) -> Tuple[int, int, Any]:
     """Nodes, CPUs per task and GPUs per node of a point's job. Workers use CUDA with ``cluster.device=cuda``,
     or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
@@ -189,7 +188,8 @@ def _submit(launcher: Any, points: List[Point]) -> None:
         nodes, cpus, gpus = shape
         # --kill-on-bad-exit: a node's failed task ends the others at once (not on the rendezvous for 300 s)
         chosen = {**params, "nodes": nodes, "tasks_per_node": 1, "cpus_per_task": cpus, "gpus_per_node": gpus,
-                  "srun_args": ["--kill-on-bad-exit=1"]}
+                  "srun_args": ["--kill-on-bad-exit=1"],  # and the runner's plugins importable before the runner:
+                  "setup": [*(params.get("setup") or []), f"export PYTHONPATH={PLUGINS}${{PYTHONPATH:+:$PYTHONPATH}}"]}
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in chosen.items()
                                       if k not in init_keys and v is not None})
         try:
