@@ -13,9 +13,12 @@ PROJECT_ROOT = Path(os.environ.get("RUNNER_HOME", Path(__file__).resolve().paren
 
 PLUGINS = str(Path(__file__).resolve().parent / "launch" / "plugins")
 """Where the runner's Hydra launcher and sweepers live (package ``hydra_plugins.runner_launcher``: Hydra finds
-plugins only in its ``hydra_plugins`` namespace). On the import path whenever the runner is imported (the
-command, its agents and workers, a Slurm task), so that a plain ``pip install -e .`` needs nothing more."""
+plugins only in its ``hydra_plugins`` namespace). On the import path whenever the runner is imported, and on
+``PYTHONPATH`` for the processes it starts (a joblib or Slurm job may unpickle a plugin before it imports the
+runner), so that a plain ``pip install -e .`` needs nothing more."""
 if PLUGINS not in sys.path:
     sys.path.append(PLUGINS)
+if PLUGINS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), PLUGINS]))
 
 __version__ = "0.1.0"
