@@ -166,8 +166,9 @@ def _record_status(run_dir: Path, status: str, error: Optional[str] = None, **ex
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
-    except OSError as exc:  # the job's own outcome matters more than its record
-        print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
+    except OSError as exc:  # the job's own outcome matters more than its record (a full disk: already said)
+        if not (disk_full(exc) and (error or "").startswith("disk full")):
+            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
 
 
 _PYTHON_M = re.compile(r"^(\S*python[\d.]*\s+-m\s+)runner\b")

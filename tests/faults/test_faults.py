@@ -247,30 +247,43 @@ def test_full_disk_ends_a_plan_sweep_in_one_line(store: str, tmp_path: Path) -> 
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-def test_a_full_artifact_store_ends_a_sweep_in_one_line(store: str, tmp_path: Path) -> None:
-    """The MLflow artifact store on a full disk (here the experiment's artifact location, a 64 KiB tmpfs; the
-    store's database elsewhere): one line naming the artifact folder and how to resume, exit 1, the point's run
-    and the parent FAILED with that line, no process left."""
+def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_path: Path) -> None:
+    """The MLflow artifact store on a full disk (the experiment's artifact location on a 64 KiB tmpfs, the
+    store's database elsewhere) is not an outage to wait out: delivery raises a disk-full error naming the
+    run's artifact folder (in a job: its one line; in a sweep the same path as a full sweep folder, above), and
+    the run still ends FAILED with that line, the reports before it stored, the rest kept in the event log."""
     from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from runner.config.errors import one_line
+    from runner.config.schema import RunnerConfig
+    from runner.runtime import rundir
+    from runner.track.events import EventLog
+    from runner.track.run_life import RunLife
 
     disk = tmp_path / "disk"
     if not _tmpfs(disk, "64k"):
         pytest.skip("needs root and mount to make a small tmpfs for the artifact store")
     try:
-        sweep = tmp_path / "sweep"
         MlflowClient(store).create_experiment("fault_disk_artifacts", artifact_location=(disk / "art").as_uri())
-        job = Job(tmp_path / "a", store, "fault_disk_artifacts", ["-m", "mode=plan", "cluster=gpu_2x8",
-                                                                   "cluster.cross_node_bandwidth=1,2",
-                                                                   f"hydra.sweep.dir={sweep}"])
-        assert job.finish(180) == 1, job.err.read_text()[-3000:]
-        line = one_clean_line(job)
-        assert line.startswith(f"error: disk full: no space left on the device of {disk / 'art'}/"), line
-        assert f"python -m runner resume {sweep}" in line, line
-        found = {r.data.tags.get("runner.kind"): r for r in runs(store, "fault_disk_artifacts")}
-        assert sorted(found) == ["job", "sweep"] and all(r.info.status == "FAILED" for r in found.values())
-        assert str(disk / "art") in found["job"].data.tags["error"]
-        left = subprocess.run(["pgrep", "-f", f"hydra.sweep.dir={sweep}"], capture_output=True, text=True).stdout
-        assert left.strip() == "", left
+        cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "fault_disk_artifacts"}})
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        life = RunLife(run_dir, store)
+        run_id = life.open(cfg, {"train": {"steps": 3}}, "full", None, {})
+        (run_dir / "plan.json").write_bytes(b"x" * 200_000)
+        log = EventLog(run_dir / rundir.EVENTS)
+        log.metrics({"plan/est_step_ms": 1.5}, 0)
+        log.artifacts([run_dir / "plan.json"], "plan")
+        log.close()
+        with pytest.raises(OSError) as raised:
+            life.deliver()
+        line = one_line(raised.value)
+        assert line.startswith(f"disk full: no space left on the device of {disk / 'art' / run_id}"), line
+        assert life.end("FAILED", line)  # the run ends in the store even so
+        run = MlflowClient(store).get_run(run_id)
+        assert run.info.status == "FAILED" and run.data.tags["error"] == line
+        assert run.data.metrics["plan/est_step_ms"] == 1.5 and run.data.params["train.steps"] == "3"
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
