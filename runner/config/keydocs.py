@@ -10,6 +10,7 @@ import typing
 from typing import Any, Dict, List, Tuple
 
 from runner.config.choices import allowed_values, describe
+from runner.config.roles import ROLE_NOTES, role
 
 
 def _attribute_docs(cls: type) -> Dict[str, str]:
@@ -36,7 +37,8 @@ def _default(f: Any) -> str:
 
 
 def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
-    """``(key, default, doc)`` of every leaf key of the dataclass ``cls``, in schema order."""
+    """``(key, default, doc)`` of every leaf key of the dataclass ``cls``, in schema order; a key that is not part
+    of a job's answer says so (:mod:`runner.config.roles`)."""
     out: List[Tuple[str, str, str]] = []
     docs = _attribute_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -48,5 +50,7 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
             doc, spec = docs.get(f.name, ""), allowed_values(f)
             if spec is not None:  # the schema's own list (the one validation checks)
                 doc = f"{doc} [{describe(*spec)}]".strip()
+            if role(f"{prefix}{f.name}") in ROLE_NOTES:
+                doc = f"{doc} ({ROLE_NOTES[role(prefix + f.name)]})".strip()
             out.append((f"{prefix}{f.name}", _default(f), doc))
     return out

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
+from runner.config.roles import config_hash
 from runner.launch.prewarm import took_warm
-from runner.launch.resume import config_hash
 from runner.launch.slurm import node_run_dir, run_tags
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir

@@ -3,7 +3,8 @@
 ``python -m runner resume <sweep folder>`` runs the sweep's command again with its ``hydra.sweep.dir`` (as
 re-running the same command with that folder does). Each point keeps its job number and folder; a point
 whose folder holds a FINISHED job (a trained run, or a plan-only answer: a plan or "no plan fits") of the
-same resolved config is kept and not run; failed, killed and never-started points run, their earlier run
+same config (its ``answer`` keys, :mod:`runner.config.roles`), recorded in this sweep's store and
+experiment, is kept and not run; failed, killed and never-started points run, their earlier run
 replaced. The sweep's parent MLflow run goes on (:class:`runner.track.sweep.SweepParentRun`) and its
 summary and report cover every point. A command whose overrides differ from the folder's sweep is refused,
 naming the keys, unless ``sweep.resume_changed=true``.
@@ -11,38 +12,32 @@ naming the keys, unless ``sweep.resume_changed=true``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
+from runner.config import roles
 from runner.runtime import rundir
+from runner.track import store
 from runner.track.sweep import SWEEP_FILE
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
-IGNORED = ("sweep", "tracking.uri")  # keys that do not change a point's answer
-
-
 def _task(overrides: List[str]) -> Dict[str, str]:
-    """Task overrides as key -> value (Hydra's own ``hydra.*`` and ``hydra/...`` and keys in IGNORED left out)."""
+    """Task overrides as key -> value: only keys that can change an answer (:mod:`runner.config.roles`; Hydra's
+    own ``hydra.*`` and ``hydra/...`` left out)."""
     out = {}
     for text in overrides:
         key, _, value = text.partition("=")
         key = key.lstrip("+~")
-        if key.startswith(("hydra.", "hydra/")) or key == "hydra" or _ignored(key):
+        if key.startswith(("hydra.", "hydra/")) or key == "hydra" or roles.role(key) != roles.ANSWER:
             continue
         out[key] = value
     return out
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in IGNORED)
 
 
 def changed_overrides(before: List[str], now: List[str]) -> List[str]:
@@ -66,15 +61,10 @@ def check_resume(sweep_dir: Path, overrides: List[str], allow_changed: bool) -> 
             "another config run again)")
 
 
-def _comparable(config: Any, prefix: str = "") -> Dict[str, Any]:
-    """``config`` without the keys in IGNORED (nested dicts walked)."""
-    return {k: _comparable(v, f"{prefix}{k}.") if isinstance(v, dict) else v
-            for k, v in (config or {}).items() if not _ignored(prefix + k)}
-
-
 def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
-    """The status of a finished job in ``run_dir`` of the same resolved config as ``cfg`` (the point is kept,
-    not run); None when the point must run."""
+    """The status of a finished job in ``run_dir`` of the same config as ``cfg`` (:func:`runner.config.roles.answer`)
+    whose run is recorded where ``cfg`` records (the same store and experiment, as ``sweep.reuse`` asks): the
+    point is kept, not run. None when the point must run."""
     import yaml
 
     status = rundir.read_status(run_dir)
@@ -91,7 +81,22 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
     if not isinstance(before, dict):
         return _runs_again(run_dir / rundir.RESOLVED)
     now = OmegaConf.to_container(cfg, resolve=True)
-    return status if _comparable(before) == _comparable(now) else None
+    if roles.answer(before) != roles.answer(now):  # type: ignore[arg-type]
+        return None
+    place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
+    if place != (cfg.tracking.experiment, store.tracking_uri(cfg)):
+        print(f"[runner] job {run_dir.name}: it finished with the same config, but its run is recorded in "
+              f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {cfg.tracking.experiment!r} "
+              f"of {store.tracking_uri(cfg)}: it runs again", flush=True)
+        return None
+    return status
+
+
+def _recorded_at(config: Dict[str, Any], run_info: Any) -> Tuple[Any, Any]:
+    """``(experiment, tracking URI)`` where a finished point's run is recorded (its ``run.json`` says the URI)."""
+    tracking = config.get("tracking") or {}
+    uri = run_info.get("tracking_uri") if isinstance(run_info, dict) else None
+    return tracking.get("experiment"), uri or store.tracking_uri(OmegaConf.create(config))
 
 
 def _runs_again(path: Path) -> None:
@@ -100,21 +105,13 @@ def _runs_again(path: Path) -> None:
     return None
 
 
-def config_hash(config: Mapping[str, Any]) -> str:
-    """What decides a job's answer, hashed: its resolved config without ``tracking`` and ``sweep`` (tag
-    ``runner.config_hash`` of every job's run)."""
-    kept = {k: v for k, v in config.items() if k not in ("tracking", "sweep")}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def reusable(cfg: RunnerConfig) -> Optional[Any]:
-    """A FINISHED run of ``cfg``'s config in its experiment, when ``sweep.reuse`` is on (null: plan-only)."""
-    from runner.track import store
-
+    """A FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in its store and experiment, when
+    ``sweep.reuse`` is on (null: plan-only)."""
     if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
         return None
     uri = store.tracking_uri(cfg)
-    digest = config_hash(OmegaConf.to_container(cfg, resolve=True))
+    digest = roles.config_hash(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     try:
         experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
         found = [] if experiment is None else store.client(uri).search_runs(
@@ -133,8 +130,6 @@ def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> 
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
     copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
     ``runner.reused_from`` naming it. The point's results."""
-    from runner.track import store
-
     source = Path(earlier.data.tags.get("runner.run_dir", "/nonexistent"))
     if (source / rundir.PLAN).is_dir():
         shutil.copytree(source / rundir.PLAN, run_dir / rundir.PLAN, dirs_exist_ok=True)

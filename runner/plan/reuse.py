@@ -11,7 +11,8 @@ with the perf estimate redone. The planner then sees exactly what a fresh enumer
 
 The key holds every config value enumeration reads: the model and its optimizer and precision, the
 batch size and pooling, the sharding types, kernels and constraints, and the cluster's shape and
-memory; not the bandwidths, the reserve or the proposer.
+memory; not the bandwidths, the reserve or the proposer. Which keys those are is said once, in
+:mod:`runner.config.roles` (``NOT_ENUMERATED``).
 """
 
 from __future__ import annotations
@@ -24,35 +25,33 @@ from omegaconf import OmegaConf
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ShardingOption
 
+from runner.config import roles
+
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
-_SWEEPABLE = {"sharding": ("name", "storage_reserve_percent", "storage_reserve_policy", "proposer", "dp_hbm_bins",
-                           "grid_max_proposals", "planner_timeout_s", "plan"),
-              "cluster": ("name", "intra_node_bandwidth", "cross_node_bandwidth", "master_addr", "master_port",
-                          "node_rank", "pg_timeout_s", "max_restarts", "start_method", "cpu_affinity", "scheduler",
-                          "gloo_loop_priority")}
 _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
 _MODELS: Dict[str, Any] = {}
 
 
-def _subtree(cfg: RunnerConfig, group: str) -> Dict[str, Any]:
-    tree = OmegaConf.to_container(cfg[group], resolve=True)
-    return {k: v for k, v in tree.items() if k not in _SWEEPABLE.get(group, ())}  # type: ignore[union-attr]
+def _enumerated(cfg: RunnerConfig) -> Dict[str, Any]:
+    """The config's keys that enumeration reads (:func:`runner.config.roles.enumerated`)."""
+    return roles.enumerated(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
 def model_key(cfg: RunnerConfig) -> str:
     """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs."""
-    return json.dumps({g: _subtree(cfg, g) for g in ("model", "optimizer", "precision")} |
+    tree = _enumerated(cfg)
+    return json.dumps({g: tree[g] for g in ("model", "optimizer", "precision")} |
                       {"num_dense": cfg.data.num_dense_features}, sort_keys=True, default=str)
 
 
 def enumeration_key(cfg: RunnerConfig, world: int, local_world: int, device_type: str, batch: int) -> str:
     """Everything enumeration and the storage estimate read; not bandwidths, reserve or proposer."""
-    return json.dumps({"model": model_key(cfg), "sharding": _subtree(cfg, "sharding"),
-                       "cluster": _subtree(cfg, "cluster"), "data": _subtree(cfg, "data"), "world": world,
-                       "local": local_world, "device": device_type, "batch": batch,
-                       "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
+    tree = _enumerated(cfg)
+    return json.dumps({"model": model_key(cfg), "sharding": tree["sharding"], "cluster": tree["cluster"],
+                       "data": tree["data"], "world": world, "local": local_world, "device": device_type,
+                       "batch": batch, "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
 
 
 def reused_model(cfg: RunnerConfig, build: Any) -> Any:
