@@ -61,6 +61,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runner tests benchmarks
+	$(VENV)/bin/mypy  # pyproject.toml [tool.mypy]: runner/config, runner/plan, runner/train and what they import
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db

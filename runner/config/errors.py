@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from typing import Any, Optional
 
 
@@ -70,6 +71,19 @@ class WorkerFailure(RuntimeError):
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
           (TrackingError, "tracking error"), (DataError, "data error"), (SchedulerError, "Slurm error"),
           (WorkerFailure, "job failed"))
+
+
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def wrong_type(exc: BaseException) -> Optional[str]:
+    """OmegaConf's refusal of a value the schema types otherwise, as ``key='value' is not allowed; expected an
+    integer`` (None for any other error)."""
+    full_key = getattr(exc, "full_key", None)
+    m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", first_line(exc))
+    if not (full_key and m):
+        return None
+    return f"{full_key}={m.group(1)!r} is not allowed; expected {_TYPE_WORDS.get(m.group(2), m.group(2))}"
 
 
 def first_line(exc: BaseException) -> str:

@@ -11,11 +11,13 @@ data, train).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
 from runner.config.choices import one_of
+from runner.config.errors import ConfigError, first_line, wrong_type
 from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
 from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, TrainSchema
 
@@ -92,6 +94,31 @@ def uses_split_step(cfg: RunnerConfig) -> bool:
     """Gradient accumulation and loss scaling train with the split step (:mod:`runner.train.split_step`), which
     needs every table sharded by TorchRec: no ``data_parallel`` tables."""
     return cfg.train.grad_accumulation_steps > 1 or loss_scaling_enabled(cfg)
+
+
+def load_resolved(path: Path) -> RunnerConfig:
+    """A job's ``resolved.yaml`` (written by the driver, or given to torchrun) as the typed config: merged onto
+    the schema, so a value of the wrong type, or a key the schema does not have, fails here in one line naming
+    the key and the file (:class:`ConfigError`), and every later assignment is checked as Hydra's is."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError("resolved config", str(path), f"a config file the runner wrote ({first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError("resolved config", str(path), "a config file the runner wrote (a mapping of keys)")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunnerConfig), data)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = str(getattr(exc, "full_key", "") or "resolved config")
+        typed = wrong_type(exc)
+        message = f"{typed} (in {path})" if typed else f"{key}: {first_line(exc)} (in {path})"
+        error = ConfigError(key, None, "")
+        ValueError.__init__(error, message)
+        raise error from None
 
 
 def register_schemas() -> None:

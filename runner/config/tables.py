@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, List
+from typing import TYPE_CHECKING, List
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ModelSchema
+
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,7 @@ class TableSpec:
     embedding_dim: int
 
 
-def table_specs(model_cfg: Any) -> List[TableSpec]:
+def table_specs(model_cfg: ModelSchema) -> List[TableSpec]:
     """Every table of the model, in order; generated tables get log-uniform row counts."""
     specs = [TableSpec(t.name, int(t.num_embeddings), int(t.embedding_dim or model_cfg.embedding_dim))
              for t in model_cfg.tables]

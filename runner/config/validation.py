@@ -6,7 +6,7 @@ Types are checked by Hydra against :mod:`runner.config.schema` while composing; 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.config.choices import check_choices
 from runner.config.errors import ConfigError
@@ -15,13 +15,18 @@ from runner.config.schema_model import ONE_WIDTH_FAMILIES, TableConstraintSchema
 from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
 
+if TYPE_CHECKING:
+    from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
+    from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, ScheduleSchema, TrainSchema
+
+
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(key, value, allowed)
 
 
-def _validate_model(m: Any) -> None:
+def _validate_model(m: ModelSchema) -> None:
     _check(m.embedding_dim > 0, "model.embedding_dim", m.embedding_dim, "a positive integer")
     names = [tb.name for tb in m.tables] + [f"g{i:03d}" for i in range(max(m.generated_tables.count, 0))]
     _check(len(set(names)) == len(names), "model.tables", names, "unique table names")
@@ -59,7 +64,7 @@ def _validate_model(m: Any) -> None:
     )
 
 
-def table_constraint(sharding: Any, table: str) -> Any:
+def table_constraint(sharding: ShardingSchema, table: str) -> Any:
     """``sharding.constraints.<table>`` checked against :class:`TableConstraintSchema` (None if unset)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -75,7 +80,7 @@ def table_constraint(sharding: Any, table: str) -> Any:
                           else entry, f"fields {fields} ({str(exc).splitlines()[0]})") from None
 
 
-def _validate_sharding(s: Any, model: Any) -> None:
+def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
     tables = [t.name for t in table_specs(model)]
     for table in s.constraints:
         _check(table in tables, f"sharding.constraints.{table}", table,
@@ -99,7 +104,7 @@ def _validate_sharding(s: Any, model: Any) -> None:
                c.min_partition, "null or > 0")
 
 
-def _validate_schedule(key: str, s: Any) -> None:
+def _validate_schedule(key: str, s: ScheduleSchema) -> None:
     _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, ">= 0")
     _check(0 < s.decay_rate <= 1, f"{key}.decay_rate", s.decay_rate, "in (0, 1]")
     _check(s.decay_steps > 0, f"{key}.decay_steps", s.decay_steps, "> 0")
@@ -109,7 +114,7 @@ def _validate_schedule(key: str, s: Any) -> None:
     _check(0 <= s.min_factor <= 1, f"{key}.min_factor", s.min_factor, "in [0, 1]")
 
 
-def _validate_optimizer(o: Any) -> None:
+def _validate_optimizer(o: OptimizerSchema) -> None:
     for key in ("sparse_lr", "dense_lr", "sparse_eps", "dense_eps"):
         _check(getattr(o, key) > 0, f"optimizer.{key}", getattr(o, key), "a positive number")
     for key in ("sparse_weight_decay", "dense_weight_decay", "dense_momentum"):
@@ -119,7 +124,7 @@ def _validate_optimizer(o: Any) -> None:
     _check(o.clip.max > 0, "optimizer.clip.max", o.clip.max, "a positive number")
 
 
-def _validate_cluster(c: Any) -> None:
+def _validate_cluster(c: ClusterSchema) -> None:
     _check(c.nodes >= 1, "cluster.nodes", c.nodes, "an integer >= 1")
     _check(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "an integer >= 1")
     for key in ("intra_node_bandwidth", "cross_node_bandwidth"):
@@ -135,7 +140,7 @@ def _validate_cluster(c: Any) -> None:
     _check(c.max_restarts >= 0, "cluster.max_restarts", c.max_restarts, "an integer >= 0")
 
 
-def _validate_run(p: Any, d: Any, t: Any) -> None:
+def _validate_run(p: PrecisionSchema, d: DataSchema, t: TrainSchema) -> None:
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "an integer >= 0")
     _check(d.prefetch_batches >= 0, "data.prefetch_batches", d.prefetch_batches, "an integer >= 0")
     for key in ("write_rows", "write_files", "write_eval_rows"):
@@ -147,7 +152,8 @@ def _validate_run(p: Any, d: Any, t: Any) -> None:
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
     g = p.grad_scaler
     _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
-           "precision.grad_scaler", dict(g), "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
+           "precision.grad_scaler", dict(g),  # type: ignore[call-overload]  # a mapping node
+           "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
            " growth_interval > 0")
     for key in ("steps", "batch_size", "log_every", "grad_accumulation_steps"):
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")

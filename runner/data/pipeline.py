@@ -123,9 +123,9 @@ class Prefetcher:
         if item is self._END or isinstance(item, BaseException):
             self._done = True
             self._stop.set()
-            if item is self._END:
-                raise StopIteration
-            raise item
+            if isinstance(item, BaseException):
+                raise item
+            raise StopIteration
         return item
 
     def close(self) -> None:

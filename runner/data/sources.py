@@ -31,6 +31,7 @@ def source(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, start_bat
     if d.name == "synthetic":
         return synthetic(cfg, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
+    assert path is not None  # validation refuses parquet and criteo data without data.path
     cls = ParquetSource if d.name == "parquet" else CriteoSource
     workers = 0 if eval_split else d.num_workers
     ds = cls(path, lay, size, rank, world, workers, d.hash_ids, skip_batches=start_batch if workers == 0 else 0,

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from runner.config.device import device_type, node_gpus, visible_gpus
+from runner.config.schema import load_resolved
 from runner.launch.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads, workers_on_host
@@ -125,7 +124,7 @@ def main(argv: list[str]) -> int:
             return 0
         argv = job
     run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
-    cfg = OmegaConf.load(run_dir / rundir.RESOLVED)
+    cfg = load_resolved(run_dir / rundir.RESOLVED)
     c = cfg.cluster
     _set_threads(agent_threads(cfg))  # a warm agent: already set
     os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, Tuple
 
 from runner import PROJECT_ROOT
-from runner.config.errors import ConfigError, first_line
+from runner.config.errors import ConfigError, first_line, wrong_type
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
 from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_values
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
-_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
 
 
 def _group_error(override: str, loader: object) -> Optional[str]:
@@ -39,9 +37,8 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
     cause = exc.__cause__ or exc
     full_key = getattr(cause, "full_key", None)
     msg = first_line(cause) or type(cause).__name__
-    m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", msg)
-    if full_key and m:
-        return f"{full_key}={m.group(1)!r} is not allowed; expected {_TYPE_WORDS.get(m.group(2), m.group(2))}"
+    if typed := wrong_type(cause):
+        return typed
     if full_key and "is not in struct" in msg:  # a new key under a dict-valued setting
         given = next((o for o in override_text if o.split("=", 1)[0] == str(full_key)
                       or o.startswith(f"{full_key}.")), f"{full_key}=...")

@@ -20,6 +20,7 @@ search from it is :mod:`.balance_search`.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -202,7 +203,7 @@ def construct(problem: Problem, by_storage: bool = False, rng: Optional[random.R
         c = tables[t][o]
         return (_storage_share(problem, c), c.perf.sum()) if by_storage else (c.perf.sum(), 0.0)
 
-    choose = [min(range(len(options)), key=lambda o, t=t: cost(t, o)) for t, options in enumerate(tables)]
+    choose = [min(range(len(options)), key=functools.partial(cost, t)) for t, options in enumerate(tables)]
     load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
     picks, ranks = list(choose), [np.empty(0, dtype=np.int64)] * len(tables)
 

@@ -23,7 +23,7 @@ _RECORDS = (Storage, Perf, Shard, DeviceHardware)
 
 def _copy_record(record: Any, memo: Dict[int, Any]) -> Any:
     cls = type(record)
-    out = cls.__new__(cls)
+    out = object.__new__(cls)  # TorchRec's records: plain dataclasses
     fields = out.__dict__
     for name, value in record.__dict__.items():
         kind = type(value)

@@ -41,7 +41,7 @@ def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
 
 def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: int) -> str:
     _, word, cap_key = KINDS[device_type]
-    cap = cfg.cluster[cap_key]
+    cap = getattr(cfg.cluster, cap_key)
     s = cfg.sharding
     reserve = f"sharding.storage_reserve_percent={s.storage_reserve_percent:g}"
     policy = ", policy heuristic: the dense part's estimate too" if s.storage_reserve_policy == "heuristic" else ""

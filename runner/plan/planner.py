@@ -47,6 +47,7 @@ from runner.plan.torchrec_seam import planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ShardingSchema
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
@@ -66,7 +67,7 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], 
     return ParameterConstraints(**kwargs)
 
 
-def build_constraints(sharding: Any, table_names: List[str], pooling: float = 1.0,
+def build_constraints(sharding: ShardingSchema, table_names: List[str], pooling: float = 1.0,
                       exclude: Tuple[str, ...] = ()) -> Dict[str, ParameterConstraints]:
     """Per-table constraints: the group's allowed types and kernels, the data's ids per sample
     (the planner's pooling factor), then each table's own entry. Types in ``exclude`` are left out
@@ -221,7 +222,7 @@ def _greedy_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, de
                  estimates: PlanEstimates, hbm_cap: Optional[int], notes: List[str]) -> Optional[ShardingPlan]:
     """Where the dynamic-programming search found no packing while the tables fit: the next proposer,
     TorchRec's greedy ones (``sharding.proposer=greedy``); the plan and a note, or None."""
-    greedy = OmegaConf.merge(cfg, {"sharding": {"proposer": "greedy"}})
+    greedy: RunnerConfig = OmegaConf.merge(cfg, {"sharding": {"proposer": "greedy"}})  # type: ignore[assignment]
     try:
         plan = build_planner(greedy, world, local_world, device_type, estimates, dense_bytes(model),
                              hbm_cap=hbm_cap).plan(model, sharders)

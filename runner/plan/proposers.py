@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from torchrec.distributed.planner.proposers import GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import ShardingOption
@@ -13,6 +13,10 @@ from runner.config.errors import ConfigError, PlanError
 from runner.plan.balanced import BalancedProposer
 from runner.plan.greedy import SkippingGreedyProposer
 from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ShardingSchema
+
 
 
 class BoundedGridSearchProposer(GridSearchProposer):
@@ -35,7 +39,7 @@ class BoundedGridSearchProposer(GridSearchProposer):
         super().load(search_space, enumerator)
 
 
-def build_proposer(sharding: Any, device_type: str, world_size: int) -> Any:
+def build_proposer(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list. The
     dynamic-programming one is TorchRec's, vectorised and skipping what cannot change its answer
     (:mod:`.search`)."""

@@ -37,6 +37,8 @@ RATING_MARGIN = 1e-9  # relative: a bound within rounding of the best plan is ne
 class VectorisedDynamicProgrammingProposer(DynamicProgrammingProposer):
     """TorchRec's ``DynamicProgrammingProposer`` with its table filled by NumPy (see the module doc)."""
 
+    _inited: bool  # TorchRec's: whether the table was filled
+
     def feedback(self, partitionable: bool, plan: Optional[List[ShardingOption]] = None,
                  perf_rating: Optional[float] = None, storage_constraint: Optional[Topology] = None) -> None:
         if self._inited:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+if TYPE_CHECKING:
+    from runner.config.schema_training import PrecisionSchema
+
 
 
 class EmbeddingBagCollectionAnyDeviceSharder(EmbeddingBagCollectionSharder):
@@ -19,7 +23,7 @@ class EmbeddingBagCollectionAnyDeviceSharder(EmbeddingBagCollectionSharder):
         return super().sharding_types("cuda" if compute_device_type == "cpu" else compute_device_type)
 
 
-def qcomm_registry(precision: Any) -> Optional[Dict[str, Any]]:
+def qcomm_registry(precision: PrecisionSchema) -> Optional[Dict[str, Any]]:
     """Codecs that quantise the sharded embeddings' collectives (``precision.qcomm_*``), or None."""
     if precision.qcomm_forward is None and precision.qcomm_backward is None:
         return None
@@ -32,6 +36,6 @@ def qcomm_registry(precision: Any) -> Optional[Dict[str, Any]]:
                                                   backward_precision=kind(precision.qcomm_backward)))
 
 
-def sharders_for(precision: Any) -> List[Any]:
+def sharders_for(precision: PrecisionSchema) -> List[Any]:
     """The sharders of a job: every embedding-bag collection, quantised comms as ``precision`` asks."""
     return [EmbeddingBagCollectionAnyDeviceSharder(qcomm_codecs_registry=qcomm_registry(precision))]

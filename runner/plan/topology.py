@@ -8,13 +8,17 @@ Config bandwidths are GiB/s and memory caps GiB per worker; they are converted t
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.storage_reservations import (
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
 )
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ClusterSchema, ShardingSchema
+
 
 GIB = 1024**3
 HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
@@ -25,7 +29,7 @@ def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
     return gib_per_s * GIB / 1000.0
 
 
-def build_topology(cluster: Any, world_size: int, local_world_size: int, device_type: str,
+def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: int, device_type: str,
                    hbm_cap: Optional[int] = None) -> Topology:
     """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
     (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``."""
@@ -75,7 +79,7 @@ class HeuristicReservation(_HostMemoryToo, HeuristicalStorageReservation):
     pass
 
 
-def build_storage_reservation(sharding: Any, dense_tensor_bytes: Optional[int] = None) -> Any:
+def build_storage_reservation(sharding: ShardingSchema, dense_tensor_bytes: Optional[int] = None) -> Any:
     """``fixed``: exactly the percent. ``heuristic``: the percent plus TorchRec's estimate of dense
     parameters, their optimizer state and activations (6 x the dense parameters' bytes)."""
     if sharding.storage_reserve_policy == "fixed":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Set
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -68,7 +68,7 @@ def agent_threads(cfg: RunnerConfig) -> int:
 def gpu_local_cores(cpulist: str, allowed: List[int]) -> List[int]:
     """The allowed cores on a GPU's own socket (NUMA node), from its PCI device's ``local_cpulist`` (e.g.
     ``0-23,48-71``); every allowed core where the list names none of them (or cannot be read)."""
-    local = set()
+    local: Set[int] = set()
     for part in filter(None, cpulist.strip().split(",")):
         low, _, high = part.partition("-")
         if low.isdigit() and (high or low).isdigit():

@@ -76,7 +76,7 @@ def job_cores(parallel: int, gpus: int = 0) -> Iterator[Optional[List[int]]]:
             os.sched_setaffinity(0, allowed)
             if gpus and shown is None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            elif gpus:
+            elif gpus and shown is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = shown
             os.close(fd)  # releases the lock
         return

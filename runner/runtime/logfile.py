@@ -51,4 +51,4 @@ def thread_errors_to_log(who: str) -> None:
         log.warning("%s: %s", exc_type.__name__, exc)
 
     sys.excepthook = report
-    threading.excepthook = lambda args: report(args.exc_type, args.exc_value)
+    threading.excepthook = lambda args: report(args.exc_type, args.exc_value or args.exc_type())

@@ -83,6 +83,7 @@ class EventPump:
                     self._deliver(group)
             except Exception as exc:  # noqa: BLE001 - any store failure but a full disk is an outage to ride out
                 if disk_full(exc):  # the artifact store's disk: it will not pass by itself (the job ends in one line)
+                    assert isinstance(exc, OSError)
                     raise OSError(exc.errno, exc.strerror, exc.filename or self._artifacts_at()) from exc
                 return self.went_down(exc)
             self._offset += size

@@ -69,6 +69,7 @@ class Reporter:
         print(report.console, flush=True)
         self._log(report.metrics, 0)
         self._tags(report.tags)
+        assert self._sink is not None  # active: the sink is open
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
         self.plan_metrics = report.metrics
 
@@ -89,7 +90,7 @@ class Reporter:
 
     def plan_chart(self, png: Optional[Path]) -> None:
         """Log a drawn ``plan/plan.png`` (None: there was none to draw)."""
-        if self.active and png is not None:
+        if self._sink is not None and png is not None:  # active
             self._sink.artifacts([png], rundir.PLAN)
 
     def started(self, step: int, restarts: int, source: Optional[Path]) -> None:

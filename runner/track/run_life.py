@@ -173,6 +173,7 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> RunLife:
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
     life = RunLife(run_dir, store.tracking_uri(cfg))
-    life.open(cfg, OmegaConf.to_container(cfg), store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
+    config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
+    life.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
     life.deliver_every(2.0)
     return life

@@ -79,8 +79,9 @@ def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
     import json
     from urllib.parse import quote
 
-    compact = {"separators": (",", ":")}
-    runs, experiments = quote(json.dumps(list(run_ids), **compact)), quote(json.dumps([experiment_id], **compact))
+    compact = (",", ":")
+    runs = quote(json.dumps(list(run_ids), separators=compact))
+    experiments = quote(json.dumps([experiment_id], separators=compact))
     return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}&{TRAINING_VIEW}"
 
 
@@ -289,7 +290,8 @@ def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = N
     """``tracking.run_name``, else ``<model>-<sharding>-<cluster>`` (the options chosen)."""
     if cfg.tracking.run_name:
         return cfg.tracking.run_name
-    return "-".join(str((choices or {}).get(group) or cfg[group].name) for group in ("model", "sharding", "cluster"))
+    groups = ("model", "sharding", "cluster")
+    return "-".join(str((choices or {}).get(group) or getattr(cfg, group).name) for group in groups)
 
 
 @_store_write

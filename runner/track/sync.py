@@ -95,11 +95,11 @@ def _sync_one(run_dir: Path, quiet: bool = False) -> Optional[str]:
     created = not run_id
     if created:
         try:
-            run_id = open_kept(run_dir, uri, pending)
+            run_id = open_kept(run_dir, uri, pending)  # type: ignore[arg-type]  # no run id: pending, checked above
         except Exception as exc:  # noqa: BLE001
             return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
                     "run sync again later")
-    pump = EventPump(run_dir / rundir.EVENTS, uri, run_id, say=lambda line: None)
+    pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None)
     before = pump.pending()
     final = state.get("final")
     if not pump():

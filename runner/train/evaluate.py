@@ -71,16 +71,16 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfi
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     allv = torch.cat(gathered).cpu().double()
-    out: Dict[str, float] = {}
+    metrics: Dict[str, float] = {}
     for i, task in enumerate(tasks):
         scores, target = allv[:, i], allv[:, len(tasks) + i]
         logloss = torch.nn.functional.binary_cross_entropy_with_logits(scores, target).item()
         prefix = "eval" if len(tasks) == 1 else f"eval/{task}"
-        out.update({f"{prefix}/auc": binary_auc(scores, target), f"{prefix}/logloss": logloss,
+        metrics.update({f"{prefix}/auc": binary_auc(scores, target), f"{prefix}/logloss": logloss,
                     f"{prefix}/positive_rate": float(target.mean())})
     if len(tasks) > 1:
-        out["eval/auc"] = sum(out[f"eval/{t}/auc"] for t in tasks) / len(tasks)
-        out["eval/logloss"] = sum(out[f"eval/{t}/logloss"] for t in tasks) / len(tasks)
-    out["eval/samples"] = float(allv.shape[0])
+        metrics["eval/auc"] = sum(metrics[f"eval/{t}/auc"] for t in tasks) / len(tasks)
+        metrics["eval/logloss"] = sum(metrics[f"eval/{t}/logloss"] for t in tasks) / len(tasks)
+    metrics["eval/samples"] = float(allv.shape[0])
     dmp.train()
-    return out
+    return metrics

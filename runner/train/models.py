@@ -23,9 +23,10 @@ from runner.train.optimizers import apply_sparse_optimizer
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ModelSchema
 
 
-def table_configs(model_cfg: Any, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
+def table_configs(model_cfg: ModelSchema, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One TorchRec table per configured table; its single feature carries the table's name."""
     data_type = DataType.FP16 if embedding_dtype == "fp16" else DataType.FP32
     return [

@@ -8,11 +8,15 @@ the training pipeline's ``step()`` clips first. Learning rates follow a schedule
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Tuple
 
 import torch
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+if TYPE_CHECKING:
+    from runner.config.schema_training import ClipSchema, OptimizerSchema, ScheduleSchema
+
 
 
 def sparse_parameters(model: torch.nn.Module) -> Any:
@@ -20,7 +24,7 @@ def sparse_parameters(model: torch.nn.Module) -> Any:
     return (p for n, p in model.named_parameters() if "embedding_bag_collection" in n)
 
 
-def sparse_optimizer(o: Any) -> Tuple[type, Dict[str, Any]]:
+def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
     """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused optimizer."""
     from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
     from torchrec import optim as trec
@@ -38,7 +42,7 @@ def sparse_optimizer(o: Any) -> Tuple[type, Dict[str, Any]]:
     return classes[o.sparse], kwargs
 
 
-def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: Any) -> None:
+def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: OptimizerSchema) -> None:
     """Mark the embedding tables for the fused optimizer (before sharding: planner and sharder read it)."""
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
@@ -49,7 +53,7 @@ def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: Any) -> None:
 class ClippedOptimizer(KeyedOptimizerWrapper):
     """The dense optimizer; its ``step()`` clips the (already all-reduced) gradients first."""
 
-    def __init__(self, params: Dict[str, torch.nn.Parameter], make: Any, clip: Any) -> None:
+    def __init__(self, params: Dict[str, torch.nn.Parameter], make: Any, clip: ClipSchema) -> None:
         super().__init__(params, make)
         self._clip = clip
 
@@ -62,7 +66,7 @@ class ClippedOptimizer(KeyedOptimizerWrapper):
         super().step(closure)
 
 
-def dense_optimizer(model: torch.nn.Module, o: Any) -> KeyedOptimizerWrapper:
+def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimizerWrapper:
     """The dense optimizer over every parameter not already updated in backward."""
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     lr = o.dense_lr * lr_factor(o.dense_schedule, 1, 1)
@@ -81,11 +85,11 @@ def dense_optimizer(model: torch.nn.Module, o: Any) -> KeyedOptimizerWrapper:
     return ClippedOptimizer(params, make, o.clip)
 
 
-def combined_optimizer(dmp: Any, opt_cfg: Any) -> CombinedOptimizer:
+def combined_optimizer(dmp: Any, opt_cfg: OptimizerSchema) -> CombinedOptimizer:
     return CombinedOptimizer([("sparse", dmp.fused_optimizer), ("dense", dense_optimizer(dmp, opt_cfg))])
 
 
-def lr_factor(s: Any, step: int, total: int) -> float:
+def lr_factor(s: ScheduleSchema, step: int, total: int) -> float:
     """Multiplier of the base learning rate at 1-based ``step`` of ``total``."""
     if s.warmup_steps and step <= s.warmup_steps:
         return step / s.warmup_steps
@@ -109,7 +113,7 @@ def _leaves(optimizer: Any) -> Iterable[Any]:
         yield from _leaves(child)
 
 
-def scheduled_rates(o: Any, step: int, total: int) -> Tuple[float, float]:
+def scheduled_rates(o: OptimizerSchema, step: int, total: int) -> Tuple[float, float]:
     """(sparse, dense) learning rates of 1-based ``step`` of ``total``."""
     sparse = o.sparse_lr * lr_factor(o.sparse_schedule, step, total)
     return sparse, o.dense_lr * lr_factor(o.dense_schedule, step, total)
@@ -122,15 +126,15 @@ class Schedule:
     step cost ~0.2 ms, over 1% of a CPU step of the default model.
     """
 
-    def __init__(self, opt_cfg: Any, total: int) -> None:
+    def __init__(self, opt_cfg: OptimizerSchema, total: int) -> None:
         from types import SimpleNamespace
 
         from omegaconf import OmegaConf
 
         def plain(node: Any) -> Any:
-            return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))
+            return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))  # type: ignore[arg-type]
 
-        self._o = SimpleNamespace(sparse_lr=float(opt_cfg.sparse_lr), dense_lr=float(opt_cfg.dense_lr),
+        self._o: Any = SimpleNamespace(sparse_lr=float(opt_cfg.sparse_lr), dense_lr=float(opt_cfg.dense_lr),
                                   sparse_schedule=plain(opt_cfg.sparse_schedule),
                                   dense_schedule=plain(opt_cfg.dense_schedule))
         self._total = total

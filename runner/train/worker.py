@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from runner.config.device import (
     backend,
@@ -34,6 +33,7 @@ from runner.config.device import (
     hbm_cap_bytes,
 )
 from runner.config.errors import ConfigError, one_line
+from runner.config.schema import load_resolved
 from runner.config.validation import validate
 from runner.runtime import affinity, rundir, signals
 from runner.runtime.cores import job_memory
@@ -234,7 +234,7 @@ def _run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[],
 
 def elastic_entry(run_dir: str) -> Dict[str, Any]:
     """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
-    return _run_guarded(OmegaConf.load(Path(run_dir) / rundir.RESOLVED), Path(run_dir))
+    return _run_guarded(load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir))
 
 
 def main(argv: list[str]) -> int:
@@ -244,8 +244,8 @@ def main(argv: list[str]) -> int:
         print("usage: torchrun --nproc_per_node=N -m runner.train.worker <resolved config.yaml>", file=sys.stderr)
         return 2
     path = Path(argv[0]).resolve()
-    cfg = OmegaConf.load(path)
     try:
+        cfg = load_resolved(path)
         validate(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -207,3 +207,30 @@ def test_shell_completion_for_python_m_runner() -> None:
               'hydra_bash_completion; echo "${COMPREPLY[@]}"\n')
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["sharding=rowwise"], out.stdout + out.stderr
+
+
+def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_path: Path, capsys) -> None:
+    """Agents and workers load ``resolved.yaml`` through the schema: typed nodes, and a wrong-typed value (a
+    file edited by hand, or written by another version) fails at load naming the key, in the torchrun entry too."""
+    from conftest import cfg_for
+    from omegaconf import OmegaConf
+
+    from runner.config.schema import load_resolved
+    from runner.config.schema_model import ShardingSchema
+    from runner.train import worker
+
+    path = tmp_path / "resolved.yaml"
+    OmegaConf.save(cfg_for("mode=plan"), path, resolve=True)
+    cfg = load_resolved(path)
+    assert OmegaConf.get_type(cfg.sharding) is ShardingSchema and cfg.train.steps == 200
+    with pytest.raises(ValueError):
+        cfg.train.steps = "many"  # typed while it runs, as Hydra's config is
+    path.write_text(path.read_text().replace("steps: 200", "steps: many"))
+    with pytest.raises(ConfigError, match=r"^train.steps='many' is not allowed; expected an integer \(in "):
+        load_resolved(path)
+    assert worker.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: train.steps='many' is not allowed; expected an integer"), err
+    path.write_text("model: [")
+    with pytest.raises(ConfigError, match="expected a config file the runner wrote"):
+        load_resolved(path)

@@ -38,7 +38,8 @@ def test_the_views_keep_exactly_their_roles_keys() -> None:
     assert "tracking" not in answer and "sweep" not in answer and "name" not in answer["sharding"]
     assert answer["sharding"]["storage_reserve_percent"] == 0.15 and answer["sharding"]["constraints"] == {}
     enumerated = roles.enumerated(tree)
-    assert "storage_reserve_percent" not in enumerated["sharding"] and "intra_node_bandwidth" not in enumerated["cluster"]
+    assert "storage_reserve_percent" not in enumerated["sharding"]
+    assert "intra_node_bandwidth" not in enumerated["cluster"]
     assert enumerated["sharding"]["types"] == answer["sharding"]["types"]
     assert enumerated["data"] == answer["data"] and enumerated["model"] == answer["model"]
 
