@@ -36,7 +36,7 @@ SHORT = ["train.steps=200", "train.log_every=50", "data.eval_batches=8"]
 
 def found() -> List[str]:
     """Lines describing the box: GPUs (through NVML: nothing initialised here), versions."""
-    from runner.config.device import GIB, has_bf16, host_gpus, visible_gpus
+    from runner.runtime.device import GIB, has_bf16, host_gpus, visible_gpus
 
     lines = []
     gpus = host_gpus()
@@ -148,7 +148,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    from runner.config.device import cuda_present, has_bf16, host_gpus
+    from runner.runtime.device import cuda_present, has_bf16, host_gpus
 
     box = found()
     print("\n".join(box), flush=True)

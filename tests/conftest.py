@@ -21,7 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-from runner.config.device import cuda_present  # noqa: E402
+from runner.runtime.device import cuda_present  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.config.device import device_type, node_gpus, visible_gpus
 from runner.config.schema import load_resolved
 from runner.launch.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads, workers_on_host
+from runner.runtime.device import device_type, node_gpus, visible_gpus
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
 

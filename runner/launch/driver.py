@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from runner import STARTED
-from runner.config.device import (
+from runner.config.errors import disk_full
+from runner.launch.mlflow_run import HydraJob, MlflowRun
+from runner.launch.ports import check_master_port, free_port
+from runner.launch.prewarm import discard_warm, prewarm
+from runner.launch.resume import link_point
+from runner.launch.slurm import stop_outcome
+from runner.launch.supervisor import launch, nodes_on_this_host
+from runner.runtime import rundir, signals
+from runner.runtime.affinity import agent_threads
+from runner.runtime.cores import job_cores, job_memory
+from runner.runtime.device import (
     check_bf16_before_launch,
     check_gpu_count,
     check_sparse_optimizer,
@@ -29,16 +39,6 @@ from runner.config.device import (
     job_gpus,
     visible_gpus,
 )
-from runner.config.errors import disk_full
-from runner.launch.mlflow_run import HydraJob, MlflowRun
-from runner.launch.ports import check_master_port, free_port
-from runner.launch.prewarm import discard_warm, prewarm
-from runner.launch.resume import link_point
-from runner.launch.slurm import stop_outcome
-from runner.launch.supervisor import launch, nodes_on_this_host
-from runner.runtime import rundir, signals
-from runner.runtime.affinity import agent_threads
-from runner.runtime.cores import job_cores, job_memory
 from runner.track import store
 from runner.track.reporter import summary_line
 from runner.track.sweep import sweep_info
@@ -80,7 +80,7 @@ def _mark_start() -> None:
 
 
 def _plan(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
-    from runner.plan.plan_only import plan_only
+    from runner.launch.plan_only import plan_only
     from runner.plan.reuse import reused_model
     from runner.train.models import planning_model
 

@@ -4,8 +4,9 @@ Owns the topology TorchRec's planner sees (built from the cluster config, bandwi
 converted in one place), the storage reservation, per-table constraints and proposers from the sharding
 policy, the sharders offered to DistributedModelParallel, plan files (JSON written by every run, pinned
 plans read back), the analysis of a plan (per-rank estimates, balance, traffic within and across nodes,
-the chart), the ``plan/`` report every run writes, and ``mode=plan``. Planning is a pure step: config and
-a model on the meta device in, plan and estimates out, no worker process needed. It imports
-:mod:`runner.config`, and :mod:`runner.track` to report a plan-only job; never ``train``, ``data`` or
-``launch`` (the caller builds the model).
+the chart), and the ``plan/`` report every run writes. Planning is a pure step: config and a model on
+the meta device in, plan and estimates out, no worker process needed; ``mode=plan``'s orchestration
+(reporting a plan-only job to its run) is :mod:`runner.launch.plan_only`. It imports only
+:mod:`runner.config` and :mod:`runner.runtime`; never ``track``, ``train``, ``data`` or ``launch`` (the
+caller builds the model and reports).
 """

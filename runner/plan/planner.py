@@ -47,23 +47,22 @@ from runner.plan.torchrec_seam import planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema_model import ShardingSchema, TableConstraintSchema
 
 
-def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]], extra: Any,
-                      pooling: float) -> ParameterConstraints:
+def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]],
+                      extra: Optional[TableConstraintSchema], pooling: float) -> ParameterConstraints:
     if kernels is None and types == ["data_parallel"]:
         kernels = ["dense"]  # TorchRec runs data_parallel tables only with the dense kernel
     kwargs: Dict[str, Any] = {"sharding_types": types, "compute_kernels": kernels, "pooling_factors": [pooling]}
     if extra is not None:
-        if extra.min_partition is not None:
-            kwargs["min_partition"] = extra.min_partition
+        for key in ("min_partition", "enforce_hbm"):
+            if getattr(extra, key) is not None:
+                kwargs[key] = getattr(extra, key)
         if extra.pooling_factor is not None:
             kwargs["pooling_factors"] = [float(extra.pooling_factor)]
         if extra.cache_load_factor is not None:
             kwargs["cache_params"] = CacheParams(load_factor=float(extra.cache_load_factor))
-        if extra.enforce_hbm is not None:
-            kwargs["enforce_hbm"] = bool(extra.enforce_hbm)
     return ParameterConstraints(**kwargs)
 
 

@@ -83,10 +83,10 @@ def _quiet(name: str) -> Iterator[None]:
 
 def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0: float,
                 build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any]) -> None:
-    from runner.config.device import device_type
     from runner.config.errors import PlanError
     from runner.plan.balanced import entries_of
     from runner.plan.planner import make_plan
+    from runner.runtime.device import device_type
 
     if sys.stdout.isatty():
         print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "

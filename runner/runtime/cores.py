@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from runner.config.device import visible_gpus
 from runner.config.errors import ConfigError
 from runner.runtime.affinity import worker_cores
+from runner.runtime.device import visible_gpus
 
 SLOT_DIR = Path(tempfile.gettempdir()) / f"runner-core-slots-{os.getuid()}"
 

@@ -77,7 +77,7 @@ class Reporter:
         """The HBM per GPU the planner was given (CUDA: the job's GPUs' least free memory, or
         ``cluster.hbm_cap_gib``), as ``plan/hbm_cap_gib``."""
         if self.active and cap is not None:
-            ddr = self.cfg.cluster.ddr_cap_gib  # reconciled with this host's memory (config.device.ddr_cap_for_host)
+            ddr = self.cfg.cluster.ddr_cap_gib  # reconciled with this host's memory (runtime.device.ddr_cap_for_host)
             self._log({"plan/hbm_cap_gib": cap / 2**30, **({"plan/ddr_cap_gib": ddr} if ddr is not None else {})}, 0)
             self.extra["hbm_cap_bytes"] = cap
 

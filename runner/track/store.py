@@ -79,9 +79,7 @@ def compare_url(uri: str, experiment_id: str, run_ids: Iterable[str]) -> str:
     import json
     from urllib.parse import quote
 
-    compact = (",", ":")
-    runs = quote(json.dumps(list(run_ids), separators=compact))
-    experiments = quote(json.dumps([experiment_id], separators=compact))
+    runs, experiments = (quote(json.dumps(ids, separators=(",", ":"))) for ids in (list(run_ids), [experiment_id]))
     return f"{ui_base(uri)}/#/compare-runs?runs={runs}&experiments={experiments}&{TRAINING_VIEW}"
 
 
@@ -290,8 +288,7 @@ def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = N
     """``tracking.run_name``, else ``<model>-<sharding>-<cluster>`` (the options chosen)."""
     if cfg.tracking.run_name:
         return cfg.tracking.run_name
-    groups = ("model", "sharding", "cluster")
-    return "-".join(str((choices or {}).get(group) or getattr(cfg, group).name) for group in groups)
+    return "-".join(str((choices or {}).get(g) or getattr(cfg, g).name) for g in ("model", "sharding", "cluster"))
 
 
 @_store_write

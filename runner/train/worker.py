@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from runner.config.device import (
+from runner.config.errors import ConfigError, one_line
+from runner.config.schema import load_resolved
+from runner.config.validation import validate
+from runner.runtime import affinity, rundir, signals
+from runner.runtime.cores import job_memory
+from runner.runtime.device import (
     backend,
     check_bf16,
     check_sparse_optimizer,
@@ -32,11 +37,6 @@ from runner.config.device import (
     has_bf16,
     hbm_cap_bytes,
 )
-from runner.config.errors import ConfigError, one_line
-from runner.config.schema import load_resolved
-from runner.config.validation import validate
-from runner.runtime import affinity, rundir, signals
-from runner.runtime.cores import job_memory
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, die_with_parent
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.config.device import (
+from runner.config.errors import ConfigError
+from runner.launch.slurm_submit import job_shape, parse_node_resources
+from runner.runtime.device import (
     GIB,
     check_bf16,
     check_bf16_before_launch,
@@ -21,8 +23,6 @@ from runner.config.device import (
     node_gpus,
     visible_gpus,
 )
-from runner.config.errors import ConfigError
-from runner.launch.slurm_submit import job_shape, parse_node_resources
 from runner.train.models import autocast_forward
 
 
@@ -176,8 +176,8 @@ def test_parallel_cuda_jobs_get_disjoint_gpus_or_are_refused(monkeypatch: pytest
 
 def test_host_memory_per_gpu_is_reconciled_with_what_the_host_gives_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """gpu_1x8's 256 GiB of DDR per GPU (UVM tables) on a host that gives the job less: planned at the share."""
-    from runner.config.device import ddr_cap_for_host
     from runner.runtime.cores import job_memory
+    from runner.runtime.device import ddr_cap_for_host
 
     assert ddr_cap_for_host(256.0, 8, 4096 * GIB, "the host's memory") == (256.0, "")  # a 4 TiB host
     cap, note = ddr_cap_for_host(256.0, 8, 1024 * GIB, "the cgroup's memory.max")

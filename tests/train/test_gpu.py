@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, HOST_CUDA, finished_run, metric_history, run_cli
 
-from runner.config.device import GIB, has_bf16, host_gpus, job_gpus, visible_gpus
+from runner.runtime.device import GIB, has_bf16, host_gpus, job_gpus, visible_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.skipif(not HOST_CUDA, reason="needs a CUDA GPU "
                                                                     "(none on this host)")]

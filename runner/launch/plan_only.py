@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from runner.config.device import device_type
 from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
+from runner.runtime.device import device_type
 from runner.track.reporter import Reporter
 
 if TYPE_CHECKING:
