@@ -9,24 +9,17 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
-from runner.config.errors import TrackingError, WorkerFailure, disk_full, one_line
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
-from runner.config.validation import validate
-from runner.launch.precheck import CONF_DIR, checked, hydra_conf, precheck
-from runner.runtime import rundir, signals
-from runner.track.objective import objective_value
-from runner.track.sweep import end_failed_sweep
-
-if TYPE_CHECKING:
-    from runner.launch.slurm import SlurmTask
+from runner.launch.job import say_error
+from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
+from runner.runtime import signals
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
@@ -48,127 +41,10 @@ register_schemas()
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_job(cfg: DictConfig) -> Optional[float]:
-    """One job (a sweep's point, or the single run). Its outcome goes to its run folder's ``status.json``,
-    where a sweep's outcome is read from (:mod:`runner.track.sweep`), whichever process ran it. As a Slurm
-    task, a failed or stopped job also fails its Slurm job (and node k > 0 keeps its files in ``node<k>/``)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.run_job`."""
+    from runner.launch.job import run_job
 
-    from runner.launch.slurm import adopt, stop_outcome, task_for
-
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir).resolve()
-    logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
-    slurm = False
-    try:
-        task = task_for(cfg)
-        if task is not None:
-            slurm = True
-            _as_slurm_task()
-            if cfg.mode != "train" and task.node_rank > 0:
-                print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
-                return None
-            if cfg.mode == "train":
-                run_dir = adopt(cfg, task, run_dir)
-            else:
-                cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
-        if task is not None or not checked(list(hc.overrides.task)):
-            validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
-        earlier = None
-        if hc.mode == RunMode.MULTIRUN:
-            from runner.launch.resume import kept_point, reusable
-
-            kept = kept_point(cfg, run_dir)
-            if kept is not None:  # a resumed sweep: this point has its answer
-                print(f"[runner] job {hc.job.num} kept: it finished before with the same config ({run_dir})",
-                      flush=True)
-                return kept.get("objective")
-            earlier = reusable(cfg)  # sweep.reuse: an earlier run of the same config answers it
-        if earlier is not None:
-            from runner.launch.driver import reuse_job
-
-            results = reuse_job(cfg, earlier)
-        else:
-            results = _attempts(cfg, run_dir, task)
-    except KeyboardInterrupt as exc:
-        stop = signals.stopped(exc)
-        status, line = stop_outcome(cfg, stop.name)
-        _record_status(run_dir, status, line)
-        resume = (f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}"
-                  if hc.mode == RunMode.MULTIRUN else "")
-        _say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
-        raise SystemExit(stop.exit_code) from None
-    except Exception as exc:
-        # a full disk in a sweep: every later point would fail too, so the sweep ends here
-        if (full := disk_full(exc, str(run_dir))) and hc.mode == RunMode.MULTIRUN:
-            line = end_failed_sweep(f"disk full: {full}", Path(hc.sweep.dir).resolve())
-            _record_status(run_dir, "FAILED", line)
-            _say_error(line)
-            raise SystemExit(1) from None
-        line = one_line(exc)
-        logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
-        if line.startswith("unexpected error"):
-            line += f" (traceback in {run_dir / rundir.LOG})"
-        _record_status(run_dir, "FAILED", line)
-        _say_error(line)
-        if hc.mode != RunMode.MULTIRUN or slurm:  # a Slurm job fails with its run
-            raise SystemExit(1) from None
-        return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
-        # its outcome is read from every point's status
-    value = objective_value(cfg, results)
-    _record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
-    return value
-
-
-def _attempts(cfg: DictConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
-    """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
-    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the Slurm
-    task the job runs as, if any."""
-    from runner.launch.driver import execute_job
-    from runner.launch.mlflow_run import record_requeued
-
-    attempt = 1
-    if task is not None and task.restarts > 0:  # Slurm requeued the job (a lost node): the point's next attempt
-        attempt += task.restarts
-        if task.node_rank == 0:
-            record_requeued(run_dir, task.shown_id, attempt)
-        if attempt > cfg.sweep.retries + 1:
-            raise WorkerFailure(f"Slurm requeued job {task.shown_id} after it lost a node; sweep.retries="
-                                f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
-                                f"{attempt} does not run")
-    while True:
-        try:
-            return execute_job(cfg, attempt)
-        except (WorkerFailure, TrackingError) as exc:
-            if attempt > cfg.sweep.retries or not exc.fault:
-                raise
-            _record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
-            print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
-                  "it again", flush=True)
-            attempt += 1
-
-
-def _as_slurm_task() -> None:
-    """Signals as the command line has them (submitit's own handlers ignore SIGTERM), and a line on Slurm's
-    early time-limit signal."""
-    from runner.launch.slurm import on_time_limit_warning
-
-    signals.install()
-    on_time_limit_warning()
-
-
-def _say_error(line: str) -> None:
-    """``error: <line>`` on stderr, on a line of its own (rank 0's progress bar may not have ended one)."""
-    print(f"{chr(10) if sys.stderr.isatty() else ''}error: {line}", file=sys.stderr, flush=True)
-
-
-def _record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: object) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
-    except OSError as exc:  # the job's own outcome matters more than its record (a full disk: already said)
-        if not (disk_full(exc) and (error or "").startswith("disk full")):
-            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
+    return run_job(cfg)  # type: ignore[arg-type]  # the schema-typed config Hydra composed
 
 
 _PYTHON_M = re.compile(r"^(\S*python[\d.]*\s+-m\s+)runner\b")
@@ -280,7 +156,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:  # before or between jobs (a job's own stop is handled in _hydra_job)
         stop = signals.stopped(exc)
         if not _end_sweep(stop.name, said=False):
-            _say_error(f"stopped by {stop.name}")
+            say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
 
 
@@ -291,6 +167,6 @@ def _end_sweep(signame: str, said: bool) -> bool:
 
     folder = end_stopped_sweep(signame)
     if folder is not None and not said:
-        _say_error(f"stopped by {signame}; the sweep's runs are KILLED, its points' folders are in {folder}; "
+        say_error(f"stopped by {signame}; the sweep's runs are KILLED, its points' folders are in {folder}; "
                    f"resume it: python -m runner resume {folder.resolve()}")
     return folder is not None

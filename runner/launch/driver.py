@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from runner import STARTED
 from runner.config.errors import disk_full
+from runner.launch.job_end import finish_run
 from runner.launch.mlflow_run import HydraJob, MlflowRun
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.prewarm import discard_warm, prewarm
@@ -40,7 +41,6 @@ from runner.runtime.device import (
     visible_gpus,
 )
 from runner.track import store
-from runner.track.reporter import summary_line
 from runner.track.sweep import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -204,16 +204,12 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
 
 
 def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
-    """Plan or train, keeping the MLflow run's status in step with the outcome."""
+    """Plan or train; the MLflow run ended with the outcome (:mod:`.job_end`, as under a plain torchrun)."""
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)
         if results is None:
             return {}
         run.pump()
-        run.log_chart()  # training only: plan-only jobs draw their chart as they plan
-        results.update(run_id=run.run_id, tracking_uri=run.uri)
-        if cfg.mode == "plan" and results.get("plan_status") == "feasible":
-            run.describe_plan()
     except KeyboardInterrupt as exc:
         run.end(*stop_outcome(cfg, signals.stopped(exc).name))
         raise
@@ -221,9 +217,4 @@ def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
         run.ensure_on_record()
         run.end("FAILED", f"disk full: {full}" if (full := disk_full(exc)) else str(exc))
         raise
-    if not run.end("FINISHED"):
-        results["tracking_pending"] = str(run.ctx.run_dir)
-    results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
-    results["summary"] = summary_line(results)
-    print(results["summary"], flush=True)
-    return results
+    return finish_run(run, run.chart, run.ctx.run_dir, results)

@@ -7,15 +7,14 @@ process hold the job's ``RunLife`` (:func:`runner.track.run_life.torchrun_run`).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from runner.config.roles import config_hash
+from runner.launch.job_end import PlanChart
 from runner.launch.prewarm import took_warm
 from runner.launch.slurm import node_run_dir, run_tags
-from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
@@ -66,7 +65,7 @@ class MlflowRun:
         self.slurm = cfg.cluster.scheduler == "slurm"
         self._life = RunLife(ctx.run_dir, self.uri)  # open, deliver, end
         self._system: Any = None  # this host's system-metrics monitor
-        self._chart: Optional[threading.Thread] = None  # draws the plan's chart while the workers train
+        self.chart = PlanChart(ctx.run_dir)  # drawn while the workers train, once rank 0 wrote the plan
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
         self.attempt = 1  # which run of this job (sweep.retries)
 
@@ -122,40 +121,22 @@ class MlflowRun:
             self.open()
         if self.opened:
             self._life.deliver()
-            self._start_chart()
+            if self.cfg.mode == "train":
+                self.chart.start()
         if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.ctx.run_dir.parent / rundir.RUN_INFO)
             if info and info.get("run_id"):
                 self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
                 self._system = self._system or False  # off: asked once
 
-    def _start_chart(self) -> None:
-        """Once rank 0 has written the plan report, draw ``plan.png`` from it in a thread (matplotlib takes
-        about a second: off every rank's path and, while the workers train, off the job's)."""
-        folder = self.ctx.run_dir / rundir.PLAN
-        if self._chart is None and self.cfg.mode == "train" and (folder / ESTIMATES).exists():
-            self._chart = threading.Thread(target=draw_plan_chart, args=(folder,), name="plan-chart", daemon=True)
-            self._chart.start()
+    def deliver(self) -> bool:
+        return self._life.deliver()
 
-    def log_chart(self) -> None:
-        """Once the workers have ended: the plan's chart (waited for when still drawing) as rank 0's last
-        report, so that it reaches the run as the others do (later, from the run folder, in an outage)."""
-        self._start_chart()  # rank 0 may have written the plan after the last pump
-        if self._chart is None or not self.opened:
-            return
-        self._chart.join()
-        png = self.ctx.run_dir / rundir.PLAN / CHART
-        if png.exists():
-            self._life.report_last([png], rundir.PLAN)
-        self._life.deliver()
+    def report_last(self, files: Any, artifact_path: Optional[str]) -> None:
+        self._life.report_last(files, artifact_path)
 
-    def describe_plan(self) -> None:
-        """Append the plan's short markdown to the run's Description (best effort: the plan is in its artifacts)."""
-        from runner.plan.report import plan_description
-
-        section = plan_description(self.ctx.run_dir / rundir.PLAN)
-        if section and self.opened:
-            self._life.add_to_note(section)
+    def add_to_note(self, section: str) -> None:
+        self._life.add_to_note(section)
 
     def stop_system_metrics(self) -> None:
         """This host's last system-metric samples, logged before the run ends."""

@@ -51,7 +51,6 @@ class PlanProgress:
 def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = None) -> Dict[str, Any]:
     """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
     the results. ``choose_from``: the plans of a sweep planned together (:mod:`.sweep_plans`)."""
-    from runner.plan.analysis import draw_plan_chart
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
 
@@ -77,7 +76,6 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     progress.close()
     reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
                                     " ".join(notes), facts))
-    reporter.plan_chart(draw_plan_chart(run_dir / rundir.PLAN))
     reporter.flush()
     m = reporter.plan_metrics
     results = {

@@ -180,3 +180,24 @@ def on_time_limit_warning() -> None:
               flush=True)
 
     signal.signal(signal.SIGUSR2, _say)
+
+
+def take_task(cfg: RunnerConfig, run_dir: Path) -> Tuple[Optional[SlurmTask], Path, bool]:
+    """This job as a Slurm task, if it is one: signals as the command line has them (submitit's own handlers
+    ignore SIGTERM) and a line on the time-limit warning; a training job's node rank, rendezvous and run
+    folder taken from the job (:func:`adopt`). Returns the task (None outside Slurm), the run folder, and
+    whether the job runs elsewhere (a plan or data job runs in node 0's task only)."""
+    task = task_for(cfg)
+    if task is None:
+        return None, run_dir, False
+    from runner.runtime import signals
+
+    signals.install()
+    on_time_limit_warning()
+    if cfg.mode != "train" and task.node_rank > 0:
+        print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
+        return task, run_dir, True
+    if cfg.mode == "train":
+        return task, adopt(cfg, task, run_dir), False
+    cfg.cluster.scheduler = "slurm"  # the run's tags say where it ran
+    return task, run_dir, False

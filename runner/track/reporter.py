@@ -88,11 +88,6 @@ class Reporter:
         print(f"[runner] no sharding plan: {reason}", flush=True)
         self._tags({"runner.plan_status": "infeasible", "runner.plan_reason": reason[:5000]})
 
-    def plan_chart(self, png: Optional[Path]) -> None:
-        """Log a drawn ``plan/plan.png`` (None: there was none to draw)."""
-        if self._sink is not None and png is not None:  # active
-            self._sink.artifacts([png], rundir.PLAN)
-
     def started(self, step: int, restarts: int, source: Optional[Path]) -> None:
         """Where training starts: from scratch, a resumed checkpoint, or after an elastic restart."""
         self.extra.update({"start_step": step, "restarts": restarts,

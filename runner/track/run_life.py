@@ -11,6 +11,7 @@ thread. Either way a store that is away keeps the reports and the ending in the 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -45,6 +46,7 @@ class RunLife:
         self._stop: Optional[threading.Event] = None
         self._thread: Optional[threading.Thread] = None
         self._next_try = 0.0
+        self.system: Any = None  # this host's system-metrics monitor, stopped (its last samples logged) at the end
 
     @property
     def opened(self) -> bool:
@@ -158,6 +160,9 @@ class RunLife:
         if self._stop is not None and self._thread is not None:
             self._stop.set()
             self._thread.join()
+        if self.system:
+            self.system.stop()
+            self.system = None
         if not self.opened:
             return True
         with self._lock:
@@ -175,5 +180,11 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> RunLife:
     life = RunLife(run_dir, store.tracking_uri(cfg))
     config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
     life.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
+    (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's
+    life.artifacts([run_dir / rundir.RESOLVED])
+    if life.run_id:  # this host's system metrics, as a driver records them
+        from runner.track.system import start_system_metrics
+
+        life.system = start_system_metrics(cfg, life.uri, life.run_id, int(os.environ.get("GROUP_RANK", "0")))
     life.deliver_every(2.0)
     return life

@@ -1,16 +1,13 @@
 """Worker: one process per rank. Its environment, device, cores and process group; then the rank's job.
 
-Started by the runner's elastic agents (:func:`elastic_entry`), or by an external ``torchrun``:
-``torchrun --nproc_per_node=2 -m runner.train.worker <run_dir>/resolved.yaml``. A rank that fails
-records its one-line error and traceback in the run folder (the driver reports the earliest: the root
-cause, not its peers' broken connections).
+Started by the runner's elastic agents (:func:`elastic_entry`), or by an external ``torchrun``
+(:mod:`runner.launch.torchrun`). A rank that fails records its one-line error and traceback in the run
+folder (the driver reports the earliest: the root cause, not its peers' broken connections).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import threading
 import time
 import traceback
@@ -24,8 +21,7 @@ import torch.distributed as dist
 
 from runner.config.errors import ConfigError, one_line
 from runner.config.schema import load_resolved
-from runner.config.validation import validate
-from runner.runtime import affinity, rundir, signals
+from runner.runtime import affinity, rundir
 from runner.runtime.cores import job_memory
 from runner.runtime.device import (
     backend,
@@ -222,7 +218,7 @@ def _record_error(run_dir: Path, exc: BaseException) -> None:
     rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
 
 
-def _run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
     log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:
@@ -234,67 +230,4 @@ def _run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[],
 
 def elastic_entry(run_dir: str) -> Dict[str, Any]:
     """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
-    return _run_guarded(load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir))
-
-
-def main(argv: list[str]) -> int:
-    """``torchrun ... -m runner.train.worker <config.yaml>``: results go to the config file's folder. With no
-    driver, rank 0's process owns the job's MLflow run (:func:`runner.track.run_life.torchrun_run`)."""
-    if len(argv) != 1:
-        print("usage: torchrun --nproc_per_node=N -m runner.train.worker <resolved config.yaml>", file=sys.stderr)
-        return 2
-    path = Path(argv[0]).resolve()
-    try:
-        cfg = load_resolved(path)
-        validate(cfg)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
-    from runner.track.run_life import RunLife, torchrun_run
-
-    run: Optional[RunLife] = None  # rank 0's, once opened
-
-    def open_run() -> None:  # with the process group up: if the store refuses, every peer fails at once
-        nonlocal run
-        if os.environ.get("RANK") == "0":
-            run = torchrun_run(cfg, path.parent)
-
-    try:
-        results = _run_guarded(cfg, path.parent, open_run)
-    except BaseException as exc:
-        stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
-        if run is not None:
-            with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
-                _end_quietly(run, *(("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))))
-        if stop is None:
-            raise
-        # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
-        # stopped before this rank breaks its collective)
-        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop}", file=sys.stderr, flush=True)
-        return signals.Stopped(signal.Signals[stop]).exit_code
-    if run is not None:
-        from runner.plan.analysis import draw_plan_chart
-        from runner.track.reporter import summary_line
-
-        png = draw_plan_chart(path.parent / rundir.PLAN)  # no driver drew it while the ranks trained
-        if png is not None:
-            run.report_last([png], rundir.PLAN)
-        results.update(run_id=run.run_id, tracking_uri=run.uri)
-        if not _end_quietly(run, "FINISHED"):
-            results["tracking_pending"] = str(path.parent)
-        print(summary_line(results), flush=True)
-    return 0
-
-
-def _end_quietly(run: Any, status: str, error: Optional[str] = None) -> bool:
-    """End rank 0's run; a store that fails here is said in a warning (the job's own outcome matters more)."""
-    try:
-        return run.end(status, error)
-    except Exception as exc:  # noqa: BLE001
-        print(f"[runner] warning: could not mark the MLflow run {status}: {exc}", file=sys.stderr, flush=True)
-        return False
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return run_guarded(load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir))

@@ -217,7 +217,7 @@ def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_pat
 
     from runner.config.schema import load_resolved
     from runner.config.schema_model import ShardingSchema
-    from runner.train import worker
+    from runner.launch import torchrun
 
     path = tmp_path / "resolved.yaml"
     OmegaConf.save(cfg_for("mode=plan"), path, resolve=True)
@@ -228,7 +228,7 @@ def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_pat
     path.write_text(path.read_text().replace("steps: 200", "steps: many"))
     with pytest.raises(ConfigError, match=r"^train.steps='many' is not allowed; expected an integer \(in "):
         load_resolved(path)
-    assert worker.main([str(path)]) == 2
+    assert torchrun.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: train.steps='many' is not allowed; expected an integer"), err
     path.write_text("model: [")

@@ -11,23 +11,27 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, metric_history, processes_tagged, run_cli, runs
+from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
 
 pytestmark = pytest.mark.slow
 
 
-def torchrun_command(overrides: list, tmp_path: Path) -> list:
-    """Resolve a config with the runner: the command that runs its worker under a plain torchrun."""
-    printed = run_cli([*FAST, *overrides, "--cfg", "job", "--resolve"])
-    assert printed.returncode == 0, printed.stderr
+def torchrun_command(overrides: list, tmp_path: Path, config: str = "") -> list:
+    """Resolve a config with the runner (or take ``config``, a resolved config's text): the command that runs
+    its workers under a plain torchrun."""
+    if not config:
+        printed = run_cli([*FAST, *overrides, "--cfg", "job", "--resolve"])
+        assert printed.returncode == 0, printed.stderr
+        config = printed.stdout
+    tmp_path.mkdir(parents=True, exist_ok=True)
     job = tmp_path / "job.yaml"
-    job.write_text(printed.stdout)
+    job.write_text(config)
     torchrun = Path(sys.executable).parent / "torchrun"
-    return [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.train.worker", str(job)]
+    return [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.launch.torchrun", str(job)]
 
 
-def torchrun_job(overrides: list, tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_command(overrides, tmp_path), cwd=ROOT, text=True, capture_output=True,
+def torchrun_job(overrides: list, tmp_path: Path, config: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_command(overrides, tmp_path, config), cwd=ROOT, text=True, capture_output=True,
                           timeout=300)
 
 
@@ -41,20 +45,45 @@ def gloo_loop_nices(run_dir: Path) -> list:
     return found
 
 
-def test_worker_runs_under_external_torchrun(store: str, tmp_path: Path) -> None:
-    proc = torchrun_job([f"tracking.uri={store}", "tracking.experiment=torchrun"], tmp_path)
+def _artifacts(store: str, run_id: str, path: str = "") -> set:
+    from mlflow import MlflowClient
+
+    found = set()
+    for a in MlflowClient(store).list_artifacts(run_id, path or None):
+        found |= _artifacts(store, run_id, a.path) if a.is_dir else {a.path}
+    return found
+
+
+# what only the driver's path has: Hydra's folder, its overrides and choices, its agents and their start-up
+DRIVER_ONLY_ARTIFACTS = (".hydra/",)
+DRIVER_ONLY_TAGS = ("runner.overrides", "runner.choice.", "runner.agent_prewarmed", "runner.run_dir", "runner.attempt",
+                    "runner.config_hash", "runner.kind", "mlflow.note.content", "runner.launcher")
+
+
+def test_the_driver_and_a_plain_torchrun_end_a_job_alike(store: str, tmp_path: Path) -> None:
+    """The same resolved config run by the runner's driver and by a plain torchrun: the same status, tags and
+    artifacts (the plan's chart among them: drawn by rank 0's process once the ranks have ended, no driver),
+    apart from what only the driver's path has; both print the summary line."""
+    from omegaconf import OmegaConf
+
+    _, driven = finished_run(store, "torchrun_driver", tmp_path / "driver", FAST)
+    config = OmegaConf.load(tmp_path / "driver" / "resolved.yaml")
+    config.tracking.experiment = "torchrun"
+    proc = torchrun_job([], tmp_path / "torchrun", OmegaConf.to_yaml(config))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[runner] done:" in proc.stdout
     (run,) = runs(store, "torchrun")
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["runner.world_size"] == "2"
+    assert run.info.status == driven.info.status == "FINISHED"
+    assert run.data.tags["runner.world_size"] == "2" and run.data.tags["runner.launcher"] == "torchrun"
     assert len(metric_history(store, run.info.run_id, "train/loss")) == 3
-    assert (tmp_path / "plan" / "plan.json").exists()
-    # the plan's chart, drawn by rank 0's process once the ranks have ended (no driver), reached the run
-    from mlflow import MlflowClient
-
-    charts = [a.path for a in MlflowClient(store).list_artifacts(run.info.run_id, "plan")]
-    assert "plan/plan.png" in charts, charts
+    assert (tmp_path / "torchrun" / "plan" / "plan.json").exists()
+    mine = {k for k in run.data.tags if not k.startswith(DRIVER_ONLY_TAGS)}
+    theirs = {k for k in driven.data.tags if not k.startswith(DRIVER_ONLY_TAGS)}
+    assert mine == theirs, (mine ^ theirs)
+    assert set(run.data.metrics) == set(driven.data.metrics), set(run.data.metrics) ^ set(driven.data.metrics)
+    arts, driver_arts = _artifacts(store, run.info.run_id), _artifacts(store, driven.info.run_id)
+    assert "plan/plan.png" in arts and "plan/plan.json" in arts, arts
+    assert arts == {a for a in driver_arts if not a.startswith(DRIVER_ONLY_ARTIFACTS)}, arts ^ driver_arts
 
 
 def test_sigterm_stops_every_worker_and_marks_run_killed(store: str, tmp_path: Path) -> None:

@@ -105,8 +105,8 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     import pytest
     from conftest import cfg_for
 
-    from runner.cli import _attempts
     from runner.config.errors import WorkerFailure
+    from runner.launch.job import _attempts
     from runner.launch.slurm import task_for
 
     for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",

@@ -1,0 +1,142 @@
+"""A job's life, owned here: from Hydra's call to its recorded outcome.
+
+Hydra calls :func:`run_job` once per job (a sweep's point, or the single run), in whichever process runs
+it (the command's own, a joblib worker, a Slurm task). It takes the job's place under Slurm
+(:func:`runner.launch.slurm.take_task`), validates what the pre-check did not, keeps a resumed sweep's
+finished point (:mod:`.resume`), answers a point from an earlier run of the same config (``sweep.reuse``),
+and otherwise runs the job's attempts (:func:`runner.launch.driver.execute_job`, again while it fails
+from a fault, ``sweep.retries``). Its outcome is recorded once, here, in its run folder's ``status.json``,
+where a sweep's outcome is read from (:mod:`runner.track.sweep`); its MLflow run is ended by
+:func:`runner.launch.job_end.finish_run` (the driver's path and a plain torchrun's alike).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from runner.config.errors import TrackingError, WorkerFailure, disk_full, one_line
+from runner.config.validation import validate
+from runner.launch.precheck import checked
+from runner.runtime import rundir, signals
+from runner.track.objective import objective_value
+from runner.track.sweep import end_failed_sweep
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+    from runner.launch.slurm import SlurmTask
+
+
+def run_job(cfg: RunnerConfig) -> Optional[float]:
+    """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
+    Slurm task, a failed or stopped job also fails its Slurm job (node k > 0 keeps its files in ``node<k>/``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from runner.launch.slurm import stop_outcome, take_task
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
+    task = None
+    try:
+        task, run_dir, elsewhere = take_task(cfg, run_dir)
+        if elsewhere:  # a plan or data job runs in node 0's task only
+            return None
+        if task is not None or not checked(list(hc.overrides.task)):
+            validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
+        results = _answer(cfg, run_dir, hc.job.num, task) if multirun else _attempts(cfg, run_dir, task)
+        if results is None:
+            return None
+        if "kept" in results:
+            return results["kept"].get("objective")
+    except KeyboardInterrupt as exc:
+        stop = signals.stopped(exc)
+        status, line = stop_outcome(cfg, stop.name)
+        record_status(run_dir, status, line)
+        resume = f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}" if multirun else ""
+        say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
+        raise SystemExit(stop.exit_code) from None
+    except Exception as exc:
+        # a full disk in a sweep: every later point would fail too, so the sweep ends here
+        if (full := disk_full(exc, str(run_dir))) and multirun:
+            line = end_failed_sweep(f"disk full: {full}", Path(hc.sweep.dir).resolve())
+            record_status(run_dir, "FAILED", line)
+            say_error(line)
+            raise SystemExit(1) from None
+        line = one_line(exc)
+        logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
+        if line.startswith("unexpected error"):
+            line += f" (traceback in {run_dir / rundir.LOG})"
+        record_status(run_dir, "FAILED", line)
+        say_error(line)
+        if not multirun or task is not None:  # a Slurm job fails with its run
+            raise SystemExit(1) from None
+        return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
+        # its outcome is read from every point's status
+    value = objective_value(cfg, results)
+    record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
+    return value
+
+
+def _answer(cfg: RunnerConfig, run_dir: Path, job_num: int, task: Optional[SlurmTask]) -> Dict[str, Any]:
+    """A sweep's point: kept (``{"kept": status}``: a resumed sweep's point finished before with the same
+    config), answered by an earlier run of the same config (``sweep.reuse``), or run."""
+    from runner.launch.resume import kept_point, reusable
+
+    kept = kept_point(cfg, run_dir)
+    if kept is not None:
+        print(f"[runner] job {job_num} kept: it finished before with the same config ({run_dir})", flush=True)
+        return {"kept": kept}
+    earlier = reusable(cfg)
+    if earlier is not None:
+        from runner.launch.driver import reuse_job
+
+        return reuse_job(cfg, earlier)
+    return _attempts(cfg, run_dir, task)
+
+
+def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
+    """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
+    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the Slurm
+    task the job runs as, if any."""
+    from runner.launch.driver import execute_job
+    from runner.launch.mlflow_run import record_requeued
+
+    attempt = 1
+    if task is not None and task.restarts > 0:  # Slurm requeued the job (a lost node): the point's next attempt
+        attempt += task.restarts
+        if task.node_rank == 0:
+            record_requeued(run_dir, task.shown_id, attempt)
+        if attempt > cfg.sweep.retries + 1:
+            raise WorkerFailure(f"Slurm requeued job {task.shown_id} after it lost a node; sweep.retries="
+                                f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
+                                f"{attempt} does not run")
+    while True:
+        try:
+            return execute_job(cfg, attempt)
+        except (WorkerFailure, TrackingError) as exc:
+            if attempt > cfg.sweep.retries or not exc.fault:
+                raise
+            record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
+            print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
+                  "it again", flush=True)
+            attempt += 1
+
+
+def say_error(line: str) -> None:
+    """``error: <line>`` on stderr, on a line of its own (rank 0's progress bar may not have ended one)."""
+    print(f"{chr(10) if sys.stderr.isatty() else ''}error: {line}", file=sys.stderr, flush=True)
+
+
+def record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: object) -> None:
+    """The job's outcome in its run folder's ``status.json`` (the one place it is written)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
+    except OSError as exc:  # the job's own outcome matters more than its record (a full disk: already said)
+        if not (disk_full(exc) and (error or "").startswith("disk full")):
+            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)

@@ -1,0 +1,77 @@
+"""How a job's MLflow run ends, in one place, whichever process holds the run.
+
+The driver (:mod:`.driver`, its run a :class:`runner.launch.mlflow_run.MlflowRun`) and rank 0 under a plain
+torchrun (:mod:`.torchrun`, its run a :class:`runner.track.run_life.RunLife`) both end a finished job with
+:func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's last
+report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
+summary line printed. A failed or stopped job's run ends through :func:`end_run`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
+from runner.runtime import rundir
+from runner.track.reporter import summary_line
+
+
+class PlanChart:
+    """A job's ``plan/plan.png``, drawn once from the plan report rank 0 (or the planner) wrote: in a thread
+    as soon as that report is there (matplotlib takes about a second: off the ranks' path, and while the
+    workers train, off the job's), or when the job ends."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.folder = run_dir / rundir.PLAN
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        """Start drawing once the plan report is there (nothing before, nothing twice)."""
+        if self._thread is None and (self.folder / ESTIMATES).exists():
+            self._thread = threading.Thread(target=draw_plan_chart, args=(self.folder,), name="plan-chart",
+                                            daemon=True)
+            self._thread.start()
+
+    def png(self) -> Optional[Path]:
+        """The drawn chart (waited for while drawing); None when the job wrote no plan report."""
+        self.start()
+        if self._thread is None:
+            return None
+        self._thread.join()
+        png = self.folder / CHART
+        return png if png.exists() else None
+
+
+def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Dict[str, Any]:
+    """End the run of a job that finished (``run``: a ``MlflowRun`` or a ``RunLife``); ``results`` given the
+    run's id and store, and the summary line (printed)."""
+    png = chart.png()
+    if png is not None and run.opened:
+        run.report_last([png], rundir.PLAN)
+    run.deliver()
+    results.update(run_id=run.run_id, tracking_uri=run.uri)
+    if results.get("plan_status") == "feasible" and run.opened:  # a plan-only answer: its plan in the description
+        from runner.plan.report import plan_description
+
+        section = plan_description(run_dir / rundir.PLAN)
+        if section:
+            run.add_to_note(section)
+    if not run.end("FINISHED"):
+        results["tracking_pending"] = str(run_dir)
+    results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
+    results["summary"] = summary_line(results)
+    print(results["summary"], flush=True)
+    return results
+
+
+def end_run(run: Any, status: str, error: Optional[str] = None) -> bool:
+    """End the run of a job that failed or was stopped; a store that fails here is said in a warning (the
+    job's own outcome matters more). False when the ending is not in the store."""
+    try:
+        return run.end(status, error)
+    except Exception as exc:  # noqa: BLE001
+        print(f"[runner] warning: could not mark the MLflow run {status}: {exc}", file=sys.stderr, flush=True)
+        return False

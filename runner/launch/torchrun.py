@@ -1,0 +1,74 @@
+"""A job under a plain ``torchrun``, without the runner's driver: the launch path users of hand-written
+TorchRec scripts know.
+
+``torchrun --standalone --nproc_per_node=2 -m runner.launch.torchrun resolved.yaml`` (a config from
+``python -m runner ... --cfg job --resolve``, or a run folder's ``resolved.yaml``): each rank runs as the
+runner's own workers do (:func:`runner.train.worker.run_guarded`); results go to the config file's folder.
+With no driver, rank 0's process holds the job's MLflow run (:func:`runner.track.run_life.torchrun_run`) and
+ends it as the driver does (:func:`runner.launch.job_end.finish_run`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from runner.config.errors import ConfigError, one_line
+from runner.config.schema import load_resolved
+from runner.config.validation import validate
+from runner.launch.job_end import PlanChart, end_run, finish_run
+from runner.runtime import signals
+from runner.train.worker import run_guarded
+
+if TYPE_CHECKING:
+    from runner.track.run_life import RunLife
+
+
+def main(argv: list[str]) -> int:
+    """One rank under torchrun; its exit code."""
+    if len(argv) != 1:
+        print("usage: torchrun --nproc_per_node=N -m runner.launch.torchrun <resolved config.yaml>", file=sys.stderr)
+        return 2
+    path = Path(argv[0]).resolve()
+    try:
+        cfg = load_resolved(path)
+        validate(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
+    from runner.track.run_life import torchrun_run
+
+    run: Optional[RunLife] = None  # rank 0's, once opened
+
+    def open_run() -> None:  # with the process group up: if the store refuses, every peer fails at once
+        nonlocal run
+        if os.environ.get("RANK") == "0":
+            run = torchrun_run(cfg, path.parent)
+
+    try:
+        results = run_guarded(cfg, path.parent, open_run)
+    except BaseException as exc:
+        stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
+        if run is not None:
+            with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
+                end_run(run, *(("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))))
+        if stop is None:
+            raise
+        # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
+        # stopped before this rank breaks its collective)
+        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop}", file=sys.stderr, flush=True)
+        return signals.Stopped(signal.Signals[stop]).exit_code
+    if run is not None:
+        try:
+            finish_run(run, PlanChart(path.parent), path.parent, results)
+        except Exception as exc:  # noqa: BLE001 - the ranks' work is done and on disk; its record is said
+            print(f"[runner] warning: could not end the MLflow run: {exc}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
