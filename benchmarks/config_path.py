@@ -113,7 +113,8 @@ def main() -> int:
         records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     parts = {r["role"]: r["path"] for r in records if r["role"] != "rank" or r.get("rank") == "0"}
     whole = parts.get("driver", [])
-    handoff = next((i + 1 for i, step in enumerate(whole) if step == ["runner.launch.supervisor", "launch"]), len(whole))
+    hand_over = ["runner.launch.supervisor", "launch"]
+    handoff = next((i + 1 for i, step in enumerate(whole) if step == hand_over), len(whole))
     parts["driver"], parts["driver, whole job"] = whole[:handoff], whole
     path = [step for role in ("driver", "agent", "rank") for step in parts.get(role, [])]
     total = summarise(path)
@@ -128,8 +129,8 @@ def main() -> int:
     whole = summarise(parts["driver, whole job"])
     print("config-path driver, whole job: entered most: " + ", ".join(
         f"{m.removeprefix('runner.')} {n}" for m, n in whole["entered"].most_common(4)))
-    print(f"config-path to the trainer: root={root} modules={total['modules']} moves={total['moves']} returns={total['returns']} "
-          f"| entered most: {top}")
+    print(f"config-path to the trainer: root={root} modules={total['modules']} moves={total['moves']} "
+          f"returns={total['returns']} | entered most: {top}")
     return 0
 
 
