@@ -95,8 +95,8 @@ def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     search's problem."""
     from runner.plan.balanced import problem_of
     from runner.plan.planner import build_planner
-    from runner.plan.reuse import reused_model
     from runner.plan.sharders import sharders_for
+    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
     from runner.train.models import planning_model
 
@@ -112,8 +112,8 @@ def greedy_rating(cfg: Any, ranks: int) -> Optional[float]:
     """TorchRec's greedy proposers' plan on the runner's inputs (``sharding.proposer=greedy``: TorchRec's plan,
     found faster; ``tests/plan/test_greedy.py``): its rating."""
     from runner.plan.planner import PlanEstimates, build_planner
-    from runner.plan.reuse import reused_model
     from runner.plan.sharders import sharders_for
+    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
     from runner.train.models import planning_model
 

@@ -81,7 +81,7 @@ def _mark_start() -> None:
 
 def _plan(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
     from runner.launch.plan_only import plan_only
-    from runner.plan.reuse import reused_model
+    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     run.open()
@@ -102,9 +102,9 @@ def plan_sweep_together(args: List[str]) -> None:
     (:func:`runner.plan.sweep_plans.plan_together`), before Hydra launches its jobs; nothing for any other
     command."""
     from runner.launch.precheck import grid_points
-    from runner.plan.reuse import reused_model
+    from runner.plan.speedups.enumeration_reuse import reused_model
+    from runner.plan.speedups.torchrec_seam import seam_note
     from runner.plan.sweep_plans import applies, plan_together
-    from runner.plan.torchrec_seam import seam_note
     from runner.train.models import planning_model
 
     if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args or seam_note():

@@ -21,11 +21,11 @@ from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.balance import Problem, Solution, rating, valid
 from runner.plan.balanced import BalancedProposer, from_torchrec, pooled, problem_of, remember, search, solution_of
-from runner.plan.copies import quick_copies
-from runner.plan.greedy import SkippingGreedyProposer
-from runner.plan.prefixes import shared_uniform_prefixes
-from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
-from runner.plan.search_loop import SearchLoopPlanner
+from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
+from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
+from runner.plan.speedups.planning_loop import SearchLoopPlanner
+from runner.plan.speedups.record_copies import quick_copies
+from runner.plan.speedups.shared_placements import shared_uniform_prefixes
 
 
 class BalancedPlanner(SearchLoopPlanner):

@@ -34,16 +34,16 @@ from runner.config.validation import table_constraint
 from runner.plan.balanced import BalancedProposer, balanced_note, compared_metrics, problem_of
 from runner.plan.balanced_planner import BalancedPlanner
 from runner.plan.bound import lower_bound
-from runner.plan.estimators import shard_estimators
 from runner.plan.infeasible import explain
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import build_proposer
-from runner.plan.reuse import ReusingEnumerator, enumeration_key
-from runner.plan.search import FixedEnumerator, SkippingProposer, placeable_only
-from runner.plan.search_loop import Progress, SearchLoopPlanner
 from runner.plan.sharders import sharders_for
+from runner.plan.speedups.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
+from runner.plan.speedups.enumeration_reuse import ReusingEnumerator, enumeration_key
+from runner.plan.speedups.planning_loop import Progress, SearchLoopPlanner
+from runner.plan.speedups.shard_estimators import shard_estimators
+from runner.plan.speedups.torchrec_seam import planner_refusal, seam_note
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
-from runner.plan.torchrec_seam import planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig

@@ -11,8 +11,8 @@ from torchrec.distributed.planner.types import ShardingOption
 
 from runner.config.errors import ConfigError, PlanError
 from runner.plan.balanced import BalancedProposer
-from runner.plan.greedy import SkippingGreedyProposer
-from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer
+from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
+from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
 
 if TYPE_CHECKING:
     from runner.config.schema_model import ShardingSchema

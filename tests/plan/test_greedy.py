@@ -9,10 +9,10 @@ from torchrec.distributed.planner.types import PlannerError
 
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
-from runner.plan.greedy import SkippingGreedyProposer
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
+from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
 from runner.plan.topology import dense_bytes
 from runner.train.models import planning_model
 

@@ -19,8 +19,8 @@ from runner.plan import search_loop
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
-from runner.plan.search import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.sharders import sharders_for
+from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.topology import dense_bytes
 from runner.train.models import planning_model
 
@@ -156,7 +156,7 @@ def test_estimators_give_torchrecs_estimates() -> None:
     TorchRec's default estimators' on a real model's enumerated options."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
-    from runner.plan.estimators import shard_estimators
+    from runner.plan.speedups.shard_estimators import shard_estimators
 
     cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=3", "sharding.compute_kernels=[]")
     model = planning_model(cfg)
@@ -232,7 +232,7 @@ def test_a_bug_in_the_runners_search_surfaces_instead_of_a_fallback_plan() -> No
     from torchrec.distributed.planner.types import PlannerError
     from torchrec.distributed.planner.utils import bytes_to_gb
 
-    from runner.plan.torchrec_seam import planner_refusal
+    from runner.plan.speedups.torchrec_seam import planner_refusal
 
     def raised(fn):
         try:

@@ -23,7 +23,7 @@ import numpy as np
 from torchrec.distributed.planner.proposers import GreedyProposer
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
-from runner.plan.search import SkippingProposer, _ProposalFacts
+from runner.plan.speedups.dp_proposer import SkippingProposer, _ProposalFacts
 
 
 class SkippingGreedyProposer(SkippingProposer):
