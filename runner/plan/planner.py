@@ -117,10 +117,10 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
                   progress: Optional[Progress] = None, choose_from: Any = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
-    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.reuse`);
+    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.speedups.enumeration_reuse`);
     ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
     already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
-    with the search's counts while it runs (:class:`.search_loop.SearchLoopPlanner`); ``choose_from``: a
+    with the search's counts while it runs (:class:`.speedups.planning_loop.SearchLoopPlanner`); ``choose_from``: a
     sweep's plans for the balanced proposer to choose from (:mod:`.sweep_plans`)."""
     if seam_note() is not None:  # a TorchRec the runner's search was not tested with: TorchRec's own planner
         return torchrec_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes, hbm_cap)
@@ -194,7 +194,7 @@ def _placeable_plan(planner: Any, cfg: RunnerConfig, model: Any, world: int, loc
                     sharders: List[Any], estimates: PlanEstimates, hbm_cap: Optional[int],
                     notes: List[str], progress: Optional[Progress] = None) -> Optional[ShardingPlan]:
     """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
-    have a shard no GPU can hold (:func:`.search.placeable_only`); the plan (TorchRec-partitioned and
+    have a shard no GPU can hold (:func:`.speedups.dp_proposer.placeable_only`); the plan (TorchRec-partitioned and
     rated) and a note on how it was found, or None."""
     proposer = planner._proposers[0] if len(planner._proposers) == 1 else None
     reserved = getattr(planner._storage_reservation, "_last_reserved_topology", None)
@@ -268,7 +268,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
               progress: Optional[Progress] = None, facts: Optional[Dict[str, Any]] = None,
               choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
-    shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.reuse`).
+    shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.speedups.enumeration_reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
     by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``

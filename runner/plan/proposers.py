@@ -1,5 +1,5 @@
 """The proposer a config names: TorchRec's, at scale where the runner makes them fast with TorchRec's answers
-(:mod:`.search`, :mod:`.greedy`), or the runner's own (:mod:`.balanced`)."""
+(:mod:`.speedups.dp_proposer`, :mod:`.speedups.greedy_proposers`), or the runner's own (:mod:`.balanced`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class BoundedGridSearchProposer(GridSearchProposer):
 def build_proposer(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """TorchRec's proposer(s) for ``sharding.proposer``; None lets the planner use its default list. The
     dynamic-programming one is TorchRec's, vectorised and skipping what cannot change its answer
-    (:mod:`.search`)."""
+    (:mod:`.speedups.dp_proposer`)."""
     if sharding.proposer == "dynamic_programming":
         if device_type != "cuda":
             raise ConfigError("sharding.proposer", sharding.proposer,

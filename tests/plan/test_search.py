@@ -15,11 +15,11 @@ from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 
 from runner.config.tables import table_specs
-from runner.plan import search_loop
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
+from runner.plan.speedups import planning_loop as search_loop
 from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.topology import dense_bytes
 from runner.train.models import planning_model
@@ -117,7 +117,7 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.
 def test_a_helper_that_dies_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The helper process dies holding a proposal, after its first answer: what it held is partitioned in the
     planning process, and the plan and estimates are still TorchRec's."""
-    from runner.plan import helper
+    from runner.plan.speedups import partition_helper as helper
 
     serve = helper._serve
 

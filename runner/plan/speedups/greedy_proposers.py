@@ -8,10 +8,10 @@ proposal, keeping the first with the strictly lowest rating over both proposers 
 
 :class:`SkippingGreedyProposer` hands the planner the same proposals in the same order, less those that
 cannot change its answer, for the same reasons and with the same arithmetic as the dynamic-programming
-proposer's skips (:class:`.search.SkippingProposer`): a shard that fits no device, a proposal TorchRec's
+proposer's skips (:class:`.dp_proposer.SkippingProposer`): a shard that fits no device, a proposal TorchRec's
 greedy partitioner must fail, or one whose rating cannot be strictly below the best so far. Skipped
 proposals still advance their proposer (its feedback only moves to the next). The planner's loop is the
-runner's (:mod:`.search_loop`). ``tests/plan/test_greedy.py`` compares plans and estimates with TorchRec's
+runner's (:mod:`.planning_loop`). ``tests/plan/test_greedy.py`` compares plans and estimates with TorchRec's
 own planner.
 """
 

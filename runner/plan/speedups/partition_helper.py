@@ -5,7 +5,7 @@ At a thousand tables on a hundred GPUs nearly every proposal the skips leave mus
 on one core. :class:`PartitionHelper` is a fork of the planning process, made between two partitions, so it
 holds the same search space, topology, partitioner and perf model; it is handed proposals (by the options'
 identities, the same in both processes after the fork), partitions and rates each with TorchRec's own calls,
-and answers ``(index, partitionable, rating)``. The search loop (:mod:`.search_loop`) keeps the first
+and answers ``(index, partitionable, rating)``. The search loop (:mod:`.planning_loop`) keeps the first
 strictly best plan in proposal order, as TorchRec's loop does; the helper's winner, if it is one, is
 partitioned again here for its shard ranks (the same calls on the same state give the same answer).
 

@@ -11,9 +11,9 @@ without the two costs that grow with tables x GPUs and change nothing:
   per proposal). Within one search space every option is a distinct object with a distinct
   (table, sharding type, kernel), so the options' identities key the same cache.
 
-Deep copies of shards, storage, perf and devices take :func:`.copies.quick_copies` meanwhile (the same
+Deep copies of shards, storage, perf and devices take :func:`.record_copies.quick_copies` meanwhile (the same
 copies, faster), and TorchRec's greedy partitioner places each prefix of uniform options once
-(:func:`.prefixes.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own
+(:func:`.shared_placements.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own
 call: its storage reservation, enumerator, proposer, partitioner, perf model, ``to_sharding_plan``, stats
 and checks. Other proposers run TorchRec's own ``plan``.
 ``tests/plan/test_search.py`` compares plans and per-rank estimates with TorchRec's planner.
@@ -135,7 +135,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 search_space: List[ShardingOption]) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks).
         A search still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`_may_fork`)
-        hands proposals to a :class:`.helper.PartitionHelper` while it partitions others here."""
+        hands proposals to a :class:`.partition_helper.PartitionHelper` while it partitions others here."""
         rated: Dict[int, float] = {}  # proposal index -> rating, for those that partitioned
         kept: Dict[int, Tuple[List[ShardingOption], List[List[int]]]] = {}  # those rated here that may win
         handed: Dict[int, List[ShardingOption]] = {}

@@ -2,10 +2,11 @@
 tested with.
 
 TorchRec's planner has no hooks for what the runner's speed-ups do: one search loop for every proposer
-(:mod:`.search_loop`), enumerations shared across a sweep (:mod:`.reuse`), cheap copies of sharding options
-(:mod:`.copies`), partitions that keep their prefix (:mod:`.prefixes`), the vectorised and skipping proposers
-(:mod:`.search`, :mod:`.greedy`) and the balanced proposer's planner (:mod:`.balanced_planner`). They read or
-override the private attributes below, patch one private method and import names TorchRec does not export.
+(:mod:`.planning_loop`), enumerations shared across a sweep (:mod:`.enumeration_reuse`), cheap copies of
+sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mod:`.shared_placements`),
+the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
+proposer's planner (:mod:`runner.plan.balanced_planner`). They read or override the private attributes
+below, patch one private method and import names TorchRec does not export.
 The pin ``torchrec==1.8.0`` is their first protection. This list is the second:
 
 - ``tests/plan/test_torchrec_seam.py`` checks every name on the installed TorchRec;
@@ -48,7 +49,7 @@ MODULE_NAMES: Dict[str, Tuple[str, ...]] = {  # module -> names it does not expo
     _P + "utils": ("reset_shard_rank",),
     _P + "constants": ("MAX_SIZE", "DEFAULT_PERF_ESTIMATOR"),
 }
-PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.copies`): Python's, not TorchRec's
+PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.record_copies`): Python's, not TorchRec's
 
 
 def _class(path: str) -> type:
