@@ -142,8 +142,10 @@ def main() -> int:
     parser.add_argument("--sweep", type=int, default=4, help="points of the bandwidth sweep (0: none)")
     args = parser.parse_args()
     import logging
+    import warnings
 
-    logging.getLogger("torchrec").setLevel(logging.WARNING)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner's notes, per planner built
+    warnings.simplefilter("ignore", FutureWarning)
     lines: List[str] = [one_scale(args.tables, args.ranks)]
     if args.big:
         tables, ranks = (int(x) for x in args.big.split("x"))

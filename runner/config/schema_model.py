@@ -175,5 +175,5 @@ class ClusterSchema:
     gloo_loop_priority: str = one_of("low", ("low", "normal"))
     """``low``: each worker's gloo event-loop threads at nice 19. Such a thread polls without sleeping
     while a peer's data waits for this rank to post its receive, on the cores of the rank's training
-    thread, which it then slows: low, it runs when that thread waits (2 CPU workers: about +20%
-    samples/s, docs/benchmarks.md) | ``normal``: as torch starts them."""
+    thread, which it then slows: low, it runs when that thread waits (what that buys: docs/benchmarks.md)
+    | ``normal``: as torch starts them."""

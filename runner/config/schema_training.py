@@ -72,8 +72,8 @@ class OptimizerSchema:
     """Momentum of ``sgd`` (Nesterov off)."""
     dense_fused: bool = True
     """torch's fused kernel for the dense optimizer (``fused=True``: every parameter in one call; the same
-    update up to float rounding, about 3x faster than torch's per-parameter default on CPU); false: torch's
-    default implementation."""
+    update up to float rounding, faster than torch's per-parameter default: docs/benchmarks.md); false:
+    torch's default implementation."""
     dense_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
     """Learning-rate schedule of the dense optimizer."""
     clip: ClipSchema = field(default_factory=ClipSchema)

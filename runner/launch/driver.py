@@ -138,7 +138,7 @@ def _train(cfg: RunnerConfig, run: MlflowRun) -> Optional[Dict[str, Any]]:
 
 def _prewarm_next(cfg: RunnerConfig, ctx: HydraJob) -> None:
     """A sweep whose points run one after another in this process: the next point's agent loads torch and
-    TorchRec now, while this point's run ends (each point paid those ~3 s of imports before its workers)."""
+    TorchRec now, while this point's run ends (each point paid those imports before its workers)."""
     if ctx.job_num is None or ctx.parallel != 1 or cfg.cluster.scheduler == "slurm":
         return
     points = sweep_info(ctx.sweep_dir).get("points")

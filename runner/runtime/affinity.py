@@ -4,8 +4,8 @@ With ``cluster.cpu_affinity=auto`` a CPU worker is bound to its own slice of the
 may use (``os.sched_getaffinity``, so ``taskset``/cgroup limits are respected): slot ``s`` of ``W``
 workers on the host gets cores ``s*k .. s*k+k-1`` of the allowed list, ``k = cores // W``. Unbound,
 the kernel moves the workers' compute threads, gloo's threads and the data thread between cores;
-bound, each worker keeps its caches. Measured on 2 cores (README, Benchmark): about 20% more
-samples/s for the default job. When a host runs more workers than it has cores, nothing is bound.
+bound, each worker keeps its caches (what that buys: docs/benchmarks.md). When a host runs more workers
+than it has cores, nothing is bound.
 
 Imported by the agent before torch: nothing here imports torch.
 """
@@ -127,8 +127,8 @@ def lower_gloo_loops(expect: int, wait_s: float = 2.0) -> int:
     """Put this process's gloo event-loop threads at nice 19 (``cluster.gloo_loop_priority=low``); how many.
 
     gloo's TCP loop does not sleep while a peer's data waits on a socket for a receive this rank has not
-    posted yet: it polls again at once (``epoll_wait`` 150,000-200,000 times a second, 10-20% of a core,
-    measured), on the cores of the rank's training thread, and so slows the very rank that is behind. At
+    posted yet: it polls again at once (docs/benchmarks.md gives how often), on the cores of the rank's
+    training thread, and so slows the very rank that is behind. At
     nice 19 it gets the core when the training thread waits on a collective, and little before. Called
     after each gloo process group is made (each has its own loop; threads made later keep their nice).
     A new loop names itself once it first runs: wait up to ``wait_s`` until ``expect`` loops are named.

@@ -7,8 +7,8 @@ still the one it expected (it may have died before the request); where the kerne
 a daemon thread watches the parent's pid instead.
 
 A process that has done its work ends at once (:func:`exit_now`): tearing down torch's and TorchRec's
-modules at interpreter exit takes about a second per process (measured: 0.93 s after importing both,
-0.04 s without the teardown), paid by the agent and the driver of every job, one after the other.
+modules at interpreter exit takes about a second per process, paid by the agent and the driver of every
+job, one after the other (docs/benchmarks.md, "Figures behind the code's choices").
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ class EventPump:
     not wait. When the store answers again it delivers the backlog and says so.
 
     Each group of up to 1000 values goes in one synchronous ``log_batch`` and counts as delivered once the
-    store has it. MLflow's asynchronous queue was measured no faster here (``benchmarks/tracking_rate.py``:
-    5.9k against 7.1k values/s on SQLite, 1.4k against 1.3k over HTTP): the driver has nothing else to do.
+    store has it. MLflow's asynchronous queue was measured no faster here (``benchmarks/tracking_rate.py``,
+    figures in docs/benchmarks.md): the driver has nothing else to do.
     """
 
     def __init__(self, path: Path, uri: str, run_id: str, say: Callable[[str], None] = print) -> None:

@@ -122,8 +122,8 @@ def scheduled_rates(o: OptimizerSchema, step: int, total: int) -> Tuple[float, f
 class Schedule:
     """:func:`scheduled_rates` over plain Python copies of the optimizer config, for the training loop.
 
-    Reading an OmegaConf node costs microseconds per attribute: the schedule read from the config every
-    step cost ~0.2 ms, over 1% of a CPU step of the default model.
+    Reading an OmegaConf node costs microseconds per attribute: read from the config every step, the
+    schedule cost a noticeable share of a CPU step of the default model (docs/benchmarks.md).
     """
 
     def __init__(self, opt_cfg: OptimizerSchema, total: int) -> None:

@@ -4,8 +4,8 @@ TorchRec's ``GreedyPerfPartitioner`` starts every proposal by placing its unifor
 data-parallel: one shard per device, shard i on device i) in the proposal's order on fresh copies of the
 reserved devices, subtracting each shard's storage and adding its perf device by device. The devices it
 starts from are the same for every proposal of a search, and the dynamic-programming proposer's proposals
-differ from one another in a few tables: at 1000 tables on 128 GPUs, 275 partitions placed 37,676 uniform
-options (128 shards each), of which 900 distinct prefixes (measured).
+differ from one another in a few tables, so most of those placements repeat one another (docs/planning.md
+gives the counts at 1000 tables on 128 GPUs).
 
 :func:`shared_uniform_prefixes` keeps, while a search runs, the devices' storage and perf after each prefix
 of uniform options already placed (a trie keyed by the options' identities) and places only the rest, with

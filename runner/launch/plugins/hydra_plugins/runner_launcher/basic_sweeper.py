@@ -1,7 +1,8 @@
 """Hydra's grid sweeper for a sweep whose every point the runner's pre-check has composed and validated
 (:func:`runner.launch.precheck.precheck` names this class in ``hydra.sweeper._target_`` then): the same
-sweeper, without composing each point once more in the sweep's process before launching it (0.15 s a
-point; the launcher composes it again for the job), and ending in one line on a full disk."""
+sweeper, without composing each point once more in the sweep's process before launching it (the launcher
+composes it again for the job; docs/architecture.md says what each composition costs), and ending in one
+line on a full disk."""
 
 from __future__ import annotations
 
