@@ -14,7 +14,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,9 @@ bench-store: $(STAMP)
 
 bench-config-path: $(STAMP)
 	$(PY) benchmarks/config_path.py $(ARGS)
+
+bench-speedups: $(STAMP)
+	$(PY) benchmarks/speedups.py $(ARGS)
 
 # A Slurm of two emulated nodes on this machine (root; installs Debian's packages when missing), for
 # hydra/launcher=slurm and the tests marked slurm. slurm-down stops it and leaves nothing running.

@@ -1,8 +1,9 @@
 """The driver: one job = one run folder, one MLflow run, one launch of this host's agents.
 
 It writes the resolved config (what the workers run: they never compose again), starts the agents,
-opens the MLflow run (:mod:`.mlflow_run`) while the workers import and rendezvous, writes rank 0's reports
-to the run as they come, and ends the run FINISHED, FAILED with the one-line reason, or KILLED.
+opens the MLflow run (:class:`runner.track.job_run.JobRun`) while the workers import and rendezvous,
+writes rank 0's reports to the run as they come, and ends the run FINISHED, FAILED with the one-line
+reason, or KILLED.
 ``mode=plan`` plans in this process instead of launching; ``mode=write_data`` writes data and opens no run.
 """
 
@@ -18,8 +19,8 @@ from omegaconf import OmegaConf
 
 from runner import STARTED
 from runner.config.errors import disk_full
-from runner.launch.job_end import finish_run
-from runner.launch.mlflow_run import HydraJob, MlflowRun
+from runner.launch.job_end import PlanChart, finish_run
+from runner.launch.mlflow_run import HydraJob, job_run
 from runner.launch.ports import check_master_port, free_port
 from runner.launch.prewarm import discard_warm, prewarm
 from runner.launch.resume import link_point
@@ -41,6 +42,7 @@ from runner.runtime.device import (
     visible_gpus,
 )
 from runner.track import store
+from runner.track.job_run import JobRun
 from runner.track.sweep import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -79,13 +81,13 @@ def _mark_start() -> None:
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
-def _plan(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
+def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
     from runner.launch.plan_only import plan_only
     from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     run.open()
-    return plan_only(cfg, run.ctx.run_dir, reused_model(cfg, planning_model), _sweep_choices())
+    return plan_only(cfg, run.run_dir, reused_model(cfg, planning_model), _sweep_choices())
 
 
 def _sweep_choices() -> Any:
@@ -114,14 +116,21 @@ def plan_sweep_together(args: List[str]) -> None:
         plan_together(points, lambda cfg: reused_model(cfg, planning_model))
 
 
-def _train(cfg: RunnerConfig, run: MlflowRun) -> Optional[Dict[str, Any]]:
-    """Launch this host's agents; rank 0's results (None when rank 0 ran on another host)."""
-    run_dir = run.ctx.run_dir
+def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> Optional[Dict[str, Any]]:
+    """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
+    is drawn while the workers train, once rank 0 has written the plan."""
+    run_dir = run.run_dir
+
+    def pump() -> None:
+        run.pump()
+        if run.opened:
+            chart.start()
+
     pre_launch_checks(cfg, run_dir)
     try:
-        launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=run.pump,
+        launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=pump,
                threads=agent_threads(cfg))
-        _prewarm_next(cfg, run.ctx)
+        _prewarm_next(cfg, ctx)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
         if not run.opened:  # node k of a multi-host job: the run is node 0's to end
@@ -166,7 +175,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
     ctx, config, earlier_run = _job_folder(cfg)
-    run = MlflowRun(cfg, ctx, config, 0)
+    run = job_run(cfg, ctx, config, 0)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
     results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
@@ -190,8 +199,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
     if cfg.cluster.master_port and cfg.mode == "train" and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
-    run = MlflowRun(cfg, ctx, config, port)
-    run.attempt = attempt
+    run = job_run(cfg, ctx, config, port, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
@@ -200,13 +208,14 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
     if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
-        return _plan_or_train(cfg, run)
+        return _plan_or_train(cfg, ctx, run)
 
 
-def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
+def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun) -> Dict[str, Any]:
     """Plan or train; the MLflow run ended with the outcome (:mod:`.job_end`, as under a plain torchrun)."""
+    chart = PlanChart(run.run_dir)
     try:
-        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, run)
+        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart)
         if results is None:
             return {}
         run.pump()
@@ -217,4 +226,4 @@ def _plan_or_train(cfg: RunnerConfig, run: MlflowRun) -> Dict[str, Any]:
         run.ensure_on_record()
         run.end("FAILED", f"disk full: {full}" if (full := disk_full(exc)) else str(exc))
         raise
-    return finish_run(run, run.chart, run.ctx.run_dir, results)
+    return finish_run(run, chart, run.run_dir, results)

@@ -104,7 +104,7 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Di
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the Slurm
     task the job runs as, if any."""
     from runner.launch.driver import execute_job
-    from runner.launch.mlflow_run import record_requeued
+    from runner.track.job_run import record_requeued
 
     attempt = 1
     if task is not None and task.restarts > 0:  # Slurm requeued the job (a lost node): the point's next attempt

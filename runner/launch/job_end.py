@@ -1,6 +1,6 @@
 """How a job's MLflow run ends, in one place, whichever process holds the run.
 
-The driver (:mod:`.driver`, its run a :class:`runner.launch.mlflow_run.MlflowRun`) and rank 0 under a plain
+The driver (:mod:`.driver`, its run a :class:`runner.track.job_run.JobRun`) and rank 0 under a plain
 torchrun (:mod:`.torchrun`, its run a :class:`runner.track.run_life.RunLife`) both end a finished job with
 :func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's last
 report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
@@ -46,7 +46,7 @@ class PlanChart:
 
 
 def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Dict[str, Any]:
-    """End the run of a job that finished (``run``: a ``MlflowRun`` or a ``RunLife``); ``results`` given the
+    """End the run of a job that finished (``run``: a ``JobRun`` or a ``RunLife``); ``results`` given the
     run's id and store, and the summary line (printed)."""
     png = chart.png()
     if png is not None and run.opened:

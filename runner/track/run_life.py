@@ -3,7 +3,7 @@ job's tags), fed the run folder's event log, ended with the job's status.
 
 Rank 0 only ever appends its reports to the run folder's ``events.jsonl`` (:class:`runner.track.reporter.Reporter`);
 a :class:`RunLife` delivers them. Its owner is the driver (``python -m runner``: one per job, see
-:class:`runner.launch.mlflow_run.MlflowRun`, which adds what a driver knows: sweeps, Slurm, system metrics) or,
+:class:`runner.track.job_run.JobRun`, which adds what a driver knows: sweeps, Slurm, system metrics) or,
 under a plain ``torchrun`` with no driver, rank 0's own process (:func:`torchrun_run`), which delivers from a
 thread. Either way a store that is away keeps the reports and the ending in the run folder for
 ``python -m runner sync``, and training never waits for the store.

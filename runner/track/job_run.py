@@ -1,0 +1,160 @@
+"""A job's MLflow run under its driver: the job's :class:`runner.track.run_life.RunLife`, and what a driver adds
+to it (multi-host opening, this host's system metrics, the earlier run a resumed point replaces).
+
+What the run records is given to it as data (:class:`RunRecord`: its name, parent, tags, artifacts,
+datasets), made by the launch stage when the run opens (:func:`runner.launch.mlflow_run.run_record`). Rank 0
+never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan`` reports through
+the same log from the driver's own process. A plain torchrun, without a driver, has rank 0's process hold
+the job's ``RunLife`` (:func:`runner.track.run_life.torchrun_run`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from runner.runtime import rundir
+from runner.track import store
+from runner.track.run_life import RunLife
+from runner.track.system import start_system_metrics
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+
+@dataclass
+class RunRecord:
+    """What a job's run records when it opens: made by the launch stage, recorded here as it is."""
+
+    name: str
+    parent_run_id: Optional[str]
+    tags: Dict[str, Any]
+    artifacts: List[Path] = field(default_factory=list)
+    datasets: List[Any] = field(default_factory=list)  # MLflow dataset inputs (``track.inputs``)
+
+
+class JobRun:
+    """The job's MLflow run: opened once, fed rank 0's reports, ended with the job's status.
+
+    On a real multi-host job (``cluster.node_rank`` set) every host runs a driver and c10d rendezvous puts
+    rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run. A Slurm
+    job's static rendezvous puts rank 0 on node 0: node 0's task opens the run at once, the others never.
+    ``record`` is called when the run opens (what it records is known then: e.g. whether the prewarmed
+    agent took the job).
+    """
+
+    def __init__(self, cfg: RunnerConfig, run_dir: Path, config: Dict[str, Any], port: int,
+                 record: Callable[[], RunRecord]) -> None:
+        self.cfg, self.run_dir, self.config, self.port = cfg, run_dir, config, port
+        self._record = record
+        self.uri = store.tracking_uri(cfg)
+        self.multi_host = cfg.cluster.node_rank is not None
+        self.slurm = cfg.cluster.scheduler == "slurm"
+        self._life = RunLife(run_dir, self.uri)  # open, deliver, end
+        self._system: Any = None  # this host's system-metrics monitor
+        self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
+
+    @property
+    def run_id(self) -> Optional[str]:
+        return self._life.run_id
+
+    @property
+    def opened(self) -> bool:
+        """Whether this driver opened the run (in the store, or kept while the store is away)."""
+        return self._life.opened
+
+    def rank0_here(self) -> bool:
+        if self.slurm:
+            return self.cfg.cluster.node_rank == 0
+        return (self.run_dir / rundir.PIDS / "rank0.pid").exists()
+
+    @property
+    def opens_early(self) -> bool:
+        """Whether this driver opens the run while its workers start (it knows rank 0 is on its host)."""
+        return not self.multi_host or (self.slurm and self.rank0_here())
+
+    def open(self) -> None:
+        """Create the run (its folder's ``run.json`` records it) with what its record says, start the system
+        metrics."""
+        record = self._record()
+        run_id = self._life.open(self.cfg, self.config, record.name, record.parent_run_id, record.tags,
+                                 {"port": self.port})
+        self._life.artifacts(record.artifacts)
+        if run_id is None:  # the store is away: the run is kept in the folder
+            return
+        if self.replaces and record.parent_run_id:
+            _retire(self.uri, self.replaces, record.parent_run_id, run_id)
+        print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
+        self._system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
+        if record.datasets:
+            from runner.track.inputs import log_datasets
+
+            try:
+                log_datasets(self.uri, run_id, record.datasets)
+            except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
+                logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
+
+    def pump(self) -> None:
+        """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
+        if self.multi_host and not self.opened and self.rank0_here():
+            self.open()
+        if self.opened:
+            self._life.deliver()
+        if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+            info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
+            if info and info.get("run_id"):
+                self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
+                self._system = self._system or False  # off: asked once
+
+    def deliver(self) -> bool:
+        return self._life.deliver()
+
+    def report_last(self, files: Any, artifact_path: Optional[str]) -> None:
+        self._life.report_last(files, artifact_path)
+
+    def add_to_note(self, section: str) -> None:
+        self._life.add_to_note(section)
+
+    def stop_system_metrics(self) -> None:
+        """This host's last system-metric samples, logged before the run ends."""
+        if self._system:
+            self._system.stop()
+        self._system = False
+
+    def end(self, status: str, error: Optional[str] = None) -> bool:
+        """End the run (what rank 0 reported first); False when the store is unreachable and the ending
+        is kept in the run folder for ``python -m runner sync``."""
+        self.stop_system_metrics()
+        return self._life.end(status, error)
+
+    def ensure_on_record(self) -> None:
+        """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
+        if not self.opened and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
+            self.open()
+
+
+def record_requeued(run_dir: Path, job: str, attempt: int) -> None:
+    """The run of the attempt before ``attempt``, stopped when Slurm requeued job ``job`` after a lost node (it
+    ended KILLED, as a cancelled job does): FAILED, saying so. The new attempt gets its own run."""
+    info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
+    if not info.get("run_id"):
+        return
+    try:
+        if store.client(info["tracking_uri"]).get_run(info["run_id"]).info.status in ("KILLED", "RUNNING"):
+            store.end_run(info["tracking_uri"], info["run_id"], "FAILED",
+                          f"Slurm requeued job {job} after it lost a node (attempt {attempt} follows)")
+    except Exception:  # noqa: BLE001 - the earlier run keeps its status; the new attempt runs all the same
+        pass
+
+
+def _retire(uri: str, old: str, parent: str, new: str) -> None:
+    """A sweep's point run again (a resumed sweep): its earlier run under the same parent is deleted (MLflow's
+    soft delete, restorable from the UI's deleted runs), so that the parent keeps one child per point."""
+    try:
+        if store.client(uri).get_run(old).data.tags.get("mlflow.parentRunId") == parent:
+            store.client(uri).delete_run(old)
+            store.set_tags(uri, new, {"runner.replaces": old})
+    except Exception:  # noqa: BLE001 - the earlier run stays; the new one is recorded all the same
+        pass
