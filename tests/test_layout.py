@@ -152,3 +152,24 @@ def test_the_suites_longest_files_exist() -> None:
     from conftest import LONGEST, ROOT
 
     assert [p for p in LONGEST if not (ROOT / "tests" / p).is_file()] == []
+
+
+def _callers(name: str) -> Set[str]:
+    """Modules of the package whose code uses a function named ``name`` (a call, or handing it on), imports
+    aside."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == name) or (isinstance(node, ast.Name)
+                                                                            and node.id == name):
+                found.add(_module(path))
+    return found
+
+
+def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
+    """``status.json`` is written by one function (``runtime.rundir.record_status``), called by the job's owner
+    (``launch.job``) and, for a point that never ran, the Slurm launcher; the plan chart is drawn by
+    ``launch.job_end`` only, on the driver's path and under a plain torchrun alike."""
+    assert _callers("record_status") == {"runner.launch.job", "runner.launch.slurm_submit"}
+    assert _callers("draw_plan_chart") == {"runner.launch.job_end"}
+    assert _callers("finish_run") == {"runner.launch.driver", "runner.launch.torchrun"}

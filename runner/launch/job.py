@@ -56,7 +56,7 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
-        record_status(run_dir, status, line)
+        rundir.record_status(run_dir, status, line)
         resume = f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}" if multirun else ""
         say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
         raise SystemExit(stop.exit_code) from None
@@ -64,21 +64,21 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         # a full disk in a sweep: every later point would fail too, so the sweep ends here
         if (full := disk_full(exc, str(run_dir))) and multirun:
             line = end_failed_sweep(f"disk full: {full}", Path(hc.sweep.dir).resolve())
-            record_status(run_dir, "FAILED", line)
+            rundir.record_status(run_dir, "FAILED", line)
             say_error(line)
             raise SystemExit(1) from None
         line = one_line(exc)
         logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
         if line.startswith("unexpected error"):
             line += f" (traceback in {run_dir / rundir.LOG})"
-        record_status(run_dir, "FAILED", line)
+        rundir.record_status(run_dir, "FAILED", line)
         say_error(line)
         if not multirun or task is not None:  # a Slurm job fails with its run
             raise SystemExit(1) from None
         return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
         # its outcome is read from every point's status
     value = objective_value(cfg, results)
-    record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
+    rundir.record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
     return value
 
 
@@ -121,7 +121,7 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Di
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
-            record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
+            rundir.record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
             print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
                   "it again", flush=True)
             attempt += 1
@@ -130,13 +130,3 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Di
 def say_error(line: str) -> None:
     """``error: <line>`` on stderr, on a line of its own (rank 0's progress bar may not have ended one)."""
     print(f"{chr(10) if sys.stderr.isatty() else ''}error: {line}", file=sys.stderr, flush=True)
-
-
-def record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: object) -> None:
-    """The job's outcome in its run folder's ``status.json`` (the one place it is written)."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_status(run_dir, status, error, **{k: v for k, v in extra.items() if v is not None})
-    except OSError as exc:  # the job's own outcome matters more than its record (a full disk: already said)
-        if not (disk_full(exc) and (error or "").startswith("disk full")):
-            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)

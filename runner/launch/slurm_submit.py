@@ -200,8 +200,7 @@ def _submit(launcher: Any, points: List[Point]) -> None:
             said = [ln.strip() for ln in str(exc).splitlines() if "error:" in ln] or [first_line(exc)]
             for p in group:
                 p.refused = f"Slurm refused the job: {'; '.join(said)}"
-                p.run_dir.mkdir(parents=True, exist_ok=True)
-                rundir.write_status(p.run_dir, "FAILED", p.refused)
+                rundir.record_status(p.run_dir, "FAILED", p.refused)
             continue
         for p, job in zip(group, jobs, strict=True):
             p.job = job
@@ -213,9 +212,8 @@ def _ended(p: Point, state: str) -> Dict[str, Any]:
     if status is None:
         line = (f"Slurm job {p.job.job_id} ended {state} before the runner recorded an outcome "
                 f"(log: {p.job.paths.stdout})")
-        p.run_dir.mkdir(parents=True, exist_ok=True)
         status = {"status": "FAILED", "error": line, "slurm_state": state}
-        rundir.write_status(p.run_dir, **status)
+        rundir.record_status(p.run_dir, "FAILED", line, slurm_state=state)
     return status
 
 

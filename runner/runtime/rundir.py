@@ -68,9 +68,21 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
-def write_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
-    """How this job ended; ``error`` is its one line."""
-    write_json(run_dir / STATUS, {"status": status, "error": error, **extra})
+def record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
+    """How this job ended (``status.json``; ``error`` is its one line): written by the job's owner
+    (:mod:`runner.launch.job`), or by the Slurm launcher for a point that never ran. A record that cannot be
+    written is a warning: the job's own outcome matters more (a full disk was already said)."""
+    import sys
+
+    from runner.config.errors import disk_full
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / STATUS, {"status": status, "error": error, **{k: v for k, v in extra.items()
+                                                                          if v is not None}})
+    except OSError as exc:
+        if not (disk_full(exc) and (error or "").startswith("disk full")):
+            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
 
 
 def read_status(run_dir: Path) -> Optional[Dict[str, Any]]:

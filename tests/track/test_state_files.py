@@ -86,7 +86,7 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
     run.mkdir()
     for name in (rundir.STATUS, rundir.RESULTS, rundir.RESOLVED):
         for how, damage in DAMAGES.items():
-            rundir.write_status(run, "FINISHED", objective=1.0)
+            rundir.record_status(run, "FINISHED", objective=1.0)
             rundir.write_json(run / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
             OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
             assert kept_point(cfg, run) is not None  # intact: kept
