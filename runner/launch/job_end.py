@@ -21,26 +21,35 @@ from runner.track.reporter import summary_line
 
 class PlanChart:
     """A job's ``plan/plan.png``, drawn once from the plan report rank 0 (or the planner) wrote: in a thread
-    as soon as that report is there (matplotlib takes about a second: off the ranks' path, and while the
-    workers train, off the job's), or when the job ends."""
+    as soon as that report is there while the workers train (matplotlib takes about a second: off the ranks'
+    path and off the job's), else when the job ends. A failure to draw (a full disk) is raised to the
+    caller of :meth:`png`, in its own thread, as if it had drawn it there."""
 
     def __init__(self, run_dir: Path) -> None:
         self.folder = run_dir / rundir.PLAN
         self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
 
     def start(self) -> None:
         """Start drawing once the plan report is there (nothing before, nothing twice)."""
         if self._thread is None and (self.folder / ESTIMATES).exists():
-            self._thread = threading.Thread(target=draw_plan_chart, args=(self.folder,), name="plan-chart",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._draw, name="plan-chart", daemon=True)
             self._thread.start()
+
+    def _draw(self) -> None:
+        try:
+            draw_plan_chart(self.folder)
+        except BaseException as exc:  # noqa: BLE001 - raised again by png(), in the job's thread
+            self._error = exc
 
     def png(self) -> Optional[Path]:
         """The drawn chart (waited for while drawing); None when the job wrote no plan report."""
-        self.start()
         if self._thread is None:
-            return None
-        self._thread.join()
+            self._draw()  # nothing to overlap with any more: drawn here
+        else:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
         png = self.folder / CHART
         return png if png.exists() else None
 
