@@ -48,6 +48,12 @@ def job_state(job_id: str) -> str:
     return m.group(1) if m else "?"
 
 
+def node_state(node: str) -> str:
+    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True).stdout
+    m = re.search(r"State=(\S+)", out)
+    return m.group(1) if m else "?"
+
+
 def job_processes(job_id: str, node: str) -> List[int]:
     """Live processes of Slurm job ``job_id``'s tasks on ``node`` (their environment says so)."""
     want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
