@@ -48,11 +48,9 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
             return None
         if task is not None or not checked(list(hc.overrides.task)):
             validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
-        results = _answer(cfg, run_dir, hc.job.num, task) if multirun else _attempts(cfg, run_dir, task)
-        if results is None:
-            return None
-        if "kept" in results:
-            return results["kept"].get("objective")
+        if multirun and (kept := _kept(cfg, run_dir, hc.job.num)) is not None:
+            return kept.get("objective")  # a resumed sweep's point that has its answer: its record stays
+        results = _answer(cfg, run_dir, task) if multirun else _attempts(cfg, run_dir, task)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
@@ -82,15 +80,20 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     return value
 
 
-def _answer(cfg: RunnerConfig, run_dir: Path, job_num: int, task: Optional[SlurmTask]) -> Dict[str, Any]:
-    """A sweep's point: kept (``{"kept": status}``: a resumed sweep's point finished before with the same
-    config), answered by an earlier run of the same config (``sweep.reuse``), or run."""
-    from runner.launch.resume import kept_point, reusable
+def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, Any]]:
+    """A resumed sweep's point that finished before with the same config: its recorded status (None: it runs)."""
+    from runner.launch.resume import kept_point
 
     kept = kept_point(cfg, run_dir)
     if kept is not None:
         print(f"[runner] job {job_num} kept: it finished before with the same config ({run_dir})", flush=True)
-        return {"kept": kept}
+    return kept
+
+
+def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
+    """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
+    from runner.launch.resume import reusable
+
     earlier = reusable(cfg)
     if earlier is not None:
         from runner.launch.driver import reuse_job
