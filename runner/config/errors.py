@@ -22,10 +22,11 @@ class ConfigError(ValueError):
         self.key = key
 
     def __reduce__(self) -> tuple:  # pickles (broadcast between ranks) as the same one line
-        return (_rebuilt_config_error, (str(self), self.key))
+        return (config_error_line, (str(self), self.key))
 
 
-def _rebuilt_config_error(message: str, key: str) -> ConfigError:
+def config_error_line(message: str, key: str) -> ConfigError:
+    """A :class:`ConfigError` about ``key`` whose one line is ``message`` as it is."""
     exc = ConfigError.__new__(ConfigError)
     ValueError.__init__(exc, message)
     exc.key = key

@@ -50,7 +50,7 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
             doc, spec = docs.get(f.name, ""), allowed_values(f)
             if spec is not None:  # the schema's own list (the one validation checks)
                 doc = f"{doc} [{describe(*spec)}]".strip()
-            if role(f"{prefix}{f.name}") in ROLE_NOTES:
-                doc = f"{doc} ({ROLE_NOTES[role(prefix + f.name)]})".strip()
+            if note := ROLE_NOTES.get(role(prefix + f.name)):
+                doc = f"{doc} ({note})".strip()
             out.append((f"{prefix}{f.name}", _default(f), doc))
     return out

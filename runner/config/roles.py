@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 ANSWER, RECORD, SWEEP = "answer", "record", "sweep"
 
@@ -68,18 +68,18 @@ def role(key: str) -> str:
     return ANSWER
 
 
-def _only(config: Mapping[str, Any], keep: Iterable[str], drop: Iterable[str] = (), prefix: str = "") -> Dict[str, Any]:
-    keep, drop = tuple(keep), tuple(drop)
+def _answer_keys(config: Mapping[str, Any], drop: Tuple[str, ...] = (), prefix: str = "") -> Dict[str, Any]:
+    """``config`` with only its ``answer`` keys (groups walked), less those in ``drop``."""
     out: Dict[str, Any] = {}
     for k, v in config.items():
         key = f"{prefix}{k}"
         if key in drop:
             continue
         if isinstance(v, Mapping) and not _leaf_dict(key):
-            sub = _only(v, keep, drop, f"{key}.")
-            if sub or role(key) in keep:
+            sub = _answer_keys(v, drop, f"{key}.")
+            if sub or role(key) == ANSWER:
                 out[k] = sub
-        elif role(key) in keep:
+        elif role(key) == ANSWER:
             out[k] = v
     return out
 
@@ -91,7 +91,7 @@ def _leaf_dict(key: str) -> bool:
 
 def answer(config: Mapping[str, Any]) -> Dict[str, Any]:
     """A resolved config (plain dicts) with only its ``answer`` keys: equal for two jobs of the same config."""
-    return _only(config, (ANSWER,))
+    return _answer_keys(config)
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -101,4 +101,4 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 def enumerated(config: Mapping[str, Any]) -> Dict[str, Any]:
     """:func:`answer` without ``NOT_ENUMERATED``: what TorchRec's enumeration of sharding options reads."""
-    return _only(config, (ANSWER,), NOT_ENUMERATED)
+    return _answer_keys(config, NOT_ENUMERATED)

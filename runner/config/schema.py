@@ -17,7 +17,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 
 from runner.config.choices import one_of
-from runner.config.errors import ConfigError, first_line, wrong_type
+from runner.config.errors import ConfigError, config_error_line, first_line, wrong_type
 from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
 from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, TrainSchema
 
@@ -115,10 +115,8 @@ def load_resolved(path: Path) -> RunnerConfig:
     except OmegaConfBaseException as exc:
         key = str(getattr(exc, "full_key", "") or "resolved config")
         typed = wrong_type(exc)
-        message = f"{typed} (in {path})" if typed else f"{key}: {first_line(exc)} (in {path})"
-        error = ConfigError(key, None, "")
-        ValueError.__init__(error, message)
-        raise error from None
+        raise config_error_line(f"{typed} (in {path})" if typed else f"{key}: {first_line(exc)} (in {path})",
+                                key) from None
 
 
 def register_schemas() -> None:

@@ -23,8 +23,11 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from runner.config.errors import disk_full
 
 RESOLVED = "resolved.yaml"
 DRIVER = "driver.json"
@@ -72,10 +75,6 @@ def record_status(run_dir: Path, status: str, error: Optional[str] = None, **ext
     """How this job ended (``status.json``; ``error`` is its one line): written by the job's owner
     (:mod:`runner.launch.job`), or by the Slurm launcher for a point that never ran. A record that cannot be
     written is a warning: the job's own outcome matters more (a full disk was already said)."""
-    import sys
-
-    from runner.config.errors import disk_full
-
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / STATUS, {"status": status, "error": error, **{k: v for k, v in extra.items()

@@ -53,7 +53,6 @@ class JobRun:
         self.multi_host = cfg.cluster.node_rank is not None
         self.slurm = cfg.cluster.scheduler == "slurm"
         self._life = RunLife(run_dir, self.uri)  # open, deliver, end
-        self._system: Any = None  # this host's system-metrics monitor
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
 
     @property
@@ -87,7 +86,7 @@ class JobRun:
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
         print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
-        self._system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
+        self._life.system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
         if record.datasets:
             from runner.track.inputs import log_datasets
 
@@ -102,11 +101,11 @@ class JobRun:
             self.open()
         if self.opened:
             self._life.deliver()
-        if self._system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+        if self._life.system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
             if info and info.get("run_id"):
-                self._system = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
-                self._system = self._system or False  # off: asked once
+                monitor = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
+                self._life.system = monitor or False  # off: asked once
 
     def deliver(self) -> bool:
         return self._life.deliver()
@@ -119,15 +118,12 @@ class JobRun:
 
     def stop_system_metrics(self) -> None:
         """This host's last system-metric samples, logged before the run ends."""
-        if self._system:
-            self._system.stop()
-        self._system = False
+        self._life.stop_system_metrics()
 
     def end(self, status: str, error: Optional[str] = None) -> bool:
         """End the run (what rank 0 reported first); False when the store is unreachable and the ending
         is kept in the run folder for ``python -m runner sync``."""
-        self.stop_system_metrics()
-        return self._life.end(status, error)
+        return self._life.end(status, error)  # this host's system metrics stopped first
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""

@@ -46,7 +46,7 @@ class RunLife:
         self._stop: Optional[threading.Event] = None
         self._thread: Optional[threading.Thread] = None
         self._next_try = 0.0
-        self.system: Any = None  # this host's system-metrics monitor, stopped (its last samples logged) at the end
+        self.system: Any = None  # this host's system-metrics monitor (False: none, asked once); stopped at the end
 
     @property
     def opened(self) -> bool:
@@ -154,15 +154,19 @@ class RunLife:
             log.artifacts(list(files), artifact_path)
         log.close()
 
+    def stop_system_metrics(self) -> None:
+        """This host's last system-metric samples, logged (before the run ends); none are taken after."""
+        if self.system:
+            self.system.stop()
+        self.system = False
+
     def end(self, status: str, error: Optional[str] = None) -> bool:
         """Deliver what is left and end the run; False when the store is unreachable and the ending is kept
         in the run folder for ``python -m runner sync``."""
         if self._stop is not None and self._thread is not None:
             self._stop.set()
             self._thread.join()
-        if self.system:
-            self.system.stop()
-            self.system = None
+        self.stop_system_metrics()
         if not self.opened:
             return True
         with self._lock:

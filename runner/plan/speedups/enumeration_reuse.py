@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -39,9 +39,10 @@ def _enumerated(cfg: RunnerConfig) -> Dict[str, Any]:
     return roles.enumerated(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
-def model_key(cfg: RunnerConfig) -> str:
-    """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs."""
-    tree = _enumerated(cfg)
+def model_key(cfg: RunnerConfig, tree: Optional[Dict[str, Any]] = None) -> str:
+    """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs
+    (``tree``: :func:`_enumerated` of ``cfg``, when the caller has it)."""
+    tree = tree or _enumerated(cfg)
     return json.dumps({g: tree[g] for g in ("model", "optimizer", "precision")} |
                       {"num_dense": cfg.data.num_dense_features}, sort_keys=True, default=str)
 
@@ -49,7 +50,7 @@ def model_key(cfg: RunnerConfig) -> str:
 def enumeration_key(cfg: RunnerConfig, world: int, local_world: int, device_type: str, batch: int) -> str:
     """Everything enumeration and the storage estimate read; not bandwidths, reserve or proposer."""
     tree = _enumerated(cfg)
-    return json.dumps({"model": model_key(cfg), "sharding": tree["sharding"], "cluster": tree["cluster"],
+    return json.dumps({"model": model_key(cfg, tree), "sharding": tree["sharding"], "cluster": tree["cluster"],
                        "data": tree["data"], "world": world, "local": local_world, "device": device_type,
                        "batch": batch, "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
 
