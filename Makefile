@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CUDA_MARK := $(VENV)/.cuda
-# PyTorch's wheel index for the machine's CUDA (cu126, cu128, ...): it serves torch and fbgemm-gpu CUDA builds
-TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+# Where `make gpu-env` takes the CUDA builds of torch and FBGEMM. Empty: PyPI, whose Linux wheels of torch 2.13.0
+# and fbgemm-gpu 1.8.0 are both CUDA 13.0 builds (NVIDIA driver 580 or newer). For an older driver, PyTorch's
+# index for a CUDA it runs, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cu126 (docs/gpu.md)
+TORCH_INDEX ?=
 ARGS ?=
 # Test processes (pytest-xdist), each given whole test files: the Slurm tests (one file), which mostly wait
 # on Slurm, run one after the other in one of them while the other runs the rest. TEST_JOBS=0 runs
@@ -38,7 +40,9 @@ gpu-env:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# a CPU build already here (torch 2.13.0+cpu satisfies ==2.13.0) would stay: take both out first
 	$(PY) -m pip uninstall --quiet --yes torch fbgemm-gpu-cpu 2>/dev/null || true
-	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu==1.8.0 --index-url $(TORCH_INDEX)
+	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu==1.8.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 'gpu-env: pip installed a CPU build of torch \
+	(' + torch.__version__ + '): set TORCH_INDEX to a CUDA index (docs/gpu.md)')"
 	touch $(CUDA_MARK)
 	rm -f $(STAMP)
 	$(MAKE) $(STAMP)

@@ -1,7 +1,7 @@
 """``make gpu-check``: one command that checks a GPU box end to end, and a report to send us.
 
     make gpu-check                       # builds the CUDA environment first (make gpu-env), then this
-    .venv/bin/python benchmarks/gpu_check.py [--out outputs/gpu-check] [--skip-tests]
+    .venv/bin/python benchmarks/gpu_check.py [--out outputs/gpu-check] [--skip-tests] [--cpu]
 
 1. What it found: every GPU (name, compute capability, bf16 in hardware, memory), the CUDA build of torch,
    FBGEMM, TorchRec and NCCL versions, and which GPUs the runner sees.
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 SHORT = ["train.steps=200", "train.log_every=50", "data.eval_batches=8"]
 
 
-def found() -> List[str]:
-    """Lines describing the box: GPUs (through NVML: nothing initialised here), versions."""
-    from runner.runtime.device import GIB, has_bf16, host_gpus, visible_gpus
+def found() -> Tuple[List[str], str]:
+    """Lines describing the box: GPUs (through NVML: nothing initialised here), the driver's CUDA, versions;
+    and why the runner cannot train on its GPUs ('' when it can)."""
+    from runner.runtime.device import GIB, cuda_decision, has_bf16, host_gpus, visible_gpus
 
     lines = []
     gpus = host_gpus()
@@ -46,11 +47,12 @@ def found() -> List[str]:
         pynvml.nvmlInit()
         memory = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / GIB
                   for i in range(len(gpus))]
-        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver, driver_cuda = pynvml.nvmlSystemGetDriverVersion(), int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
         pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001
-        memory, driver = [float("nan")] * len(gpus), "unknown"
-    lines.append(f"- NVIDIA driver {driver}; {len(gpus)} GPU(s) listed")
+        memory, driver, driver_cuda = [float("nan")] * len(gpus), "unknown", 0
+    runs = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else "unknown"
+    lines.append(f"- NVIDIA driver {driver} (runs CUDA {runs}); {len(gpus)} GPU(s) listed")
     for i, ((name, cap, uuid), mem) in enumerate(zip(gpus, memory, strict=True)):
         lines.append(f"  - {i}: {name}, compute capability {cap[0]}.{cap[1]}, bf16 in hardware: "
                      f"{'yes' if has_bf16(cap) else 'no (torch would emulate it)'}, {mem:.1f} GiB, {uuid}")
@@ -63,7 +65,10 @@ def found() -> List[str]:
                  f"fbgemm_gpu {fbgemm_gpu.__version__}, torchrec {torchrec.__version__}")
     lines.append(f"- visible to the runner: {', '.join(visible_gpus(count=len(gpus))) or 'none'} "
                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    return lines
+    usable, note = cuda_decision(len(gpus), torch.cuda.device_count(), torch.version.cuda, torch.__version__,
+                                 driver_cuda or None)
+    why = "" if usable else (note.replace("[runner] note: ", "") or "no GPU is listed or visible")
+    return lines, why
 
 
 class Step:
@@ -114,7 +119,17 @@ def run_step(step: Step, out: Path, uri: str) -> Dict[str, str]:
     return row
 
 
-def steps(gpus: int, bf16: bool, out: Path) -> List[Step]:
+GPU_ONLY = ("hbm_cap_above_device", "uvm_caching", "uvm_caching_pinned", "too_few_gpus")
+
+
+def steps(gpus: int, bf16: bool, out: Path, cpu: bool = False) -> List[Step]:
+    """The runner commands; with ``cpu`` those that also run on CPU, on CPU (a check of this script's own
+    steps, outcomes and figures where there is no GPU)."""
+    if cpu:
+        cpu_steps = steps(gpus, bf16, out)
+        for step in cpu_steps:
+            step.args = [*step.args, "cluster.device=cpu"]
+        return [step for step in cpu_steps if step.name not in GPU_ONLY]
     one = ["cluster.workers_per_node=1"]
     ckpt, data = out / "checkpoints", out / "parquet"
     precision = "precision=bf16" if bf16 else "precision=fp32"
@@ -144,22 +159,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu-check"))
     ap.add_argument("--skip-tests", action="store_true", help="leave out the suite's GPU tests")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: run the steps that also run on CPU, on CPU (a "
+                    "check of this script itself; no GPU tests)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    from runner.runtime.device import cuda_present, has_bf16, host_gpus
+    from runner.runtime.device import has_bf16, host_gpus
 
-    box = found()
+    box, why = found()
     print("\n".join(box), flush=True)
     report = ["# gpu-check", "", "## What was found", "", *box, ""]
-    if not cuda_present():
-        report += ["No GPU the runner can use: nothing else was run."]
+    if why and not args.cpu:
+        report += [f"No GPU the runner can use ({why}): nothing else was run."]
         (out / "report.md").write_text("\n".join(report) + "\n")
-        print(f"gpu-check: no usable GPU; report: {out / 'report.md'}", flush=True)
+        print(f"gpu-check: no usable GPU: {why}; report: {out / 'report.md'}", flush=True)
         raise SystemExit(1)
     failed = False
-    if not args.skip_tests:
+    if not args.skip_tests and not args.cpu:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "-m", "gpu",
                                 "tests/train/test_gpu.py"], cwd=ROOT, capture_output=True, text=True)
         (out / "gpu-tests.txt").write_text(tests.stdout + tests.stderr)
@@ -170,7 +187,7 @@ def main() -> None:
     gpus = host_gpus()
     rows = []
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    for step in steps(len(gpus), all(has_bf16(cap) for _, cap, _ in gpus[:1]), out):
+    for step in steps(len(gpus), bool(gpus) and has_bf16(gpus[0][1]), out, cpu=args.cpu):
         row = run_step(step, out, uri)
         rows.append(row)
         failed |= row["outcome"] != "ok"

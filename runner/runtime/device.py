@@ -39,27 +39,38 @@ _SAID: List[str] = []  # notes said once per process
 
 
 def cuda_present() -> bool:
-    """Whether this process can train on CUDA, asked without initialising CUDA: NVML lists the GPUs, then
-    ``torch.cuda.device_count()`` (which counts through NVML before CUDA is initialised). torch's
-    ``is_available()`` would call ``cuInit`` unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, and a process that
-    forks its workers afterwards (an agent with ``cluster.start_method=fork``) would hand them a CUDA they
-    cannot use. GPUs that torch cannot use (a CPU build of torch) are said once: the job runs on CPU."""
+    """Whether this process can train on CUDA, asked without initialising CUDA: NVML lists the GPUs and the
+    CUDA version its driver runs, then ``torch.cuda.device_count()`` (which counts through NVML before CUDA is
+    initialised). torch's ``is_available()`` would call ``cuInit`` unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``,
+    and a process that forks its workers afterwards (an agent with ``cluster.start_method=fork``) would hand
+    them a CUDA they cannot use. GPUs that torch cannot use (a CPU build of torch, or a CUDA build newer than
+    the driver runs) are said once: the job runs on CPU."""
     with _nvml() as nvml:
-        listed = _listed(nvml)
+        listed, driver_cuda = _listed(nvml), _driver_cuda(nvml)
     if not listed:
         return False
     import torch
 
-    present, note = cuda_decision(listed, torch.cuda.device_count(), torch.version.cuda, torch.__version__)
+    present, note = cuda_decision(listed, torch.cuda.device_count(), torch.version.cuda, torch.__version__,
+                                  driver_cuda)
     if note and note not in _SAID:
         _SAID.append(note)
         print(note, flush=True)
     return present
 
 
-def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torch_version: str) -> Tuple[bool, str]:
-    """Whether to train on CUDA, from the GPUs the driver lists and those torch counts; the note to say when
-    GPUs are there but torch cannot use them ('' otherwise)."""
+def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torch_version: str,
+                  driver_cuda: Optional[int] = None) -> Tuple[bool, str]:
+    """Whether to train on CUDA, from the GPUs the driver lists, the CUDA version it runs (NVML's integer,
+    12040 for 12.4; None where unknown) and what torch counts and was built for; the note to say when GPUs
+    are there but torch cannot use them ('' otherwise). A driver runs the CUDA builds of its own major
+    version and older ones (CUDA's minor-version compatibility), not a newer major."""
+    if listed and torch_cuda is not None and driver_cuda and driver_cuda // 1000 < int(torch_cuda.split(".")[0]):
+        driver = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}"
+        return False, (f"[runner] note: the NVIDIA driver runs CUDA {driver} but torch {torch_version} is built for "
+                       f"CUDA {torch_cuda}: cluster.device=auto runs on CPU (update the driver, or build the "
+                       f"environment from PyTorch's index for a CUDA {driver_cuda // 1000}.x build: make gpu-env "
+                       "TORCH_INDEX=..., docs/gpu.md)")
     if listed == 0 or torch_count > 0 or torch_cuda is not None:  # a CUDA torch seeing none: hidden on purpose
         return torch_count > 0, ""                                  # (CUDA_VISIBLE_DEVICES="")
     return False, (f"[runner] note: the NVIDIA driver lists {listed} GPU(s) but torch {torch_version} is a CPU "
@@ -73,6 +84,14 @@ def _listed(nvml: Any) -> int:
         return int(nvml.nvmlDeviceGetCount()) if nvml is not None else 0
     except Exception:  # noqa: BLE001
         return 0
+
+
+def _driver_cuda(nvml: Any) -> Optional[int]:
+    """The CUDA version the NVIDIA driver runs (12040 for 12.4), None where it cannot be asked."""
+    try:
+        return int(nvml.nvmlSystemGetCudaDriverVersion_v2()) if nvml is not None else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def device_type(cluster_device: str, planning: bool = False) -> str:

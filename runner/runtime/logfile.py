@@ -21,8 +21,9 @@ def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
     handler = logging.FileHandler(run_dir / rundir.LOG, delay=True)
     handler.setFormatter(logging.Formatter(f"[%(asctime)s][{who}][%(name)s][%(levelname)s] %(message)s"))
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in list(root.handlers):  # a forked worker's copy of its agent's handler: closed, not left to the GC
         root.removeHandler(old)
+        old.close()
     root.addHandler(handler)
     root.setLevel(level)
     for name, logger in list(logging.root.manager.loggerDict.items()):

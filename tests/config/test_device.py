@@ -134,6 +134,13 @@ def test_cuda_is_decided_without_initialising_it_and_a_cpu_torch_on_a_gpu_host_i
     present, note = cuda_decision(8, 0, None, "2.13.0+cpu")  # GPUs, but a CPU build of torch
     assert not present and "lists 8 GPU(s) but torch 2.13.0+cpu is a CPU build" in note and "runs on CPU" in note
     assert cuda_decision(1, 0, "12.8", "2.13.0") == (False, "")  # CUDA_VISIBLE_DEVICES="" hides them on purpose
+    # torch built for CUDA 13.0 (PyPI's 2.13.0): a 13.x driver runs it (minor-version compatibility), 12.x not
+    assert cuda_decision(1, 1, "13.0", "2.13.0", driver_cuda=13000) == (True, "")
+    assert cuda_decision(1, 1, "12.6", "2.13.0+cu126", driver_cuda=12040) == (True, "")
+    assert cuda_decision(1, 1, "12.8", "2.13.0+cu128", driver_cuda=13020) == (True, "")
+    present, note = cuda_decision(2, 2, "13.0", "2.13.0", driver_cuda=12040)
+    assert not present and "driver runs CUDA 12.4 but torch 2.13.0 is built for CUDA 13.0" in note
+    assert "CUDA 12.x build" in note and "runs on CPU" in note
     import torch.cuda
 
     assert not torch.cuda.is_initialized()  # the suite's own questions initialised nothing

@@ -167,20 +167,32 @@ def test_scancel_ends_the_run_killed(store: str, tmp_path: Path) -> None:
 
 def test_restart_inside_the_allocation_then_the_time_limit(store: str, tmp_path: Path) -> None:
     """A worker killed with cluster.max_restarts=1 is restarted in the same job; the job then runs into its
-    time limit (Slurm's smallest is a minute) and the run ends FAILED saying so."""
+    time limit and the run ends FAILED saying so. Slurm sends its early signal (SIGUSR2) up to a minute before
+    it is due, so the job starts with a limit far enough away and is given a short one once it has restarted:
+    the signal then cannot come before the runner is listening for it."""
     tag = uuid.uuid4().hex
     sweep = tmp_path / "sweep"
     proc = start_sweep(store, "slurm-limit", sweep, [*ONE_WORKER, "cluster.max_restarts=1", "train.steps=100000",
-                                                     "train.log_every=50", "hydra.launcher.timeout_min=1",
+                                                     "train.log_every=50", "hydra.launcher.timeout_min=5",
                                                      "hydra.launcher.signal_delay_s=30"], tag)
     pid_file = sweep / "0" / "node1" / "pids" / "rank1.pid"
     wait_for(sweep / "0" / "events.jsonl")
     wait_for(pid_file)
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    killed = pid_file.read_text()
+    os.kill(int(killed), signal.SIGKILL)
+    until(lambda: pid_file.exists() and pid_file.read_text() not in ("", killed), 120, "rank 1 was not restarted")
+    job = json.loads((sweep / "scheduler.json").read_text())["job_ids"][0]
+    ran = re.search(r"RunTime=(?:(\d+)-)?(\d+):(\d+):(\d+)", subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True).stdout)
+    assert ran, f"no RunTime for job {job}"
+    seconds = ((int(ran[1] or 0) * 24 + int(ran[2])) * 60 + int(ran[3])) * 60 + int(ran[4])
+    minutes = -(-(seconds + 30) // 60)  # the first whole minute at least 30 s away
+    subprocess.run(["scontrol", "update", f"jobid={job}", f"TimeLimit={minutes}"], check=True)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
     (run,) = [r for r in runs(store, "slurm-limit") if r.data.tags.get("runner.kind") == "job"]
-    assert run.info.status == "FAILED" and "reached its time limit of 00:01:00" in run.data.tags["error"]
+    assert run.info.status == "FAILED", run.data.tags.get("error")
+    assert f"reached its time limit of 00:{minutes:02d}:00" in run.data.tags["error"], run.data.tags["error"]
     assert run.data.tags["runner.restarts"] == "1"
     assert job_state(run.data.tags["runner.slurm_job_id"]) == "TIMEOUT"
     log = next((sweep / ".submitit").rglob("*_0_log.out")).read_text()
