@@ -102,14 +102,16 @@ def _sweep_choices() -> Any:
 def plan_sweep_together(args: List[str]) -> None:
     """Pass 1 of a grid sweep (``args``: the command's) of balanced plan-only points, not on Slurm
     (:func:`runner.plan.sweep_plans.plan_together`), before Hydra launches its jobs; nothing for any other
-    command."""
+    command (which then imports no TorchRec here: the prewarmed agent does, while the driver goes on)."""
+    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
+        return
     from runner.launch.precheck import grid_points
     from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.speedups.torchrec_seam import seam_note
     from runner.plan.sweep_plans import applies, plan_together
     from runner.train.models import planning_model
 
-    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args or seam_note():
+    if seam_note():
         return  # (a TorchRec the runner's search was not tested with: each point plans with TorchRec's planner)
     points = grid_points(applies)
     if len(points) > 1:

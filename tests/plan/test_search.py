@@ -75,6 +75,7 @@ def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
     return planner.plan(model, sharders_for(cfg.precision)), estimates.best_plan
 
 
+@pytest.mark.slow  # 30 s: make test runs it, make test-fast leaves it out
 def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bandwidths x reserves, a 4-node cluster and the heuristic reserve: the same plan and per-rank estimates
     as TorchRec's planner, loop and estimators with its own proposer, or no plan for both; every kind of skip
