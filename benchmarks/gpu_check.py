@@ -36,8 +36,16 @@ SHORT = ["train.steps=200", "train.log_every=50", "data.eval_batches=8"]
 
 def found() -> Tuple[List[str], str]:
     """Lines describing the box: GPUs (through NVML: nothing initialised here), the driver's CUDA, versions;
-    and why the runner cannot train on its GPUs ('' when it can)."""
-    from runner.runtime.device import GIB, cuda_decision, has_bf16, host_gpus, visible_gpus
+    and why the runner cannot train on its GPUs ('' when it can: :func:`cuda_verdict`, as a job decides)."""
+    from runner.runtime.device import (
+        GIB,
+        cuda_text,
+        cuda_verdict,
+        driver_cuda_version,
+        has_bf16,
+        host_gpus,
+        visible_gpus,
+    )
 
     lines = []
     gpus = host_gpus()
@@ -47,12 +55,12 @@ def found() -> Tuple[List[str], str]:
         pynvml.nvmlInit()
         memory = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / GIB
                   for i in range(len(gpus))]
-        driver, driver_cuda = pynvml.nvmlSystemGetDriverVersion(), int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        driver, driver_cuda = pynvml.nvmlSystemGetDriverVersion(), driver_cuda_version(pynvml)
         pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001
-        memory, driver, driver_cuda = [float("nan")] * len(gpus), "unknown", 0
-    runs = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else "unknown"
-    lines.append(f"- NVIDIA driver {driver} (runs CUDA {runs}); {len(gpus)} GPU(s) listed")
+        memory, driver, driver_cuda = [float("nan")] * len(gpus), "unknown", None
+    lines.append(f"- NVIDIA driver {driver} (runs CUDA {cuda_text(driver_cuda) if driver_cuda else 'unknown'}); "
+                 f"{len(gpus)} GPU(s) listed")
     for i, ((name, cap, uuid), mem) in enumerate(zip(gpus, memory, strict=True)):
         lines.append(f"  - {i}: {name}, compute capability {cap[0]}.{cap[1]}, bf16 in hardware: "
                      f"{'yes' if has_bf16(cap) else 'no (torch would emulate it)'}, {mem:.1f} GiB, {uuid}")
@@ -65,10 +73,8 @@ def found() -> Tuple[List[str], str]:
                  f"fbgemm_gpu {fbgemm_gpu.__version__}, torchrec {torchrec.__version__}")
     lines.append(f"- visible to the runner: {', '.join(visible_gpus(count=len(gpus))) or 'none'} "
                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    usable, note = cuda_decision(len(gpus), torch.cuda.device_count(), torch.version.cuda, torch.__version__,
-                                 driver_cuda or None)
-    why = "" if usable else (note.replace("[runner] note: ", "") or "no GPU is listed or visible")
-    return lines, why
+    usable, note = cuda_verdict()
+    return lines, "" if usable else (note.replace("[runner] note: ", "") or "no GPU is listed or visible")
 
 
 class Step:
@@ -122,14 +128,14 @@ def run_step(step: Step, out: Path, uri: str) -> Dict[str, str]:
 GPU_ONLY = ("hbm_cap_above_device", "uvm_caching", "uvm_caching_pinned", "too_few_gpus")
 
 
-def steps(gpus: int, bf16: bool, out: Path, cpu: bool = False) -> List[Step]:
-    """The runner commands; with ``cpu`` those that also run on CPU, on CPU (a check of this script's own
-    steps, outcomes and figures where there is no GPU)."""
-    if cpu:
-        cpu_steps = steps(gpus, bf16, out)
-        for step in cpu_steps:
-            step.args = [*step.args, "cluster.device=cpu"]
-        return [step for step in cpu_steps if step.name not in GPU_ONLY]
+def on_cpu(gpu_steps: List[Step]) -> List[Step]:
+    """The steps that also run on CPU, on CPU: a check of this script's own steps, outcomes and figures where
+    there is no GPU (``--cpu``)."""
+    return [Step(s.name, [*s.args, "cluster.device=cpu"], s.expect_ok, s.says, s.after) for s in gpu_steps
+            if s.name not in GPU_ONLY]
+
+
+def steps(gpus: int, bf16: bool, out: Path) -> List[Step]:
     one = ["cluster.workers_per_node=1"]
     ckpt, data = out / "checkpoints", out / "parquet"
     precision = "precision=bf16" if bf16 else "precision=fp32"
@@ -187,7 +193,8 @@ def main() -> None:
     gpus = host_gpus()
     rows = []
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    for step in steps(len(gpus), bool(gpus) and has_bf16(gpus[0][1]), out, cpu=args.cpu):
+    planned = steps(len(gpus), bool(gpus) and has_bf16(gpus[0][1]), out)
+    for step in on_cpu(planned) if args.cpu else planned:
         row = run_step(step, out, uri)
         rows.append(row)
         failed |= row["outcome"] != "ok"

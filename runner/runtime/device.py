@@ -39,24 +39,29 @@ _SAID: List[str] = []  # notes said once per process
 
 
 def cuda_present() -> bool:
-    """Whether this process can train on CUDA, asked without initialising CUDA: NVML lists the GPUs and the
-    CUDA version its driver runs, then ``torch.cuda.device_count()`` (which counts through NVML before CUDA is
-    initialised). torch's ``is_available()`` would call ``cuInit`` unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``,
-    and a process that forks its workers afterwards (an agent with ``cluster.start_method=fork``) would hand
-    them a CUDA they cannot use. GPUs that torch cannot use (a CPU build of torch, or a CUDA build newer than
-    the driver runs) are said once: the job runs on CPU."""
-    with _nvml() as nvml:
-        listed, driver_cuda = _listed(nvml), _driver_cuda(nvml)
-    if not listed:
-        return False
-    import torch
-
-    present, note = cuda_decision(listed, torch.cuda.device_count(), torch.version.cuda, torch.__version__,
-                                  driver_cuda)
+    """Whether this process can train on CUDA (:func:`cuda_verdict`); GPUs that torch cannot use (a CPU build
+    of torch, or a CUDA build newer than the driver runs) are said once: the job runs on CPU."""
+    present, note = cuda_verdict()
     if note and note not in _SAID:
         _SAID.append(note)
         print(note, flush=True)
     return present
+
+
+def cuda_verdict() -> Tuple[bool, str]:
+    """Whether this process can train on CUDA, and the note saying why not where GPUs are listed ('' else),
+    asked without initialising CUDA: NVML lists the GPUs and the CUDA version its driver runs, then
+    ``torch.cuda.device_count()`` (which counts through NVML before CUDA is initialised). torch's
+    ``is_available()`` would call ``cuInit`` unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, and a process that
+    forks its workers afterwards (an agent with ``cluster.start_method=fork``) would hand them a CUDA they
+    cannot use."""
+    with _nvml() as nvml:
+        listed, driver = _listed(nvml), driver_cuda_version(nvml)
+    if not listed:
+        return False, ""
+    import torch
+
+    return cuda_decision(listed, torch.cuda.device_count(), torch.version.cuda, torch.__version__, driver)
 
 
 def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torch_version: str,
@@ -66,8 +71,8 @@ def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torc
     are there but torch cannot use them ('' otherwise). A driver runs the CUDA builds of its own major
     version and older ones (CUDA's minor-version compatibility), not a newer major."""
     if listed and torch_cuda is not None and driver_cuda and driver_cuda // 1000 < int(torch_cuda.split(".")[0]):
-        driver = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}"
-        return False, (f"[runner] note: the NVIDIA driver runs CUDA {driver} but torch {torch_version} is built for "
+        return False, (f"[runner] note: the NVIDIA driver runs CUDA {cuda_text(driver_cuda)} but torch {torch_version} "
+                       "is built for "
                        f"CUDA {torch_cuda}: cluster.device=auto runs on CPU (update the driver, or build the "
                        f"environment from PyTorch's index for a CUDA {driver_cuda // 1000}.x build: make gpu-env "
                        "TORCH_INDEX=..., docs/gpu.md)")
@@ -86,12 +91,18 @@ def _listed(nvml: Any) -> int:
         return 0
 
 
-def _driver_cuda(nvml: Any) -> Optional[int]:
-    """The CUDA version the NVIDIA driver runs (12040 for 12.4), None where it cannot be asked."""
+def driver_cuda_version(nvml: Any) -> Optional[int]:
+    """The CUDA version the NVIDIA driver runs (12040 for 12.4), None where it cannot be asked (``nvml``: NVML,
+    initialised, or None)."""
     try:
         return int(nvml.nvmlSystemGetCudaDriverVersion_v2()) if nvml is not None else None
     except Exception:  # noqa: BLE001
         return None
+
+
+def cuda_text(version: int) -> str:
+    """NVML's CUDA version integer as people write it: 12040 -> 12.4."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def device_type(cluster_device: str, planning: bool = False) -> str:
