@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -25,27 +26,45 @@ if TYPE_CHECKING:
 
 class PlanProgress:
     """A plan's progress on the terminal once it has taken ``after_s``: one line rewritten in place on a
-    terminal, a line every ``every_s`` otherwise (a log file, a Slurm job's output)."""
+    terminal, a line every ``every_s`` otherwise (a log file, a Slurm job's output). Counts with a
+    ``phase`` (the balanced planner's enumeration, search and bound) say the phase and how far it is; the
+    others, the proposals of TorchRec's proposers."""
 
     def __init__(self, after_s: float = 3.0, every_s: float = 10.0) -> None:
         self.after_s, self.every_s = after_s, every_s
         self.tty = sys.stdout.isatty()
         self.last: Optional[float] = None
+        self.start = time.perf_counter()
+        self.best: Optional[float] = None
 
     def __call__(self, counts: Dict[str, Any]) -> None:
-        seconds = counts["seconds"]
+        seconds = time.perf_counter() - self.start
+        if counts.get("best") is not None:
+            self.best = counts["best"]
         if seconds < self.after_s or (not self.tty and self.last is not None and seconds - self.last < self.every_s):
             return
         self.last = seconds
-        best = "none yet" if counts["best"] is None else f"{counts['best']:.3f} ms"
-        line = (f"[runner] planning: {counts['options']} sharding options of {counts['tables']} tables; proposals "
-                f"{counts['partitioned']} partitioned, {counts['skipped']} skipped; best estimated step {best} "
-                f"({seconds:.0f} s)")
+        best = "none yet" if self.best is None else f"{self.best:.3f} ms"
+        if "phase" in counts:
+            line = f"[runner] planning: {_phase_text(counts)}; best estimated step {best} ({seconds:.0f} s)"
+        else:
+            line = (f"[runner] planning: {counts['options']} sharding options of {counts['tables']} tables; "
+                    f"proposals {counts['partitioned']} partitioned, {counts['skipped']} skipped; best estimated "
+                    f"step {best} ({seconds:.0f} s)")
         print(f"\r{line}\x1b[K" if self.tty else line, end="" if self.tty else "\n", flush=True)
 
     def close(self) -> None:
         if self.tty and self.last is not None:
             print(flush=True)
+
+
+def _phase_text(counts: Dict[str, Any]) -> str:
+    phase = counts["phase"]
+    if phase == "enumerating":
+        return f"enumerating sharding options, {counts['done']} so far"
+    if phase == "estimating":
+        return f"estimating sharding options, {counts['done']} of {counts['of']}"
+    return str(counts.get("detail") or phase)
 
 
 def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = None) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
@@ -39,6 +39,7 @@ from runner.plan.balance import (
     valid,
 )
 from runner.plan.balance_search import exact, improve, perturb
+from runner.plan.speedups.compact_enumeration import shard_arrays, shard_count
 
 _KIND = {PartitionByType.UNIFORM.value: UNIFORM, PartitionByType.DEVICE.value: DEVICE,
          PartitionByType.HOST.value: HOST, PartitionByType.MULTI_HOST.value: MULTI_HOST}
@@ -46,6 +47,11 @@ POOL_SIZE = 32  # plans kept per problem shape for later points
 ROUNDS = 200  # ruin-and-recreate rounds per start (the time budget ends them first at a thousand tables)
 EXACT_TABLES, EXACT_NODES = 12, 20000  # problems this small are solved by branch and bound first
 CONSTRUCT_TRIES = 50  # random construction orders tried where the runner's two starts fit nowhere
+COMPARE_MAX_SHARDS = 100_000
+"""Above this many shards in all tables' options (300 tables on 64 GPUs have about 42,000, 1,000 on 128 about
+268,000), TorchRec's plans are not used as starts unless ``sharding.balanced_compare`` names them: TorchRec's
+dynamic-programming proposer and partitioner work on one Python object per shard, and take most of a plan's
+time and memory there (docs/planning.md, *Planning at every scale*)."""
 _POOL: Dict[Tuple[Any, ...], List[Dict[str, Tuple[str, str, Tuple[int, ...]]]]] = {}
 
 
@@ -56,6 +62,8 @@ class BalancedProposer:
 
     budget_s: float
     compare: List[str]
+    auto: bool = False
+    """``compare`` is the default (``sharding.balanced_compare=null``): skipped above :data:`COMPARE_MAX_SHARDS`."""
     facts: Dict[str, Any] = field(default_factory=dict)
     choose_from: Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]] = None
     """A sweep planned together (:mod:`.sweep_plans`): its plans, of which the best valid here is taken
@@ -78,10 +86,8 @@ def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[
     for option in search_space:
         if _kind(option) is not None:
             by_table.setdefault(option.fqn, []).append(option)
-    tables = [[Choice(_kind(o), np.array([s.perf.total for s in o.shards], dtype=np.float64),  # type: ignore[arg-type]
-                      np.array([(s.storage.hbm, s.storage.ddr, s.storage.ssd) for s in o.shards],
-                               dtype=np.int64).reshape(-1, 3))
-               for o in options] for options in by_table.values()]
+    tables = [[Choice(_kind(o), *shard_arrays(o)) for o in options]  # type: ignore[arg-type]
+              for options in by_table.values()]
     capacity = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in reserved.devices], dtype=np.int64)
     return Problem(tables, capacity, reserved.local_world_size), list(by_table.values())
 
@@ -100,7 +106,7 @@ def solution_of(table_options: List[List[ShardingOption]], plan: Dict[str, Tuple
         if entry is None:
             return None
         found = [o for o, opt in enumerate(options) if _signature(opt) == entry[:2]
-                 and len(opt.shards) == len(entry[2])]
+                 and shard_count(opt) == len(entry[2])]
         if not found:
             return None
         picks.append(found[0])
@@ -145,13 +151,18 @@ def remember(problem: Problem, table_options: List[List[ShardingOption]], soluti
         del plans[:-POOL_SIZE]
 
 
-def search(problem: Problem, starts: Dict[str, Solution], budget_s: float,
-           rounds: int = ROUNDS) -> Tuple[Solution, Dict[str, Any]]:
+def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, rounds: int = ROUNDS,
+           report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
     start: small problems solved exactly first (:func:`.balance.exact`, within :data:`EXACT_NODES`); each
     start taken to its local optimum (:func:`.balance.improve`); the best of those searched further
     (:func:`.balance.perturb`, ``rounds`` rounds) in what is left of ``budget_s``. Returns the winner and,
-    per start, its rating before and after. Ties keep the earlier start (the runner's own first)."""
+    per start, its rating before and after. Ties keep the earlier start (the runner's own first). ``report``
+    is told each step (what, the best rating so far)."""
+    def say(text: str, best: Optional[float]) -> None:
+        if report is not None:
+            report(text, best)
+
     t0 = time.perf_counter()
     own = construct(problem)
     rng = random.Random(0)
@@ -171,13 +182,17 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float,
     if not candidates:
         raise ValueError("no start")  # where no plan fits: the caller says so
     improved: Dict[str, Solution] = {}
-    for name, start in candidates.items():
+    best_so_far: Optional[float] = None
+    for i, (name, start) in enumerate(candidates.items()):
+        say(f"balanced search: improving start {i + 1} of {len(candidates)} ({name})", best_so_far)
         found, moves = (start, 0) if facts["optimal"] else improve(problem, start, budget_s)
         improved[name] = found
         facts["starts"][name] = {"rating": rating(problem, start), "improved": rating(problem, found),
                                  "moves": moves, "changed": _changed(start, found)}
+        best_so_far = min(facts["starts"][name]["improved"], best_so_far or float("inf"))
     first = min(improved, key=lambda k: (facts["starts"][k]["improved"], list(improved).index(k)))
     rest = 0 if facts["optimal"] else rounds
+    say(f"balanced search: ruin and recreate from the best start ({first})", best_so_far)
     best, done = perturb(problem, improved[first], max(budget_s - (time.perf_counter() - t0), 0.0), rest)
     facts["starts"][first].update(improved=rating(problem, best), rounds=done,
                                   changed=_changed(candidates[first], best))
@@ -210,7 +225,7 @@ def balanced_note(facts: Dict[str, Any]) -> str:
     if winner == "sweep":
         return (f"sharding.proposer=balanced: the best, rated here, of the {facts['chosen_of']} plans this sweep's "
                 f"points found when planned together, estimated step {facts['rating']:.3f} ms"
-                + (f" ({compared})" if compared else ""))
+                + (f" ({compared})" if compared else "") + skipped_text(facts))
     if winner.startswith("torchrec_") and not starts[winner]["changed"]:
         return (f"sharding.proposer=balanced kept TorchRec's {winner[len('torchrec_'):]} plan: no move lowered its "
                 f"busiest rank ({facts['rating']:.3f} ms)")
@@ -220,4 +235,15 @@ def balanced_note(facts: Dict[str, Any]) -> str:
     return (f"sharding.proposer=balanced: the runner's plan, not a TorchRec proposer's, estimated step "
             f"{facts['rating']:.3f} ms" + (f" ({compared})" if compared else "")
             + f"; found from {origin}" + (", proved optimal" if facts.get("optimal") else "")
-            + (f", {facts['pooled']} earlier points' plans tried" if facts.get("pooled") else ""))
+            + (f", {facts['pooled']} earlier points' plans tried" if facts.get("pooled") else "")
+            + skipped_text(facts))
+
+
+def skipped_text(facts: Dict[str, Any]) -> str:
+    """The note's words on TorchRec's plans not tried as starts at this size (empty where none was skipped)."""
+    skipped = facts.get("skipped") or {}
+    if not skipped:
+        return ""
+    names = ", ".join(skipped)
+    return (f"; TorchRec's {names} plan not tried as a start at this size ({max(skipped.values()):,} shards in the "
+            f"sharding options, above {COMPARE_MAX_SHARDS:,}): sharding.balanced_compare=[{names}] tries it")

@@ -20,7 +20,17 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.balance import Problem, Solution, rating, valid
-from runner.plan.balanced import BalancedProposer, from_torchrec, pooled, problem_of, remember, search, solution_of
+from runner.plan.balanced import (
+    COMPARE_MAX_SHARDS,
+    BalancedProposer,
+    from_torchrec,
+    pooled,
+    problem_of,
+    remember,
+    search,
+    solution_of,
+)
+from runner.plan.speedups.compact_enumeration import expand, expand_all, shard_count
 from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
 from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
 from runner.plan.speedups.planning_loop import SearchLoopPlanner
@@ -58,24 +68,44 @@ class BalancedPlanner(SearchLoopPlanner):
             chosen = self._choose(problem, table_options)
             if chosen is not None:
                 return self._done(module, sharders, problem, table_options, reserved, *chosen, start_time)
-        facts: Dict[str, Any] = {"torchrec": {}}
+        facts: Dict[str, Any] = {"torchrec": {}, "skipped": {}}
         starts: Dict[str, Solution] = {}
+        shards = sum(shard_count(o) for o in space)
+        full: Optional[List[ShardingOption]] = None
         for name in self.balanced.compare:
-            found = self._torchrec_plan(name, space, reserved)
+            if self.balanced.auto and shards > COMPARE_MAX_SHARDS:  # TorchRec's objects per shard: too costly
+                facts["skipped"][name] = shards
+                continue
+            self._phase(f"TorchRec's {name} plan as a start")
+            full = full if full is not None else expand_all(space)
+            found = self._torchrec_plan(name, full, reserved)
             solution = from_torchrec(table_options, *found) if found is not None else None
             facts["torchrec"][name] = None if solution is None else rating(problem, solution)
             if solution is not None and valid(problem, solution) is None:
                 starts[f"torchrec_{name}"] = solution
             self._report()
+        del full
         for i, solution in enumerate(pooled(problem, table_options)):
             starts[f"point_{i}"] = solution
+        self._phase("balanced search")
         try:
-            solution, found_facts = search(problem, starts, self.balanced.budget_s)
+            solution, found_facts = search(problem, starts, self.balanced.budget_s,
+                                           report=self._phase)
         except ValueError:
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="the balanced search found no placement that fits") from None
         facts.update(found_facts, pooled=sum(k.startswith("point_") for k in starts))
         return self._done(module, sharders, problem, table_options, reserved, solution, facts, start_time)
+
+    def _report(self) -> None:
+        if self._counts:
+            self._phase(f"{self._counts['options']} sharding options of {self._counts['tables']} tables",
+                        self._counts.get("best"))
+
+    def _phase(self, text: str, best: Optional[float] = None) -> None:
+        """Progress: the phase the plan is in (with the best rating so far, where there is one)."""
+        if self._progress is not None:
+            self._progress({"phase": "balanced", "detail": text, "best": best})
 
     def _choose(self, problem: Problem, table_options: List[List[ShardingOption]]
                 ) -> Optional[Tuple[Solution, Dict[str, Any]]]:
@@ -94,7 +124,8 @@ class BalancedPlanner(SearchLoopPlanner):
                 best = (r, solution)
         if best is None:
             return None
-        facts = {"torchrec": dict(known.get("torchrec", {})), "winner": "sweep", "optimal": False, "pooled": 0,
+        facts = {"torchrec": dict(known.get("torchrec", {})), "skipped": dict(known.get("skipped", {})),
+                 "winner": "sweep", "optimal": False, "pooled": 0,
                  "starts": {"sweep": {"rating": best[0], "improved": best[0], "changed": True}}, "chosen_of": count}
         return best[1], facts
 
@@ -103,13 +134,14 @@ class BalancedPlanner(SearchLoopPlanner):
         problem_check = valid(problem, solution)
         assert problem_check is None, f"the balanced search's plan is not valid: {problem_check}"
         remember(problem, table_options, solution)
-        options = [options[o] for options, o in zip(table_options, solution.picks, strict=True)]
+        # TorchRec's full options (every shard, with its own estimates), private copies, for the chosen plan only
+        options = [expand(options[o]) for options, o in zip(table_options, solution.picks, strict=True)]
         ranks = [r.tolist() for r in solution.ranks]
         facts["rating"] = self._torchrec_rating(options, ranks, reserved, rating(problem, solution))
         self.balanced.facts = facts
         self._counts.update(best=facts["rating"], seconds=time.perf_counter() - start_time)
         self._report()
-        return self._finish(module, sharders, options, ranks, start_time)
+        return self._finish(module, sharders, options, ranks, start_time, private=True)
 
     def _torchrec_rating(self, options: List[ShardingOption], ranks: List[List[int]], reserved: Topology,
                          ours: float) -> float:

@@ -70,9 +70,11 @@ def lp_bound(problem: Problem) -> float:
 
     choices = [problem.tables[t][o] for t, o in cols]
     row({**{i: float(c.perf.sum()) for i, c in enumerate(choices)}, n - 1: -float(w)}, 0.0)
+    of_table: List[List[int]] = [[] for _ in range(tables)]
+    for i, (t, _) in enumerate(cols):
+        of_table[t].append(i)
     for t in range(tables):
-        row({**{i: float(choices[i].perf.max(initial=0.0)) for i, (tt, _) in enumerate(cols) if tt == t},
-             n - 1: -1.0}, 0.0)
+        row({**{i: float(choices[i].perf.max(initial=0.0)) for i in of_table[t]}, n - 1: -1.0}, 0.0)
     scale = np.maximum(problem.capacity.sum(0).astype(float), 1.0)
     for k in range(kinds):
         row({i: float(c.mem[:, k].sum()) / scale[k] for i, c in enumerate(choices)}, 1.0)

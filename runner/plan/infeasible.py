@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from runner.plan.speedups.compact_enumeration import shard_storages
+
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
@@ -36,7 +38,7 @@ def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
     """(least per-rank bytes, least total bytes, the option with the least per-rank bytes) of one table."""
     per_rank = min(options, key=lambda o: max(getattr(s.storage, mem) for s in o.shards))
     return (max(getattr(s.storage, mem) for s in per_rank.shards),
-            min(sum(getattr(s.storage, mem) for s in o.shards) for o in options), per_rank)
+            min(sum(getattr(st, mem) for st in shard_storages(o)) for o in options), per_rank)
 
 
 def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: int) -> str:
@@ -101,7 +103,8 @@ def _stopped(planner: Any, by_table: Dict[str, List[Any]], budget: Dict[str, flo
     if not any(counts):
         return ""
     text = f": of its proposals, {counts[0]} held a shard no rank can hold"
-    favoured = [min(opts, key=lambda o: sum(getattr(s.storage, mem) for s in o.shards)) for opts in by_table.values()]
+    favoured = [min(opts, key=lambda o: sum(getattr(st, mem) for st in shard_storages(o)))
+                for opts in by_table.values()]
     misfits = [o for o in favoured if not _fits(o, budget)]
     if misfits:
         worst = max(misfits, key=lambda o: max(getattr(s.storage, mem) for s in o.shards))

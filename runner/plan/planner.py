@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import (
     DynamicProgrammingProposer,
     GreedyProposer,
@@ -38,6 +37,7 @@ from runner.plan.infeasible import explain
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import build_proposer
 from runner.plan.sharders import sharders_for
+from runner.plan.speedups.compact_enumeration import CompactEnumerator
 from runner.plan.speedups.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.speedups.enumeration_reuse import ReusingEnumerator, enumeration_key
 from runner.plan.speedups.planning_loop import Progress, SearchLoopPlanner
@@ -127,13 +127,16 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
               "estimator": shard_estimators(topology, constraints)}
+    proposer = build_proposer(cfg.sharding, device_type, world_size)
+    # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
+    compact = {"compact": isinstance(proposer, BalancedProposer), "progress": progress}
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
-        enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, local_world_size, device_type, batch), **kwargs)
+        enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, local_world_size, device_type, batch),
+                                       **kwargs, **compact)
     else:
-        enumerator = EmbeddingEnumerator(**kwargs)
-    proposer = build_proposer(cfg.sharding, device_type, world_size)
+        enumerator = CompactEnumerator(**kwargs, **compact)
     planner_class: Any = SearchLoopPlanner
     if isinstance(proposer, BalancedProposer):
         proposer.choose_from = choose_from
@@ -245,6 +248,7 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
             facts["compared"] = compared_metrics(planner.balanced.facts)
             facts["torchrec"] = planner.balanced.facts.get("torchrec", {})
+            facts["skipped"] = planner.balanced.facts.get("skipped", {})
             notes.append(balanced_note(planner.balanced.facts))
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles

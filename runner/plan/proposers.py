@@ -58,7 +58,8 @@ def build_proposer(sharding: ShardingSchema, device_type: str, world_size: int) 
                               "[] or [greedy] on CPU workers (the dynamic-programming proposer bins HBM)")
         if not sharding.balanced_budget_s > 0:
             raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
-        return BalancedProposer(float(sharding.balanced_budget_s), list(compare))
+        return BalancedProposer(float(sharding.balanced_budget_s), list(compare),
+                                auto=sharding.balanced_compare is None)
     if sharding.proposer == "greedy":
         return SkippingGreedyProposer(world_size)
     if sharding.proposer == "grid_search":

@@ -101,7 +101,8 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
     entry = {k: list(v) for k, v in entries_of(best).items()}
     if entry not in plans:
         plans.append(entry)
-    facts_of[_key(overrides)] = {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {})}
+    facts_of[_key(overrides)] = {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {}),
+                                 "skipped": facts.get("skipped", {})}
 
 
 def _key(overrides: Sequence[str]) -> str:

@@ -221,10 +221,13 @@ def test_a_long_plan_shows_its_progress(capsys) -> None:
     seen: List[dict] = []
     printer = PlanProgress(after_s=0.0, every_s=0.0)
     make_plan(cfg, planning_model(cfg), 16, 8, "cuda", progress=lambda c: (seen.append(c), printer(c)))
+    assert seen[0]["phase"] == "estimating" and seen[0]["done"] == seen[0]["of"] > 30, seen[0]
+    seen = [c for c in seen if "phase" not in c]  # then the search's counts
     assert seen and seen[0]["options"] > seen[0]["tables"] == 30 and seen[0]["partitioned"] == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("[runner] planning: ") for line in lines), lines
-    assert f"{seen[0]['options']} sharding options of 30 tables" in lines[0], lines
+    assert f"estimating sharding options, {seen[0]['options']} of {seen[0]['options']}" in lines[0], lines
+    assert f"{seen[0]['options']} sharding options of 30 tables" in lines[1], lines
 
 
 def test_a_bug_in_the_runners_search_surfaces_instead_of_a_fallback_plan() -> None:

@@ -22,10 +22,10 @@ import json
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
-from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.config import roles
+from runner.plan.speedups.compact_enumeration import CompactEnumerator, estimate_in_chunks
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -63,13 +63,15 @@ def reused_model(cfg: RunnerConfig, build: Any) -> Any:
     return _MODELS[key]
 
 
-class ReusingEnumerator(EmbeddingEnumerator):
-    """TorchRec's enumerator, whose options and estimates are reused by later calls with its key: all of
-    them for the same bandwidths, all but the perf estimate (redone) for others."""
+class ReusingEnumerator(CompactEnumerator):
+    """TorchRec's enumerator (compact or not, :mod:`.compact_enumeration`), whose options and estimates are
+    reused by later calls with its key: all of them for the same bandwidths, all but the perf estimate
+    (redone) for others."""
 
     def __init__(self, key: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         topology = kwargs["topology"]
+        key = f"{key}|compact={self.compact}"
         self._key = key
         self._bw_key = f"{key}|{topology.intra_host_bw!r}|{topology.inter_host_bw!r}"
 
@@ -85,9 +87,8 @@ class ReusingEnumerator(EmbeddingEnumerator):
                                                             self._sharder_data_map)
             return options
         options = copy.deepcopy(near[0])
-        for estimator in self._estimators:  # perf reads this point's bandwidths; storage is the same
-            if "Storage" not in type(estimator).__name__:
-                estimator.estimate(options, sharder_data_map=near[2])
+        perf = [e for e in self._estimators if "Storage" not in type(e).__name__]  # storage is the same
+        estimate_in_chunks(perf, options, near[2], self.progress)  # perf reads this point's bandwidths
         _OPTIONS[self._bw_key] = (options, near[1], near[2])
         return self._hand_out(_OPTIONS[self._bw_key], module, sharders)
 

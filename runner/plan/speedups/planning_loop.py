@@ -111,14 +111,16 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
             self._progress(dict(self._counts))
 
     def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
-                start_time: float) -> ShardingPlan:
-        """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once; callbacks,
-        ``to_sharding_plan`` and stats as TorchRec's loop calls them."""
+                start_time: float, private: bool = False) -> ShardingPlan:
+        """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once (``private``:
+        the options are already this plan's own copies); callbacks, ``to_sharding_plan`` and stats as
+        TorchRec's loop calls them."""
         for option, option_ranks in zip(options, ranks, strict=True):
             for shard, rank in zip(option.shards, option_ranks, strict=True):
                 shard.rank = rank
-        best_plan = copy.deepcopy(options)
-        reset_shard_rank(options)
+        best_plan = options if private else copy.deepcopy(options)
+        if not private:
+            reset_shard_rank(options)
         for callback in self._callbacks:
             best_plan = callback(best_plan)
         self._best_plan = best_plan

@@ -1,0 +1,174 @@
+"""TorchRec's enumeration with each sharding option's identical shards held once: planning at a thousand GPUs.
+
+TorchRec's enumerator builds one ``Shard`` (with its own ``Perf`` and ``Storage``) per shard of every option:
+a row-wise or data-parallel option over 1,024 GPUs has 1,024 of them, nearly all the same size. At 5,384
+tables on 1,024 GPUs that is 11 million shards, 13 minutes of estimates and 8.8 GiB before a plan is looked
+for. TorchRec's estimators give a shard's storage and perf from its size and its option alone (the perf
+estimator builds one context per shard size, its default config's ``post_process_perfs`` returns the perfs
+unchanged, and the storage estimator's per-shard lists depend only on each shard's size), so shards of the
+same size get the same numbers.
+
+:class:`CompactEnumerator` is TorchRec's ``EmbeddingEnumerator`` (its own loop over modules, constraints,
+sharding types and kernels, and its own estimators) whose options hold only their *distinct* shard sizes, in
+the order they first occur, each estimated once by TorchRec's estimators; every option carries a
+:class:`Layout` saying which distinct shard each real shard is. The numbers are TorchRec's by construction,
+and ``tests/plan/test_compact_enumeration.py`` compares every option, shard by shard, with TorchRec's own
+enumeration. :func:`shard_arrays` gives the search its per-shard arrays, :func:`expand` gives the chosen
+plan TorchRec's full options (real sizes and offsets, each shard with its own copies of the estimates).
+Estimates are made in chunks, with progress, so a long enumeration says how far it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+from torchrec.distributed.planner import enumerators as _enumerators
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import Shard, ShardingOption
+
+LAYOUT = "runner_layout"  # the attribute of a compact option that holds its Layout
+CHUNK = 2000  # options estimated between two progress reports
+
+_calculate = _enumerators.calculate_shard_sizes_and_offsets  # TorchRec's own; the enumerator calls it by this name
+
+
+@dataclass
+class Layout:
+    """Which distinct shard each of an option's real shards is (``index``, one entry per real shard), and the
+    arguments TorchRec's ``calculate_shard_sizes_and_offsets`` gave the real sizes and offsets from."""
+
+    index: np.ndarray  # (real shards,) int32
+    arguments: Dict[str, Any]
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Layout:
+        return self  # never changed after enumeration: copies of an option share it
+
+    @property
+    def count(self) -> int:
+        return len(self.index)
+
+
+def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]
+                ) -> Callable[..., Tuple[List[List[int]], List[List[int]]]]:
+    last = [time.perf_counter()]
+
+    def compact(**arguments: Any) -> Tuple[List[List[int]], List[List[int]]]:
+        sizes, offsets = _calculate(**arguments)
+        keys = list(map(tuple, sizes))
+        ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # distinct sizes, in order of first occurrence
+        record.append(Layout(np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=len(keys)), arguments))
+        at = [keys.index(k) for k in ids]  # each distinct size's first real shard
+        if progress is not None and time.perf_counter() - last[0] >= 1.0:
+            last[0] = time.perf_counter()
+            progress({"phase": "enumerating", "done": len(record)})
+        return [list(sizes[p]) for p in at], [list(offsets[p]) for p in at]
+    return compact
+
+
+@contextlib.contextmanager
+def _compact_sizes(record: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]) -> Iterator[None]:
+    _enumerators.calculate_shard_sizes_and_offsets = _compacting(record, progress)
+    try:
+        yield
+    finally:
+        _enumerators.calculate_shard_sizes_and_offsets = _calculate
+
+
+class CompactEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator whose options hold their distinct shards once (see the module doc); with
+    ``compact=False`` TorchRec's full options. ``progress`` is called with ``{"phase": "estimating", "done",
+    "of", "seconds"}`` between chunks of estimates."""
+
+    def __init__(self, *args: Any, compact: bool = True,
+                 progress: Optional[Callable[[Dict[str, Any]], None]] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.compact, self.progress = compact, progress
+        self._layouts: List[Layout] = []
+
+    def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
+        self._layouts = []
+        if not self.compact:
+            return super().enumerate(module, sharders)
+        with _compact_sizes(self._layouts, self.progress):
+            return super().enumerate(module, sharders)
+
+    def populate_estimates(self, sharding_options: List[ShardingOption]) -> None:
+        if len(self._layouts) == len(sharding_options):  # this enumeration's options, in the order made
+            for option, layout in zip(sharding_options, self._layouts, strict=True):
+                setattr(option, LAYOUT, layout)
+        self._layouts = []
+        estimate_in_chunks(self._estimators, sharding_options, self._sharder_data_map, self.progress)
+
+
+def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], sharder_data_map: Any,
+                       progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
+    """TorchRec's estimators over ``options``, a chunk at a time (each option's estimates do not depend on
+    the others'), reporting how far between chunks."""
+    t0 = time.perf_counter()
+    for start in range(0, len(options), CHUNK):
+        chunk = options[start:start + CHUNK]
+        for estimator in estimators:
+            estimator.estimate(chunk, sharder_data_map=sharder_data_map)
+        if progress is not None:
+            progress({"phase": "estimating", "done": start + len(chunk), "of": len(options),
+                      "seconds": time.perf_counter() - t0})
+
+
+def layout_of(option: ShardingOption) -> Optional[Layout]:
+    return getattr(option, LAYOUT, None)
+
+
+def shard_count(option: ShardingOption) -> int:
+    """The option's real number of shards."""
+    layout = layout_of(option)
+    return len(option.shards) if layout is None else layout.count
+
+
+def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray]:
+    """Each real shard's total perf (ms) and storage (hbm, ddr, ssd bytes): ``(shards,)`` float64 and
+    ``(shards, 3)`` int64. Where every shard is the same, read-only broadcast views of one shard's numbers."""
+    perf = np.array([s.perf.total for s in option.shards], dtype=np.float64)  # type: ignore[union-attr]
+    mem = np.array([(s.storage.hbm, s.storage.ddr, s.storage.ssd) for s in option.shards],  # type: ignore[union-attr]
+                   dtype=np.int64).reshape(-1, 3)
+    layout = layout_of(option)
+    if layout is None or len(option.shards) == layout.count:
+        return perf, mem
+    if len(option.shards) == 1:
+        return np.broadcast_to(perf, (layout.count,)), np.broadcast_to(mem, (layout.count, 3))
+    return perf[layout.index], mem[layout.index]
+
+
+def shard_storages(option: ShardingOption) -> List[Any]:
+    """Each real shard's ``Storage`` (shared objects for identical shards: read, do not change)."""
+    layout = layout_of(option)
+    if layout is None:
+        return [s.storage for s in option.shards]
+    return [option.shards[i].storage for i in layout.index.tolist()]
+
+
+def expand(option: ShardingOption) -> ShardingOption:
+    """TorchRec's full option for a compact one, as a private copy: every real shard with its size, offset and
+    its own copies of the estimates, exactly as TorchRec's enumerator and estimators give them (a full option:
+    a deep copy)."""
+    layout = layout_of(option)
+    if layout is None:
+        return copy.deepcopy(option)
+    bare = copy.copy(option)
+    del bare.__dict__[LAYOUT]
+    bare.shards = []
+    full = copy.deepcopy(bare)  # the option's own fields (TorchRec's copy shares the tensor and module)
+    sizes, offsets = _calculate(**layout.arguments)
+    distinct = option.shards
+    full.shards = [Shard(size=list(size), offset=list(offset), storage=copy.copy(distinct[i].storage),
+                         perf=copy.copy(distinct[i].perf))
+                   for size, offset, i in zip(sizes, offsets, layout.index.tolist(), strict=True)]
+    return full
+
+
+def expand_all(options: List[ShardingOption]) -> List[ShardingOption]:
+    return [expand(o) for o in options]
