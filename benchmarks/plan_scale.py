@@ -1,20 +1,22 @@
-"""Planning at the scale users live at, in one run: the runner's whole ``mode=plan`` command for 1000 tables on
-16 x 8 GPUs, and for 300 tables on 8 x 8 GPUs against TorchRec's own planner.
+"""Planning at every scale users have, in one run: the runner's whole ``mode=plan`` command (the preset's
+balanced proposer) at the largest public instance (5,384 tables on 1,024 GPUs), at TorchRec's own largest
+enumerator benchmark (6,400 tables on 2,048 GPUs) and at 1,000 tables on 128 GPUs; and, at 300 tables on 64
+GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
 
-    .venv/bin/python benchmarks/plan_scale.py [--big 1000] [--small 300] [--greedy]
+    .venv/bin/python benchmarks/plan_scale.py [--sizes 5384x1024,6400x2048,1000x128] [--small 300] [--greedy]
 
 - ``import floor``: ``python -c "import torchrec.distributed.planner, mlflow, hydra"``, what any planning
   command pays before it plans.
-- ``runner``: ``python -m runner mode=plan experiment=plan_many_tables model.generated_tables.count=N
-  cluster=gpu_4x8 cluster.nodes=K``, timed whole (start-up, planning, the plan folder, the MLflow run);
-  its planner seconds read from its results; peak memory of the command (max RSS).
+- each size: ``python -m runner mode=plan experiment=plan_many_tables model.generated_tables.count=N
+  cluster=gpu_4x8 cluster.nodes=K``, timed whole (start-up, planning, the plan folder, the MLflow run); its
+  peak memory (the command's own max RSS, from ``wait4``), its gap to the lower bound, whether it found a plan.
 - ``raw``: TorchRec's own planner (its loop, enumerator, estimators and dynamic-programming proposer) on the
-  same inputs, in this process (``runner.plan.planner.torchrec_planner``); its plan and per-rank estimates are
-  compared with the runner's.
+  300-table inputs, in this process (``runner.plan.planner.torchrec_planner``); its plan and per-rank
+  estimates are compared with ``sharding.proposer=dynamic_programming``'s.
 - ``--greedy``: the small case with ``sharding.proposer=greedy`` too, for its estimated step.
 
-Ends with ``plan-scale: tables=1000 ranks=128 runner_s=.. plan=found|none proposer=.. est_step_ms=.. |
-tables=300 ranks=64 runner_s=.. raw_s=.. raw=found|none identical=yes|no``.
+Ends with ``plan-scale: tables=5384 ranks=1024 s=.. peak_gib=.. gap=..% plan=found | tables=6400 ranks=2048
+... | tables=1000 ranks=128 ...``, after a line on the 300-table comparison (``dp-identity: ...``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
+import os
 import subprocess
 import sys
 import tempfile
@@ -50,17 +52,21 @@ def runner_plan(tables: int, ranks: int, tmp: Path, extra: Tuple[str, ...] = ())
     """The whole command; its seconds, results, plan and per-rank estimates, note and peak memory."""
     run_dir = tmp / f"run{tables}{len(list(tmp.glob('run*')))}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "runner", "mode=plan", *overrides(tables, ranks), *extra,
-                           f"hydra.run.dir={run_dir}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
-                           "tracking.experiment=plan_scale"], cwd=ROOT, capture_output=True, text=True)
+    with open(tmp / "out.txt", "w") as out, open(tmp / "err.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "runner", "mode=plan", *overrides(tables, ranks), *extra,
+                                 f"hydra.run.dir={run_dir}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+                                 "tracking.experiment=plan_scale"], cwd=ROOT, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
+    stdout, stderr = (tmp / "out.txt").read_text(), (tmp / "err.txt").read_text()
     if proc.returncode != 0:
-        sys.exit(f"runner plan failed:\n{proc.stderr[-3000:]}")
+        sys.exit(f"runner plan failed:\n{stderr[-3000:]}")
     results = json.loads((run_dir / "results.json").read_text())
     found = results.get("plan_status") == "feasible"
-    note = [line for line in proc.stdout.splitlines() if line.startswith("[runner] note:")]
+    note = [line for line in stdout.splitlines() if line.startswith("[runner] note:")]
     return {"seconds": seconds, "results": results, "found": found, "note": note[0] if note else "",
-            "max_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+            "peak_gib": usage.ru_maxrss / 2**20,
             "plan": json.loads((run_dir / "plan" / "plan.json").read_text()) if found else None,
             "per_rank": json.loads((run_dir / "plan" / "estimates.json").read_text())["per_rank"] if found else None}
 
@@ -80,7 +86,7 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     from runner.train.models import planning_model
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides(tables, ranks))
+        cfg = compose("config", overrides=overrides(tables, ranks) + ["sharding.proposer=dynamic_programming"])
     model = planning_model(cfg)
     estimates = PlanEstimates()
     t0 = time.perf_counter()
@@ -93,28 +99,40 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     return seconds, (plan_to_dict(plan, table_specs(cfg.model)), per_rank_estimates(estimates.best_plan, ranks))
 
 
+def _size(text: str) -> Tuple[int, int]:
+    tables, ranks = text.lower().split("x")
+    return int(tables), int(ranks)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--big", type=int, default=1000, help="tables of the large case (on 128 GPUs)")
+    ap.add_argument("--sizes", default="5384x1024,6400x2048,1000x128",
+                    help="TABLESxGPUS, comma-separated: the balanced preset's whole command at each")
     ap.add_argument("--small", type=int, default=300, help="tables of the case compared with TorchRec (64 GPUs)")
     ap.add_argument("--greedy", action="store_true", help="also plan the small case with the greedy proposer")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    parts = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         floor = import_floor()
         print(f"import floor: {floor:.1f} s", flush=True)
-        big = runner_plan(args.big, 128, tmp)
-        planner_s = big["results"].get("plan_seconds") or 0.0
-        est = big["results"].get("est_step_ms")
-        print(f"runner, {args.big} tables x 128 GPUs: {big['seconds']:.1f} s whole (planner {planner_s:.1f} s, "
-              f"import floor + planner + 2 s = {floor + planner_s + 2:.1f} s), peak memory {big['max_rss_gib']:.2f} "
-              f"GiB, {'plan found' if big['found'] else 'no plan'}"
-              + (f", estimated step {est:.3f} ms" if est else "") + (f"\n  {big['note']}" if big["note"] else ""),
-              flush=True)
-        small = runner_plan(args.small, 64, tmp)
-        print(f"runner, {args.small} tables x 64 GPUs: {small['seconds']:.1f} s whole (planner "
+        for tables, ranks in map(_size, args.sizes.split(",")):
+            point = runner_plan(tables, ranks, tmp)
+            r = point["results"]
+            gap = r.get("gap_to_bound")
+            gap_text = "n/a" if gap is None else f"{100 * gap:.2f}"
+            print(f"runner, {tables} tables x {ranks} GPUs: {point['seconds']:.1f} s whole (planner "
+                  f"{r.get('plan_seconds') or 0:.1f} s), peak memory {point['peak_gib']:.2f} GiB, "
+                  + (f"estimated step {r['est_step_ms']:.3f} ms, lower bound {r['lower_bound_ms']:.3f} ms, gap "
+                     f"{gap_text}%" if point["found"] else "no plan")
+                  + (f"\n  {point['note']}" if point["note"] else ""), flush=True)
+            parts.append(f"tables={tables} ranks={ranks} s={point['seconds']:.1f} peak_gib={point['peak_gib']:.2f} "
+                         f"gap={gap_text}% plan={'found' if point['found'] else 'none'}")
+        dp = ("sharding.proposer=dynamic_programming",)
+        small = runner_plan(args.small, 64, tmp, dp)
+        print(f"runner, {args.small} tables x 64 GPUs, dynamic_programming: {small['seconds']:.1f} s whole (planner "
               f"{small['results'].get('plan_seconds') or 0:.1f} s)", flush=True)
         if args.greedy:
             greedy = runner_plan(args.small, 64, tmp, ("sharding.proposer=greedy",))
@@ -126,11 +144,9 @@ def main() -> None:
               f"{'plan found' if raw else 'no plan'}", flush=True)
     identical = raw is not None and small["found"] and small["plan"] == json.loads(json.dumps(raw[0])) and \
         [dict(sorted(r.items())) for r in small["per_rank"]] == [dict(sorted(r.items())) for r in raw[1]]
-    proposer = "dynamic_programming" + ("+fallback" if big["note"] else "")
-    print(f"plan-scale: tables={args.big} ranks=128 runner_s={big['seconds']:.1f} "
-          f"plan={'found' if big['found'] else 'none'} proposer={proposer} est_step_ms={est} | "
-          f"tables={args.small} ranks=64 runner_s={small['seconds']:.1f} raw_s={raw_s:.1f} "
+    print(f"dp-identity: tables={args.small} ranks=64 runner_s={small['seconds']:.1f} raw_s={raw_s:.1f} "
           f"raw={'found' if raw else 'none'} identical={'yes' if identical else 'no'}")
+    print("plan-scale: " + " | ".join(parts))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -106,6 +107,7 @@ def plan_sweep_together(args: List[str]) -> None:
     prewarmed agent and its workers (it costs a 2-core host about 6 s of a core)."""
     if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
         return
+    from runner.launch.plan_only import PlanProgress
     from runner.launch.precheck import grid_points
     from runner.plan.speedups.torchrec_seam import seam_note
     from runner.plan.sweep_plans import applies, plan_together
@@ -116,7 +118,9 @@ def plan_sweep_together(args: List[str]) -> None:
     from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
-    plan_together(points, lambda cfg: reused_model(cfg, planning_model))
+    printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line
+    plan_together(points, lambda cfg: reused_model(cfg, planning_model),
+                  None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
 def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> Optional[Dict[str, Any]]:

@@ -36,9 +36,12 @@ class PlanProgress:
         self.last: Optional[float] = None
         self.start = time.perf_counter()
         self.best: Optional[float] = None
+        self.prefix = ""
 
-    def __call__(self, counts: Dict[str, Any]) -> None:
+    def __call__(self, counts: Dict[str, Any], prefix: str = "") -> None:
         seconds = time.perf_counter() - self.start
+        if prefix != self.prefix:  # another sweep point: its own best
+            self.prefix, self.best = prefix, None
         if counts.get("best") is not None:
             self.best = counts["best"]
         if seconds < self.after_s or (not self.tty and self.last is not None and seconds - self.last < self.every_s):
@@ -46,9 +49,9 @@ class PlanProgress:
         self.last = seconds
         best = "none yet" if self.best is None else f"{self.best:.3f} ms"
         if "phase" in counts:
-            line = f"[runner] planning: {_phase_text(counts)}; best estimated step {best} ({seconds:.0f} s)"
+            line = f"[runner] planning: {prefix}{_phase_text(counts)}; best estimated step {best} ({seconds:.0f} s)"
         else:
-            line = (f"[runner] planning: {counts['options']} sharding options of {counts['tables']} tables; "
+            line = (f"[runner] planning: {prefix}{counts['options']} sharding options of {counts['tables']} tables; "
                     f"proposals {counts['partitioned']} partitioned, {counts['skipped']} skipped; best estimated "
                     f"step {best} ({seconds:.0f} s)")
         print(f"\r{line}\x1b[K" if self.tty else line, end="" if self.tty else "\n", flush=True)

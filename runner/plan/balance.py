@@ -129,15 +129,32 @@ def place(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray) -> Op
         score = np.where(ok, (load.reshape(hosts, local) + c.perf).max(1), np.inf)
         return int(np.argmin(score)) * local + np.arange(local)
     if c.kind == HOST:
-        best, best_score = None, np.inf
-        for h in range(hosts):
-            ranks = _place_devices(c, np.arange(h * local, (h + 1) * local), load, used, cap)
-            if ranks is not None:
-                score = loads_after(load, ranks, c.perf).max()
-                if score < best_score:
-                    best, best_score = ranks, score
-        return best
+        return _place_host(c, load, used, cap, local)
     return _place_multi_host(c, load, used, cap, local)
+
+
+def _place_host(c: Choice, load: np.ndarray, used: np.ndarray, cap: np.ndarray, local: int) -> Optional[np.ndarray]:
+    """Every shard within one host: on each host, each shard (the largest first) on its least loaded rank
+    where it fits (:func:`_place_devices` on that host's ranks, for all hosts at once); the host whose
+    touched ranks end least loaded (the first of equals), or None where no host holds them all."""
+    hosts = len(load) // local
+    lo, us = load.reshape(hosts, local).copy(), used.reshape(hosts, local, -1).copy()
+    capacity = cap.reshape(hosts, local, -1)
+    chosen = np.empty((hosts, len(c.perf)), dtype=np.int64)
+    ok_hosts = np.ones(hosts, dtype=bool)
+    rows = np.arange(hosts)
+    for j in np.argsort(-c.perf, kind="stable"):
+        ok = fits(us, c.mem[j], capacity)
+        ok_hosts &= ok.any(1)
+        i = np.argmin(np.where(ok, lo, np.inf), axis=1)
+        chosen[:, j] = i
+        lo[rows, i] += c.perf[j]
+        us[rows, i] += c.mem[j]
+    if not ok_hosts.any():
+        return None
+    score = np.where(ok_hosts, np.take_along_axis(lo, chosen, axis=1).max(1, initial=-np.inf), np.inf)
+    h = int(np.argmin(score))
+    return h * local + chosen[h]
 
 
 def loads_after(load: np.ndarray, ranks: np.ndarray, perf: np.ndarray) -> np.ndarray:

@@ -44,20 +44,37 @@ class _State:
     solution: Solution
     load: np.ndarray = field(init=False)
     used: np.ndarray = field(init=False)
-    members: List[set] = field(init=False)  # per rank, the tables with a shard there
+    members: List[set] = field(init=False)  # per rank, the tables with a shard there (but not on every rank)
+    everywhere: set = field(init=False)  # the tables with one shard on each rank (uniform options)
 
     def __post_init__(self) -> None:
         self.load, self.used = loads(self.problem, self.solution)
         self.members = [set() for _ in range(self.problem.world)]
+        self.everywhere = set()
         for t, ranks in enumerate(self.solution.ranks):
-            for r in set(ranks.tolist()):
-                self.members[r].add(t)
+            self._enter(t, ranks)
+
+    def on(self, r: int) -> set:
+        """The tables with a shard on rank ``r``."""
+        return self.members[r] | self.everywhere
 
     def choice(self, t: int) -> Choice:
         return self.problem.tables[t][self.solution.picks[t]]
 
+    def _enter(self, t: int, ranks: np.ndarray) -> None:
+        if self.choice(t).kind == UNIFORM:
+            self.everywhere.add(t)
+        else:
+            for r in set(ranks.tolist()):
+                self.members[r].add(t)
+
     def take(self, t: int) -> None:
         c, ranks = self.choice(t), self.solution.ranks[t]
+        if c.kind == UNIFORM:  # shard i on rank i: no rank twice
+            self.load -= c.perf
+            self.used -= c.mem
+            self.everywhere.discard(t)
+            return
         np.subtract.at(self.load, ranks, c.perf)
         np.subtract.at(self.used, ranks, c.mem)
         for r in set(ranks.tolist()):
@@ -66,10 +83,13 @@ class _State:
     def put(self, t: int, o: int, ranks: np.ndarray) -> None:
         self.solution.picks[t], self.solution.ranks[t] = o, ranks
         c = self.choice(t)
-        np.add.at(self.load, ranks, c.perf)
-        np.add.at(self.used, ranks, c.mem)
-        for r in set(ranks.tolist()):
-            self.members[r].add(t)
+        if c.kind == UNIFORM:
+            self.load += c.perf
+            self.used += c.mem
+        else:
+            np.add.at(self.load, ranks, c.perf)
+            np.add.at(self.used, ranks, c.mem)
+        self._enter(t, ranks)
 
 
 Move = Tuple[float, int, int, np.ndarray]  # (worst load it leaves on the ranks it touches, table, option, ranks)
@@ -80,7 +100,7 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
     such load: a table of ``r`` placed again with any of its options, or one of its device shards moved."""
     best: Optional[Move] = None
     tables = s.problem.tables
-    for t in sorted(s.members[r]):
+    for t in sorted(s.on(r)):
         old_o, old_ranks = s.solution.picks[t], s.solution.ranks[t]
         old = s.choice(t)
         if old.kind == DEVICE:
@@ -200,11 +220,11 @@ def perturb(problem: Problem, start: Solution, budget_s: float, rounds: int, see
         done += 1
         s = _State(problem, current.copy())
         r = int(np.argmax(s.load))
-        mine = sorted(s.members[r])
+        mine = sorted(s.on(r))
         chosen = set(rng.sample(mine, min(len(mine), rng.randint(1, 3))))
         if rng.random() < 0.5:  # with the tables of a less loaded rank, to trade places with
             q = int(rng.choice(np.argsort(s.load)[: max(1, problem.world // 4)]))
-            chosen |= set(s.members[q])
+            chosen |= s.on(q)
         chosen |= set(rng.sample(range(len(problem.tables)), min(len(problem.tables), rng.randint(0, 2))))
         for t in chosen:
             s.take(t)

@@ -45,10 +45,12 @@ def applies(cfg: RunnerConfig) -> bool:
     return cfg.mode == "plan" and cfg.sharding.proposer == "balanced" and not cfg.sharding.plan
 
 
-def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any]) -> Path:
+def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any],
+                  progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> Path:
     """Pass 1 (see the module doc) for ``points`` (each a point's overrides and its config): every point
     planned, the plans and what each point compared written to a file named in :data:`PLAN_SET_ENV`;
-    that file's path. A point where no plan fits adds nothing."""
+    that file's path. A point where no plan fits adds nothing. ``progress``: told each point's planning
+    progress (the point's index, the planner's counts)."""
     plans: List[Dict[str, Any]] = []
     facts_of: Dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -58,7 +60,7 @@ def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Cal
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
         for i, (overrides, cfg) in enumerate(points):
-            _plan_point(i, overrides, cfg, len(points), t0, build_model, plans, facts_of)
+            _plan_point(i, overrides, cfg, len(points), t0, build_model, plans, facts_of, progress)
     done = time.perf_counter() - t0
     print(f"{chr(13) if tty else ''}[runner] planned the sweep's {len(points)} points together in {done:.1f} s: "
           f"{len(plans)} distinct plans; each point takes the best of them" + ("\x1b[K" if tty else ""), flush=True)
@@ -82,7 +84,8 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0: float,
-                build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any]) -> None:
+                build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any],
+                progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> None:
     from runner.config.errors import PlanError
     from runner.plan.balanced import entries_of
     from runner.plan.planner import make_plan
@@ -95,7 +98,8 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
     facts: Dict[str, Any] = {}
     try:
         _, best, _, _ = make_plan(cfg, build_model(cfg), world, local,
-                                  device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts)
+                                  device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts,
+                                  progress=None if progress is None else lambda counts: progress(i, counts))
     except PlanError:
         return  # no plan fits this point: its job says so
     entry = {k: list(v) for k, v in entries_of(best).items()}

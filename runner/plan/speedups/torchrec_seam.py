@@ -48,6 +48,8 @@ MODULE_NAMES: Dict[str, Tuple[str, ...]] = {  # module -> names it does not expo
     _P + "planners": ("to_sharding_plan",),
     _P + "utils": ("reset_shard_rank",),
     _P + "constants": ("MAX_SIZE", "DEFAULT_PERF_ESTIMATOR"),
+    # replaced while the compact enumeration runs (:mod:`.compact_enumeration`): the enumerator calls it by this name
+    _P + "enumerators": ("calculate_shard_sizes_and_offsets",),
 }
 PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.record_copies`): Python's, not TorchRec's
 
