@@ -9,7 +9,8 @@ the runner, each point's plan against TorchRec's proposers and the lower bound, 
   ``python -m runner -m ...`` sweep, timed whole (``runner_s``).
 - Per point: the balanced plan's estimated step (TorchRec's rating: the busiest rank's summed shard perf),
   TorchRec's dynamic-programming plan's (the run's ``plan/torchrec_dynamic_programming_ms``: TorchRec's own
-  answer, found faster, as ``sharding.proposer=dynamic_programming`` gives it), TorchRec's greedy
+  answer, found faster, as ``sharding.proposer=dynamic_programming`` gives it; where the balanced planner did
+  not use it as a start, above 100,000 shards, found in this process the same way), TorchRec's greedy
   proposers' (300 tables only: ``sharding.proposer=greedy`` in this process, TorchRec's plan found faster,
   about 6 s a point), and the lower bound (``plan/lower_bound_ms``).
 - ``worse``: points where the balanced plan rates worse than TorchRec's DP or greedy plan.
@@ -108,16 +109,17 @@ def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     return problem_of(planner._enumerator.enumerate(module=model, sharders=sharders), reserved)
 
 
-def greedy_rating(cfg: Any, ranks: int) -> Optional[float]:
-    """TorchRec's greedy proposers' plan on the runner's inputs (``sharding.proposer=greedy``: TorchRec's plan,
-    found faster; ``tests/plan/test_greedy.py``): its rating."""
+def torchrec_rating(cfg: Any, ranks: int, proposer: str = "greedy") -> Optional[float]:
+    """TorchRec's plan for ``proposer`` on the runner's inputs (``sharding.proposer=greedy`` or
+    ``dynamic_programming``: TorchRec's plan, found faster; ``tests/plan/test_greedy.py``, ``test_search.py``):
+    its rating."""
     from runner.plan.planner import PlanEstimates, build_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
     from runner.train.models import planning_model
 
-    cfg.sharding.proposer = "greedy"
+    cfg.sharding.proposer = proposer
     model = reused_model(cfg, planning_model)
     estimates = PlanEstimates()
     try:
@@ -165,7 +167,9 @@ def grid_report(name: str, tables: int, ranks: int, grid: Tuple[List[float], Lis
         r = p["results"]
         est, bound = r["est_step_ms"], r["lower_bound_ms"]
         dp = r.get("compared_ms", {}).get("plan/torchrec_dynamic_programming_ms")
-        greedy = greedy_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks) \
+        if dp is None:  # not a start at this size (the balanced planner skipped it): TorchRec's plan found here
+            dp = torchrec_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks, "dynamic_programming")
+        greedy = torchrec_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks) \
             if i < greedy_points else None
         worse += any(x is not None and est > x * (1 + 1e-9) for x in (dp, greedy))
         gaps.append(est / bound - 1)

@@ -55,6 +55,11 @@ class DataError(RuntimeError):
     """The data cannot be read as configured; ``str()`` names the file (and line) and what is expected."""
 
 
+class TrainingError(RuntimeError):
+    """Training went wrong in a way the config can change (a loss that diverged); ``str()`` names the step and
+    what to try."""
+
+
 class SchedulerError(RuntimeError):
     """The scheduler (Slurm) cannot run the job as asked; ``str()`` names the setting and what to do."""
 
@@ -70,7 +75,8 @@ class WorkerFailure(RuntimeError):
 
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
-          (TrackingError, "tracking error"), (DataError, "data error"), (SchedulerError, "Slurm error"),
+          (TrackingError, "tracking error"), (DataError, "data error"), (TrainingError, "training error"),
+          (SchedulerError, "Slurm error"),
           (WorkerFailure, "job failed"))
 
 

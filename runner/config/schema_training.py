@@ -182,6 +182,10 @@ class TrainSchema:
     batch; embeddings are looked up and updated once per step)."""
     log_every: int = 50
     """Steps between logged training metrics."""
+    stop_on_nonfinite: bool = True
+    """Stop the job when the loss becomes NaN or infinite, naming the first such step (checked where the loss
+    is read anyway, once every ``log_every`` steps, so it costs nothing; with fp16 loss scaling, only a window
+    with no finite step, since the scaler skips single ones). false: train on, as some studies want."""
     seed: int = 0
     """Seed of the model initialisation and the synthetic data."""
     threads_per_worker: Optional[int] = None

@@ -8,6 +8,7 @@ node per step (each read costs microseconds): schedule and settings are copied t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
+from runner.config.errors import TrainingError
 from runner.config.schema import samples_per_step
 from runner.train.optimizers import Schedule, set_learning_rates
 from runner.train.split_step import LossScale, SplitStep, Unpaused
@@ -94,6 +96,15 @@ class _Window:
             self.sums[1:] += task_losses.double()
         self.steps += 1
 
+    def first_nonfinite(self) -> torch.Tensor:
+        """This window's [index of its first step whose loss is not finite (its step count when none), its
+        finite steps], a tensor on the device: no read, so no step waits for it."""
+        if not self.losses:
+            return torch.zeros(2, dtype=torch.int64, device=self.device)
+        finite = torch.isfinite(torch.stack(self.losses))
+        steps = torch.arange(len(self.losses), device=self.device)
+        return torch.stack([torch.where(finite, len(self.losses), steps).min(), finite.sum()])
+
     def close(self, last: bool) -> tuple:
         """End the window: (the summed losses divided by its steps, as a tensor; steps; seconds); start the
         next. The clock is read once the device has done the window's work (CUDA runs it asynchronously)."""
@@ -120,11 +131,35 @@ class LoopHooks:
     on_checkpoint: Optional[Callable[[int], None]] = None
 
 
+def _stop_nonfinite(found: torch.Tensor, window_start: int, mean: float, result: TrainResult,
+                    loss_scale: Optional[LossScale]) -> None:
+    """Raise the one line of a loss that became NaN or infinite (every rank the same: the window's mean is
+    all-reduced, and so is ``found``: :meth:`_Window.first_nonfinite`), unless fp16's loss scaler is skipping
+    single steps."""
+    dist.all_reduce(found, op=dist.ReduceOp.MIN)
+    first, finite = found.tolist()
+    if loss_scale is not None and finite > 0:
+        return  # finite steps in the window on every rank: the scaler's skipped steps, as fp16 has them
+    what = "NaN" if mean != mean else "infinite"
+    last = next(((s, v) for s, v in zip(reversed(result.steps), reversed(result.losses), strict=True)
+                 if math.isfinite(v)), None)
+    since = f"the last finite logged loss {last[1]:.4f} at step {last[0]}" if last else "no finite loss logged before"
+    raise TrainingError(
+        f"the training loss became {what} at step {window_start + first} ({since}): lower optimizer.dense_lr "
+        "and optimizer.sparse_lr, clip gradients (optimizer.clip.kind=norm), or train in fp32 or bf16 "
+        "(precision=fp32); train.stop_on_nonfinite=false trains on")
+
+
 def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str], samples: int,
-         loss_scale: Optional[LossScale], result: TrainResult, hooks: LoopHooks) -> None:
-    """Close the window: its metrics, averaged over ranks, to ``hooks.on_log`` and the result."""
+         loss_scale: Optional[LossScale], result: TrainResult, hooks: LoopHooks, check_finite: bool = True) -> None:
+    """Close the window: its metrics, averaged over ranks, to ``hooks.on_log`` and the result; a loss that is
+    not finite ends the job (``check_finite``, :func:`_stop_nonfinite`)."""
+    first = window.steps
+    nonfinite = window.first_nonfinite() if check_finite else None  # before close() resets the window
     window_means, steps, elapsed = window.close(last)
     means = _mean_across_ranks(window_means)
+    if check_finite and not math.isfinite(means[0]):
+        _stop_nonfinite(nonfinite, step - first + 1, means[0], result, loss_scale)
     metrics = {"train/loss": means[0], "train/samples_per_s": samples * steps / max(elapsed, 1e-9),
                "train/lr_dense": rates[1], "train/lr_sparse": rates[0]}
     if len(tasks) > 1:
@@ -164,6 +199,7 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
     samples = dist.get_world_size() * samples_per_step(cfg)
     schedule, log_every = Schedule(cfg.optimizer, steps), cfg.train.log_every
     window, applied = _Window(len(tasks), device), (float("nan"), float("nan"))
+    check = cfg.train.stop_on_nonfinite
     for step in range(start + 1, steps + 1):
         rates = schedule(step)
         if rates != applied:  # constant schedules touch the optimizers once
@@ -180,11 +216,11 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             result.first_step_unix = time.time()
         hooks.progress.update(1)
         if step % log_every == 0 or step == steps:
-            _log(window, step, step == steps, applied, tasks, samples, loss_scale, result, hooks)
+            _log(window, step, step == steps, applied, tasks, samples, loss_scale, result, hooks, check)
         if hooks.on_checkpoint is not None and step < steps and hooks.due(step):
             window.paused += _pause_for_checkpoint(pipeline, dmp, step, hooks)
     if window.steps:  # the data ended inside a window: the last one (timed even when it is also the first)
-        _log(window, result.last_step, True, applied, tasks, samples, loss_scale, result, hooks)
+        _log(window, result.last_step, True, applied, tasks, samples, loss_scale, result, hooks, check)
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     result.samples_per_s = samples * window.timed_steps / max(window.timed_s, 1e-9)
