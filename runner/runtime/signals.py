@@ -1,6 +1,7 @@
-"""Ctrl-C and SIGTERM in the driver: a :class:`Stopped` raised where it is safe to stop.
+"""Ctrl-C, SIGTERM, SIGHUP and SIGQUIT in the driver: a :class:`Stopped` raised where it is safe to stop.
 
-``scancel``, ``timeout`` and container stops send SIGTERM; a terminal's Ctrl-C sends SIGINT. Both become
+``scancel``, ``timeout`` and container stops send SIGTERM; a terminal's Ctrl-C sends SIGINT; a closed terminal
+SIGHUP; Ctrl-\\ SIGQUIT. Each becomes
 :class:`Stopped` (a ``KeyboardInterrupt``) carrying the signal, so that the job ends KILLED with exit code
 128 + the signal's number. A write to the MLflow store runs :func:`uninterrupted`: a signal that arrives
 meanwhile is raised when the write is done, never inside it (a write cut in the middle can leave the
@@ -160,10 +161,13 @@ def _quiet_unraisable(kinds: tuple) -> None:
 
 
 def install() -> None:
-    """Route SIGINT and SIGTERM to :class:`Stopped` (in the main thread of the driver)."""
+    """Route SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT to :class:`Stopped` (in the main thread of
+    the driver). A SIGHUP or SIGQUIT the user chose to ignore (``nohup``) stays ignored: the job goes on."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGTERM, _on_signal)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            if sig in (signal.SIGHUP, signal.SIGQUIT) and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            signal.signal(sig, _on_signal)
         _quiet_unraisable((Stopped,))  # check() raises it again
 
 

@@ -116,3 +116,33 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
                                             r"1 attempt\(s\), so attempt 2 does not run"):
         _attempts(cfg, tmp_path, task_for(cfg))
+
+
+HANGUP = textwrap.dedent("""
+    import os, signal, sys
+    from runner.runtime import signals
+    if sys.argv[1] == "nohup":
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    signals.install()
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        try:
+            os.kill(os.getpid(), sig)
+            for _ in range(1000):
+                signals.check()
+            print(sig.name, "ignored")
+        except signals.Stopped as exc:
+            signals.stopped(exc)
+            print(sig.name, "stopped", exc.name, exc.exit_code)
+""")
+
+
+def test_a_closed_terminal_or_sigquit_stops_the_job_as_sigterm_does_unless_nohup() -> None:
+    """SIGHUP (a closed terminal) and SIGQUIT become the same :class:`Stopped` as SIGTERM (the job ends KILLED
+    with exit 128 + the signal, as ``test_driver_signal_ends_run_killed`` shows for SIGTERM); under ``nohup`` the
+    driver keeps SIGHUP ignored and the job goes on."""
+    plain = subprocess.run([sys.executable, "-c", HANGUP, "plain"], cwd=ROOT, text=True, capture_output=True,
+                           timeout=60)
+    assert plain.stdout.split("\n")[:2] == ["SIGHUP stopped SIGHUP 129", "SIGQUIT stopped SIGQUIT 131"], plain
+    nohup = subprocess.run([sys.executable, "-c", HANGUP, "nohup"], cwd=ROOT, text=True, capture_output=True,
+                           timeout=60)
+    assert nohup.stdout.split("\n")[:2] == ["SIGHUP ignored", "SIGQUIT stopped SIGQUIT 131"], nohup
