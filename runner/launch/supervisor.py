@@ -54,6 +54,11 @@ def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
     # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
     workers = [r for r in records if r.get("source") == "worker"]
     spoke = {str(r["rank"]) for r in workers}
+    # a rank a peer waited for in vain (:mod:`runner.train.heartbeat`) is named by that peer's record; its
+    # agent's stop of it afterwards is not the story
+    unanswered = {str(u["rank"]) for r in workers for u in r.get("unanswered", ())}
+    if unanswered:
+        return min((r for r in workers if r.get("unanswered")), key=lambda r: r["time"])
     killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
     # Echoes, unless nothing else was recorded: SIGTERM is what stopping the others after a failure sends;
     # SIGABRT is what NCCL's watchdog sends a surviving rank whose peer left (a rank that aborts by itself, a
@@ -67,6 +72,10 @@ def root_cause(run_dir: Path) -> WorkerFailure:
     first = _first_failure(run_dir)
     if first is None:
         return WorkerFailure(f"a worker process failed without recording an error (see {run_dir / rundir.LOG})")
+    if first.get("unanswered"):
+        named = first["unanswered"][0]
+        others = "".join(f", rank {u['rank']} on node {u['node']}" for u in first["unanswered"][1:])
+        return WorkerFailure(f"rank {named['rank']} on node {named['node']}{others} {first['error']}")
     where = f" on node {first['node']}" if "node" in first else ""
     trace = run_dir / rundir.ERRORS / f"rank{first['rank']}.traceback.txt"
     unexpected = str(first["error"]).startswith("unexpected error")

@@ -35,6 +35,7 @@ from runner.runtime.device import (
 )
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, die_with_parent
+from runner.train import heartbeat
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -157,6 +158,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     pids = run_dir / rundir.PIDS  # for operators (and tests) that need to find a rank's process
     pids.mkdir(exist_ok=True)
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
+    heartbeat.start(run_dir, env.rank, _env_int("GROUP_RANK", 0))
     device = select_device(cfg.cluster.device, env.local_rank)
     check_gpu(cfg, device)
     cores = bind_cores(cfg, device, env)  # before gloo or OpenMP start threads
@@ -211,10 +213,14 @@ def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
     return not ender.is_alive()
 
 
-def _record_error(run_dir: Path, exc: BaseException) -> None:
-    """One line per failed rank, for the driver to report (the earliest is the root cause)."""
+def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
+    """One line per failed rank, for the driver to report (the earliest is the root cause). A collective that
+    timed out names the peers that went silent (:mod:`.heartbeat`), without the library's source paths."""
     rank = os.environ.get("RANK", "?")
-    record = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
+    record: Dict[str, Any] = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
+    if heartbeat.is_collective_timeout(exc) and rank.isdigit():
+        record["error"], silent = heartbeat.timeout_line(run_dir, _env_int("WORLD_SIZE", 1), int(rank), timeout_s)
+        record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
     rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
 
 
@@ -224,7 +230,7 @@ def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], 
     try:
         return run(cfg, run_dir, joined)
     except BaseException as exc:
-        _record_error(run_dir, exc)
+        _record_error(run_dir, exc, cfg.cluster.pg_timeout_s)
         raise
 
 

@@ -1,0 +1,66 @@
+"""A rank that stops answering is named (issue 47, item 6): two gloo ranks in this test's process tree, rank 1
+frozen with SIGSTOP while it trains; rank 0's collective times out after ``cluster.pg_timeout_s`` and the job's
+root cause names rank 1 and its node, not the rank that waited, with no library source path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cfg_for
+from omegaconf import OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+import runner.cli  # noqa: F401  (schema and resolvers)
+from runner.launch.ports import free_port
+from runner.launch.supervisor import root_cause
+from runner.runtime import rundir
+from runner.train.worker import elastic_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
+
+def _freeze_rank1(run_dir: Path, stopped: list) -> None:
+    """SIGSTOP rank 1 once both ranks train; SIGCONT it once rank 0 has recorded its timeout (so that the
+    agent's SIGTERM then ends it at once)."""
+    pid_file, deadline = run_dir / rundir.PIDS / "rank1.pid", time.monotonic() + 60
+    while not (pid_file.exists() and (run_dir / rundir.PIDS / "rank0.beat").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the training steps
+    pid = int(pid_file.read_text())
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(time.monotonic())
+    while not (run_dir / rundir.ERRORS / "rank0.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGCONT)
+
+
+def test_a_rank_that_stops_answering_is_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = cfg_for("train.steps=100000", "train.batch_size=64", "cluster.pg_timeout_s=8", "train.threads_per_worker=1",
+                  f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.system_metrics=false",
+                  "cluster.cpu_affinity=none")
+    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="frozen", rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
+                          start_method="fork")
+    stopped: list = []
+    freezer = threading.Thread(target=_freeze_rank1, args=(run_dir, stopped), daemon=True)
+    freezer.start()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        with pytest.raises(ChildFailedError):
+            elastic_launch(launch, elastic_entry)(str(run_dir))
+    finally:  # torch elastic installs its own stop handlers in this process
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert stopped, "rank 1 was never stopped"
+    line = str(root_cause(run_dir))
+    assert line.startswith("rank 1 on node 0 did not answer within cluster.pg_timeout_s=8 s"), line
+    assert "rank 0 waited for it" in line and "/" not in line and "unexpected" not in line, line
