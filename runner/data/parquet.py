@@ -7,11 +7,12 @@ rebalancing), so ranks end within one batch of each other; each shard reads only
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
+from runner.config.errors import DataError
 from runner.data.files import DataFile, parquet_files
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
@@ -37,6 +38,9 @@ def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: Lis
                 return
 
 
+_SEEN: Dict[str, List[str]] = {}  # data path -> the files this process first found there
+
+
 class ParquetSource(ShardedSource):
     """Rows of a folder of Parquet files. Columns: one per task (label), ``dense_0..dense_{D-1}`` (float),
     one per sparse feature named as its table (int64, or list<int64> for multi-hot)."""
@@ -44,14 +48,32 @@ class ParquetSource(ShardedSource):
     def rows(self) -> List[Tuple[DataFile, int]]:
         import pyarrow.parquet as pq
 
-        return [(f, pq.read_metadata(f.open()).num_rows) for f in parquet_files(self.path)]
+        files = parquet_files(self.path)
+        seen = _SEEN.setdefault(self.path, [str(f) for f in files])  # what this process found there first
+        gone = sorted(set(seen) - {str(f) for f in files})
+        if not files:  # the folder (or the one file data.path names) went as a whole
+            raise self.removed("the file" if seen == [self.path] else "the folder")
+        if gone:
+            raise self.removed(gone[0])
+        try:
+            return [(f, pq.read_metadata(f.open()).num_rows) for f in files]
+        except FileNotFoundError as exc:
+            raise self.removed(exc.filename or "a file") from None
+
+    def removed(self, what: str) -> DataError:
+        """The one line of data that vanished while the job read it."""
+        return DataError(f"{self.key}={self.path}: {what} was removed while the job read it; restore it, or point "
+                         f"{self.key} at data that stays while the job runs")
 
     def __iter__(self) -> Iterator[Batch]:
         shard, shards = self._shard()
         files = self.rows()
         lo, hi = shard_range(sum(n for _, n in files), shard, shards)
         columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
-        yield from self._rebatch(_row_range(files, lo, hi, columns))  # only the row groups of the range
+        try:
+            yield from self._rebatch(_row_range(files, lo, hi, columns))  # only the row groups of the range
+        except FileNotFoundError as exc:
+            raise self.removed(exc.filename or "a file") from None
 
     def _batch(self, t: Any) -> Batch:
         import pyarrow as pa

@@ -16,9 +16,10 @@ class ShardedSource(torch.utils.data.IterableDataset):
     """Base of the file sources: shard = rank * workers + dataloader worker id."""
 
     def __init__(self, path: str, lay: Layout, batch_size: int, rank: int, world: int, workers: int,
-                 hash_ids: bool, skip_batches: int = 0, max_batches: Optional[int] = None) -> None:
+                 hash_ids: bool, skip_batches: int = 0, max_batches: Optional[int] = None,
+                 key: str = "data.path") -> None:
         super().__init__()
-        self.path, self.lay, self.batch_size = path, lay, batch_size
+        self.path, self.lay, self.batch_size, self.key = path, lay, batch_size, key
         self.rank, self.world, self.workers, self.hash_ids = rank, world, max(workers, 1), hash_ids
         self.skip_batches, self.max_batches = skip_batches, max_batches
 

@@ -35,7 +35,8 @@ def source(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, start_bat
     cls = ParquetSource if d.name == "parquet" else CriteoSource
     workers = 0 if eval_split else d.num_workers
     ds = cls(path, lay, size, rank, world, workers, d.hash_ids, skip_batches=start_batch if workers == 0 else 0,
-             max_batches=num_batches if workers == 0 else None)
+             max_batches=num_batches if workers == 0 else None,
+             key="data.eval_path" if eval_split and d.eval_path else "data.path")
     if workers == 0:
         return ds
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,

@@ -1,7 +1,7 @@
 """Ctrl-C, SIGTERM, SIGHUP and SIGQUIT in the driver: a :class:`Stopped` raised where it is safe to stop.
 
 ``scancel``, ``timeout`` and container stops send SIGTERM; a terminal's Ctrl-C sends SIGINT; a closed terminal
-SIGHUP; Ctrl-\\ SIGQUIT. Each becomes
+SIGHUP; Ctrl-backslash SIGQUIT. Each becomes
 :class:`Stopped` (a ``KeyboardInterrupt``) carrying the signal, so that the job ends KILLED with exit code
 128 + the signal's number. A write to the MLflow store runs :func:`uninterrupted`: a signal that arrives
 meanwhile is raised when the write is done, never inside it (a write cut in the middle can leave the

@@ -307,3 +307,30 @@ def test_every_rank_stops_at_the_same_batch_with_one_agreement_per_chunk() -> No
     for case, lengths in enumerate(CASES):
         n = min(lengths)
         assert results[0, case] == results[1, case] == (list(range(n)), list(range(n + 5)) if n > 3 else None)
+
+
+def test_parquet_removed_while_read_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Data that vanishes while a job reads it (issue 47, item 4) is a data error naming the key, the folder and
+    the file that went, never an evaluation that "got no batch"."""
+    from runner.config.errors import DataError, one_line
+    from runner.data.layout import layout
+
+    cfg = small_cfg()
+    write_parquet(cfg, tmp_path, rows=600, files=3, eval_rows=64)
+    train, lay = tmp_path / "train", layout(cfg)
+    source = ParquetSource(str(train), lay, 50, 0, 1, 0, True)
+    first = next(iter(source))  # the job has started reading
+    assert first.labels.shape[0] == 50
+    gone = sorted(train.glob("*.parquet"))[1]
+    gone.unlink()
+    with pytest.raises(DataError) as exc:
+        list(ParquetSource(str(train), lay, 50, 0, 1, 0, True))  # the next pass (an epoch, an evaluation)
+    assert one_line(exc.value) == (f"data error: data.path={train}: {gone} was removed while the job read it; "
+                                   "restore it, or point data.path at data that stays while the job runs")
+    evaluation = tmp_path / "eval"
+    list(ParquetSource(str(evaluation), lay, 16, 0, 1, 0, True, key="data.eval_path"))
+    for f in evaluation.glob("*"):
+        f.unlink()
+    evaluation.rmdir()
+    with pytest.raises(DataError, match=rf"^data.eval_path={evaluation}: the folder was removed while the job read"):
+        list(ParquetSource(str(evaluation), lay, 16, 0, 1, 0, True, key="data.eval_path"))
