@@ -112,8 +112,22 @@ def disk_full(exc: BaseException, folder: Optional[str] = None) -> Optional[str]
     else ``folder``, where the error does not say); else None."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = exc.filename or folder or "a file"
-        return f"no space left on the device of {where} ({os.strerror(exc.errno)}); free space there, then run again"
+        return (f"no space left on the device of {where} ({os.strerror(exc.errno)}{_free_at(where)}); free space "
+                "there, then run again")
     return None
+
+
+def _free_at(where: str) -> str:
+    """``, N KiB free`` on the device of ``where`` (its nearest existing folder); empty where unknown."""
+    import shutil
+
+    path = os.path.abspath(where) if "://" not in where and where != "a file" else None
+    while path and not os.path.isdir(path):
+        path = os.path.dirname(path) if os.path.dirname(path) != path else None
+    try:
+        return f", {shutil.disk_usage(path).free // 1024} KiB free" if path else ""
+    except OSError:
+        return ""
 
 
 def one_line(exc: BaseException) -> str:

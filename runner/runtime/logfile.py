@@ -26,6 +26,7 @@ def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
         old.close()
     root.addHandler(handler)
     root.setLevel(level)
+    logging.raiseExceptions = False  # a log file on a full disk: the job's own line says so, not a traceback
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and name.split(".")[0] in _LIBRARIES:
             logger.handlers, logger.propagate = [], True  # torch installs terminal handlers of its own

@@ -52,10 +52,16 @@ def node_error_files(run_dir: Path) -> List[Path]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON atomically: readers see the old file or the whole new one."""
+    """Write ``data`` as JSON atomically: readers see the old file or the whole new one. A write that fails
+    names ``path`` (a full disk's error from ``write`` or ``close`` names no file)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def update_json(path: Path, **fields: Any) -> None:

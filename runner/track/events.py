@@ -24,10 +24,14 @@ class EventLog:
     stamped with the time rank 0 measured it (what the store gets, however late it is delivered)."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self._f = path.open("a", buffering=1)
 
     def _write(self, event: Dict[str, Any]) -> None:
-        self._f.write(json.dumps(event) + "\n")
+        try:
+            self._f.write(json.dumps(event) + "\n")
+        except OSError as exc:  # a full disk: name the event log (the write's error names no file)
+            raise OSError(exc.errno, exc.strerror, exc.filename or str(self.path)) from exc
 
     def metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._write({"kind": "metrics", "metrics": {k: float(v) for k, v in metrics.items()}, "step": step,

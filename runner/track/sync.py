@@ -54,9 +54,15 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: Opti
             rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=status)
             return True
         except Exception as exc:  # noqa: BLE001 - the store went away between the two calls
+            if disk_full(exc):  # the run folder's disk (delivered.json), not the store: the run did end
+                return True
             if pump is not None:
                 pump.went_down(exc)
-    rundir.update_json(run_dir / rundir.DELIVERED, final={"status": status, "error": error})
+    try:
+        rundir.update_json(run_dir / rundir.DELIVERED, final={"status": status, "error": error})
+    except OSError as exc:  # a full run folder: what could not be kept is said with the job's line
+        if not disk_full(exc):
+            raise
     kept = (pump or EventPump(run_dir / rundir.EVENTS, uri, "", say=lambda line: None)).pending()
     if say:
         print(f"[runner] tracking pending: the store {uri} is unreachable; {kept} reports and the final status "

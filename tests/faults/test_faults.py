@@ -219,6 +219,26 @@ def test_full_disk_refuses_checkpoint_and_keeps_earlier_ones(store: str, tmp_pat
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+def test_a_run_folder_that_fills_during_training_ends_in_one_line_naming_it(store: str, tmp_path: Path) -> None:
+    """The run folder's disk fills while rank 0 logs every step (issue 47, item 3): one line naming the file that
+    could not be written and the free space there, no traceback, the store (elsewhere) not blamed, what was not
+    delivered said, the run FAILED with that line."""
+    folder = tmp_path / "job" / "run"
+    if not _tmpfs(folder, "400k"):
+        pytest.skip("needs root and mount to make a small tmpfs for the run folder")
+    try:
+        job = Job(tmp_path / "job", store, "fault_full_run", [*FAST, "train.steps=2000", "train.log_every=1"])
+        assert job.finish(180) == 1
+        line = one_clean_line(job)
+        assert line.startswith(f"error: disk full: no space left on the device of {folder}/"), line
+        assert "KiB free" in line and "tracking store" not in job.out.read_text() + job.err.read_text()
+        assert "reports not delivered stay in" in job.out.read_text()
+        run = only_run(store, "fault_full_run")
+        assert run.info.status == "FAILED" and run.data.tags["error"] == line[len("error: "):]
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
 def test_full_disk_ends_a_plan_sweep_in_one_line(store: str, tmp_path: Path) -> None:
     """An 8-point plan-only sweep into a small tmpfs: one line naming the full path and how to resume, exit 1,
     the sweep's runs FAILED (none left RUNNING), the points answered before the disk filled kept, no process
