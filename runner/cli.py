@@ -118,7 +118,13 @@ def main() -> None:
     if sys.argv[1:2] == ["sync"]:
         from runner.track.sync import sync
 
-        sys.exit(sync(sys.argv[2:]))
+        try:
+            sys.exit(sync(sys.argv[2:]))
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: what was delivered is recorded, the rest waits
+            stop = signals.stopped(exc)
+            print(f"error: sync stopped by {stop.name}; what it delivered is recorded (delivered.json), and "
+                  f"python -m runner sync {' '.join(sys.argv[2:])} delivers the rest", file=sys.stderr, flush=True)
+            sys.exit(stop.exit_code)
     if sys.argv[1:2] == ["resume"]:  # the sweep's own command again, in its folder
         from runner.launch.resume import resume_argv
 

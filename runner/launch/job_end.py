@@ -68,8 +68,8 @@ def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any
         section = plan_description(run_dir / rundir.PLAN)
         if section:
             run.add_to_note(section)
-    if not run.end("FINISHED"):
-        results["tracking_pending"] = str(run_dir)
+    if not run.end("FINISHED"):  # a sweep's point: delivered by the sweep's one sync command
+        results["tracking_pending"] = str(run_dir.parent if (run_dir.parent / "sweep.json").exists() else run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
     print(results["summary"], flush=True)

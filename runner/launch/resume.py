@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from runner.config import roles
 from runner.runtime import rundir
 from runner.track import store
-from runner.track.sweep import SWEEP_FILE
+from runner.track.sweep import SWEEP_FILE, sweep_info
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -78,9 +78,9 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
         before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
     except (OSError, ValueError, yaml.YAMLError):  # a byte that is not UTF-8 is a ValueError
         return _runs_again(run_dir / rundir.RESOLVED)
-    if not isinstance(before, dict):
-        return _runs_again(run_dir / rundir.RESOLVED)
     now = OmegaConf.to_container(cfg, resolve=True)
+    if not isinstance(before, dict) or set(now) - set(before):  # not a config, or cut short (sections missing)
+        return _runs_again(run_dir / rundir.RESOLVED)
     if roles.answer(before) != roles.answer(now):  # type: ignore[arg-type]
         return None
     place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
@@ -105,6 +105,16 @@ def _runs_again(path: Path) -> None:
     return None
 
 
+def _sweep_parent_in_store() -> bool:
+    """Whether this point's sweep began with its store there (its parent run is in it), or this is no sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return True
+    sweep_dir = OmegaConf.select(HydraConfig.get(), "sweep.dir")
+    return not sweep_dir or bool(sweep_info(sweep_dir).get("parent_run_id"))
+
+
 def reusable(cfg: RunnerConfig) -> Optional[Any]:
     """A FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in its store and experiment, when
     ``sweep.reuse`` is on (null: plan-only)."""
@@ -120,8 +130,9 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     except Exception as exc:
         if not store.is_outage(uri, exc):
             raise
-        print(f"[runner] tracking store {uri} unreachable ({store.outage_reason(exc)}): no earlier run can answer "
-              "this point (sweep.reuse); it runs", flush=True)
+        if _sweep_parent_in_store():  # else the sweep said once, as it began, that its store is away
+            print(f"[runner] tracking store {uri} unreachable ({store.outage_reason(exc)}): no earlier run can answer "
+                  "this point (sweep.reuse); it runs", flush=True)
         return None
     return found[0] if found else None
 

@@ -47,6 +47,8 @@ class RunLife:
         self._thread: Optional[threading.Thread] = None
         self._next_try = 0.0
         self.system: Any = None  # this host's system-metrics monitor (False: none, asked once); stopped at the end
+        # a sweep's point: a store away is said once for the sweep, with one sync command, not by each point
+        self.in_sweep = (run_dir.parent / "sweep.json").exists()
 
     @property
     def opened(self) -> bool:
@@ -69,9 +71,10 @@ class RunLife:
                               {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
             self.report_last([], None, params=params)
             self._next_try = time.monotonic() + self.RETRY_S
-            print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes on; "
-                  f"its MLflow run is created when the store is back (or by python -m runner sync {self.run_dir})",
-                  flush=True)
+            if not self.in_sweep:
+                print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes on; "
+                      f"its MLflow run is created when the store is back (or by python -m runner sync {self.run_dir})",
+                      flush=True)
             return None
         self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
         rundir.write_json(self.run_dir / rundir.RUN_INFO,
@@ -172,7 +175,8 @@ class RunLife:
         with self._lock:
             self._next_try = 0.0  # one more try to create a kept run
             created = self._create_kept()
-            return end_or_keep(self.run_dir, self.pump if created else None, self.uri, self.run_id, status, error)
+            return end_or_keep(self.run_dir, self.pump if created else None, self.uri, self.run_id, status, error,
+                               say=not self.in_sweep)
 
 
 def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> RunLife:

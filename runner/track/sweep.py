@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.runtime import rundir
 from runner.runtime.folder_lock import FolderBusy, hold
@@ -28,9 +30,12 @@ from runner.track.store import (
     check_store,
     client,
     compare_url,
+    creation_tags,
     end_run,
     experiment_id,
+    is_outage,
     log_params,
+    outage_reason,
     start_run,
     tracking_uri,
 )
@@ -133,6 +138,12 @@ def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Pa
         return None
     uri, run_id, sweep_dir = running
     why, status = (failed, "FAILED") if failed else (f"stopped by {signame}", "KILLED")
+    if run_id is None:  # the parent is kept in the folder (the store was away): its ending waits there too
+        try:
+            rundir.update_json(sweep_dir / PARENT_DIR / rundir.DELIVERED, final={"status": status, "error": why})
+        except OSError:
+            pass
+        return sweep_dir
     try:
         store = client(uri)
         children = store.search_runs([store.get_run(run_id).info.experiment_id],
@@ -187,12 +198,12 @@ class SweepParentRun(Callback):
 
     def __init__(self) -> None:
         self._run_id: Optional[str] = None
+        self._kept = False  # the parent is kept in the sweep folder (the store was away as the sweep began)
         self._uri = ""
         self._experiment_id = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._uri = tracking_uri(config)
-        check_store(self._uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:  # one owner at a time: a second run or resume of this folder is refused here, before it runs a point
@@ -204,36 +215,69 @@ class SweepParentRun(Callback):
             print(note, flush=True)
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
-        self._experiment_id = experiment_id(self._uri, config.tracking.experiment)
-        self._run_id = _resumable_parent(self._uri, self._experiment_id, sweep_dir)
-        if self._run_id is None:
-            self._run_id = start_run(self._uri, config.tracking.experiment, sweep_name(list(swept), sweep_dir),
-                                     None, {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
-                                            "runner.sweep_dir": str(sweep_dir), "runner.swept": ",".join(swept)})
-            print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
-        else:
-            print(f"[runner] sweep resumed in {sweep_dir}: parent MLflow run {self._run_id} goes on; points "
-                  "finished before with the same config are kept", flush=True)
-        logged = client(self._uri).get_run(self._run_id).data.params
-        log_params(self._uri, self._run_id, {k: v for k, v in ((f"sweep.{k}", ",".join(v)[:6000])
-                                                              for k, v in swept.items()) if k not in logged})
+        tags = {"runner.kind": "sweep", "runner.overrides": overrides or "(none)", "runner.sweep_dir": str(sweep_dir),
+                "runner.swept": ",".join(swept)}
+        params = {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()}
+        try:
+            self._open_parent(config, sweep_dir, swept, tags, params)
+        except Exception as exc:  # noqa: BLE001 - the store away: the parent is kept in the sweep folder instead
+            if not isinstance(exc, TrackingError) and not is_outage(self._uri, exc):
+                raise
+            self._keep_parent(config, sweep_dir, sweep_name(list(swept), sweep_dir), tags, params, exc)
         grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
             "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"
                                                              for own in RUNNER_SWEEPERS.values()}],
             "points": math.prod(len(v) for v in swept.values()) if grid else None})
-        _Running.sweep = (self._uri, self._run_id, sweep_dir)
+        _Running.sweep = (self._uri, self._run_id, sweep_dir)  # run id None: the parent is kept in the folder
+
+    def _open_parent(self, config: DictConfig, sweep_dir: Path, swept: Dict[str, List[str]], tags: Dict[str, str],
+                     params: Dict[str, str]) -> None:
+        """The parent run in the store: a new one, or the resumed sweep's."""
+        check_store(self._uri)
+        self._experiment_id = experiment_id(self._uri, config.tracking.experiment)
+        self._run_id = _resumable_parent(self._uri, self._experiment_id, sweep_dir)
+        if self._run_id is None:
+            self._run_id = start_run(self._uri, config.tracking.experiment, sweep_name(list(swept), sweep_dir),
+                                     None, tags)
+            print(f"[runner] sweep parent MLflow run {self._run_id} ({sweep_dir})", flush=True)
+        else:
+            print(f"[runner] sweep resumed in {sweep_dir}: parent MLflow run {self._run_id} goes on; points "
+                  "finished before with the same config are kept", flush=True)
+        logged = client(self._uri).get_run(self._run_id).data.params
+        log_params(self._uri, self._run_id, {k: v for k, v in params.items() if k not in logged})
+
+    def _keep_parent(self, config: DictConfig, sweep_dir: Path, name: str, tags: Dict[str, str],
+                     params: Dict[str, str], exc: BaseException) -> None:
+        """The store is away as the sweep starts: the parent run is kept in ``<sweep>/parent/`` (what it is to be
+        created with, its params in its event log), as a point keeps its run; ``runner sync <sweep>`` creates it
+        and makes every point's run its child."""
+        folder = sweep_dir / PARENT_DIR
+        folder.mkdir(exist_ok=True)
+        info = rundir.read_json(folder / rundir.RUN_INFO)
+        if not (isinstance(info, dict) and info.get("pending")):  # a resumed sweep keeps its parent's record
+            pending = {"experiment": config.tracking.experiment, "name": name,
+                       "tags": creation_tags(name, None, {**tags, "runner.record_id": uuid.uuid4().hex})}
+            rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": None,
+                                                         "pending": pending})
+            log = EventLog(folder / rundir.EVENTS)
+            log.params(params)
+            log.close()
+        self._run_id, self._kept = None, True
+        print(f"[runner] tracking store {self._uri} unreachable ({outage_reason(exc)}): the sweep goes on; its parent "
+              f"run and its points' runs are kept in {sweep_dir} for python -m runner sync {sweep_dir}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         _Running.sweep = None
-        if not self._run_id:
+        if not self._run_id and not self._kept:
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         # the parent's last reports go through its own event log (sweep_dir/parent/): a store away now keeps them
         folder = sweep_dir / PARENT_DIR
         folder.mkdir(exist_ok=True)
-        rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": self._run_id})
+        if self._run_id:
+            rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": self._run_id})
         log = EventLog(folder / rundir.EVENTS)
         log.artifacts([p for p in [sweep_dir / "multirun.yaml"] if p.exists()], None)
         found = self._report(sweep_dir, log)
@@ -248,7 +292,7 @@ class SweepParentRun(Callback):
         if tags:
             log.tags(tags)
         log.close()
-        pump = EventPump(folder / rundir.EVENTS, self._uri, self._run_id)
+        pump = EventPump(folder / rundir.EVENTS, self._uri, self._run_id) if self._run_id else None
         ended = end_or_keep(folder, pump, self._uri, self._run_id, "FAILED" if failed else "FINISHED",
                             "; ".join(lines) or None, say=False)
         kept = kept_runs(sweep_dir)

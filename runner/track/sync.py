@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Tuple
 
 from runner.config.errors import disk_full
 from runner.runtime import rundir
@@ -18,6 +18,7 @@ from runner.track.events import EventPump
 from runner.track.store import client, end_run, experiment_id, outage_reason
 
 PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last reports (a run folder of its own)
+PARENT_TAG = "mlflow.parentRunId"
 
 
 def kept_runs(sweep_dir: Path) -> List[Path]:
@@ -31,14 +32,18 @@ def kept_runs(sweep_dir: Path) -> List[Path]:
     return kept
 
 
-def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any]) -> str:
+def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any], parent: Optional[str] = None) -> str:
     """Create the MLflow run of a job that began while the store was away (``run.json``'s ``pending`` record:
-    experiment, name, tags), or find it where an earlier try created it; ``run.json`` then names it."""
+    experiment, name, tags; ``parent``: the sweep's parent run, where the record has none), or find it where an
+    earlier try created it; ``run.json`` then names it."""
     experiment = experiment_id(uri, pending["experiment"])
     record = pending["tags"]["runner.record_id"]
     found = client(uri).search_runs([experiment], f"tags.`runner.record_id` = '{record}'", max_results=1)
+    tags = dict(pending["tags"])
+    if parent and PARENT_TAG not in tags:
+        tags[PARENT_TAG] = parent
     run_id = found[0].info.run_id if found else client(uri).create_run(
-        experiment, tags=pending["tags"], run_name=pending["name"]).info.run_id
+        experiment, tags=tags, run_name=pending["name"]).info.run_id
     rundir.update_json(run_dir / rundir.RUN_INFO, run_id=run_id, pending=None)
     return run_id
 
@@ -84,9 +89,10 @@ def _deliver_but_full(pump: EventPump) -> bool:
         return True
 
 
-def _sync_one(run_dir: Path, quiet: bool = False) -> Optional[str]:
+def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) -> Optional[str]:
     """Deliver one run folder's kept reports and ending; the one-line reason when it cannot. ``quiet``: say
-    nothing of a run that had nothing kept."""
+    nothing of a run that had nothing kept; ``parent``: the sweep's parent run, which the run becomes a child of
+    where it has no parent yet (the sweep began while the store was away)."""
     path = run_dir / rundir.RUN_INFO
     info = rundir.read_json(path)
     if not path.exists():
@@ -101,7 +107,15 @@ def _sync_one(run_dir: Path, quiet: bool = False) -> Optional[str]:
     created = not run_id
     if created:
         try:
-            run_id = open_kept(run_dir, uri, pending)  # type: ignore[arg-type]  # no run id: pending, checked above
+            run_id = open_kept(run_dir, uri, pending, parent)  # type: ignore[arg-type]  # no run id: pending
+        except Exception as exc:  # noqa: BLE001
+            return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
+                    "run sync again later")
+    if parent and not created:
+        try:  # created while the sweep ran, before its parent existed
+            run = client(uri).get_run(str(run_id))
+            if PARENT_TAG not in run.data.tags:
+                client(uri).set_tag(str(run_id), PARENT_TAG, parent)
         except Exception as exc:  # noqa: BLE001
             return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
                     "run sync again later")
@@ -123,6 +137,30 @@ def _sync_one(run_dir: Path, quiet: bool = False) -> Optional[str]:
     return None
 
 
+def _sweep_parent(sweep_dir: Path) -> Tuple[Optional[str], Optional[str]]:
+    """The sweep's parent run id, created now where the sweep kept it (the store was away as it began) and
+    written into ``sweep.json`` (for a resume); (None, the reason) where the store still cannot be reached
+    (the points' runs then wait too: they are to be its children)."""
+    folder = sweep_dir / PARENT_DIR
+    info = rundir.read_json(folder / rundir.RUN_INFO)
+    if not isinstance(info, dict) or not isinstance(info.get("tracking_uri"), str):
+        return None, None  # said by the parent folder's own sync
+    if info.get("run_id"):
+        return str(info["run_id"]), None
+    if not info.get("pending"):
+        return None, None
+    try:
+        run_id = open_kept(folder, info["tracking_uri"], info["pending"])
+    except Exception as exc:  # noqa: BLE001
+        return None, (f"{sweep_dir}: the store {info['tracking_uri']} is still unreachable ({outage_reason(exc)}); "
+                      "nothing is lost, run sync again later")
+    sweep_file = sweep_dir / "sweep.json"
+    found = rundir.read_json(sweep_file)
+    if isinstance(found, dict):
+        rundir.write_json(sweep_file, {**found, "parent_run_id": run_id})
+    return run_id, None
+
+
 def sync(args: List[str]) -> int:
     """``python -m runner sync <run or sweep folder> ...``: exit 0 when every run is complete in its store."""
     if not args or any(a.startswith("-") for a in args):
@@ -132,9 +170,17 @@ def sync(args: List[str]) -> int:
     for arg in args:
         folder = Path(arg).resolve()
         runs = [folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder)
+        errors: List[str] = []
+        parent = None
         if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
             runs.append(folder / PARENT_DIR)
-        errors = [e for e in (_sync_one(run_dir, quiet=len(runs) > 1) for run_dir in runs or [folder]) if e]
+            parent, error = _sweep_parent(folder)  # first: its points' runs become its children
+            if error:  # the store is still away: said once for the sweep
+                print(f"error: {error}", file=sys.stderr, flush=True)
+                failed += 1
+                continue
+        errors += [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None)
+                               for run_dir in runs or [folder]) if e]
         for error in errors:
             print(f"error: {error}", file=sys.stderr, flush=True)
         if len(runs) > 1:
