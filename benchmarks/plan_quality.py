@@ -134,6 +134,21 @@ def torchrec_rating(cfg: Any, ranks: int, proposer: str = "greedy") -> Optional[
     return max(totals)
 
 
+def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
+    """TorchRec's dynamic-programming plan's rating as the balanced planner rates it when it is a start (its plan,
+    and where it finds none, its plan without the options no GPU can hold): the balanced planner run with it named
+    in ``sharding.balanced_compare`` and a search of no length; None where TorchRec's proposer finds no plan."""
+    from runner.plan.planner import make_plan
+    from runner.plan.speedups.enumeration_reuse import reused_model
+    from runner.train.models import planning_model
+
+    cfg.sharding.balanced_compare = ["dynamic_programming"]
+    cfg.sharding.balanced_budget_s = 0.001
+    facts: Dict[str, Any] = {}
+    make_plan(cfg, reused_model(cfg, planning_model), ranks, 8, "cuda", reuse=True, facts=facts)
+    return facts.get("compared", {}).get("plan/torchrec_dynamic_programming_ms")
+
+
 def violations(tables: int, ranks: int, points: List[Dict]) -> Tuple[int, int]:
     """(pairs where another point's plan, valid here, rates better here; of them, pairs with more bandwidth
     and no more reserve giving a slower plan)."""
@@ -168,7 +183,7 @@ def grid_report(name: str, tables: int, ranks: int, grid: Tuple[List[float], Lis
         est, bound = r["est_step_ms"], r["lower_bound_ms"]
         dp = r.get("compared_ms", {}).get("plan/torchrec_dynamic_programming_ms")
         if dp is None:  # not a start at this size (the balanced planner skipped it): TorchRec's plan found here
-            dp = torchrec_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks, "dynamic_programming")
+            dp = dp_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks)
         greedy = torchrec_rating(compose(tables, ranks, p["bandwidth"], p["reserve"]), ranks) \
             if i < greedy_points else None
         worse += any(x is not None and est > x * (1 + 1e-9) for x in (dp, greedy))
@@ -191,15 +206,19 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1000, help="tables of the 128-GPU grid")
     ap.add_argument("--greedy", default="all", help="points of the small grid planned with TorchRec's greedy "
                                                     "proposers too (all, none or a number; about 6 s each)")
+    ap.add_argument("--grids", default="small,big", help="which grids to run: small, big or both")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     greedy = {"all": 10**6, "none": 0}.get(args.greedy) if args.greedy in ("all", "none") else int(args.greedy)
+    parts = []
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        small = grid_report("small", args.small, 64, GRIDS["small"], tmp, greedy)
-        big = grid_report("big", args.big, 128, GRIDS["big"], tmp, 0)
-    print(f"plan-quality: {small} | {big}")
+        if "small" in args.grids:
+            parts.append(grid_report("small", args.small, 64, GRIDS["small"], tmp, greedy))
+        if "big" in args.grids:
+            parts.append(grid_report("big", args.big, 128, GRIDS["big"], tmp, 0))
+    print("plan-quality: " + " | ".join(parts))
 
 
 if __name__ == "__main__":
