@@ -58,6 +58,9 @@ class SweepSchema:
     reuse: Optional[bool] = None
     """Link a sweep's point to a FINISHED run of the same config (tag ``runner.config_hash``) in the experiment
     instead of running it; null: on for plan-only points (their answers are deterministic), off for training."""
+    verbose: bool = False
+    """Print each point's details (its plan's table and note) as a single run does; by default a sweep's point
+    prints its one summary line and the sweep one progress line per finished point."""
     resume_changed: bool = False
     """Resume a sweep folder (``python -m runner resume <folder>``, or the same ``hydra.sweep.dir`` again) with
     overrides that differ from its command; its points finished with another config run again."""

@@ -73,11 +73,24 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         say_error(line)
         if not multirun or task is not None:  # a Slurm job fails with its run
             raise SystemExit(1) from None
+        _say_progress(hc.sweep.dir, hc.job.num, "failed (its line is above)")
         return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
         # its outcome is read from every point's status
     value = objective_value(cfg, results)
     rundir.record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
+    if multirun:
+        _say_progress(hc.sweep.dir, hc.job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
+
+
+def _say_progress(sweep_dir: str, job: int, outcome: str) -> None:
+    """The sweep's progress and this point's outcome in one line, once the outcome is recorded
+    (:mod:`runner.track.sweep_progress`)."""
+    from runner.track.sweep_progress import progress_line
+
+    line = progress_line(Path(sweep_dir).resolve())
+    if line:
+        print(f"{line} | job {job}: {outcome}", flush=True)
 
 
 def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, Any]]:

@@ -72,8 +72,14 @@ def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any
         results["tracking_pending"] = str(run_dir.parent if (run_dir.parent / "sweep.json").exists() else run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    print(results["summary"], flush=True)
+    if cfg_verbose(run) or not (run_dir.parent / "sweep.json").exists():  # a sweep's point: in its progress line
+        print(results["summary"], flush=True)
     return results
+
+
+def cfg_verbose(run: Any) -> bool:
+    cfg = getattr(run, "cfg", None)
+    return bool(cfg is not None and cfg.sweep.verbose)
 
 
 def end_run(run: Any, status: str, error: Optional[str] = None) -> bool:

@@ -85,7 +85,8 @@ class JobRun:
             return
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
-        print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
+        if self.cfg.sweep.verbose or not self._life.in_sweep:  # a sweep's point: its one line comes at its end
+            print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
         self._life.system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
         if record.datasets:
             from runner.track.inputs import log_datasets

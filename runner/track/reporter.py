@@ -42,6 +42,10 @@ class Reporter:
         self.extra: Dict[str, Any] = {}
         self._sink: Optional[EventLog] = EventLog(run_dir / rundir.EVENTS) if self.active else None
 
+    def _quiet(self) -> bool:
+        """A sweep's point, at the default verbosity (``sweep.verbose=false``): details stay in its files."""
+        return not self.cfg.sweep.verbose and (self.run_dir.parent / "sweep.json").exists()
+
     def flush(self) -> None:
         """Every report made so far is in the event log (complete lines, for the run's owner to deliver)."""
         sink, self._sink = self._sink, None
@@ -66,7 +70,8 @@ class Reporter:
         its ``folder``)."""
         if not self.active:
             return
-        print(report.console, flush=True)
+        if not self._quiet():  # a sweep's point: its one summary line (the plan is in its folder and run)
+            print(report.console, flush=True)
         self._log(report.metrics, 0)
         self._tags(report.tags)
         assert self._sink is not None  # active: the sink is open

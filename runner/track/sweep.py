@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,7 +230,7 @@ class SweepParentRun(Callback):
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
             "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"
                                                              for own in RUNNER_SWEEPERS.values()}],
-            "points": math.prod(len(v) for v in swept.values()) if grid else None})
+            "points": math.prod(len(v) for v in swept.values()) if grid else None, "started": time.time()})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)  # run id None: the parent is kept in the folder
 
     def _open_parent(self, config: DictConfig, sweep_dir: Path, swept: Dict[str, List[str]], tags: Dict[str, str],

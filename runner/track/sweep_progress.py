@@ -1,0 +1,52 @@
+"""How far a sweep is: one line per finished point, with the count, the failures and the time left.
+
+Each point's job prints it once its outcome is recorded (:mod:`runner.launch.job`), whichever launcher and
+process ran it: the counts are read from the points' ``status.json`` files in the sweep folder, the total
+from ``sweep.json`` (a grid's points), the pace from the points finished since the sweep (or its resume)
+began, so that points run in parallel count as they do.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from runner.runtime import rundir
+
+SWEEP_FILE = "sweep.json"
+
+
+def _left(seconds: float) -> str:
+    if seconds < 90:
+        return f"about {max(seconds, 1):.0f} s left"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} min left"
+    return f"about {seconds / 3600:.1f} h left"
+
+
+def progress_line(sweep_dir: Path, now: Optional[float] = None) -> Optional[str]:
+    """``[runner] sweep: 7 of 25 done, 0 failed, about 2 min left`` for the sweep in ``sweep_dir``; None
+    outside a sweep."""
+    info = rundir.read_json(sweep_dir / SWEEP_FILE)
+    if not isinstance(info, dict):
+        return None
+    now = time.time() if now is None else now
+    started = float(info.get("started") or now)
+    done = failed = this_session = 0
+    for point in rundir.point_dirs(sweep_dir):
+        status = rundir.read_status(point)
+        if not status:
+            continue
+        done += 1
+        failed += status.get("status") == "FAILED"
+        try:
+            this_session += (point / rundir.STATUS).stat().st_mtime >= started
+        except OSError:
+            pass
+    total = info.get("points")
+    of = f" of {total}" if total else ""
+    line = f"[runner] sweep: {done}{of} done, {failed} failed"
+    if total and done < total and this_session:
+        line += ", " + _left((now - started) / this_session * (total - done))
+    return line
