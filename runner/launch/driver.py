@@ -187,7 +187,8 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
-    print(results["summary"], flush=True)
+    if cfg.sweep.verbose:  # else in the sweep's progress line
+        print(results["summary"], flush=True)
     return results
 
 

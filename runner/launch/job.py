@@ -90,7 +90,7 @@ def _say_progress(sweep_dir: str, job: int, outcome: str) -> None:
 
     line = progress_line(Path(sweep_dir).resolve())
     if line:
-        print(f"{line} | job {job}: {outcome}", flush=True)
+        print(f"{line} | {outcome if outcome.startswith(f'job {job} ') else f'job {job}: {outcome}'}", flush=True)
 
 
 def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, Any]]:
