@@ -58,6 +58,11 @@ class SweepSchema:
     reuse: Optional[bool] = None
     """Link a sweep's point to a FINISHED run of the same config (tag ``runner.config_hash``) in the experiment
     instead of running it; null: on for plan-only points (their answers are deterministic), off for training."""
+    max_failures: Optional[int] = None
+    """Stop the sweep once this many points have failed (null: never): no point starts after that, the points
+    running are stopped (KILLED), the parent ends FAILED naming the failures' common reason, and ``python -m
+    runner resume <sweep folder>`` runs the rest once the cause is fixed. A plan-only "no plan fits" is an
+    answer and a fault retried into a success (``sweep.retries``) is not a failure."""
     verbose: bool = False
     """Print each point's details (its plan's table and note) as a single run does; by default a sweep's point
     prints its one summary line and the sweep one progress line per finished point."""

@@ -176,6 +176,8 @@ def validate(cfg: RunnerConfig) -> None:
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
     _check(cfg.sweep.retries >= 0, "sweep.retries", cfg.sweep.retries, "an integer >= 0")
+    _check(cfg.sweep.max_failures is None or cfg.sweep.max_failures >= 1, "sweep.max_failures",
+           cfg.sweep.max_failures, "null (never stop) or an integer >= 1")
     if cfg.tracking.uri and split_credentials(cfg.tracking.uri)[1:] != (None, None):
         raise ConfigError("tracking.uri", redact_uri(cfg.tracking.uri),
                           "a URI without user:password@ (the run folder keeps the config): set "

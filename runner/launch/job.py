@@ -21,6 +21,7 @@ from runner.config.errors import TrackingError, WorkerFailure, disk_full, one_li
 from runner.config.validation import validate
 from runner.launch.precheck import checked
 from runner.runtime import rundir, signals
+from runner.track import sweep_stop
 from runner.track.objective import objective_value
 from runner.track.sweep import end_failed_sweep
 
@@ -42,7 +43,9 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     run_dir = Path(hc.runtime.output_dir).resolve()
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     task = None
+    sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
     try:
+        sweep_stop.check(sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
         task, run_dir, elsewhere = take_task(cfg, run_dir)
         if elsewhere:  # a plan or data job runs in node 0's task only
             return None
@@ -51,6 +54,11 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         if multirun and (kept := _kept(cfg, run_dir, hc.job.num)) is not None:
             return kept.get("objective")  # a resumed sweep's point that has its answer: its record stays
         results = _answer(cfg, run_dir, task) if multirun else _attempts(cfg, run_dir, task)
+    except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
+        started = (run_dir / rundir.RUN_INFO).exists()
+        rundir.record_status(run_dir, "KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}")
+        _say_progress(str(sweep_dir), hc.job.num, "stopped" if started else "not run")
+        return objective_value(cfg, None)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
         status, line = stop_outcome(cfg, stop.name)
@@ -71,6 +79,8 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
             line += f" (traceback in {run_dir / rundir.LOG})"
         rundir.record_status(run_dir, "FAILED", line)
         say_error(line)
+        if multirun:
+            sweep_stop.record_failure(Path(hc.sweep.dir).resolve(), hc.job.num, line, cfg.sweep.max_failures)
         if not multirun or task is not None:  # a Slurm job fails with its run
             raise SystemExit(1) from None
         _say_progress(hc.sweep.dir, hc.job.num, "failed (its line is above)")

@@ -18,6 +18,7 @@ from runner.config.errors import WorkerFailure
 from runner.launch.prewarm import kill_group, spawn_agent, take_warm
 from runner.runtime import rundir, signals
 from runner.runtime.process_end import DRIVER_PID
+from runner.track import sweep_stop
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
@@ -139,8 +140,10 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
             raise WorkerFailure(death, fault=True) if death else root_cause(run_dir)
         if all(c == 0 for c in codes):
             return
-        if pump is not None and time.monotonic() >= next_pump:
-            pump()
+        if time.monotonic() >= next_pump:
+            if pump is not None:
+                pump()
+            sweep_stop.check(run_dir.parent if (run_dir.parent / "sweep.json").exists() else None)
             next_pump = time.monotonic() + PUMP_S
         signals.check()  # a Ctrl-C or SIGTERM whose raise was swallowed (e.g. inside a finalizer)
         time.sleep(TICK_S)

@@ -26,6 +26,7 @@ from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.runtime import rundir
 from runner.runtime.folder_lock import FolderBusy, hold
+from runner.track import sweep_stop
 from runner.track.events import EventLog, EventPump
 from runner.track.store import (
     check_store,
@@ -194,6 +195,27 @@ def end_failed_sweep(line: str, sweep_dir: Path) -> str:
     return line
 
 
+def stopped_line(sweep_dir: Path, points: List[PointOutcome]) -> str:
+    """The last line of a sweep stopped by ``sweep.max_failures``: its failures, their common reason when they
+    share one, the points stopped or never run, and the command that runs the rest."""
+    failed = sweep_stop.failures(sweep_dir)
+    reasons = {_without_rank(str(f["error"])) for f in failed}
+    common = f", all with: {reasons.pop()}" if len(reasons) == 1 and len(failed) > 1 else (
+        f": {failed[0]['error']}" if len(failed) == 1 else "")
+    stopped = [p for p in points if p.status == "KILLED"]
+    rest = [d for d in range(len(points), int((sweep_info(str(sweep_dir)).get("points") or len(points))))]
+    return (f"the sweep stopped after {len(failed)} failed point(s) (jobs {', '.join(str(f['job']) for f in failed)})"
+            f"{common}; {len(stopped) + len(rest)} point(s) stopped or not run; fix the cause, then run the rest: "
+            f"python -m runner resume {sweep_dir}")
+
+
+def _without_rank(line: str) -> str:
+    """A failure's line without the rank and node that reported it (the same cause on another rank)."""
+    import re
+
+    return re.sub(r"rank \d+( on node \d+)? failed: ", "", line)
+
+
 class SweepParentRun(Callback):
     """Hydra callback: one MLflow parent run per multirun; each job's run becomes its child."""
 
@@ -214,6 +236,7 @@ class SweepParentRun(Callback):
             raise SystemExit(2) from None
         if note:
             print(note, flush=True)
+        sweep_stop.clear(sweep_dir)  # a resumed sweep counts its failures anew
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
         tags = {"runner.kind": "sweep", "runner.overrides": overrides or "(none)", "runner.sweep_dir": str(sweep_dir),
@@ -306,6 +329,9 @@ class SweepParentRun(Callback):
         elif found.get("run_ids"):
             print(f"[runner] sweep done: {len(points)} points; compare them: "
                   f"{compare_url(self._uri, self._experiment_id, found['run_ids'])}", flush=True)
+        if failed and sweep_stop.stop_reason(sweep_dir):
+            print(f"error: {stopped_line(sweep_dir, points)}", file=sys.stderr, flush=True)
+            raise SystemExit(1)
         if failed:
             print(f"error: {len(failed)} of {len(points)} job(s) failed:\n  " + "\n  ".join(lines), file=sys.stderr,
                   flush=True)

@@ -36,14 +36,15 @@ def progress_line(sweep_dir: Path, now: Optional[float] = None) -> Optional[str]
     done = failed = this_session = 0
     for point in rundir.point_dirs(sweep_dir):
         status = rundir.read_status(point)
-        if not status:
-            continue
+        try:
+            now_done = bool(status) and (point / rundir.STATUS).stat().st_mtime >= started
+        except OSError:
+            now_done = False
+        if not status or not (now_done or status.get("status") == "FINISHED"):
+            continue  # not done yet, or failed or stopped in an earlier session of a resumed sweep (it runs again)
         done += 1
         failed += status.get("status") == "FAILED"
-        try:
-            this_session += (point / rundir.STATUS).stat().st_mtime >= started
-        except OSError:
-            pass
+        this_session += now_done
     total = info.get("points")
     of = f" of {total}" if total else ""
     line = f"[runner] sweep: {done}{of} done, {failed} failed"

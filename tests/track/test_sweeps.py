@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,39 @@ def test_a_plan_sweep_over_an_overlapping_grid_reuses_the_points_already_answere
     rows = list(csv.DictReader((tmp_path / "b" / "report" / "points.csv").open()))
     assert [r["reused_from"] for r in rows] == [earlier.info.run_id, ""]
     assert f"reused: run {earlier.info.run_id}" in (tmp_path / "b" / "report" / "report.md").read_text()
+
+
+def test_a_sweep_stops_after_max_failures_and_resume_runs_the_rest(store: str, tmp_path: Path) -> None:
+    """sweep.max_failures=1 (issue 48, item 2) on joblib with 2 processes: every point pins a plan file that is
+    not there yet, so the first to fail stops the sweep: at most the two started together fail, the others never
+    start, the parent ends FAILED, the last line names the cause and the resume command. Once the file is there,
+    resume runs the rest; each finished point says how far the sweep is (item 3)."""
+    pinned = tmp_path / "pinned.json"
+    single = run_cli([*TIGHT_PLAN, "sharding.storage_reserve_percent=0.1", f"tracking.uri={store}",
+                      "tracking.experiment=max_failures_plan", f"hydra.run.dir={tmp_path / 'single'}"])
+    assert single.returncode == 0, single.stderr[-2000:]
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TIGHT_PLAN, f"sharding.plan={pinned}",
+            "sharding.storage_reserve_percent=0.1,0.15,0.2,0.3", "sweep.max_failures=1", f"tracking.uri={store}",
+            "tracking.experiment=max_failures", f"hydra.sweep.dir={sweep}"]
+    stopped = run_cli(args)
+    assert stopped.returncode == 1, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the sweep stopped after "), stopped.stderr[-2000:]
+    assert "plan error" in last and str(pinned) in last and last.endswith(f"python -m runner resume {sweep}"), last
+    statuses = {d.name: json.loads((d / "status.json").read_text()) for d in sweep.iterdir() if d.name.isdigit()}
+    failed = [s for s in statuses.values() if s["status"] == "FAILED"]
+    not_run = [s for s in statuses.values() if s["status"] == "KILLED" and s["error"].startswith("not run:")]
+    assert 1 <= len(failed) <= 2 and len(failed) + len(not_run) == 4, statuses
+    assert all("sweep.max_failures=1" in s["error"] for s in not_run)
+    parent = [r for r in runs(store, "max_failures") if r.data.tags.get("runner.kind") == "sweep"]
+    assert len(parent) == 1 and parent[0].info.status == "FAILED"
+    shutil.copy(tmp_path / "single" / "plan" / "plan.json", pinned)  # the cause fixed
+    resumed = run_cli(["resume", str(sweep)])
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    progress = [ln for ln in resumed.stdout.splitlines() if ln.startswith("[runner] sweep: ")]
+    assert [ln.split(" done")[0] for ln in progress] == [f"[runner] sweep: {k} of 4" for k in range(1, 5)], progress
+    assert all(", 0 failed" in ln and "plan done: " in ln for ln in progress), progress
+    assert "left" in progress[0] and "left" not in progress[-1]
+    statuses = [json.loads((d / "status.json").read_text())["status"] for d in sweep.iterdir() if d.name.isdigit()]
+    assert statuses == ["FINISHED"] * 4

@@ -1,0 +1,88 @@
+"""``sweep.max_failures``: a sweep that stops once that many of its points have failed.
+
+A point whose job fails for good (not a fault retried into a success, not a plan-only "no plan fits", which
+is an answer) appends itself to the sweep folder's ``failures.jsonl``; the one that reaches the limit writes
+``stop.json``, with the reason, and cancels a Slurm array's pending tasks. From then on no point starts (it
+records KILLED, not run) and the points running (other joblib processes, other Slurm tasks) stop their
+workers and end KILLED (:func:`check`, in the driver's supervision loop). The sweep's end names the
+failures' common reason and the command that resumes the rest (:mod:`runner.track.sweep`); a resume starts
+with a clean count (:func:`clear`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from runner.runtime import rundir
+from runner.runtime.signals import Stopped
+
+FAILURES, STOP = "failures.jsonl", "stop.json"
+
+
+class SweepStopped(Stopped):
+    """This point was stopped (or never started) because its sweep reached ``sweep.max_failures``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+    @property
+    def name(self) -> str:
+        return self.reason
+
+
+def clear(sweep_dir: Path) -> None:
+    """A new sweep, or a resumed one: no failure counted, nothing stopped."""
+    for name in (FAILURES, STOP):
+        (sweep_dir / name).unlink(missing_ok=True)
+
+
+def failures(sweep_dir: Path) -> List[Dict[str, object]]:
+    """The points that failed in this session of the sweep, in order (one entry per job)."""
+    seen: Dict[object, Dict[str, object]] = {}
+    try:
+        lines = (sweep_dir / FAILURES).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a full disk
+        if isinstance(entry, dict) and "job" in entry:
+            seen.setdefault(entry["job"], entry)
+    return list(seen.values())
+
+
+def record_failure(sweep_dir: Path, job: int, line: str, limit: Optional[int]) -> None:
+    """Count this point's failure; at ``limit`` failures, stop the sweep (``stop.json``; a Slurm array's pending
+    tasks cancelled)."""
+    if limit is None:
+        return
+    with (sweep_dir / FAILURES).open("a") as f:  # one short line per append: whole under concurrent writers
+        f.write(json.dumps({"job": job, "error": line}) + "\n")
+    found = failures(sweep_dir)
+    if len(found) >= limit and not (sweep_dir / STOP).exists():
+        rundir.write_json(sweep_dir / STOP, {"reason": f"sweep.max_failures={limit} ({len(found)} points failed)",
+                                             "limit": limit, "failures": len(found)})
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        if array:  # the array's tasks that have not started: cancelled (those running stop by themselves)
+            subprocess.run(["scancel", "--state=PENDING", array], capture_output=True, timeout=30)
+
+
+def stop_reason(sweep_dir: Path) -> Optional[str]:
+    """Why the sweep stopped (``sweep.max_failures`` reached), or None while it goes on."""
+    found = rundir.read_json(sweep_dir / STOP)
+    return str(found.get("reason")) if isinstance(found, dict) else None
+
+
+def check(sweep_dir: Optional[Path]) -> None:
+    """Raise :class:`SweepStopped` once this point's sweep has stopped (called while the point runs)."""
+    if sweep_dir is not None:
+        reason = stop_reason(sweep_dir)
+        if reason:
+            raise SweepStopped(reason)
