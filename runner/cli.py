@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
+from runner.config import paired
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
 from runner.launch.job import say_error
@@ -93,6 +94,8 @@ def _help(args: List[str]) -> bool:
     print("python -m runner [group=option ...] [key=value ...]      one job (mode=train | plan | write_data)\n"
           "python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher=joblib|slurm, "
           "hydra/sweeper=optuna)\n"
+          "python -m runner -m a=pair(1,2,3) b=pair(x,y,z) [c=...]  paired axes: 3 points (1,x) (2,y) (3,z), "
+          "crossed with the others\n"
           "python -m runner --cfg job [--resolve]                   the composed config\n"
           "python -m runner --help [word ...]                       this help (keys containing a word)\n"
           "python -m runner sync <folder>                           send runs kept during a tracking outage\n"
@@ -125,6 +128,7 @@ def main() -> None:
             print(f"error: sync stopped by {stop.name}; what it delivered is recorded (delivered.json), and "
                   f"python -m runner sync {' '.join(sys.argv[2:])} delivers the rest", file=sys.stderr, flush=True)
             sys.exit(stop.exit_code)
+    sys.argv = [sys.argv[0], *paired.rewrite(sys.argv[1:])]  # key=pair(...): paired sweep axes, in Hydra's grammar
     if sys.argv[1:2] == ["resume"]:  # the sweep's own command again, in its folder
         from runner.launch.resume import resume_argv
 

@@ -5,8 +5,9 @@ combinations composed so that every value is composed once (:mod:`runner.launch.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from runner.config import paired
 from runner.config.errors import ConfigError
 
 # Hydra flags that take a value; the value is not an override.
@@ -65,13 +66,26 @@ def sweep_values(overrides: List[str], loader: object = None) -> List[List[str]]
     return values
 
 
-def combinations(values: List[List[str]]) -> List[List[str]]:
-    """First value of every sweep, then each other sweep value once: every value is composed once."""
+def sweep_axes(overrides: List[str], loader: object = None) -> Tuple[List[List[str]], List[str]]:
+    """The sweep's axes (:func:`sweep_values`, with paired overrides zipped into one axis:
+    :mod:`runner.config.paired`) and the overrides' keys in the command's order (to put a point's overrides in)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    values = sweep_values(overrides, loader)
+    order = [v[0].split("=", 1)[0] for v in values]
+    parser = OverridesParser.create()
+    flags = [paired.is_paired(parser.parse_overrides([text])[0]) for text in overrides]
+    return paired.pair_axes(values, flags), order
+
+
+def combinations(values: List[List[str]], order: Optional[List[str]] = None) -> List[List[str]]:
+    """First value of every axis, then each other value of an axis once: every value is composed once (each
+    combination as a point's overrides, in ``order``: :func:`runner.config.paired.point`)."""
     combos = [[v[0] for v in values]]
     for i, vs in enumerate(values):
         for v in vs[1:]:
             combos.append([c if j != i else v for j, c in enumerate(combos[0])])
-    return combos
+    return [paired.point(c, order or []) for c in combos]
 
 
 def file_sweeps(overrides: List[str], config_name: Optional[str], loader: object) -> List[str]:

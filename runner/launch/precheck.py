@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, 
 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line, wrong_type
+from runner.config.paired import point
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
-from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_values
+from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_axes
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
@@ -79,13 +80,13 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         try:
             if multirun:
                 overrides = overrides + file_sweeps(overrides, config_name, loader)
-            values = sweep_values(overrides, loader)
-        except ConfigError as exc:  # override syntax
+            values, order = sweep_axes(overrides, loader)
+        except ConfigError as exc:  # override syntax, paired axes of unequal lengths
             return str(exc), []
         except Exception as exc:  # noqa: BLE001
             return first_line(exc), []
-        combos = combinations(values)
-        _GRID[:] = [values, config_name, None] if multirun and len(combos) > 1 else []
+        combos = combinations(values, order)
+        _GRID[:] = [values, config_name, None, order] if multirun and len(combos) > 1 else []
         error = _check_combos(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
         if error:
@@ -152,16 +153,17 @@ def grid_points(keep: Callable[[Any], bool], limit: int = 1000) -> List[Tuple[Li
 
     if not _GRID or math.prod(len(v) for v in _GRID[0]) > limit:
         return []
-    values, config_name, first = _GRID
+    values, config_name, first, order = _GRID
     out: List[Tuple[List[str], Any]] = []
     with hydra_conf() as loader:
-        for combo in itertools.product(*values):
-            cfg = _from_first(first, list(combo), loader)
+        for axes in itertools.product(*values):
+            combo = point(axes, order)
+            cfg = _from_first(first, combo, loader)
             if cfg is None:
-                cfg = compose(config_name=config_name or "config", overrides=list(combo))
+                cfg = compose(config_name=config_name or "config", overrides=combo)
             if not keep(cfg):
                 return []
-            out.append((list(combo), cfg))
+            out.append((combo, cfg))
     return out
 
 

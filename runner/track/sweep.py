@@ -74,6 +74,29 @@ def swept_params(config: DictConfig) -> Dict[str, List[str]]:
     return out
 
 
+def paired_keys(config: DictConfig) -> List[str]:
+    """The swept keys taken position by position (``pair(...)``: :mod:`runner.config.paired`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from runner.config.paired import is_paired
+
+    out = []
+    for text in config.hydra.overrides.task:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([text])
+        except Exception:  # noqa: BLE001
+            continue
+        if is_paired(override):
+            out.append(override.get_key_element().lstrip("+~"))
+    return out
+
+
+def grid_points(swept: Dict[str, List[str]], paired: List[str]) -> int:
+    """How many points a grid of ``swept`` keys has, the ``paired`` ones counted as one axis."""
+    crossed = math.prod(len(v) for k, v in swept.items() if k not in paired)
+    return crossed * (len(swept[paired[0]]) if paired else 1)
+
+
 def sweep_info(sweep_dir: Optional[str]) -> Dict[str, Any]:
     """``sweep.json`` of a sweep folder: ``parent_run_id`` and ``swept`` keys ({} outside a sweep)."""
     found = rundir.read_json(Path(sweep_dir) / SWEEP_FILE) if sweep_dir else None
@@ -249,11 +272,12 @@ class SweepParentRun(Callback):
                 raise
             self._keep_parent(config, sweep_dir, sweep_name(list(swept), sweep_dir), tags, params, exc)
         grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        paired = paired_keys(config)
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
             "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"
                                                              for own in RUNNER_SWEEPERS.values()}],
-            "points": math.prod(len(v) for v in swept.values()) if grid else None, "started": time.time()})
+            "points": grid_points(swept, paired) if grid else None, "started": time.time(), "paired": paired})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)  # run id None: the parent is kept in the folder
 
     def _open_parent(self, config: DictConfig, sweep_dir: Path, swept: Dict[str, List[str]], tags: Dict[str, str],

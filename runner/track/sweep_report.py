@@ -75,20 +75,33 @@ def _sort_value(v: Any) -> tuple:
         return (1, 0.0, str(v))
 
 
-def flips(points: List[Dict[str, Any]], keys: List[str]) -> Dict[str, List[str]]:
-    """Per swept key: each table whose sharding changes as only that key moves, and between which values."""
+def axes_of(keys: List[str], paired: List[str]) -> List[List[str]]:
+    """The sweep's axes: the paired keys together (where the first of them stands), every other key alone."""
+    out: List[List[str]] = []
+    for k in keys:
+        if k in paired:
+            if k == next(p for p in keys if p in paired):
+                out.append([p for p in keys if p in paired])
+        else:
+            out.append([k])
+    return out
+
+
+def flips(points: List[Dict[str, Any]], keys: List[str], paired: Optional[List[str]] = None) -> Dict[str, List[str]]:
+    """Per axis (a swept key, or the paired keys together, named ``a + b``): each table whose sharding changes
+    as only that axis moves, and between which values."""
     out: Dict[str, List[str]] = {}
-    for key in keys:
-        others = [k for k in keys if k != key]
+    for axis in axes_of(keys, paired or []):
+        others = [k for k in keys if k not in axis]
         groups: Dict[tuple, List[Dict[str, Any]]] = {}
         for p in points:
             groups.setdefault(tuple(p["params"].get(k) for k in others), []).append(p)
         lines = []
         for fixed, pts in groups.items():
-            pts = sorted(pts, key=lambda p: _sort_value(p["params"].get(key)))
+            pts = sorted(pts, key=lambda p: _sort_value(p["params"].get(axis[0])))
             at = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(others, fixed, strict=True))
             for a, b in zip(pts, pts[1:], strict=False):
-                step = f"{key.split('.')[-1]} {a['params'].get(key)} -> {b['params'].get(key)}"
+                step = ", ".join(f"{k.split('.')[-1]} {a['params'].get(k)} -> {b['params'].get(k)}" for k in axis)
                 step += f" ({at})" if at else ""
                 if a["status"] != b["status"]:
                     lines.append(f"{step}: plan {a['status']} -> {b['status']}")
@@ -97,7 +110,7 @@ def flips(points: List[Dict[str, Any]], keys: List[str]) -> Dict[str, List[str]]
                     if a["types"].get(t) != b["types"].get(t):
                         shape = a["shapes"].get(t, "")
                         lines.append(f"{step}: {t} ({shape}) {a['types'].get(t)} -> {b['types'].get(t)}")
-        out[key] = lines
+        out[" + ".join(axis) + (" (paired)" if len(axis) > 1 else "")] = lines
     return out
 
 
@@ -156,7 +169,7 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
                     moved: Dict[str, List[str]]) -> None:
     infeasible = sum(p["status"] == "infeasible" for p in points)
     lines = [f"# Sweep report: {len(points)} points ({infeasible} infeasible)", "",
-             "Swept: " + (", ".join(keys) or "(nothing)"), "",
+             "Swept: " + (", ".join(moved) or ", ".join(keys) or "(nothing)"), "",
              "| job | " + " | ".join(keys) + " | est. step ms | lower bound ms | gap | max memory GiB "
              "| sharding types | vs the first point |",
              "|---" * (len(keys) + 7) + "|"]
@@ -191,7 +204,9 @@ def write_sweep_report(sweep_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]
     out = sweep_dir / "report"
     out.mkdir(exist_ok=True)
     keys = swept_keys(points)
+    info = rundir.read_json(sweep_dir / "sweep.json")
+    paired = [k for k in (info.get("paired") or [] if isinstance(info, dict) else []) if k in keys]
     _write_csv(out / "points.csv", points, keys)
-    _write_markdown(out / "report.md", points, keys, changed_tables(points), flips(points, keys))
+    _write_markdown(out / "report.md", points, keys, changed_tables(points), flips(points, keys, paired))
     write_chart(out / "estimates.png", points, keys)
     return out, findings(points)
