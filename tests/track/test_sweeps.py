@@ -203,3 +203,44 @@ def test_a_sweep_stops_after_max_failures_and_resume_runs_the_rest(store: str, t
     assert "left" in progress[0] and "left" not in progress[-1]
     statuses = [json.loads((d / "status.json").read_text())["status"] for d in sweep.iterdir() if d.name.isdigit()]
     assert statuses == ["FINISHED"] * 4
+
+
+def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: str, tmp_path: Path) -> None:
+    """Issue 48, item 1: 3 paired values x 2 others = 6 points with the right overrides and run names; unequal
+    lengths are one line; a resumed paired sweep runs only the points it lacks."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5,50)",
+            "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)", "cluster.intra_node_bandwidth=30,600",
+            f"tracking.uri={store}", "tracking.experiment=paired", f"hydra.sweep.dir={sweep}"]
+    proc = run_cli(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    points = sorted((d for d in sweep.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    pairs = [("3", "0.05"), ("12.5", "0.1"), ("50", "0.2")]
+    wanted = [(b, r, i) for b, r in pairs for i in ("30", "600")]
+    got = []
+    for d in points:
+        lines = [ln[2:] for ln in (d / ".hydra" / "overrides.yaml").read_text().splitlines()]
+        found = {ln.split("=")[0]: ln.split("=")[1] for ln in lines if "=" in ln}
+        got.append((found["cluster.cross_node_bandwidth"], found["sharding.storage_reserve_percent"],
+                    found["cluster.intra_node_bandwidth"]))
+    assert got == wanted, got
+    _, children = split(store, "paired")
+    assert [c.info.run_name for c in children] == [f"xbw={float(b)} reserve={r} ibw={float(i)}" for b, r, i in wanted]
+    assert json.loads((sweep / "sweep.json").read_text())["points"] == 6
+    report = (sweep / "report" / "report.md").read_text()
+    assert "Swept: cluster.cross_node_bandwidth + sharding.storage_reserve_percent (paired), " in report, report[:400]
+    assert "[runner] sweep: 6 of 6 done, 0 failed" in proc.stdout
+
+    unequal = run_cli(["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5)",
+                       "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)", f"hydra.sweep.dir={tmp_path / 'bad'}"])
+    assert unequal.returncode == 2 and len(unequal.stderr.strip().splitlines()) == 1, unequal.stderr
+    assert "cluster.cross_node_bandwidth, sharding.storage_reserve_percent" in unequal.stderr
+    assert "pair() of 2 and of 3 values" in unequal.stderr
+
+    for d in points[4:]:  # two points as a stopped sweep leaves them: never finished
+        (d / "status.json").unlink()
+    resumed = run_cli(["resume", str(sweep)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count(" kept: it finished before") == 4, resumed.stdout[-3000:]
+    ran = [ln for ln in resumed.stdout.splitlines() if ln.startswith("[runner] sweep: ")]  # planned, or reused
+    assert len(ran) == 2 and "| job 4" in ran[0] and "| job 5" in ran[1], ran
