@@ -129,14 +129,14 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
               "estimator": shard_estimators(topology, constraints)}
     proposer = build_proposer(cfg.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
-    compact = {"compact": isinstance(proposer, BalancedProposer), "progress": progress}
+    compact = isinstance(proposer, BalancedProposer)
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
         enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, local_world_size, device_type, batch),
-                                       **kwargs, **compact)
+                                       compact=compact, progress=progress, **kwargs)
     else:
-        enumerator = CompactEnumerator(**kwargs, **compact)
+        enumerator = CompactEnumerator(compact=compact, progress=progress, **kwargs)
     planner_class: Any = SearchLoopPlanner
     if isinstance(proposer, BalancedProposer):
         proposer.choose_from = choose_from
