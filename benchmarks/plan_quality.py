@@ -20,7 +20,8 @@ the runner, each point's plan against TorchRec's proposers and the lower bound, 
 - Single commands: the 12.5 GiB/s, 0.15 point of each grid as one ``python -m runner mode=plan`` command.
 
 Ends with ``plan-quality: tables=300 ranks=64 points=15 worse=.. median_gap=..% max_gap=..% violations=..
-runner_s=.. | tables=1000 ranks=128 points=9 ...``.
+runner_s=.. | tables=1000 ranks=128 points=9 ...``; exits 1 when a balanced plan rates worse than TorchRec's or
+two points disagree.
 """
 
 from __future__ import annotations
@@ -219,6 +220,9 @@ def main() -> None:
         if "big" in args.grids:
             parts.append(grid_report("big", args.big, 128, GRIDS["big"], tmp, 0))
     print("plan-quality: " + " | ".join(parts))
+    bad = [part for part in parts if " worse=0 " not in part or " violations=0 " not in part]
+    if bad:
+        sys.exit("plan-quality: the balanced plan rated worse than TorchRec's, or points disagree: " + " | ".join(bad))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
 - ``--greedy``: the small case with ``sharding.proposer=greedy`` too, for its estimated step.
 
 Ends with ``plan-scale: tables=5384 ranks=1024 s=.. peak_gib=.. gap=..% plan=found | tables=6400 ranks=2048
-... | tables=1000 ranks=128 ...``, after a line on the 300-table comparison (``dp-identity: ...``).
+... | tables=1000 ranks=128 ...``, after a line on the 300-table comparison (``dp-identity: ...``); exits 1
+when the dynamic-programming plan differs from TorchRec's or a size finds no plan.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def main() -> None:
     print(f"dp-identity: tables={args.small} ranks=64 runner_s={small['seconds']:.1f} raw_s={raw_s:.1f} "
           f"raw={'found' if raw else 'none'} identical={'yes' if identical else 'no'}")
     print("plan-scale: " + " | ".join(parts))
+    if not identical or any("plan=none" in part for part in parts):
+        sys.exit("plan-scale: " + ("the dynamic-programming plan is not TorchRec's" if not identical
+                                   else "a size found no plan"))
 
 
 if __name__ == "__main__":

@@ -216,6 +216,13 @@ def compared_metrics(facts: Dict[str, Any]) -> Dict[str, float]:
     return {f"plan/torchrec_{name}_ms": float(r) for name, r in facts.get("torchrec", {}).items() if r is not None}
 
 
+def plan_source(facts: Dict[str, Any]) -> str:
+    """``torchrec`` where the balanced proposer kept a TorchRec plan it started from unchanged; else ``runner``."""
+    winner = str(facts.get("winner", ""))
+    kept = winner.startswith("torchrec_") and not facts.get("starts", {}).get(winner, {}).get("changed", True)
+    return "torchrec" if kept else "runner"
+
+
 def balanced_note(facts: Dict[str, Any]) -> str:
     """The report's line on how a balanced plan was found and how it compares with TorchRec's."""
     starts = facts["starts"]

@@ -14,7 +14,7 @@ estimate). Three causes, checked in order:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 from runner.plan.speedups.compact_enumeration import shard_storages
 
@@ -51,9 +51,26 @@ def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: in
     return f"each of {world} ranks has {_fmt(per_rank)} of {word} for tables ({cap_text} less {reserve}{policy})"
 
 
+TABLE_TOO_BIG, CLUSTER_TOO_SMALL, NO_PACKING = "table_too_big", "cluster_too_small", "no_packing"
+
+
+class Infeasible(NamedTuple):
+    """Why no plan was found: ``cause`` (:data:`TABLE_TOO_BIG`, :data:`CLUSTER_TOO_SMALL`: no proposer can find
+    one; :data:`NO_PACKING`: the proposer found none, another may) and the one ``line`` users see."""
+
+    cause: str
+    line: str
+
+
 def explain(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also: str = "") -> Optional[str]:
     """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
     the proposers tried after ``cfg``'s, e.g. " (then greedy)"."""
+    found = diagnose(planner, cfg, world, device_type, also)
+    return None if found is None else found.line
+
+
+def diagnose(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also: str = "") -> Optional[Infeasible]:
+    """:func:`explain`'s line with its cause (decisions read the cause, never the line's wording)."""
     tried = also
     reservation = getattr(planner, "_storage_reservation", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
@@ -75,23 +92,26 @@ def explain(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also:
         split = "" if {o.sharding_type for o in opts} & {"row_wise", "table_row_wise", "grid_shard"} else \
             " or allow row_wise sharding for it (sharding.types, or +sharding.constraints." + name + \
             ".sharding_types=[row_wise])"
-        return (f"no sharding plan fits in memory: table {name} ({option.tensor.shape[0]} x {option.tensor.shape[1]})"
-                f" needs at least {_fmt(need)} of {word} on one rank in its smallest allowed option "
-                f"({option.sharding_type}, {option.compute_kernel}; optimizer state included) but {where}"
-                f"{f'; {len(too_big)} tables do not fit' if len(too_big) > 1 else ''}; {more}{split}")
+        return Infeasible(TABLE_TOO_BIG, (
+            f"no sharding plan fits in memory: table {name} ({option.tensor.shape[0]} x {option.tensor.shape[1]})"
+            f" needs at least {_fmt(need)} of {word} on one rank in its smallest allowed option "
+            f"({option.sharding_type}, {option.compute_kernel}; optimizer state included) but {where}"
+            f"{f'; {len(too_big)} tables do not fit' if len(too_big) > 1 else ''}; {more}{split}"))
     totals = {name: _smallest(opts, mem)[1] for name, opts in by_table.items()}
     total, capacity = sum(totals.values()), sum(getattr(d.storage, mem) for d in reserved.devices)
     largest = max(totals, key=totals.get)  # type: ignore[arg-type]
     shape = by_table[largest][0].tensor.shape
     if total > capacity:
-        return (f"no sharding plan fits in memory: all {len(by_table)} tables need at least {_fmt(total)} of {word} "
-                f"(each in its smallest allowed option, optimizer state included; the largest, {largest} "
-                f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
-                f"{where}; {more}")
-    return (f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}{tried}: the tables need at least "
-            f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
-            f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
-            f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}")
+        return Infeasible(CLUSTER_TOO_SMALL, (
+            f"no sharding plan fits in memory: all {len(by_table)} tables need at least {_fmt(total)} of {word} "
+            f"(each in its smallest allowed option, optimizer state included; the largest, {largest} "
+            f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
+            f"{where}; {more}"))
+    return Infeasible(NO_PACKING, (
+        f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}{tried}: the tables need at least "
+        f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
+        f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
+        f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))
 
 
 def _stopped(planner: Any, by_table: Dict[str, List[Any]], budget: Dict[str, float], mem: str) -> str:

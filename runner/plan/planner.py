@@ -30,10 +30,10 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
-from runner.plan.balanced import BalancedProposer, balanced_note, compared_metrics, problem_of
+from runner.plan.balanced import BalancedProposer, balanced_note, compared_metrics, plan_source, problem_of
 from runner.plan.balanced_planner import BalancedPlanner
 from runner.plan.bound import lower_bound
-from runner.plan.infeasible import explain
+from runner.plan.infeasible import NO_PACKING, diagnose, explain
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import build_proposer
 from runner.plan.sharders import sharders_for
@@ -245,7 +245,9 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         planner = build_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model), reuse, hbm_cap,
                                 progress=progress, choose_from=choose_from)
         plan = planner.plan(model, sharders)
+        facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
+            facts["plan_source"] = plan_source(planner.balanced.facts)
             facts["compared"] = compared_metrics(planner.balanced.facts)
             facts["torchrec"] = planner.balanced.facts.get("torchrec", {})
             facts["skipped"] = planner.balanced.facts.get("skipped", {})
@@ -261,7 +263,8 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         found = _placeable_plan(planner, cfg, model, world, local_world, device_type, sharders, estimates, hbm_cap,
                                 notes, progress)
         line = explain_planner_error(exc, planner, cfg, world, device_type)
-        if found is None and cfg.sharding.proposer == "dynamic_programming" and "no combination tried packs" in line:
+        why = diagnose(planner, cfg, world, device_type)
+        if found is None and cfg.sharding.proposer == "dynamic_programming" and why and why.cause == NO_PACKING:
             found = _greedy_plan(cfg, model, world, local_world, device_type, sharders, estimates, hbm_cap, notes)
             line = explain_planner_error(exc, planner, cfg, world, device_type, " (then greedy)")
         return found if found is not None else NoPlanFits(line)

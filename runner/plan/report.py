@@ -132,8 +132,8 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
-            "runner.plan_source": "runner" if cfg.sharding.proposer == "balanced" and "kept TorchRec's" not in note
-            else "torchrec",
+            "runner.plan_source": (facts or {}).get("plan_source") or (
+                "torchrec" if cfg.sharding.plan is None else "pinned"),
             **({"runner.plan_note": note} if note else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 
