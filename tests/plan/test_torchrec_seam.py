@@ -41,3 +41,48 @@ def test_another_torchrec_plans_with_its_stock_planner_and_says_so(monkeypatch: 
         monkeypatch.undo()
         torchrec_seam.seam_note.cache_clear()
     assert torchrec_seam.seam_note() is None
+
+
+# Private names of other libraries the runner uses, with their owner (not TorchRec's: not in the seam's list).
+OTHER_PRIVATE = {
+    "_amp_foreach_non_finite_check_and_unscale_": "torch (GradScaler's kernel)", "_deepcopy_dispatch": "copy",
+    "_abort_process_group": "torch.distributed (NCCL's abort)",
+    "_exit": "os", "_internal": "hydra (its core plugins' module path)", "_monitor_workers": "torch elastic",
+    "_terminate_process_handler": "torch elastic", "_replace": "NamedTuple", "_run_exitfuncs": "atexit",
+    "_shutdown": "threading", "_target_": "Hydra's instantiation key", "_to_mlflow_entity": "mlflow's datasets",
+}
+
+
+def _lhs(line: str) -> str:
+    """What a line assigns to (the text before its first ``=`` that is not a comparison), or ''."""
+    for i, ch in enumerate(line):
+        if ch == "=" and line[i - 1:i] not in ("=", "!", "<", ">") and line[i + 1:i + 2] != "=":
+            return line[:i]
+    return ""
+
+
+def test_every_private_name_used_anywhere_in_the_runner_is_listed() -> None:
+    """A scan of runner/ (training included): each ``._name`` read and each ``getattr(x, "_name")`` that the runner
+    does not define itself is TorchRec's and listed in the seam, or another library's named here. A new use of a
+    TorchRec private name without listing it fails here."""
+    import re
+    from pathlib import Path
+
+    root = Path(torchrec_seam.__file__).resolve().parents[3] / "runner"
+    used: dict = {}
+    defined = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        defined |= set(re.findall(r"^\s*(?:def|class)\s+(_\w+)", text, re.M))
+        defined |= set(re.findall(r"^(_\w+)\s*(?::[^=\n]*)?=", text, re.M))
+        for line in text.splitlines():
+            defined |= {f"_{n}" for n in re.findall(r"\b(?:self|cls)\._(\w+)", _lhs(line))}
+            defined |= set(re.findall(r"^\s+(_[A-Za-z]\w*)\s*(?::[^=\n]*)?=", line))  # class attributes
+        for name in re.findall(r"\.(_[A-Za-z]\w*)", text) + re.findall(r"getattr\([^,]+,\s*\"(_[A-Za-z]\w*)\"", text):
+            if not name.startswith("__"):
+                used.setdefault(name, set()).add(str(path.relative_to(root.parent)))
+    listed = {n for names in torchrec_seam.ATTRIBUTES.values() for n in names}
+    listed |= {n for names in torchrec_seam.MODULE_NAMES.values() for n in names} | set(torchrec_seam.PYTHON_PRIVATE)
+    unlisted = {n: sorted(files) for n, files in used.items() if n not in defined | listed | set(OTHER_PRIVATE)}
+    assert not unlisted, f"private names used but not listed in runner/plan/speedups/torchrec_seam.py: {unlisted}"
+    assert {"_enumerator", "_estimators", "_uniform_partition"} <= set(used) & listed  # the scan does find them
