@@ -44,7 +44,7 @@ from runner.runtime.device import (
 )
 from runner.track import store
 from runner.track.job_run import JobRun
-from runner.track.sweep import sweep_info
+from runner.track.sweep_points import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
 from runner.track.job_run import JobRun, RunRecord
-from runner.track.sweep import point_name, point_values, sweep_info
+from runner.track.sweep_points import point_name, point_values, sweep_info
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from runner.config import roles
 from runner.runtime import rundir
 from runner.track import store
-from runner.track.sweep import SWEEP_FILE, sweep_info
+from runner.track.sweep_points import SWEEP_FILE, sweep_info
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig

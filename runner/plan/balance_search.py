@@ -31,7 +31,6 @@ from runner.plan.balance import (
     Problem,
     Solution,
     fits,
-    loads,
     loads_after,
     place,
     rating,
@@ -48,11 +47,11 @@ class _State:
     everywhere: set = field(init=False)  # the tables with one shard on each rank (uniform options)
 
     def __post_init__(self) -> None:
-        self.load, self.used = loads(self.problem, self.solution)
+        self.load, self.used = np.zeros(self.problem.world), np.zeros_like(self.problem.capacity)
         self.members = [set() for _ in range(self.problem.world)]
         self.everywhere = set()
-        for t, ranks in enumerate(self.solution.ranks):
-            self._enter(t, ranks)
+        for t in range(len(self.solution.ranks)):
+            self._apply(t, 1)
 
     def on(self, r: int) -> set:
         """The tables with a shard on rank ``r``."""
@@ -61,35 +60,25 @@ class _State:
     def choice(self, t: int) -> Choice:
         return self.problem.tables[t][self.solution.picks[t]]
 
-    def _enter(self, t: int, ranks: np.ndarray) -> None:
-        if self.choice(t).kind == UNIFORM:
-            self.everywhere.add(t)
-        else:
-            for r in set(ranks.tolist()):
-                self.members[r].add(t)
+    def _apply(self, t: int, sign: int) -> None:
+        """Add (``sign`` 1) or take off (-1) table ``t``'s shards: loads, storage and which ranks hold it."""
+        c, ranks = self.choice(t), self.solution.ranks[t]
+        if c.kind == UNIFORM:  # shard i on rank i: no rank twice, and every rank
+            self.load += sign * c.perf
+            self.used += sign * c.mem
+            (self.everywhere.add if sign > 0 else self.everywhere.discard)(t)
+            return
+        np.add.at(self.load, ranks, sign * c.perf)
+        np.add.at(self.used, ranks, sign * c.mem)
+        for r in set(ranks.tolist()):
+            (self.members[r].add if sign > 0 else self.members[r].discard)(t)
 
     def take(self, t: int) -> None:
-        c, ranks = self.choice(t), self.solution.ranks[t]
-        if c.kind == UNIFORM:  # shard i on rank i: no rank twice
-            self.load -= c.perf
-            self.used -= c.mem
-            self.everywhere.discard(t)
-            return
-        np.subtract.at(self.load, ranks, c.perf)
-        np.subtract.at(self.used, ranks, c.mem)
-        for r in set(ranks.tolist()):
-            self.members[r].discard(t)
+        self._apply(t, -1)
 
     def put(self, t: int, o: int, ranks: np.ndarray) -> None:
         self.solution.picks[t], self.solution.ranks[t] = o, ranks
-        c = self.choice(t)
-        if c.kind == UNIFORM:
-            self.load += c.perf
-            self.used += c.mem
-        else:
-            np.add.at(self.load, ranks, c.perf)
-            np.add.at(self.used, ranks, c.mem)
-        self._enter(t, ranks)
+        self._apply(t, 1)
 
 
 Move = Tuple[float, int, int, np.ndarray]  # (worst load it leaves on the ranks it touches, table, option, ranks)

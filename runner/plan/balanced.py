@@ -216,6 +216,12 @@ def compared_metrics(facts: Dict[str, Any]) -> Dict[str, float]:
     return {f"plan/torchrec_{name}_ms": float(r) for name, r in facts.get("torchrec", {}).items() if r is not None}
 
 
+def job_facts(facts: Dict[str, Any]) -> Dict[str, Any]:
+    """What a job reports of a balanced plan's search: its source, TorchRec's ratings compared, those skipped."""
+    return {"plan_source": plan_source(facts), "compared": compared_metrics(facts),
+            "torchrec": facts.get("torchrec", {}), "skipped": facts.get("skipped", {})}
+
+
 def plan_source(facts: Dict[str, Any]) -> str:
     """``torchrec`` where the balanced proposer kept a TorchRec plan it started from unchanged; else ``runner``."""
     winner = str(facts.get("winner", ""))

@@ -19,7 +19,7 @@ every shard fits on some device after the reservation):
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -102,3 +102,16 @@ def lower_bound(problem: Problem) -> float:
     simple = simple_bound(problem)
     lp = lp_bound(problem)
     return simple if lp != lp else max(simple, lp)
+
+
+def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
+    """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
+    on the devices ``reservation`` reserved last; None where either is unknown."""
+    space = getattr(enumerator, "last_stored_search_space", None)
+    reserved = getattr(reservation, "_last_reserved_topology", None)
+    if not space or reserved is None:
+        return None
+    from runner.plan.balanced import problem_of  # the balanced search's problem of TorchRec's options
+
+    found = float(lower_bound(problem_of(space, reserved)[0]))
+    return found if found == found else None

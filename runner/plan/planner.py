@@ -30,9 +30,9 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
-from runner.plan.balanced import BalancedProposer, balanced_note, compared_metrics, plan_source, problem_of
+from runner.plan.balanced import BalancedProposer, balanced_note, job_facts
 from runner.plan.balanced_planner import BalancedPlanner
-from runner.plan.bound import lower_bound
+from runner.plan.bound import plan_bound
 from runner.plan.infeasible import NO_PACKING, diagnose, explain
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import build_proposer
@@ -98,17 +98,6 @@ class PlanEstimates(Stats):
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
         self.world_size = topology.world_size
         self.lower_bound_ms = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
-
-
-def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
-    """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
-    on the devices ``reservation`` reserved last; None where either is unknown."""
-    space = getattr(enumerator, "last_stored_search_space", None)
-    reserved = getattr(reservation, "_last_reserved_topology", None)
-    if not space or reserved is None:
-        return None
-    found = float(lower_bound(problem_of(space, reserved)[0]))
-    return found if found == found else None
 
 
 def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
@@ -247,10 +236,7 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         plan = planner.plan(model, sharders)
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
-            facts["plan_source"] = plan_source(planner.balanced.facts)
-            facts["compared"] = compared_metrics(planner.balanced.facts)
-            facts["torchrec"] = planner.balanced.facts.get("torchrec", {})
-            facts["skipped"] = planner.balanced.facts.get("skipped", {})
+            facts.update(job_facts(planner.balanced.facts))
             notes.append(balanced_note(planner.balanced.facts))
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
