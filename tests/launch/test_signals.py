@@ -121,6 +121,8 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
 HANGUP = textwrap.dedent("""
     import os, signal, sys
     from runner.runtime import signals
+    for sig in (signal.SIGHUP, signal.SIGQUIT):  # as a terminal leaves them (a script's background job ignores them)
+        signal.signal(sig, signal.SIG_DFL)
     if sys.argv[1] == "nohup":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
     signals.install()

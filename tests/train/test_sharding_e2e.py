@@ -96,7 +96,7 @@ def test_plan_sweep_report_matches_children(store: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the balanced proposer's points planned together: each job took the best of the sweep's plans
     assert "[runner] planned the sweep's 2 points together" in proc.stdout
-    assert proc.stdout.count("this sweep's points found when planned together") == 2, proc.stdout[-3000:]
+    assert proc.stdout.count("[runner] sweep: ") == 2, proc.stdout[-3000:]  # one line per point (notes: in runs)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store)
@@ -104,6 +104,8 @@ def test_plan_sweep_report_matches_children(store: str, tmp_path: Path) -> None:
     (parent,) = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
     children = {r.info.run_id: r for r in all_runs if r.data.tags.get("runner.kind") == "job"}
     assert len(children) == 2
+    assert all("this sweep's points found when planned together" in c.data.tags["runner.plan_note"]
+               for c in children.values())
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
         "report/points.csv", "report/report.md", "report/estimates.png"}
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "report/points.csv"))))
