@@ -161,7 +161,10 @@ def main(argv: list[str]) -> int:
     try:
         elastic_launch(config, elastic_entry)(str(run_dir))
     except ChildFailedError as exc:
-        _record_failures(run_dir, node_rank, exc, watch)
+        try:
+            _record_failures(run_dir, node_rank, exc, watch)
+        except OSError:  # a full run folder: the driver's own line names it
+            pass
         return 1
     except SignalException as exc:  # the driver stopped the job: torch elastic has stopped the workers
         return 128 + int(exc.sigval)

@@ -55,7 +55,10 @@ class Reporter:
     def failed(self, exc: BaseException) -> None:
         """The job failed (``exc``) or was stopped: what rank 0 reported before is kept."""
         with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
-            self.flush()
+            try:
+                self.flush()
+            except OSError:  # a full run folder: the job's error says so; what was written stays
+                pass
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
         if self._sink is not None:

@@ -221,7 +221,10 @@ def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
     if heartbeat.is_collective_timeout(exc) and rank.isdigit():
         record["error"], silent = heartbeat.timeout_line(run_dir, _env_int("WORLD_SIZE", 1), int(rank), timeout_s)
         record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
-    rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
+    try:
+        rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
+    except OSError:  # a full run folder: the driver's own line names it
+        pass
 
 
 def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:

@@ -43,7 +43,7 @@ def _freeze_rank1(run_dir: Path, stopped: list) -> None:
 def test_a_rank_that_stops_answering_is_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = cfg_for("train.steps=100000", "train.batch_size=64", "cluster.pg_timeout_s=8", "train.threads_per_worker=1",
+    cfg = cfg_for("train.steps=100000", "train.batch_size=64", "cluster.pg_timeout_s=6", "train.threads_per_worker=1",
                   f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.system_metrics=false",
                   "cluster.cpu_affinity=none")
     OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
@@ -62,5 +62,5 @@ def test_a_rank_that_stops_answering_is_named(tmp_path: Path) -> None:
             signal.signal(s, h)
     assert stopped, "rank 1 was never stopped"
     line = str(root_cause(run_dir))
-    assert line.startswith("rank 1 on node 0 did not answer within cluster.pg_timeout_s=8 s"), line
+    assert line.startswith("rank 1 on node 0 did not answer within cluster.pg_timeout_s=6 s"), line
     assert "rank 0 waited for it" in line and "/" not in line and "unexpected" not in line, line

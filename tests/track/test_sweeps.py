@@ -169,13 +169,13 @@ def test_a_plan_sweep_over_an_overlapping_grid_reuses_the_points_already_answere
 
 
 def test_a_sweep_stops_after_max_failures_and_resume_runs_the_rest(store: str, tmp_path: Path) -> None:
-    """sweep.max_failures=1 (issue 48, item 2) on joblib with 2 processes: every point pins a plan file that is
-    not there yet, so the first to fail stops the sweep: at most the two started together fail, the others never
-    start, the parent ends FAILED, the last line names the cause and the resume command. Once the file is there,
-    resume runs the rest; each finished point says how far the sweep is (item 3)."""
+    """sweep.max_failures=1 (issue 48, item 2): every point pins a plan file that is not there yet, so the first
+    point fails and stops the sweep: no other point starts, the parent ends FAILED, the last line names the
+    cause and the resume command. Once the file is there, resume runs the rest; each finished point says how
+    far the sweep is (item 3). (With joblib, the points already started fail or stop too: docs/tracking.md.)"""
     pinned = tmp_path / "pinned.json"
     sweep = tmp_path / "sweep"
-    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TIGHT_PLAN, f"sharding.plan={pinned}",
+    args = ["-m", *TIGHT_PLAN, f"sharding.plan={pinned}",
             "sharding.storage_reserve_percent=0.1,0.15,0.2", "sweep.max_failures=1", f"tracking.uri={store}",
             "tracking.experiment=max_failures", f"hydra.sweep.dir={sweep}"]
     stopped = run_cli(args)
@@ -186,7 +186,7 @@ def test_a_sweep_stops_after_max_failures_and_resume_runs_the_rest(store: str, t
     statuses = {d.name: json.loads((d / "status.json").read_text()) for d in sweep.iterdir() if d.name.isdigit()}
     failed = [s for s in statuses.values() if s["status"] == "FAILED"]
     not_run = [s for s in statuses.values() if s["status"] == "KILLED" and s["error"].startswith("not run:")]
-    assert 1 <= len(failed) <= 2 and len(failed) + len(not_run) == 3, statuses
+    assert len(failed) == 1 and len(not_run) == 2, statuses
     assert all("sweep.max_failures=1" in s["error"] for s in not_run)
     parent = [r for r in runs(store, "max_failures") if r.data.tags.get("runner.kind") == "sweep"]
     assert len(parent) == 1 and parent[0].info.status == "FAILED"
@@ -216,16 +216,16 @@ def _write_plan(path: Path) -> None:
 
 
 def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: str, tmp_path: Path) -> None:
-    """Issue 48, item 1: 3 paired values x 2 others = 6 points with the right overrides and run names; unequal
+    """Issue 48, item 1: 2 paired values x 2 others = 4 points with the right overrides and run names; unequal
     lengths are one line; a resumed paired sweep runs only the points it lacks."""
     sweep = tmp_path / "sweep"
-    args = ["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5,50)",
-            "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)", "cluster.intra_node_bandwidth=30,600",
+    args = ["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5)",
+            "sharding.storage_reserve_percent=pair(0.05,0.1)", "cluster.intra_node_bandwidth=30,600",
             f"tracking.uri={store}", "tracking.experiment=paired", f"hydra.sweep.dir={sweep}"]
     proc = run_cli(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     points = sorted((d for d in sweep.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
-    pairs = [("3", "0.05"), ("12.5", "0.1"), ("50", "0.2")]
+    pairs = [("3", "0.05"), ("12.5", "0.1")]
     wanted = [(b, r, i) for b, r in pairs for i in ("30", "600")]
     got = []
     for d in points:
@@ -236,10 +236,10 @@ def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: 
     assert got == wanted, got
     _, children = split(store, "paired")
     assert [c.info.run_name for c in children] == [f"xbw={float(b)} reserve={r} ibw={float(i)}" for b, r, i in wanted]
-    assert json.loads((sweep / "sweep.json").read_text())["points"] == 6
+    assert json.loads((sweep / "sweep.json").read_text())["points"] == 4
     report = (sweep / "report" / "report.md").read_text()
     assert "Swept: cluster.cross_node_bandwidth + sharding.storage_reserve_percent (paired), " in report, report[:400]
-    assert "[runner] sweep: 6 of 6 done, 0 failed" in proc.stdout
+    assert "[runner] sweep: 4 of 4 done, 0 failed" in proc.stdout
 
     unequal = run_cli(["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5)",
                        "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)", f"hydra.sweep.dir={tmp_path / 'bad'}"])
@@ -247,10 +247,9 @@ def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: 
     assert "cluster.cross_node_bandwidth, sharding.storage_reserve_percent" in unequal.stderr
     assert "pair() of 2 and of 3 values" in unequal.stderr
 
-    for d in points[4:]:  # two points as a stopped sweep leaves them: never finished
-        (d / "status.json").unlink()
+    (points[3] / "status.json").unlink()  # a point as a stopped sweep leaves it: never finished
     resumed = run_cli(["resume", str(sweep)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.count(" kept: it finished before") == 4, resumed.stdout[-3000:]
+    assert resumed.stdout.count(" kept: it finished before") == 3, resumed.stdout[-3000:]
     ran = [ln for ln in resumed.stdout.splitlines() if ln.startswith("[runner] sweep: ")]  # planned, or reused
-    assert len(ran) == 2 and "| job 4" in ran[0] and "| job 5" in ran[1], ran
+    assert len(ran) == 1 and "| job 3" in ran[0], ran
