@@ -68,10 +68,23 @@ def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
     return min(killed or workers or records, key=lambda r: r["time"])
 
 
-def root_cause(run_dir: Path) -> WorkerFailure:
-    """The job's failure, named by its earliest recorded error; a fault when that rank was killed by a signal."""
+FULL_BELOW = 64 * 1024  # bytes free: a run folder this full could not take a failed rank's record
+
+
+def root_cause(run_dir: Path) -> Exception:
+    """The job's failure, named by its earliest recorded error; a fault when that rank was killed by a signal.
+    Where no rank could record its error because the run folder's disk is full, that full disk."""
     first = _first_failure(run_dir)
     if first is None:
+        import errno
+        import shutil
+
+        try:
+            full = shutil.disk_usage(run_dir).free < FULL_BELOW
+        except OSError:
+            full = False
+        if full:  # named as every full disk is (config.errors.disk_full): the folder and its free space
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run_dir))
         return WorkerFailure(f"a worker process failed without recording an error (see {run_dir / rundir.LOG})")
     if first.get("unanswered"):
         named = first["unanswered"][0]

@@ -28,10 +28,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 def _freeze_rank1(run_dir: Path, stopped: list) -> None:
     """SIGSTOP rank 1 once both ranks train; SIGCONT it once rank 0 has recorded its timeout (so that the
     agent's SIGTERM then ends it at once)."""
-    pid_file, deadline = run_dir / rundir.PIDS / "rank1.pid", time.monotonic() + 60
-    while not (pid_file.exists() and (run_dir / rundir.PIDS / "rank0.beat").exists()) and time.monotonic() < deadline:
+    pid_file, deadline = run_dir / rundir.PIDS / "rank1.pid", time.monotonic() + 120
+    ready = [pid_file, run_dir / rundir.PIDS / "rank1.beat", run_dir / rundir.EVENTS]  # training has begun
+    while not all(p.exists() for p in ready) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # into the training steps
+    time.sleep(0.5)  # into the training steps
     pid = int(pid_file.read_text())
     os.kill(pid, signal.SIGSTOP)
     stopped.append(time.monotonic())
