@@ -241,11 +241,14 @@ def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: 
     assert "Swept: cluster.cross_node_bandwidth + sharding.storage_reserve_percent (paired), " in report, report[:400]
     assert "[runner] sweep: 4 of 4 done, 0 failed" in proc.stdout
 
-    unequal = run_cli(["-m", *TIGHT_PLAN, "cluster.cross_node_bandwidth=pair(3,12.5)",
-                       "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)", f"hydra.sweep.dir={tmp_path / 'bad'}"])
-    assert unequal.returncode == 2 and len(unequal.stderr.strip().splitlines()) == 1, unequal.stderr
-    assert "cluster.cross_node_bandwidth, sharding.storage_reserve_percent" in unequal.stderr
-    assert "pair() of 2 and of 3 values" in unequal.stderr
+    from runner.config.paired import rewrite
+    from runner.launch.precheck import precheck
+
+    error, _ = precheck(["-m", *TIGHT_PLAN, *rewrite(["cluster.cross_node_bandwidth=pair(3,12.5)",
+                                                      "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)"])])
+    assert error is not None and "\n" not in error, error  # the command's pre-check: one line, before anything runs
+    assert "cluster.cross_node_bandwidth, sharding.storage_reserve_percent" in error
+    assert "pair() of 2 and of 3 values" in error
 
     (points[3] / "status.json").unlink()  # a point as a stopped sweep leaves it: never finished
     resumed = run_cli(["resume", str(sweep)])

@@ -52,6 +52,6 @@ def test_a_diverging_loss_stops_the_job_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_check_can_be_turned_off(tmp_path: Path) -> None:
-    results = _launch(tmp_path / "on", "train.stop_on_nonfinite=false")
+    results = _launch(tmp_path / "on", "train.stop_on_nonfinite=false", "train.steps=15")
     losses = results[0]["losses"]
-    assert len(losses) == 6 and losses[-1] != losses[-1]  # trained to the end: a NaN final loss, as asked
+    assert len(losses) == 3 and losses[-1] != losses[-1]  # trained to the end: a NaN final loss, as asked
