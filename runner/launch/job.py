@@ -57,7 +57,7 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
         started = (run_dir / rundir.RUN_INFO).exists()
         rundir.record_status(run_dir, "KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}")
-        _say_progress(str(sweep_dir), hc.job.num, "stopped" if started else "not run")
+        _say_progress(sweep_dir, hc.job.num, "stopped" if started else "not run")
         return objective_value(cfg, None)
     except KeyboardInterrupt as exc:
         stop = signals.stopped(exc)
@@ -80,25 +80,25 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         rundir.record_status(run_dir, "FAILED", line)
         say_error(line)
         if multirun:
-            sweep_stop.record_failure(Path(hc.sweep.dir).resolve(), hc.job.num, line, cfg.sweep.max_failures)
+            sweep_stop.record_failure(sweep_dir, hc.job.num, line, cfg.sweep.max_failures)
         if not multirun or task is not None:  # a Slurm job fails with its run
             raise SystemExit(1) from None
-        _say_progress(hc.sweep.dir, hc.job.num, "failed (its line is above)")
+        _say_progress(sweep_dir, hc.job.num, "failed (its line is above)")
         return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
         # its outcome is read from every point's status
     value = objective_value(cfg, results)
     rundir.record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
     if multirun:
-        _say_progress(hc.sweep.dir, hc.job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
+        _say_progress(sweep_dir, hc.job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
 
 
-def _say_progress(sweep_dir: str, job: int, outcome: str) -> None:
+def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
     """The sweep's progress and this point's outcome in one line, once the outcome is recorded
     (:mod:`runner.track.sweep_progress`)."""
     from runner.track.sweep_progress import progress_line
 
-    line = progress_line(Path(sweep_dir).resolve())
+    line = progress_line(sweep_dir) if sweep_dir is not None else None
     if line:
         print(f"{line} | {outcome if outcome.startswith(f'job {job} ') else f'job {job}: {outcome}'}", flush=True)
 

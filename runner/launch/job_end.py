@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
 from runner.track.reporter import summary_line
+from runner.track.sweep_points import sweep_of
 
 
 class PlanChart:
@@ -68,18 +69,14 @@ def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any
         section = plan_description(run_dir / rundir.PLAN)
         if section:
             run.add_to_note(section)
+    sweep = sweep_of(run_dir)
     if not run.end("FINISHED"):  # a sweep's point: delivered by the sweep's one sync command
-        results["tracking_pending"] = str(run_dir.parent if (run_dir.parent / "sweep.json").exists() else run_dir)
+        results["tracking_pending"] = str(sweep or run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    if cfg_verbose(run) or not (run_dir.parent / "sweep.json").exists():  # a sweep's point: in its progress line
+    if sweep is None or run.cfg.sweep.verbose:  # a sweep's point (a JobRun): in the sweep's progress line
         print(results["summary"], flush=True)
     return results
-
-
-def cfg_verbose(run: Any) -> bool:
-    cfg = getattr(run, "cfg", None)
-    return bool(cfg is not None and cfg.sweep.verbose)
 
 
 def end_run(run: Any, status: str, error: Optional[str] = None) -> bool:

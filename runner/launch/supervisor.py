@@ -19,6 +19,7 @@ from runner.launch.prewarm import kill_group, spawn_agent, take_warm
 from runner.runtime import rundir, signals
 from runner.runtime.process_end import DRIVER_PID
 from runner.track import sweep_stop
+from runner.track.sweep_points import sweep_of
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
@@ -156,7 +157,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
         if time.monotonic() >= next_pump:
             if pump is not None:
                 pump()
-            sweep_stop.check(run_dir.parent if (run_dir.parent / "sweep.json").exists() else None)
+            sweep_stop.check(sweep_of(run_dir))
             next_pump = time.monotonic() + PUMP_S
         signals.check()  # a Ctrl-C or SIGTERM whose raise was swallowed (e.g. inside a finalizer)
         time.sleep(TICK_S)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 from runner.runtime import rundir, signals
 from runner.track import store
 from runner.track.events import EventLog
+from runner.track.sweep_points import sweep_of
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -44,7 +45,7 @@ class Reporter:
 
     def _quiet(self) -> bool:
         """A sweep's point, at the default verbosity (``sweep.verbose=false``): details stay in its files."""
-        return not self.cfg.sweep.verbose and (self.run_dir.parent / "sweep.json").exists()
+        return not self.cfg.sweep.verbose and sweep_of(self.run_dir) is not None
 
     def flush(self) -> None:
         """Every report made so far is in the event log (complete lines, for the run's owner to deliver)."""

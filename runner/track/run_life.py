@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.events import EventLog, EventPump
+from runner.track.sweep_points import sweep_of
 from runner.track.sync import end_or_keep, open_kept
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class RunLife:
         self._next_try = 0.0
         self.system: Any = None  # this host's system-metrics monitor (False: none, asked once); stopped at the end
         # a sweep's point: a store away is said once for the sweep, with one sync command, not by each point
-        self.in_sweep = (run_dir.parent / "sweep.json").exists()
+        self.in_sweep = sweep_of(run_dir) is not None
 
     @property
     def opened(self) -> bool:

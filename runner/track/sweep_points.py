@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -65,6 +65,11 @@ def grid_points(swept: Dict[str, List[str]], paired: List[str]) -> int:
     return crossed * (len(swept[paired[0]]) if paired else 1)
 
 
+def sweep_of(run_dir: Path) -> Optional[Path]:
+    """The sweep folder ``run_dir`` is a point of (its parent holds ``sweep.json``), or None for a single job."""
+    return run_dir.parent if (run_dir.parent / SWEEP_FILE).exists() else None
+
+
 def sweep_info(sweep_dir: Optional[str]) -> Dict[str, Any]:
     """``sweep.json`` of a sweep folder: ``parent_run_id`` and ``swept`` keys ({} outside a sweep)."""
     found = rundir.read_json(Path(sweep_dir) / SWEEP_FILE) if sweep_dir else None
@@ -80,7 +85,7 @@ def point_values(swept: List[str], cfg: RunnerConfig, choices: Mapping[str, Any]
     """This point's value of each swept key (a group's chosen option, or the config value)."""
     out = {}
     for key in swept:
-        value = choices.get(key) if key in choices else OmegaConf.select(cfg, key, default=None)
+        value = choices.get(key) if key in choices else OmegaConf.select(cast(DictConfig, cfg), key, default=None)
         out[key] = "null" if value is None else str(value)
     return out
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from runner.runtime import rundir
-
-SWEEP_FILE = "sweep.json"
+from runner.track.sweep_points import SWEEP_FILE
 
 
 def _left(seconds: float) -> str:

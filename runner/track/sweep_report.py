@@ -18,6 +18,7 @@ import yaml
 
 from runner.runtime import rundir
 from runner.track.store import flatten
+from runner.track.sweep_points import SWEEP_FILE
 
 
 def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
@@ -204,7 +205,7 @@ def write_sweep_report(sweep_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]
     out = sweep_dir / "report"
     out.mkdir(exist_ok=True)
     keys = swept_keys(points)
-    info = rundir.read_json(sweep_dir / "sweep.json")
+    info = rundir.read_json(sweep_dir / SWEEP_FILE)
     paired = [k for k in (info.get("paired") or [] if isinstance(info, dict) else []) if k in keys]
     _write_csv(out / "points.csv", points, keys)
     _write_markdown(out / "report.md", points, keys, changed_tables(points), flips(points, keys, paired))

@@ -16,6 +16,7 @@ from runner.config.errors import disk_full
 from runner.runtime import rundir
 from runner.track.events import EventPump
 from runner.track.store import client, end_run, experiment_id, outage_reason
+from runner.track.sweep_points import SWEEP_FILE
 
 PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last reports (a run folder of its own)
 PARENT_TAG = "mlflow.parentRunId"
@@ -154,7 +155,7 @@ def _sweep_parent(sweep_dir: Path) -> Tuple[Optional[str], Optional[str]]:
     except Exception as exc:  # noqa: BLE001
         return None, (f"{sweep_dir}: the store {info['tracking_uri']} is still unreachable ({outage_reason(exc)}); "
                       "nothing is lost, run sync again later")
-    sweep_file = sweep_dir / "sweep.json"
+    sweep_file = sweep_dir / SWEEP_FILE
     found = rundir.read_json(sweep_file)
     if isinstance(found, dict):
         rundir.write_json(sweep_file, {**found, "parent_run_id": run_id})
