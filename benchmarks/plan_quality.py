@@ -95,11 +95,11 @@ def compose(tables: int, ranks: int, bandwidth: float, reserve: float) -> Any:
 def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     """The point's options (TorchRec's enumerator, reused across points of one bandwidth) as the balanced
     search's problem."""
-    from runner.plan.balanced import problem_of
     from runner.plan.planner import build_planner
     from runner.plan.sharders import sharders_for
-    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
+    from runner.plan.torchrec_adapter.balanced import problem_of
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     model = reused_model(cfg, planning_model)
@@ -116,8 +116,8 @@ def torchrec_rating(cfg: Any, ranks: int, proposer: str = "greedy") -> Optional[
     its rating."""
     from runner.plan.planner import PlanEstimates, build_planner
     from runner.plan.sharders import sharders_for
-    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     cfg.sharding.proposer = proposer
@@ -140,7 +140,7 @@ def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
     and where it finds none, its plan without the options no GPU can hold): the balanced planner run with it named
     in ``sharding.balanced_compare`` and a search of no length; None where TorchRec's proposer finds no plan."""
     from runner.plan.planner import make_plan
-    from runner.plan.speedups.enumeration_reuse import reused_model
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     cfg.sharding.balanced_compare = ["dynamic_programming"]
@@ -154,7 +154,7 @@ def violations(tables: int, ranks: int, points: List[Dict]) -> Tuple[int, int]:
     """(pairs where another point's plan, valid here, rates better here; of them, pairs with more bandwidth
     and no more reserve giving a slower plan)."""
     from runner.plan.balance import rating, valid
-    from runner.plan.balanced import solution_of
+    from runner.plan.torchrec_adapter.balanced import solution_of
 
     count = monotone = 0
     for p in points:

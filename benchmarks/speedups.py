@@ -1,4 +1,4 @@
-"""What each of the planner's speed-ups (``runner/plan/speedups/``) buys today: the runner's planner timed
+"""What each of the planner's speed-ups (``runner/plan/torchrec_adapter/``) buys today: the runner's planner timed
 with everything on, then with one speed-up at a time put back to TorchRec's own call, on the same inputs, in
 this process. Each run must give the same plan (its estimated step, to the last digit): speed never changes
 answers.
@@ -49,8 +49,8 @@ def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
     """Seconds of one call of the runner's planner, and its plan's estimated step (ms)."""
     from runner.plan.planner import PlanEstimates, build_planner
     from runner.plan.sharders import sharders_for
-    from runner.plan.speedups.enumeration_reuse import reused_model
     from runner.plan.topology import dense_bytes
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     model = reused_model(cfg, planning_model)
@@ -69,8 +69,8 @@ def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
 @contextlib.contextmanager
 def _off(name: str) -> Iterator[None]:
     """The speed-up ``name`` put back to TorchRec's (or Python's) own call while open."""
-    from runner.plan import planner
-    from runner.plan.speedups import planning_loop
+    from runner.plan.torchrec_adapter import planning_loop
+    from runner.plan.torchrec_adapter import runner_planner as planner
 
     saved: List[Tuple[Any, str, Any]] = []
 
@@ -101,7 +101,7 @@ def _off(name: str) -> Iterator[None]:
 
 
 def _clear_reuse() -> None:
-    from runner.plan.speedups import enumeration_reuse
+    from runner.plan.torchrec_adapter import enumeration_reuse
 
     enumeration_reuse._OPTIONS.clear()
 

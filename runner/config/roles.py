@@ -15,7 +15,7 @@ there, and resume keeps a point only when its run is there.
 
 ``NOT_ENUMERATED`` lists the ``answer`` keys that TorchRec's enumeration of sharding options does not read
 (the search's inputs: bandwidths, storage reserve, proposer; and how workers are launched), so that a
-plan-only sweep over them enumerates once (:mod:`runner.plan.speedups.enumeration_reuse`).
+plan-only sweep over them enumerates once (:mod:`runner.plan.torchrec_adapter.enumeration_reuse`).
 """
 
 from __future__ import annotations

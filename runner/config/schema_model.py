@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from runner.config.choices import one_of, some_of
+from runner.config.proposers import NAMES as PROPOSER_NAMES
 
 MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn", "mmoe")
 ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")  # one embedding width for every table
@@ -110,8 +111,7 @@ class ShardingSchema:
     constraints: Dict[str, Any] = field(default_factory=dict)
     """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
-    proposer: str = one_of("default", ("default", "balanced", "dynamic_programming", "greedy", "grid_search",
-                                       "uniform"))
+    proposer: str = one_of("default", PROPOSER_NAMES)
     """``default`` (TorchRec's: grid search, greedy, uniform) | ``balanced`` (the runner's search for the plan
     with the least loaded busiest rank, never worse than its starts; docs/planning.md) |
     ``dynamic_programming`` | ``greedy`` | ``grid_search`` | ``uniform``."""

@@ -84,10 +84,14 @@ def _mark_start() -> None:
 
 def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
     from runner.launch.plan_only import plan_only
-    from runner.plan.speedups.enumeration_reuse import reused_model
+    from runner.plan.torchrec_adapter.torchrec_seam import seam_note
     from runner.train.models import planning_model
 
     run.open()
+    if seam_note() is not None:  # TorchRec's stock planner: none of the adapter's reuse
+        return plan_only(cfg, run.run_dir, planning_model(cfg), None)
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
+
     return plan_only(cfg, run.run_dir, reused_model(cfg, planning_model), _sweep_choices())
 
 
@@ -109,13 +113,13 @@ def plan_sweep_together(args: List[str]) -> None:
         return
     from runner.launch.plan_only import PlanProgress
     from runner.launch.precheck import grid_points
-    from runner.plan.speedups.torchrec_seam import seam_note
     from runner.plan.sweep_plans import applies, plan_together
+    from runner.plan.torchrec_adapter.torchrec_seam import seam_note
 
     points = grid_points(applies)
     if len(points) < 2 or seam_note():
         return  # (a TorchRec the runner's search was not tested with: each point plans with TorchRec's planner)
-    from runner.plan.speedups.enumeration_reuse import reused_model
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
     printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line

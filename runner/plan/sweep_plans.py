@@ -42,7 +42,9 @@ _LOADED: Dict[str, Dict[str, Any]] = {}
 
 def applies(cfg: RunnerConfig) -> bool:
     """Whether a sweep's point is one this module plans together: a balanced plan-only point."""
-    return cfg.mode == "plan" and cfg.sharding.proposer == "balanced" and not cfg.sharding.plan
+    from runner.config.proposers import PROPOSERS
+
+    return cfg.mode == "plan" and PROPOSERS[cfg.sharding.proposer].plans_sweeps_together and not cfg.sharding.plan
 
 
 def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any],
@@ -87,8 +89,8 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
                 build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any],
                 progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> None:
     from runner.config.errors import PlanError
-    from runner.plan.balanced import entries_of
     from runner.plan.planner import make_plan
+    from runner.plan.torchrec_adapter.balanced import entries_of
     from runner.runtime.device import device_type
 
     if sys.stdout.isatty():

@@ -7,8 +7,7 @@ Config bandwidths are GiB/s and memory caps GiB per worker; they are converted t
 
 from __future__ import annotations
 
-import copy
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.storage_reservations import (
@@ -55,36 +54,16 @@ def dense_bytes(model: Any) -> int:
                if "embedding_bag_collection" not in n)
 
 
-class _HostMemoryToo:
-    """TorchRec's percentage reservations shrink only HBM; CPU workers plan in host memory (DDR), so
-    the same fraction of DDR is kept free there too, or ``storage_reserve_percent`` would do nothing."""
-
-    _percentage: float
-    _last_reserved_topology: Optional[Topology]
-
-    def reserve(self, topology: Topology, *args: Any, **kwargs: Any) -> Topology:
-        reserved = super().reserve(topology, *args, **kwargs)  # type: ignore[misc]
-        if topology.compute_device == "cpu":
-            for device in reserved.devices:
-                device.storage.ddr = int((1 - self._percentage) * device.storage.ddr)
-            self._last_reserved_topology = copy.deepcopy(reserved)
-        return reserved
-
-
-class FixedReservation(_HostMemoryToo, FixedPercentageStorageReservation):
-    pass
-
-
-class HeuristicReservation(_HostMemoryToo, HeuristicalStorageReservation):
-    pass
-
-
-def build_storage_reservation(sharding: ShardingSchema, dense_tensor_bytes: Optional[int] = None) -> Any:
+def build_storage_reservation(sharding: ShardingSchema, dense_tensor_bytes: Optional[int] = None,
+                              classes: Tuple[type, type] = (FixedPercentageStorageReservation,
+                                                            HeuristicalStorageReservation)) -> Any:
     """``fixed``: exactly the percent. ``heuristic``: the percent plus TorchRec's estimate of dense
-    parameters, their optimizer state and activations (6 x the dense parameters' bytes)."""
+    parameters, their optimizer state and activations (6 x the dense parameters' bytes). ``classes``: the
+    fixed and heuristic reservation classes: TorchRec's own (its stock planner's, which keep only HBM free),
+    or the TorchRec adapter's that keep host memory free too (:mod:`.torchrec_adapter.reservations`)."""
+    fixed, heuristic = classes
     if sharding.storage_reserve_policy == "fixed":
-        return FixedReservation(percentage=sharding.storage_reserve_percent)
+        return fixed(percentage=sharding.storage_reserve_percent)
     estimate = int(dense_tensor_bytes * HEURISTIC_DENSE_MULTIPLIER) if dense_tensor_bytes else None
-    return HeuristicReservation(percentage=sharding.storage_reserve_percent,
-                                         parameter_multiplier=HEURISTIC_DENSE_MULTIPLIER,
-                                         dense_tensor_estimate=estimate)
+    return heuristic(percentage=sharding.storage_reserve_percent, parameter_multiplier=HEURISTIC_DENSE_MULTIPLIER,
+                     dense_tensor_estimate=estimate)

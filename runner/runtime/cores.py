@@ -87,7 +87,7 @@ def plan_batch_size(cfg: object, points: int) -> Optional[int]:
     """For a plan-only sweep on joblib: points per batch so that each process takes one contiguous run of
     points (``ceil(points / n_jobs)``). Hydra orders a sweep's points with the first swept key varying
     slowest, so a process's points mostly share their bandwidths, and
-    :mod:`runner.plan.speedups.enumeration_reuse` redoes the perf estimate once per bandwidth pair a
+    :mod:`runner.plan.torchrec_adapter.enumeration_reuse` redoes the perf estimate once per bandwidth pair a
     process meets instead of at nearly every point. None
     when it does not apply (training sweeps, one process, or ``batch_size`` already set)."""
     launcher = cfg.hydra.launcher  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import cfg_for
 
-from runner.plan import balanced, sweep_plans
+from runner.plan import sweep_plans
 from runner.plan.balance import (
     DEVICE,
     HOST,
@@ -24,11 +24,12 @@ from runner.plan.balance import (
     rating,
     valid,
 )
-from runner.plan.balanced import entries_of, problem_of, search, solution_of
-from runner.plan.bound import lower_bound, simple_bound
 from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
+from runner.plan.torchrec_adapter import balanced
+from runner.plan.torchrec_adapter.balanced import entries_of, problem_of, search, solution_of
+from runner.plan.torchrec_adapter.bound import lower_bound, simple_bound
 from runner.train.models import planning_model
 
 GIB = 2**30

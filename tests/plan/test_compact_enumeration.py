@@ -20,7 +20,7 @@ from runner.config.tables import table_specs
 from runner.plan.plan_file import load_plan, plan_to_dict
 from runner.plan.planner import _inputs, make_plan
 from runner.plan.sharders import sharders_for
-from runner.plan.speedups.compact_enumeration import (
+from runner.plan.torchrec_adapter.compact_enumeration import (
     CompactEnumerator,
     expand_all,
     layout_of,
@@ -28,7 +28,7 @@ from runner.plan.speedups.compact_enumeration import (
     shard_count,
     shard_storages,
 )
-from runner.plan.speedups.shard_estimators import shard_estimators
+from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 from runner.train.models import planning_model
 
 MANY = ("experiment=plan_many_tables",)

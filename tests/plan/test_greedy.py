@@ -12,8 +12,8 @@ from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
-from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
 from runner.plan.topology import dense_bytes
+from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
 from runner.train.models import planning_model
 
 BASE = ["model=dnn_many", "model.generated_tables.count=16", "cluster=gpu_2x8", "train.batch_size=512",

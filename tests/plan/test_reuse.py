@@ -8,7 +8,7 @@ from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import make_plan
-from runner.plan.speedups.enumeration_reuse import enumeration_key
+from runner.plan.torchrec_adapter.enumeration_reuse import enumeration_key
 from runner.train.models import planning_model
 
 BASE = ["model=dnn_many", "model.generated_tables.count=24", "cluster=gpu_2x8", "train.batch_size=512",

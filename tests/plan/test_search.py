@@ -19,9 +19,9 @@ from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
-from runner.plan.speedups import planning_loop as search_loop
-from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.plan.topology import dense_bytes
+from runner.plan.torchrec_adapter import planning_loop as search_loop
+from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.train.models import planning_model
 
 
@@ -118,7 +118,7 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.
 def test_a_helper_that_dies_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The helper process dies holding a proposal, after its first answer: what it held is partitioned in the
     planning process, and the plan and estimates are still TorchRec's."""
-    from runner.plan.speedups import partition_helper as helper
+    from runner.plan.torchrec_adapter import partition_helper as helper
 
     serve = helper._serve
 
@@ -157,7 +157,7 @@ def test_estimators_give_torchrecs_estimates() -> None:
     TorchRec's default estimators' on a real model's enumerated options."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
-    from runner.plan.speedups.shard_estimators import shard_estimators
+    from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 
     cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=3", "sharding.compute_kernels=[]")
     model = planning_model(cfg)
@@ -197,7 +197,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
     """Where the dynamic-programming search finds no packing although the tables fit, its line says each table
     has an option that fits on one rank (not that each fits), and what stopped it: how many proposals held a
     shard no rank can hold, naming the largest such favoured option, and how many left a shard no room."""
-    from runner.plan.planner import explain_planner_error
+    from runner.plan.torchrec_adapter.runner_planner import explain_planner_error
 
     cfg = cfg_for(*BASE, "sharding.storage_reserve_percent=0.89")
     model = planning_model(cfg)
@@ -236,7 +236,7 @@ def test_a_bug_in_the_runners_search_surfaces_instead_of_a_fallback_plan() -> No
     from torchrec.distributed.planner.types import PlannerError
     from torchrec.distributed.planner.utils import bytes_to_gb
 
-    from runner.plan.speedups.torchrec_seam import planner_refusal
+    from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal
 
     def raised(fn):
         try:

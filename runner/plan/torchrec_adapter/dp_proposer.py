@@ -254,3 +254,8 @@ class FixedEnumerator(EmbeddingEnumerator):
         self._last_stored_module, self._last_stored_sharders = module, sharders
         self._last_stored_search_space = self._space
         return copy.deepcopy(self._space)
+
+
+def build(sharding: Any, device_type: str, world_size: int) -> Any:
+    """``sharding.proposer=dynamic_programming``: TorchRec's, vectorised and skipping what cannot change its answer."""
+    return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins), world_size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
-from runner.plan.speedups.compact_enumeration import shard_storages
+from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig

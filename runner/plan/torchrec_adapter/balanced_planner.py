@@ -20,7 +20,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.balance import Problem, Solution, rating, valid
-from runner.plan.balanced import (
+from runner.plan.torchrec_adapter.balanced import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
     from_torchrec,
@@ -30,12 +30,16 @@ from runner.plan.balanced import (
     search,
     solution_of,
 )
-from runner.plan.speedups.compact_enumeration import expand, expand_all, shard_count
-from runner.plan.speedups.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer, placeable_only
-from runner.plan.speedups.greedy_proposers import SkippingGreedyProposer
-from runner.plan.speedups.planning_loop import SearchLoopPlanner
-from runner.plan.speedups.record_copies import quick_copies
-from runner.plan.speedups.shared_placements import shared_uniform_prefixes
+from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
+from runner.plan.torchrec_adapter.dp_proposer import (
+    SkippingProposer,
+    VectorisedDynamicProgrammingProposer,
+    placeable_only,
+)
+from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
+from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
+from runner.plan.torchrec_adapter.record_copies import quick_copies
+from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 
 
 class BalancedPlanner(SearchLoopPlanner):

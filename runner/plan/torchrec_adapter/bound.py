@@ -111,7 +111,7 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
         return None
-    from runner.plan.balanced import problem_of  # the balanced search's problem of TorchRec's options
+    from runner.plan.torchrec_adapter.balanced import problem_of  # the balanced search's problem of TorchRec's options
 
     found = float(lower_bound(problem_of(space, reserved)[0]))
     return found if found == found else None

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
+from runner.config.errors import ConfigError
 from runner.plan.balance import (
     DEVICE,
     HOST,
@@ -39,7 +40,7 @@ from runner.plan.balance import (
     valid,
 )
 from runner.plan.balance_search import exact, improve, perturb
-from runner.plan.speedups.compact_enumeration import shard_arrays, shard_count
+from runner.plan.torchrec_adapter.compact_enumeration import shard_arrays, shard_count
 
 _KIND = {PartitionByType.UNIFORM.value: UNIFORM, PartitionByType.DEVICE.value: DEVICE,
          PartitionByType.HOST.value: HOST, PartitionByType.MULTI_HOST.value: MULTI_HOST}
@@ -260,3 +261,16 @@ def skipped_text(facts: Dict[str, Any]) -> str:
     names = ", ".join(skipped)
     return (f"; TorchRec's {names} plan not tried as a start at this size ({max(skipped.values()):,} shards in the "
             f"sharding options, above {COMPARE_MAX_SHARDS:,}): sharding.balanced_compare=[{names}] tries it")
+
+
+def build(sharding: Any, device_type: str, world_size: int) -> BalancedProposer:
+    """``sharding.proposer=balanced``, with the TorchRec plans it starts from (``sharding.balanced_compare``)."""
+    compare = sharding.balanced_compare
+    if compare is None:
+        compare = ["dynamic_programming"] if device_type == "cuda" else []
+    if device_type != "cuda" and "dynamic_programming" in compare:
+        raise ConfigError("sharding.balanced_compare", list(compare),
+                          "[] or [greedy] on CPU workers (the dynamic-programming proposer bins HBM)")
+    if not sharding.balanced_budget_s > 0:
+        raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
+    return BalancedProposer(float(sharding.balanced_budget_s), list(compare), auto=sharding.balanced_compare is None)

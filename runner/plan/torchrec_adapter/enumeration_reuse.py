@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.config import roles
-from runner.plan.speedups.compact_enumeration import CompactEnumerator, estimate_in_chunks
+from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimate_in_chunks
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig

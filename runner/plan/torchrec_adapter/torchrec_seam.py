@@ -5,23 +5,26 @@ TorchRec's planner has no hooks for what the runner's speed-ups do: one search l
 (:mod:`.planning_loop`), enumerations shared across a sweep (:mod:`.enumeration_reuse`), cheap copies of
 sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mod:`.shared_placements`),
 the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
-proposer's planner (:mod:`runner.plan.balanced_planner`). They read or override the private attributes
+proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced_planner`). They read or override the private attributes
 below, patch one private method and import names TorchRec does not export.
 The pin ``torchrec==1.8.0`` is their first protection. This list is the second:
 
 - ``tests/plan/test_torchrec_seam.py`` checks every name on the installed TorchRec;
-- on another version the runner plans with TorchRec's stock planner, and says so in one note line
-  (:func:`seam_note`), rather than failing or silently answering differently.
+- on another version, or where a listed name is gone, the runner plans with TorchRec's stock planner (its
+  own storage reservations, no private name), and says so in one note line (:func:`seam_note`), rather than
+  failing or silently answering differently. This module imports nothing of TorchRec's at module level; the
+  rest of the adapter is imported only after :func:`seam_note` found nothing
+  (``tests/plan/test_torchrec_seam.py`` checks both in a subprocess).
 """
 
 from __future__ import annotations
 
 import copy
+import dis
 import functools
 import importlib
 import inspect
-import re
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 TESTED_WITH = "1.8.0"
 
@@ -62,9 +65,30 @@ def _class(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def _stored_in(code: Any) -> Set[str]:
+    """Every attribute name a code object (and the code nested in it) sets."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "STORE_ATTR"}
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _stored_in(const)
+    return names
+
+
+def _set_by(cls: type) -> Set[str]:
+    """The attribute names TorchRec's code of ``cls`` (its methods and its TorchRec bases') sets."""
+    names: Set[str] = set()
+    for c in cls.__mro__:
+        if c.__module__.startswith("torchrec"):
+            for member in vars(c).values():
+                code = getattr(inspect.unwrap(member) if callable(member) else member, "__code__", None)
+                if code is not None:
+                    names |= _stored_in(code)
+    return names
+
+
 def missing() -> List[str]:
     """The listed names the installed TorchRec (and Python) lacks: an attribute counts as there when the class
-    has it or TorchRec's code of the class sets it (``self.<name>``); empty when every one is there."""
+    has it or TorchRec's code of the class uses it (``self.<name>``); empty when every one is there."""
     gone = []
     for path, names in ATTRIBUTES.items():
         try:
@@ -72,26 +96,35 @@ def missing() -> List[str]:
         except (ImportError, AttributeError):
             gone.append(path)
             continue
-        source = "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("torchrec"))
-        gone += [f"{path}.{n}" for n in names if not hasattr(cls, n) and not re.search(rf"self\.{n}\b", source)]
+        set_there = _set_by(cls)
+        gone += [f"{path}.{n}" for n in names if not hasattr(cls, n) and n not in set_there]
     for module, names in MODULE_NAMES.items():
-        found = importlib.import_module(module)
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            gone.append(module)
+            continue
         gone += [f"{module}.{n}" for n in names if not hasattr(found, n)]
     return gone + [f"copy.{n}" for n in PYTHON_PRIVATE if not hasattr(copy, n)]
 
 
 @functools.lru_cache(maxsize=1)
 def seam_note() -> Optional[str]:
-    """None on the TorchRec the runner's planner was tested with; else the note line of a job that then plans
-    with TorchRec's stock planner (and TorchRec's proposers) instead of the runner's."""
+    """None on the TorchRec the runner's planner was tested with, when it has every listed name; else the note
+    line of a job that then plans with TorchRec's stock planner (and TorchRec's proposers) instead of the
+    runner's. The rest of this package is imported only when this is None."""
     import torchrec
 
     version = str(getattr(torchrec, "__version__", "unknown"))
-    if version == TESTED_WITH:
-        return None
-    return (f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}): "
-            "planned with TorchRec's stock planner and proposers, without the runner's search (pin "
-            f"torchrec=={TESTED_WITH} for it)")
+    stock = ("planned with TorchRec's stock planner and proposers, without the runner's search (pin "
+             f"torchrec=={TESTED_WITH} for it)")
+    if version != TESTED_WITH:
+        return f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}): {stock}"
+    gone = missing()
+    if gone:
+        return (f"torchrec {version} lacks {len(gone)} name(s) the runner's planner relies on ({', '.join(gone[:3])}"
+                f"{', ...' if len(gone) > 3 else ''}): {stock}")
+    return None
 
 
 def planner_refusal(exc: BaseException) -> bool:

@@ -35,10 +35,10 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, S
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
-from runner.plan.speedups.dp_proposer import SkippingProposer
-from runner.plan.speedups.partition_helper import PartitionHelper, rate
-from runner.plan.speedups.record_copies import quick_copies
-from runner.plan.speedups.shared_placements import shared_uniform_prefixes
+from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
+from runner.plan.torchrec_adapter.partition_helper import PartitionHelper, rate
+from runner.plan.torchrec_adapter.record_copies import quick_copies
+from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 
 Progress = Callable[[Dict[str, Any]], None]
 HELPER_AFTER_S = 2.0  # a search still running after this many seconds partitions in two processes

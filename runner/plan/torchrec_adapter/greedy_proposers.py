@@ -23,7 +23,7 @@ import numpy as np
 from torchrec.distributed.planner.proposers import GreedyProposer
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
-from runner.plan.speedups.dp_proposer import SkippingProposer, _ProposalFacts
+from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer, _ProposalFacts
 
 
 class SkippingGreedyProposer(SkippingProposer):
@@ -77,3 +77,8 @@ class SkippingGreedyProposer(SkippingProposer):
         if partitionable and perf_rating is not None and (self.best is None or perf_rating < self.best):
             self.best = perf_rating
         self.chain[self._at].feedback(partitionable, plan, perf_rating, storage_constraint)
+
+
+def build(sharding: Any, device_type: str, world_size: int) -> Any:
+    """``sharding.proposer=greedy``: TorchRec's two greedy proposers, less what cannot change their answer."""
+    return SkippingGreedyProposer(world_size)

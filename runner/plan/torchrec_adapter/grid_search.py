@@ -1,0 +1,40 @@
+"""``sharding.proposer=grid_search`` and ``uniform``: TorchRec's proposers, the grid search failing loudly where
+TorchRec's silently proposes nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Dict, List
+
+from torchrec.distributed.planner.proposers import GridSearchProposer, UniformProposer
+from torchrec.distributed.planner.types import ShardingOption
+
+from runner.config.errors import PlanError
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ShardingSchema
+
+
+class BoundedGridSearchProposer(GridSearchProposer):
+    """TorchRec's grid search; above ``max_proposals`` combinations TorchRec's proposer skips itself, and the
+    planner then reports a misleading "insufficient storage": here that is one line naming the limit."""
+
+    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+        per_table: Dict[str, int] = {}
+        for option in search_space:
+            per_table[option.fqn] = per_table.get(option.fqn, 0) + 1
+        total = math.prod(per_table.values())
+        if total > self._max_proposals:
+            raise PlanError(
+                f"sharding.proposer=grid_search: {total:.3g} combinations of {len(per_table)} tables exceed "
+                f"sharding.grid_max_proposals={self._max_proposals}; raise it, constrain sharding.types, or use "
+                "greedy or dynamic_programming")
+        super().load(search_space, enumerator)
+
+
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+    return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
+
+
+def build_uniform(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+    return UniformProposer()

@@ -1,0 +1,174 @@
+"""The runner's planner: TorchRec's planner with the adapter's enumeration, estimators, search loop and proposers,
+and the runner's fall-backs where a proposer finds no plan.
+
+Reached only from :mod:`runner.plan.planner`, and only once :func:`.torchrec_seam.seam_note` found the installed
+TorchRec to be the one the adapter was tested with; on any other TorchRec the runner plans with TorchRec's stock
+planner and never imports this package's other modules.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from omegaconf import OmegaConf
+from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.types import ShardingPlan
+
+from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
+from runner.plan.proposers import build_proposer, declared
+from runner.plan.topology import build_storage_reservation
+from runner.plan.torchrec_adapter.balanced import BalancedProposer, balanced_note, job_facts
+from runner.plan.torchrec_adapter.balanced_planner import BalancedPlanner
+from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
+from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
+from runner.plan.torchrec_adapter.enumeration_reuse import ReusingEnumerator, enumeration_key
+from runner.plan.torchrec_adapter.infeasible import NO_PACKING, diagnose, explain
+from runner.plan.torchrec_adapter.planning_loop import Progress, SearchLoopPlanner
+from runner.plan.torchrec_adapter.reservations import RESERVATIONS
+from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
+from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+Inputs = Tuple[Any, int, Dict[str, Any]]  # the topology, the per-rank batch and the tables' constraints
+
+
+def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_size: int, estimates: Any = None,
+                   dense_tensor_bytes: Optional[int] = None, reuse: bool = False,
+                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
+                   progress: Optional[Progress] = None, choose_from: Any = None) -> Any:
+    """The runner's planner for ``cfg`` (see :func:`runner.plan.planner.build_planner`)."""
+    topology, batch, constraints = inputs
+    kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
+              "estimator": shard_estimators(topology, constraints)}
+    proposer = build_proposer(cfg.sharding, device_type, world_size)
+    # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
+    compact = isinstance(proposer, BalancedProposer)
+    if search_space is not None:
+        enumerator: Any = FixedEnumerator(*search_space, **kwargs)
+    elif reuse:
+        enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, topology.local_world_size, device_type, batch),
+                                       compact=compact, progress=progress, **kwargs)
+    else:
+        enumerator = CompactEnumerator(compact=compact, progress=progress, **kwargs)
+    planner_class: Any = SearchLoopPlanner
+    if isinstance(proposer, BalancedProposer):
+        proposer.choose_from = choose_from
+        planner_class = functools.partial(BalancedPlanner, balanced=proposer, dp_hbm_bins=cfg.sharding.dp_hbm_bins)
+        proposer = None  # the planner's own loop: TorchRec's default list is never run
+    return planner_class(
+        topology=topology,
+        batch_size=batch,
+        enumerator=enumerator,
+        storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes, RESERVATIONS),
+        proposer=proposer,
+        constraints=constraints,
+        stats=[estimates] if estimates is not None else None,
+        debug=False,
+        timeout_seconds=cfg.sharding.planner_timeout_s,
+        progress=progress,
+    )
+
+
+def explain_planner_error(exc: Exception, planner: Any, cfg: RunnerConfig, world: int, device_type: str,
+                          also: str = "") -> str:
+    """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
+    line when its state says nothing about memory. ``also``: the proposers tried after ``cfg``'s."""
+    line = explain(planner, cfg, world, device_type, also) if planner is not None else None
+    if line is not None:
+        return line
+    return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
+
+
+class _Job:
+    """What every planner of one plan shares: the config, the world, the model and its sharders, the inputs."""
+
+    def __init__(self, cfg: RunnerConfig, model: Any, world: int, device_type: str, sharders: List[Any],
+                 estimates: Any, dense: int, inputs: Inputs, progress: Optional[Progress]) -> None:
+        self.cfg, self.model, self.world, self.device_type, self.sharders = cfg, model, world, device_type, sharders
+        self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
+
+    def planner(self, cfg: RunnerConfig, **kwargs: Any) -> Any:
+        return runner_planner(cfg, self.inputs, self.device_type, self.world, self.estimates, self.dense,
+                              progress=kwargs.pop("progress", None), **kwargs)
+
+
+def _placeable_plan(planner: Any, job: _Job, notes: List[str]) -> Optional[ShardingPlan]:
+    """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
+    have a shard no GPU can hold (:func:`.dp_proposer.placeable_only`); the plan (TorchRec-partitioned and
+    rated) and a note on how it was found, or None."""
+    proposer = planner._proposers[0] if len(planner._proposers) == 1 else None
+    reserved = getattr(planner._storage_reservation, "_last_reserved_topology", None)
+    space = planner._enumerator.last_stored_search_space
+    if type(proposer) is not SkippingProposer or reserved is None or not space:  # the dynamic-programming one
+        return None
+    kept = placeable_only(space, reserved)
+    if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:
+        return None  # nothing to leave out, or a table with no placeable option: no plan fits
+    again = job.planner(job.cfg, search_space=(kept, planner._enumerator), progress=job.progress)
+    try:
+        plan = again.plan(job.model, job.sharders)
+    except Exception:  # noqa: BLE001 - still none: the first planner's state explains why
+        return None
+    notes.append(f"TorchRec's dynamic-programming proposer found no plan: each of its proposals held a shard no "
+                 f"GPU can hold ({proposer.skipped_unplaceable} proposals); this plan was found by proposing "
+                 f"again without the {len(space) - len(kept)} of {len(space)} sharding options that have such "
+                 "a shard (partitioned and rated by TorchRec's planner)")
+    return plan
+
+
+def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[ShardingPlan]:
+    """Where a proposer found no packing while the tables fit: the one its declaration falls back to
+    (``sharding.proposer=<name>``); the plan and a note, or None."""
+    other: RunnerConfig = OmegaConf.merge(job.cfg, {"sharding": {"proposer": name}})  # type: ignore[assignment]
+    try:
+        plan = job.planner(other).plan(job.model, job.sharders)
+    except Exception:  # noqa: BLE001 - none either: the first planner's state explains why
+        return None
+    notes.append(f"sharding.proposer={job.cfg.sharding.proposer} found no packing (nor without the options no GPU "
+                 f"can hold); this plan was found by the next proposer, sharding.proposer={name}")
+    return plan
+
+
+def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
+                     sharders: List[Any], estimates: Any, reuse: bool, hbm_cap: Optional[int], notes: List[str],
+                     facts: Dict[str, Any], inputs: Inputs, progress: Optional[Progress] = None,
+                     choose_from: Any = None) -> Any:
+    """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
+    where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
+    when the named proposer found none)."""
+    from runner.plan.topology import dense_bytes
+
+    planner = None
+    job = _Job(cfg, model, world, device_type, sharders, estimates, dense_bytes(model), inputs, progress)
+    facts["planner"] = "runner"
+    try:
+        planner = job.planner(cfg, reuse=reuse, progress=progress, choose_from=choose_from)
+        plan = planner.plan(model, sharders)
+        facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
+        if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
+            facts.update(job_facts(planner.balanced.facts))
+            notes.append(balanced_note(planner.balanced.facts))
+        return plan
+    except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
+        return PlanError(str(exc))
+    except Exception as exc:  # PlannerError, and what TorchRec's planner raises; a bug of the runner's own raises
+        if not planner_refusal(exc):
+            raise
+        if planner is None:
+            return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
+        found = _placeable_plan(planner, job, notes)
+        if found is not None:
+            facts["fallback"] = "placeable_only"
+        line = explain_planner_error(exc, planner, cfg, world, device_type)
+        why = diagnose(planner, cfg, world, device_type)
+        after = declared(cfg.sharding).falls_back_to
+        if found is None and after and why and why.cause == NO_PACKING:
+            found = _next_proposers_plan(job, after, notes)
+            facts["fallback"] = after if found is not None else None
+            line = explain_planner_error(exc, planner, cfg, world, device_type, f" (then {after})")
+        if found is not None:
+            facts["plan_source"] = "torchrec"
+        return found if found is not None else NoPlanFits(line)
