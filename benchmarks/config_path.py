@@ -45,7 +45,7 @@ if _OUT:
         if event != "call" or _state["done"]:
             return
         module = frame.f_globals.get("__name__", "")
-        if module == "__main__" and "/runner/" in frame.f_code.co_filename:  # python -m runner.launch.agent
+        if module == "__main__" and "/runner/" in frame.f_code.co_filename:  # python -m runner.launch.processes.agent
             tail = frame.f_code.co_filename.rsplit("/runner/", 1)[1]
             module = "runner." + tail[:-3].replace("/", ".")
         if not module.startswith("runner"):
@@ -53,7 +53,7 @@ if _OUT:
         code = frame.f_code
         if _state["role"] is None:
             role = _STARTS.get(code.co_name)
-            if role is None or (role == "agent" and module != "runner.launch.agent"):
+            if role is None or (role == "agent" and module != "runner.launch.processes.agent"):
                 return
             _state["role"], _state["path"] = role, []
         from omegaconf import DictConfig
@@ -113,7 +113,7 @@ def main() -> int:
         records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     parts = {r["role"]: r["path"] for r in records if r["role"] != "rank" or r.get("rank") == "0"}
     whole = parts.get("driver", [])
-    hand_over = ["runner.launch.supervisor", "launch"]
+    hand_over = ["runner.launch.processes.supervisor", "launch"]
     handoff = next((i + 1 for i, step in enumerate(whole) if step == hand_over), len(whole))
     parts["driver"], parts["driver, whole job"] = whole[:handoff], whole
     path = [step for role in ("driver", "agent", "rank") for step in parts.get(role, [])]

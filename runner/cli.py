@@ -18,22 +18,21 @@ from runner import PROJECT_ROOT
 from runner.config import paired
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
-from runner.launch.job import say_error
-from runner.launch.precheck import CONF_DIR, hydra_conf, precheck
+from runner.launch.job.life import say_error
+from runner.launch.sweep.precheck import CONF_DIR, hydra_conf, precheck
 from runner.runtime import signals
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
 
 def _run_subdir() -> str:
-    """A single run's folder under outputs/runs: ``<date>/<time>``; the tasks of one Slurm job step
-    (``srun python -m runner``) share ``slurm/<job id>.<step id>`` (node k > 0 keeps its files in ``node<k>/``)."""
-    import os
+    """A single run's folder under outputs/runs: ``<date>/<time>``; the tasks of one job step of a scheduler
+    share the folder it names (Slurm's: ``slurm/<job id>.<step id>``; node k > 0 keeps its files in ``node<k>/``)."""
     from datetime import datetime
 
-    if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" in os.environ:
-        return f"slurm/{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+    from runner.launch import schedulers
+
+    return schedulers.run_folder_name() or datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 
 OmegaConf.register_new_resolver("run_subdir", _run_subdir, use_cache=True, replace=True)
@@ -42,8 +41,8 @@ register_schemas()
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_job(cfg: DictConfig) -> Optional[float]:
-    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.run_job`."""
-    from runner.launch.job import run_job
+    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.life.run_job`."""
+    from runner.launch.job.life import run_job
 
     return run_job(cfg)  # type: ignore[arg-type]  # the schema-typed config Hydra composed
 
@@ -130,7 +129,7 @@ def main() -> None:
             sys.exit(stop.exit_code)
     sys.argv = [sys.argv[0], *paired.rewrite(sys.argv[1:])]  # key=pair(...): paired sweep axes, in Hydra's grammar
     if sys.argv[1:2] == ["resume"]:  # the sweep's own command again, in its folder
-        from runner.launch.resume import resume_argv
+        from runner.launch.sweep.resume import resume_argv
 
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[2:])]
     if sys.argv[1:2] == ["diff"]:
@@ -146,7 +145,7 @@ def main() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     try:
-        from runner.launch.prewarm import prewarm_for
+        from runner.launch.processes.prewarm import prewarm_for
 
         prewarm_for(sys.argv[1:])
         error, launcher = precheck(sys.argv[1:])
@@ -154,7 +153,7 @@ def main() -> None:
             print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
         sys.argv += launcher
-        from runner.launch.driver import plan_sweep_together
+        from runner.launch.job.driver import plan_sweep_together
 
         plan_sweep_together(sys.argv[1:])  # a grid sweep of balanced plans: planned together first
         _hydra_job()
@@ -173,7 +172,7 @@ def main() -> None:
 def _end_sweep(signame: str, said: bool) -> bool:
     """A running sweep's parent and running points end KILLED; its folder is named (in the job's own line
     when a job said it was stopped, else in this line). False when no sweep was running."""
-    from runner.track.sweep import end_stopped_sweep
+    from runner.launch.sweep.parent import end_stopped_sweep
 
     folder = end_stopped_sweep(signame)
     if folder is not None and not said:

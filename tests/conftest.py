@@ -155,7 +155,7 @@ class MlflowServer:
     on the same port and store."""
 
     def __init__(self, folder: Path) -> None:
-        from runner.launch.ports import free_port
+        from runner.launch.processes.ports import free_port
 
         self.port, self.folder = free_port(), folder
         self.url, self.artifacts = f"http://127.0.0.1:{self.port}", folder / "artifacts"

@@ -126,7 +126,7 @@ def test_the_driver_side_reads_dataset_lineage_without_loading_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, runner.launch.driver, runner.data.lineage, runner.track.inputs; "
+    code = ("import sys, runner.launch.job.driver, runner.data.lineage, runner.track.inputs; "
             "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)
@@ -167,9 +167,13 @@ def _callers(name: str) -> Set[str]:
 
 
 def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
-    """``status.json`` is written by one function (``runtime.rundir.record_status``), called by the job's owner
-    (``launch.job``) and, for a point that never ran, the Slurm launcher; the plan chart is drawn by
-    ``launch.job_end`` only, on the driver's path and under a plain torchrun alike."""
-    assert _callers("record_status") == {"runner.launch.job", "runner.launch.slurm_submit"}
-    assert _callers("draw_plan_chart") == {"runner.launch.job_end"}
-    assert _callers("finish_run") == {"runner.launch.driver", "runner.launch.torchrun"}
+    """``status.json`` is written by one function (``runtime.rundir.record_status``), called from a job's outcome
+    (``launch.job.outcome``) and, for a point that never ran, the Slurm launcher; the plan chart is drawn by
+    ``launch.job.end`` only, which alone ends a job's run, on the driver's path and under a plain torchrun alike."""
+    assert _callers("record_status") == {"runner.launch.job.outcome", "runner.launch.schedulers.slurm_submit"}
+    # a job's run: ended by launch.job.end's end_run (driver, torchrun); store.end_run is what sync delivers for a
+    # run kept while the store was away, a sweep's parent and its stopped points, and a requeued attempt's run
+    assert _callers("end_run") == {"runner.launch.job.driver", "runner.launch.torchrun", "runner.track.sync",
+                                   "runner.launch.sweep.parent", "runner.track.job_run"}
+    assert _callers("draw_plan_chart") == {"runner.launch.job.end"}
+    assert _callers("finish_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}

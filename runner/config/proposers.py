@@ -39,7 +39,8 @@ class Proposer:
     falls_back_to: Optional[str] = None
     """The proposer tried next when it finds no packing of tables that fit."""
     plans_sweeps_together: bool = False
-    """A plan-only grid sweep of it plans all its points in one pass first (:mod:`runner.plan.sweep_plans`)."""
+    """A plan-only grid sweep of it plans all its points in one pass first
+    (:mod:`runner.launch.sweep.plan_together`)."""
     own_planner: bool = False
     """It runs its own planner (the balanced search's), not the runner's search loop over TorchRec's."""
 

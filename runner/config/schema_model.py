@@ -157,10 +157,11 @@ class ClusterSchema:
     """Rendezvous port (default: a free port on this host)."""
     node_rank: Optional[int] = None
     """This host's node rank on a real multi-node job. Unset: all nodes run on this host."""
-    scheduler: str = one_of("auto", ("auto", "slurm", "none"))
-    """``auto``: a task of a Slurm job step (``hydra/launcher=slurm``, or ``srun python -m runner``) takes its
-    node rank, rendezvous host and port from Slurm | ``slurm``: the same, and an error outside Slurm |
-    ``none``: ignore Slurm's environment (all nodes on this host, or ``cluster.node_rank`` by hand)."""
+    scheduler: str = "auto"
+    """``auto``: a task of a scheduler's job (Slurm's: ``hydra/launcher=slurm``, or ``srun python -m runner``)
+    takes its node rank, rendezvous host and port from the scheduler | ``slurm``: the same, and an error outside
+    Slurm | ``local`` (or ``none``): ignore any scheduler's environment (all nodes on this host, or
+    ``cluster.node_rank`` by hand). The schedulers are :mod:`runner.launch.schedulers`' (checked there)."""
     pg_timeout_s: int = 300
     """Process-group (collective) timeout, seconds."""
     max_restarts: int = 0

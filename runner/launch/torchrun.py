@@ -5,7 +5,9 @@ TorchRec scripts know.
 ``python -m runner ... --cfg job --resolve``, or a run folder's ``resolved.yaml``): each rank runs as the
 runner's own workers do (:func:`runner.train.worker.run_guarded`); results go to the config file's folder.
 With no driver, rank 0's process holds the job's MLflow run (:func:`runner.track.run_life.torchrun_run`) and
-ends it as the driver does (:func:`runner.launch.job_end.finish_run`).
+ends it as the driver does (:mod:`runner.launch.job.end`), from the job's outcome as the driver computes it
+(:mod:`runner.launch.job.outcome`; the failure named by the earliest rank's recorded error), which it also
+records in ``status.json``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from runner.config.errors import ConfigError, one_line
+from runner.config.errors import ConfigError
 from runner.config.schema import load_resolved
 from runner.config.validation import validate
-from runner.launch.job_end import PlanChart, end_run, finish_run
+from runner.launch.job import outcome
+from runner.launch.job.end import PlanChart, end_run, finish_run
+from runner.launch.processes.supervisor import root_cause
 from runner.runtime import signals
 from runner.train.worker import run_guarded
 
@@ -52,19 +56,25 @@ def main(argv: list[str]) -> int:
     try:
         results = run_guarded(cfg, path.parent, open_run)
     except BaseException as exc:
-        stop = signals.received() or (signals.stopped(exc).name if isinstance(exc, KeyboardInterrupt) else None)
-        if run is not None:
-            with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
-                end_run(run, *(("KILLED", f"stopped by {stop}") if stop else ("FAILED", one_line(exc))))
-        if stop is None:
-            raise
         # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
-        # stopped before this rank breaks its collective)
-        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {stop}", file=sys.stderr, flush=True)
-        return signals.Stopped(signal.Signals[stop]).exit_code
+        # stopped before this rank breaks its collective); else the job's failure as the driver names it: the
+        # earliest rank's recorded error
+        stop = signals.received()
+        stopped = stop is not None or isinstance(exc, KeyboardInterrupt)
+        if os.environ.get("RANK") == "0":  # rank 0 holds the job's outcome: its run and status.json
+            end = outcome.of_error(exc if stopped else root_cause(path.parent), cfg, path.parent, stop)
+            with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
+                if run is not None:
+                    end_run(run, end)
+                outcome.record(end, path.parent)
+        if not stopped:
+            raise
+        name = stop or signals.stopped(exc).name
+        print(f"[runner] rank {os.environ.get('RANK', '?')} stopped by {name}", file=sys.stderr, flush=True)
+        return signals.Stopped(signal.Signals[name]).exit_code
     if run is not None:
         try:
-            finish_run(run, PlanChart(path.parent), path.parent, results)
+            outcome.record(finish_run(run, PlanChart(path.parent), path.parent, results), path.parent)
         except Exception as exc:  # noqa: BLE001 - the ranks' work is done and on disk; its record is said
             print(f"[runner] warning: could not end the MLflow run: {exc}", file=sys.stderr, flush=True)
     return 0

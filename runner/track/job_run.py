@@ -2,7 +2,7 @@
 to it (multi-host opening, this host's system metrics, the earlier run a resumed point replaces).
 
 What the run records is given to it as data (:class:`RunRecord`: its name, parent, tags, artifacts,
-datasets), made by the launch stage when the run opens (:func:`runner.launch.mlflow_run.run_record`). Rank 0
+datasets), made by the launch stage when the run opens (:func:`runner.launch.job.mlflow_run.run_record`). Rank 0
 never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan`` reports through
 the same log from the driver's own process. A plain torchrun, without a driver, has rank 0's process hold
 the job's ``RunLife`` (:func:`runner.track.run_life.torchrun_run`).
@@ -46,12 +46,12 @@ class JobRun:
     """
 
     def __init__(self, cfg: RunnerConfig, run_dir: Path, config: Dict[str, Any], port: int,
-                 record: Callable[[], RunRecord]) -> None:
+                 record: Callable[[], RunRecord], static_rendezvous: bool = False) -> None:
         self.cfg, self.run_dir, self.config, self.port = cfg, run_dir, config, port
         self._record = record
         self.uri = store.tracking_uri(cfg)
         self.multi_host = cfg.cluster.node_rank is not None
-        self.slurm = cfg.cluster.scheduler == "slurm"
+        self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
         self._life = RunLife(run_dir, self.uri)  # open, deliver, end
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
 
@@ -65,14 +65,14 @@ class JobRun:
         return self._life.opened
 
     def rank0_here(self) -> bool:
-        if self.slurm:
+        if self.static:
             return self.cfg.cluster.node_rank == 0
         return (self.run_dir / rundir.PIDS / "rank0.pid").exists()
 
     @property
     def opens_early(self) -> bool:
         """Whether this driver opens the run while its workers start (it knows rank 0 is on its host)."""
-        return not self.multi_host or (self.slurm and self.rank0_here())
+        return not self.multi_host or (self.static and self.rank0_here())
 
     def open(self) -> None:
         """Create the run (its folder's ``run.json`` records it) with what its record says, start the system
@@ -102,7 +102,7 @@ class JobRun:
             self.open()
         if self.opened:
             self._life.deliver()
-        if self._life.system is None and self.slurm and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+        if self._life.system is None and self.static and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
             if info and info.get("run_id"):
                 monitor = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)

@@ -4,7 +4,7 @@ A collective that times out (``cluster.pg_timeout_s``) fails on the ranks that w
 stopped (a SIGSTOP, a frozen host, a thread holding the interpreter) says nothing. Every rank writes the time
 into ``pids/rank<R>.beat`` every :data:`BEAT_S` from a thread of its own; the rank whose wait timed out reads
 them and names the peers that went silent (:func:`timeout_line`). Its error record lists them, and the
-driver's root cause names that rank and its node (:mod:`runner.launch.supervisor`).
+driver's root cause names that rank and its node (:mod:`runner.launch.processes.supervisor`).
 """
 
 from __future__ import annotations

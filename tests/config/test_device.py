@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from runner.config.errors import ConfigError
-from runner.launch.slurm_submit import job_shape, parse_node_resources
+from runner.launch.schedulers.slurm_submit import job_shape, parse_node_resources
 from runner.runtime.device import (
     GIB,
     check_bf16,

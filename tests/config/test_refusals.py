@@ -15,8 +15,8 @@ from conftest import FAST, cfg_for
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import one_line
 from runner.data.criteo import criteo_lines
-from runner.launch.driver import pre_launch_checks
-from runner.launch.precheck import precheck
+from runner.launch.job.driver import pre_launch_checks
+from runner.launch.sweep.precheck import precheck
 
 CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batches=1"]
 
@@ -101,7 +101,7 @@ def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from runner.launch.precheck import _from_first, hydra_conf
+    from runner.launch.sweep.precheck import _from_first, hydra_conf
 
     first = ["experiment=plan_many_tables", "cluster.cross_node_bandwidth=0.5", "sharding.storage_reserve_percent=0.05",
              "train.seed=1", "+sharding.constraints.g001.sharding_types=[row_wise]"]

@@ -58,7 +58,7 @@ CHANGES = {  # override -> whether the earlier point still answers it
 
 
 def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsys) -> None:
-    from runner.launch.resume import kept_point, reusable
+    from runner.launch.sweep.resume import kept_point, reusable
     from runner.runtime import rundir
     from runner.track import store
 

@@ -13,7 +13,7 @@ from runner.config.secrets import (
     redact_value,
     split_credentials,
 )
-from runner.launch.precheck import precheck
+from runner.launch.sweep.precheck import precheck
 
 
 def test_credentials_are_split_out_of_a_uri() -> None:

@@ -160,7 +160,7 @@ def test_write_parquet_then_train_on_it(store: str, tmp_path: Path) -> None:
     import pyarrow.fs as pafs
     from moto.server import ThreadedMotoServer
 
-    from runner.launch.ports import free_port
+    from runner.launch.processes.ports import free_port
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -290,7 +290,7 @@ def test_every_rank_stops_at_the_same_batch_with_one_agreement_per_chunk() -> No
     and an evaluation agreed in the training thread at the same time do not mix their collectives."""
     import torch.multiprocessing as mp
 
-    from runner.launch.ports import free_port
+    from runner.launch.processes.ports import free_port
 
     ctx = mp.get_context("fork")
     out, port = ctx.Queue(), free_port()

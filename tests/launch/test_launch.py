@@ -27,7 +27,8 @@ def torchrun_command(overrides: list, tmp_path: Path, config: str = "") -> list:
     job = tmp_path / "job.yaml"
     job.write_text(config)
     torchrun = Path(sys.executable).parent / "torchrun"
-    return [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.launch.torchrun", str(job)]
+    workers = "1" if "cluster.workers_per_node=1" in overrides else "2"
+    return [str(torchrun), "--standalone", f"--nproc_per_node={workers}", "-m", "runner.launch.torchrun", str(job)]
 
 
 def torchrun_job(overrides: list, tmp_path: Path, config: str = "") -> subprocess.CompletedProcess:
@@ -153,18 +154,32 @@ def test_sigterm_under_external_torchrun_writes_every_report_and_ends_killed(sto
     assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False)) and stamps[-1] <= stopped_at * 1000 + 1000
 
 
-def test_failure_under_external_torchrun_marks_its_run_failed(store: str, tmp_path: Path) -> None:
-    proc = torchrun_job(["cluster.ddr_cap_gib=0.001", f"tracking.uri={store}", "tracking.experiment=torchrun_fail"],
-                        tmp_path)
+def test_the_same_failure_has_one_outcome_through_the_driver_and_a_plain_torchrun(store: str, tmp_path: Path) -> None:
+    """A job whose plan cannot fit, run by the runner's driver and by a plain torchrun: each path writes its one
+    outcome, the same line in ``status.json`` and as the MLflow run's reason, and the two paths' lines are the
+    same (the failing rank named as the driver names it)."""
+    import json
+
+    fails = ["cluster.workers_per_node=1", "cluster.ddr_cap_gib=0.001", f"tracking.uri={store}"]
+    driven = run_cli([*FAST, *fails, "tracking.experiment=fail_driver", f"hydra.run.dir={tmp_path / 'driver'}"])
+    assert driven.returncode == 1
+    proc = torchrun_job([*fails, "tracking.experiment=torchrun_fail"], tmp_path / "torchrun")
     assert proc.returncode != 0
-    (run,) = runs(store, "torchrun_fail")
-    assert run.info.status == "FAILED" and "no sharding plan fits" in run.data.tags["error"]
+    lines = []
+    for experiment, folder in (("fail_driver", "driver"), ("torchrun_fail", "torchrun")):
+        (run,) = runs(store, experiment)
+        status = json.loads((tmp_path / folder / "status.json").read_text())
+        assert run.info.status == status["status"] == "FAILED"
+        assert run.data.tags["error"] == status["error"], (run.data.tags["error"], status["error"])
+        lines.append(status["error"])
+    assert lines[0] == lines[1] and lines[0].startswith("job failed: rank 0") and "no sharding plan fits" in lines[0]
+    assert f"error: {lines[0]}" in driven.stderr
 
 
 def test_one_driver_per_host_gives_one_mlflow_run(store: str, tmp_path: Path) -> None:
     """A 2-host job as a cluster runs it: one `python -m runner cluster.node_rank=K` per host (here two
     drivers on this host, each with its own run folder). Only the host where rank 0 lands logs the run."""
-    from runner.launch.ports import free_port
+    from runner.launch.processes.ports import free_port
 
     port, tag = free_port(), uuid.uuid4().hex
     env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)

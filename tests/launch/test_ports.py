@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from runner.config.errors import ConfigError
-from runner.launch.ports import check_master_port
+from runner.launch.processes.ports import check_master_port
 
 
 def test_a_listening_port_is_refused_naming_its_holder() -> None:

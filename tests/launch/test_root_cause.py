@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.launch.supervisor import root_cause
+from runner.launch.processes.supervisor import root_cause
 from runner.runtime import rundir
 
 

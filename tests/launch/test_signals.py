@@ -106,8 +106,8 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     from conftest import cfg_for
 
     from runner.config.errors import WorkerFailure
-    from runner.launch.job import _attempts
-    from runner.launch.slurm import task_for
+    from runner.launch import schedulers
+    from runner.launch.job.life import _attempts
 
     for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
                        "SLURM_RESTART_COUNT": "1"}.items():
@@ -115,7 +115,7 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     cfg = cfg_for("cluster=2node", "cluster.scheduler=slurm")
     with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
                                             r"1 attempt\(s\), so attempt 2 does not run"):
-        _attempts(cfg, tmp_path, task_for(cfg))
+        _attempts(cfg, tmp_path, schedulers.task_of(cfg)[1])
 
 
 HANGUP = textwrap.dedent("""

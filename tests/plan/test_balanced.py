@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import cfg_for
 
-from runner.plan import sweep_plans
+from runner.launch.sweep import plan_together as sweep_plans
 from runner.plan.balance import (
     DEVICE,
     HOST,

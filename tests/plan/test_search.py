@@ -214,7 +214,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
 
 def test_a_long_plan_shows_its_progress(capsys) -> None:
     """The search reports its counts while it runs; printed (here from the start) as one line each time."""
-    from runner.launch.plan_only import PlanProgress
+    from runner.launch.job.plan_only import PlanProgress
     from runner.plan.planner import make_plan
 
     cfg = cfg_for(*BASE)

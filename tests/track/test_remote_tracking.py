@@ -92,7 +92,7 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     from omegaconf import OmegaConf
 
     from runner.config.schema import RunnerConfig
-    from runner.launch.ports import free_port
+    from runner.launch.processes.ports import free_port
     from runner.runtime import rundir
     from runner.track.events import EventLog
     from runner.track.run_life import RunLife

@@ -50,9 +50,9 @@ def test_a_garbled_and_a_torn_line_are_passed_over_the_rest_delivered(tmp_path: 
 def test_a_damaged_sweep_json_is_named_and_its_parent_found_by_its_folder(tmp_path: Path, capsys) -> None:
     import pytest
 
-    from runner.launch.resume import resume_args
+    from runner.launch.sweep.parent import SWEEP_FILE, _resumable_parent
+    from runner.launch.sweep.resume import resume_args
     from runner.track.store import experiment_id
-    from runner.track.sweep import SWEEP_FILE, _resumable_parent
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
@@ -78,7 +78,7 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
     from conftest import cfg_for
     from omegaconf import OmegaConf
 
-    from runner.launch.resume import kept_point
+    from runner.launch.sweep.resume import kept_point
     from runner.runtime import rundir
 
     cfg = cfg_for("mode=plan")
@@ -145,8 +145,8 @@ def test_a_damaged_study_file_is_one_line_and_the_sweep_ends_failed(tmp_path: Pa
     import pytest
     from mlflow.tracking import MlflowClient
 
-    from runner.launch.study import STUDY_FILE, SweepFolderStorage
-    from runner.track import sweep as sweep_module
+    from runner.launch.sweep import parent as sweep_module
+    from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = tmp_path / STUDY_FILE

@@ -130,7 +130,7 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
 def _study(sweep: Path):
     import optuna
 
-    from runner.launch.study import STUDY_FILE, SweepFolderStorage
+    from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
 
     return optuna.load_study(study_name="reserve_and_proposer", storage=SweepFolderStorage.open(sweep / STUDY_FILE))
 
@@ -242,7 +242,7 @@ def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: 
     assert "[runner] sweep: 4 of 4 done, 0 failed" in proc.stdout
 
     from runner.config.paired import rewrite
-    from runner.launch.precheck import precheck
+    from runner.launch.sweep.precheck import precheck
 
     error, _ = precheck(["-m", *TIGHT_PLAN, *rewrite(["cluster.cross_node_bandwidth=pair(3,12.5)",
                                                       "sharding.storage_reserve_percent=pair(0.05,0.1,0.2)"])])

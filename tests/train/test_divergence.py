@@ -15,8 +15,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.ports import free_port
-from runner.launch.supervisor import root_cause
+from runner.launch.processes.ports import free_port
+from runner.launch.processes.supervisor import root_cause
 from runner.runtime import rundir
 from runner.train.worker import elastic_entry
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.ports import free_port
+from runner.launch.processes.ports import free_port
 from runner.runtime import rundir
 from runner.track.run_life import RunLife
 from runner.train.worker import elastic_entry

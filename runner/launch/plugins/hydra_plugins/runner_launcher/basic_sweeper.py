@@ -1,5 +1,5 @@
 """Hydra's grid sweeper for a sweep whose every point the runner's pre-check has composed and validated
-(:func:`runner.launch.precheck.precheck` names this class in ``hydra.sweeper._target_`` then): the same
+(:func:`runner.launch.sweep.precheck.precheck` names this class in ``hydra.sweeper._target_`` then): the same
 sweeper, without composing each point once more in the sweep's process before launching it (the launcher
 composes it again for the job; docs/architecture.md says what each composition costs), and ending in one
 line on a full disk."""
@@ -42,7 +42,7 @@ class CheckedBasicSweeper(BasicSweeper):
         the sweep in one line naming the path: its runs FAILED with it, the points answered so far kept for
         ``python -m runner resume`` (exit 1)."""
         from runner.config.errors import disk_full
-        from runner.track.sweep import end_failed_sweep
+        from runner.launch.sweep.parent import end_failed_sweep
 
         try:
             return super().sweep(arguments)

@@ -2,7 +2,7 @@
 class in ``hydra.sweeper._target_`` for ``hydra/sweeper=optuna``).
 
 - **Its storage.** Without ``hydra.sweeper.storage`` the study is kept in ``<sweep folder>/optuna_study.pkl``
-  (:class:`runner.launch.study.SweepFolderStorage`: Optuna's in-memory storage, written again, whole and
+  (:class:`runner.launch.sweep.study.SweepFolderStorage`: Optuna's in-memory storage, written again, whole and
   atomically, at each change; study name
   ``hydra.sweeper.study_name``, else ``runner``), so a stopped study can resume. (Optuna 2.10's SQL storage,
   the version hydra-optuna-sweeper 1.3 allows, fails on the SQLAlchemy 2 MLflow needs.)
@@ -33,7 +33,7 @@ class ResumingOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: List[str]) -> None:
         import optuna  # here, not at import: Hydra imports every plugin module at each start (optuna: 2.5 s)
 
-        from runner.launch.study import STUDY_FILE, SweepFolderStorage
+        from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
 
         impl = self.sweeper
         if impl.storage is None:

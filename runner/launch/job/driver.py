@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from runner import STARTED
-from runner.config.errors import disk_full
-from runner.launch.job_end import PlanChart, finish_run
-from runner.launch.mlflow_run import HydraJob, job_run
-from runner.launch.ports import check_master_port, free_port
-from runner.launch.prewarm import discard_warm, prewarm
-from runner.launch.resume import link_point
-from runner.launch.slurm import stop_outcome
-from runner.launch.supervisor import launch, nodes_on_this_host
-from runner.runtime import rundir, signals
+from runner.launch import schedulers
+from runner.launch.job import outcome
+from runner.launch.job.end import PlanChart, end_run, finish_run
+from runner.launch.job.mlflow_run import HydraJob, job_run
+from runner.launch.processes.ports import check_master_port, free_port
+from runner.launch.processes.prewarm import discard_warm, prewarm
+from runner.launch.processes.supervisor import launch, nodes_on_this_host
+from runner.launch.sweep.resume import link_point
+from runner.runtime import rundir
 from runner.runtime.affinity import agent_threads
 from runner.runtime.cores import job_cores, job_memory
 from runner.runtime.device import (
@@ -83,7 +83,7 @@ def _mark_start() -> None:
 
 
 def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
-    from runner.launch.plan_only import plan_only
+    from runner.launch.job.plan_only import plan_only
     from runner.plan.torchrec_adapter.torchrec_seam import seam_note
     from runner.train.models import planning_model
 
@@ -96,24 +96,24 @@ def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
 
 
 def _sweep_choices() -> Any:
-    """This point's share of a sweep planned together (:mod:`runner.plan.sweep_plans`), or None."""
+    """This point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None."""
     from hydra.core.hydra_config import HydraConfig
 
-    from runner.plan.sweep_plans import choices_for
+    from runner.launch.sweep.plan_together import choices_for
 
     return choices_for(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
 
 
 def plan_sweep_together(args: List[str]) -> None:
     """Pass 1 of a grid sweep (``args``: the command's) of balanced plan-only points, not on Slurm
-    (:func:`runner.plan.sweep_plans.plan_together`), before Hydra launches its jobs; nothing for any other
+    (:func:`runner.launch.sweep.plan_together.plan_together`), before Hydra launches its jobs; nothing for any other
     command. TorchRec is imported only for such a sweep: the driver of any other command leaves it to the
     prewarmed agent and its workers (it costs a 2-core host about 6 s of a core)."""
-    if not any(a in ("-m", "--multirun") for a in args) or "hydra/launcher=slurm" in args:
+    if not any(a in ("-m", "--multirun") for a in args) or not schedulers.of_command(args).points_here:
         return
-    from runner.launch.plan_only import PlanProgress
-    from runner.launch.precheck import grid_points
-    from runner.plan.sweep_plans import applies, plan_together
+    from runner.launch.job.plan_only import PlanProgress
+    from runner.launch.sweep.plan_together import applies, plan_together
+    from runner.launch.sweep.precheck import grid_points
     from runner.plan.torchrec_adapter.torchrec_seam import seam_note
 
     points = grid_points(applies)
@@ -147,7 +147,7 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> O
         if not run.opened:  # node k of a multi-host job: the run is node 0's to end
             run.stop_system_metrics()
     if run.multi_host and not run.opened:
-        who = "node 0's task" if run.slurm else "rank 0 ran on another host, whose driver"
+        who = "node 0's task" if run.static else "rank 0 ran on another host, whose driver"
         print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)
         return None
     results = rundir.read_json(run_dir / rundir.RESULTS)
@@ -159,7 +159,7 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> O
 def _prewarm_next(cfg: RunnerConfig, ctx: HydraJob) -> None:
     """A sweep whose points run one after another in this process: the next point's agent loads torch and
     TorchRec now, while this point's run ends (each point paid those imports before its workers)."""
-    if ctx.job_num is None or ctx.parallel != 1 or cfg.cluster.scheduler == "slurm":
+    if ctx.job_num is None or ctx.parallel != 1 or not schedulers.named(cfg.cluster.scheduler).points_here:
         return
     points = sweep_info(ctx.sweep_dir).get("points")
     if points and ctx.job_num + 1 < points:
@@ -224,18 +224,18 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
 
 
 def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun) -> Dict[str, Any]:
-    """Plan or train; the MLflow run ended with the outcome (:mod:`.job_end`, as under a plain torchrun)."""
+    """Plan or train; the MLflow run ended with the job's outcome (:mod:`.outcome`, :mod:`.end`: the value
+    :func:`runner.launch.job.life.run_job` records, as under a plain torchrun)."""
     chart = PlanChart(run.run_dir)
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart)
         if results is None:
             return {}
         run.pump()
-    except KeyboardInterrupt as exc:
-        run.end(*stop_outcome(cfg, signals.stopped(exc).name))
-        raise
     except BaseException as exc:
-        run.ensure_on_record()
-        run.end("FAILED", f"disk full: {full}" if (full := disk_full(exc)) else str(exc))
+        end = outcome.of_error(exc, cfg, ctx.run_dir)
+        if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
+            run.ensure_on_record()
+        end_run(run, end)
         raise
-    return finish_run(run, chart, run.run_dir, results)
+    return finish_run(run, chart, run.run_dir, results).results

@@ -1,10 +1,12 @@
-"""How a job's MLflow run ends, in one place, whichever process holds the run.
+"""How a job's MLflow run ends: the one module that ends it, whichever process holds the run, from the job's
+outcome (:mod:`.outcome`).
 
 The driver (:mod:`.driver`, its run a :class:`runner.track.job_run.JobRun`) and rank 0 under a plain
-torchrun (:mod:`.torchrun`, its run a :class:`runner.track.run_life.RunLife`) both end a finished job with
-:func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's last
-report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
-summary line printed. A failed or stopped job's run ends through :func:`end_run`.
+torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.run_life.RunLife`) both end a finished
+job with :func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
+last report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
+summary line printed; it returns the job's outcome. A failed or stopped job's run ends with its outcome's status
+and line through :func:`end_run`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
+from runner.launch.job.outcome import Outcome, finished
 from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
 from runner.runtime import rundir
+from runner.track.job_run import JobRun
 from runner.track.reporter import summary_line
+from runner.track.run_life import RunLife
 from runner.track.sweep_points import sweep_of
+
+Holder = Union[JobRun, RunLife]  # the driver's run, or rank 0's under a plain torchrun
 
 
 class PlanChart:
@@ -55,9 +62,9 @@ class PlanChart:
         return png if png.exists() else None
 
 
-def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Dict[str, Any]:
-    """End the run of a job that finished (``run``: a ``JobRun`` or a ``RunLife``); ``results`` given the
-    run's id and store, and the summary line (printed)."""
+def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Outcome:
+    """End the run of a job that finished; its outcome, the ``results`` given the run's id and store, and the
+    summary line (printed)."""
     png = chart.png()
     if png is not None and run.opened:
         run.report_last([png], rundir.PLAN)
@@ -74,16 +81,16 @@ def finish_run(run: Any, chart: PlanChart, run_dir: Path, results: Dict[str, Any
         results["tracking_pending"] = str(sweep or run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    if sweep is None or run.cfg.sweep.verbose:  # a sweep's point (a JobRun): in the sweep's progress line
+    if sweep is None or (isinstance(run, JobRun) and run.cfg.sweep.verbose):  # else in the sweep's progress line
         print(results["summary"], flush=True)
-    return results
+    return finished(results)
 
 
-def end_run(run: Any, status: str, error: Optional[str] = None) -> bool:
-    """End the run of a job that failed or was stopped; a store that fails here is said in a warning (the
-    job's own outcome matters more). False when the ending is not in the store."""
+def end_run(run: Holder, end: Outcome) -> bool:
+    """End the run of a job that failed or was stopped, with its outcome's status and line; a store that fails
+    here is said in a warning (the job's own outcome matters more). False when the ending is not in the store."""
     try:
-        return run.end(status, error)
+        return run.end(end.status, end.error)
     except Exception as exc:  # noqa: BLE001
-        print(f"[runner] warning: could not mark the MLflow run {status}: {exc}", file=sys.stderr, flush=True)
+        print(f"[runner] warning: could not mark the MLflow run {end.status}: {exc}", file=sys.stderr, flush=True)
         return False

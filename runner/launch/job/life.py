@@ -1,13 +1,13 @@
 """A job's life, owned here: from Hydra's call to its recorded outcome.
 
 Hydra calls :func:`run_job` once per job (a sweep's point, or the single run), in whichever process runs
-it (the command's own, a joblib worker, a Slurm task). It takes the job's place under Slurm
-(:func:`runner.launch.slurm.take_task`), validates what the pre-check did not, keeps a resumed sweep's
-finished point (:mod:`.resume`), answers a point from an earlier run of the same config (``sweep.reuse``),
-and otherwise runs the job's attempts (:func:`runner.launch.driver.execute_job`, again while it fails
-from a fault, ``sweep.retries``). Its outcome is recorded once, here, in its run folder's ``status.json``,
-where a sweep's outcome is read from (:mod:`runner.track.sweep`); its MLflow run is ended by
-:func:`runner.launch.job_end.finish_run` (the driver's path and a plain torchrun's alike).
+it (the command's own, a joblib worker, a Slurm task). It takes the job's place as a scheduler's task
+(:mod:`runner.launch.schedulers`: a Slurm task's node and rendezvous), validates what the pre-check did not,
+keeps a resumed sweep's finished point (:mod:`runner.launch.sweep.resume`), answers a point from an earlier
+run of the same config (``sweep.reuse``), and otherwise runs the job's attempts
+(:func:`runner.launch.job.driver.execute_job`, again while it fails from a fault, ``sweep.retries``). Its
+outcome (:mod:`.outcome`, the same value the driver ended the MLflow run with) is recorded here, in its run
+folder's ``status.json``, where a sweep's outcome is read from (:mod:`runner.launch.sweep.parent`), and said.
 """
 
 from __future__ import annotations
@@ -17,26 +17,28 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from runner.config.errors import TrackingError, WorkerFailure, disk_full, one_line
+from runner.config.errors import TrackingError, WorkerFailure
 from runner.config.validation import validate
-from runner.launch.precheck import checked
-from runner.runtime import rundir, signals
-from runner.track import sweep_stop
+from runner.launch.job import outcome
+from runner.launch.sweep import stop as sweep_stop
+from runner.launch.sweep.parent import end_failed_sweep
+from runner.launch.sweep.precheck import checked
+from runner.runtime import rundir
 from runner.track.objective import objective_value
-from runner.track.sweep import end_failed_sweep
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
-    from runner.launch.slurm import SlurmTask
+    from runner.launch.schedulers import Task
 
 
 def run_job(cfg: RunnerConfig) -> Optional[float]:
     """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
-    Slurm task, a failed or stopped job also fails its Slurm job (node k > 0 keeps its files in ``node<k>/``)."""
+    scheduler's task, a failed or stopped job also fails the scheduler's job (node k > 0 of a Slurm job keeps its
+    files in ``node<k>/``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner.launch.slurm import stop_outcome, take_task
+    from runner.launch import schedulers
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
@@ -46,7 +48,10 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
     try:
         sweep_stop.check(sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
-        task, run_dir, elsewhere = take_task(cfg, run_dir)
+        scheduler, task = schedulers.task_of(cfg)  # a scheduler's task: its node, rendezvous and run folder
+        elsewhere = False
+        if task is not None:
+            run_dir, elsewhere = scheduler.take(cfg, run_dir, task)
         if elsewhere:  # a plan or data job runs in node 0's task only
             return None
         if task is not None or not checked(list(hc.overrides.task)):
@@ -56,38 +61,35 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         results = _answer(cfg, run_dir, task) if multirun else _attempts(cfg, run_dir, task)
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
         started = (run_dir / rundir.RUN_INFO).exists()
-        rundir.record_status(run_dir, "KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}")
+        outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}"), run_dir)
         _say_progress(sweep_dir, hc.job.num, "stopped" if started else "not run")
         return objective_value(cfg, None)
     except KeyboardInterrupt as exc:
-        stop = signals.stopped(exc)
-        status, line = stop_outcome(cfg, stop.name)
-        rundir.record_status(run_dir, status, line)
+        end = outcome.of_error(exc, cfg, run_dir)
+        outcome.record(end, run_dir)
         resume = f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}" if multirun else ""
-        say_error(f"{line}; every worker was stopped, the run is {status} ({run_dir}){resume}")
-        raise SystemExit(stop.exit_code) from None
+        say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({run_dir}){resume}")
+        raise SystemExit(end.exit_code) from None
     except Exception as exc:
-        # a full disk in a sweep: every later point would fail too, so the sweep ends here
-        if (full := disk_full(exc, str(run_dir))) and multirun:
-            line = end_failed_sweep(f"disk full: {full}", Path(hc.sweep.dir).resolve())
-            rundir.record_status(run_dir, "FAILED", line)
+        end = outcome.of_error(exc, cfg, run_dir)
+        if end.full_disk and multirun:  # every later point would fail too, so the sweep ends here
+            line = end_failed_sweep(end.line, Path(hc.sweep.dir).resolve())
+            outcome.record(outcome.Outcome("FAILED", line, exit_code=1), run_dir)
             say_error(line)
             raise SystemExit(1) from None
-        line = one_line(exc)
+        line = end.line
         logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
-        if line.startswith("unexpected error"):
-            line += f" (traceback in {run_dir / rundir.LOG})"
-        rundir.record_status(run_dir, "FAILED", line)
+        outcome.record(end, run_dir)
         say_error(line)
         if multirun:
             sweep_stop.record_failure(sweep_dir, hc.job.num, line, cfg.sweep.max_failures)
-        if not multirun or task is not None:  # a Slurm job fails with its run
+        if not multirun or task is not None:  # a scheduler's job fails with its run
             raise SystemExit(1) from None
         _say_progress(sweep_dir, hc.job.num, "failed (its line is above)")
         return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
         # its outcome is read from every point's status
     value = objective_value(cfg, results)
-    rundir.record_status(run_dir, "FINISHED", summary=results.get("summary"), objective=value)
+    outcome.record(outcome.finished(results), run_dir, objective=value)
     if multirun:
         _say_progress(sweep_dir, hc.job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
@@ -95,8 +97,8 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
 
 def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
     """The sweep's progress and this point's outcome in one line, once the outcome is recorded
-    (:mod:`runner.track.sweep_progress`)."""
-    from runner.track.sweep_progress import progress_line
+    (:mod:`runner.launch.sweep.progress`)."""
+    from runner.launch.sweep.progress import progress_line
 
     line = progress_line(sweep_dir) if sweep_dir is not None else None
     if line:
@@ -105,7 +107,7 @@ def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
 
 def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, Any]]:
     """A resumed sweep's point that finished before with the same config: its recorded status (None: it runs)."""
-    from runner.launch.resume import kept_point
+    from runner.launch.sweep.resume import kept_point
 
     kept = kept_point(cfg, run_dir)
     if kept is not None:
@@ -113,27 +115,27 @@ def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, 
     return kept
 
 
-def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
+def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[str, Any]:
     """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
-    from runner.launch.resume import reusable
+    from runner.launch.sweep.resume import reusable
 
     earlier = reusable(cfg)
     if earlier is not None:
-        from runner.launch.driver import reuse_job
+        from runner.launch.job.driver import reuse_job
 
         return reuse_job(cfg, earlier)
     return _attempts(cfg, run_dir, task)
 
 
-def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Dict[str, Any]:
+def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
-    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the Slurm
-    task the job runs as, if any."""
-    from runner.launch.driver import execute_job
+    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the
+    scheduler's task the job runs as, if any."""
+    from runner.launch.job.driver import execute_job
     from runner.track.job_run import record_requeued
 
     attempt = 1
-    if task is not None and task.restarts > 0:  # Slurm requeued the job (a lost node): the point's next attempt
+    if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt
         attempt += task.restarts
         if task.node_rank == 0:
             record_requeued(run_dir, task.shown_id, attempt)
@@ -147,7 +149,7 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[SlurmTask]) -> Di
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
-            rundir.record_status(run_dir, "FAILED", one_line(exc), attempt=attempt)
+            outcome.record(outcome.of_error(exc, cfg, run_dir), run_dir, attempt=attempt)
             print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
                   "it again", flush=True)
             attempt += 1

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf, open_dict
 
 from runner import PLUGINS
 from runner.config.errors import SchedulerError, first_line
-from runner.launch.slurm import node_address, slurm_command
+from runner.launch.schedulers.slurm_commands import node_address, slurm_command
 from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 

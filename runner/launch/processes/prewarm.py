@@ -32,7 +32,7 @@ class WarmAgent:
                    **{DRIVER_PID: str(os.getpid())})  # it dies with this driver
         self.threads = threads
         self.proc: Optional[subprocess.Popen] = spawn_agent(
-            [sys.executable, "-m", "runner.launch.agent", "--warm", str(threads)],
+            [sys.executable, "-m", "runner.launch.processes.agent", "--warm", str(threads)],
             stdin=subprocess.PIPE, start_new_session=True, env=env)
         self.taken = False
 

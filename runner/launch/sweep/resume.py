@@ -5,7 +5,7 @@ re-running the same command with that folder does). Each point keeps its job num
 whose folder holds a FINISHED job (a trained run, or a plan-only answer: a plan or "no plan fits") of the
 same config (its ``answer`` keys, :mod:`runner.config.roles`), recorded in this sweep's store and
 experiment, is kept and not run; failed, killed and never-started points run, their earlier run
-replaced. The sweep's parent MLflow run goes on (:class:`runner.track.sweep.SweepParentRun`) and its
+replaced. The sweep's parent MLflow run goes on (:class:`runner.launch.sweep.parent.SweepParentRun`) and its
 summary and report cover every point. A command whose overrides differ from the folder's sweep is refused,
 naming the keys, unless ``sweep.resume_changed=true``.
 """

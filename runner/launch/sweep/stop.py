@@ -5,15 +5,13 @@ is an answer) appends itself to the sweep folder's ``failures.jsonl``; the one t
 ``stop.json``, with the reason, and cancels a Slurm array's pending tasks. From then on no point starts (it
 records KILLED, not run) and the points running (other joblib processes, other Slurm tasks) stop their
 workers and end KILLED (:func:`check`, in the driver's supervision loop). The sweep's end names the
-failures' common reason and the command that resumes the rest (:mod:`runner.track.sweep`); a resume starts
+failures' common reason and the command that resumes the rest (:mod:`runner.launch.sweep.parent`); a resume starts
 with a clean count (:func:`clear`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -69,9 +67,10 @@ def record_failure(sweep_dir: Path, job: int, line: str, limit: Optional[int]) -
     if len(found) >= limit and not (sweep_dir / STOP).exists():
         rundir.write_json(sweep_dir / STOP, {"reason": f"sweep.max_failures={limit} ({len(found)} points failed)",
                                              "limit": limit, "failures": len(found)})
-        array = os.environ.get("SLURM_ARRAY_JOB_ID")
-        if array:  # the array's tasks that have not started: cancelled (those running stop by themselves)
-            subprocess.run(["scancel", "--state=PENDING", array], capture_output=True, timeout=30)
+        from runner.launch import schedulers
+
+        for scheduler in schedulers.registered().values():  # points not started yet (a Slurm array's): cancelled
+            scheduler.cancel_pending()
 
 
 def stop_reason(sweep_dir: Path) -> Optional[str]:

@@ -1,7 +1,7 @@
-"""One node's torch elastic agent: ``python -m runner.launch.agent <run_dir> <node_rank> <port>``.
+"""One node's torch elastic agent: ``python -m runner.launch.processes.agent <run_dir> <node_rank> <port>``.
 
-``python -m runner.launch.agent --warm <threads>`` is the same agent started before the job's config exists
-(see :mod:`runner.launch.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
+``python -m runner.launch.processes.agent --warm <threads>`` is the same agent started before the job's config exists
+(see :mod:`runner.launch.processes.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
 runner, then reads its job from stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input:
 exits without a job).
 
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.schema import load_resolved
-from runner.launch.deathwatch import DeathWatch
+from runner.launch import schedulers
+from runner.launch.processes.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
 from runner.runtime.affinity import agent_threads, workers_on_host
 from runner.runtime.device import device_type, node_gpus, visible_gpus
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> int:
     if start_method == "fork":
         preload()  # the workers inherit torch, TorchRec and the runner already imported
     # A Slurm job: static rendezvous, node rank = group rank (rank 0 on node 0, whose task opens the run).
-    static = c.scheduler == "slurm"
+    static = schedulers.named(c.scheduler).static_rendezvous
     config = LaunchConfig(
         min_nodes=c.nodes,
         max_nodes=c.nodes,

@@ -23,9 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
+from runner.launch.sweep import stop as sweep_stop
+from runner.launch.sweep.report import write_sweep_report
 from runner.runtime import rundir
 from runner.runtime.folder_lock import FolderBusy, hold
-from runner.track import sweep_stop
 from runner.track.events import EventLog, EventPump
 from runner.track.store import (
     check_store,
@@ -41,7 +42,6 @@ from runner.track.store import (
     tracking_uri,
 )
 from runner.track.sweep_points import SWEEP_FILE, grid_points, paired_keys, sweep_info, sweep_name, swept_params
-from runner.track.sweep_report import write_sweep_report
 from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
 
 if TYPE_CHECKING:

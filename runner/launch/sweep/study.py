@@ -42,7 +42,7 @@ class SweepFolderStorage(InMemoryStorage):
                 if not isinstance(storage, cls):
                     raise TypeError(f"holds a {type(storage).__name__}")
             except Exception as exc:  # noqa: BLE001 - unpickling damaged bytes raises almost anything
-                from runner.track.sweep import end_stopped_sweep
+                from runner.launch.sweep.parent import end_stopped_sweep
 
                 line = (f"the Optuna study file {path} cannot be read back ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}); restore it from a copy, or move it "

@@ -15,7 +15,8 @@ from runner.config.errors import ConfigError, first_line, wrong_type
 from runner.config.paired import point
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
-from runner.launch.overrides import combinations, file_sweeps, split_args, sweep_axes
+from runner.launch import schedulers
+from runner.launch.sweep.overrides import combinations, file_sweeps, split_args, sweep_axes
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
                 cfg = compose(config_name=config_name or "config", overrides=combo)
                 first = first or (combo, cfg)
             validate(cfg)
+            schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
             _CHECKED.add(tuple(combo))
             if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
                 _GRID[2] = (combo, cfg)
@@ -220,16 +222,20 @@ def _check_sweeper(cfg: RunnerConfig) -> Optional[str]:
 
 
 def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[str]:
-    """A Slurm launch: what its nodes must reach (the store, the sweep folder), before anything is submitted."""
-    if "hydra/launcher=slurm" not in combo:
+    """A scheduler's launch (Slurm's): what its nodes must reach (the store, the sweep folder), before anything is
+    submitted."""
+    from runner.launch import schedulers
+
+    scheduler = schedulers.of_command(combo)
+    if scheduler.launcher is None:
         return None
     from hydra import compose
 
     from runner.config.errors import SchedulerError
-    from runner.launch.slurm_submit import check_submission
 
     try:
-        check_submission(compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True))
+        scheduler.check_submission(compose(config_name=config_name or "config", overrides=combo,
+                                           return_hydra_config=True))
     except SchedulerError as exc:
         return str(exc)
     return None
@@ -237,7 +243,7 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
 
 def _check_resume(cfg: RunnerConfig, overrides: List[str]) -> Optional[str]:
     """A sweep folder that holds another command's sweep is refused (resuming it would mix two sweeps)."""
-    from runner.launch.resume import check_resume
+    from runner.launch.sweep.resume import check_resume
 
     try:
         folder = Path(str(cfg.hydra.sweep.dir)).expanduser().absolute()

@@ -1,5 +1,5 @@
 """Where Hydra placed a job (:class:`HydraJob`), and what its MLflow run records (:func:`run_record`): its
-name in a sweep, its tags (the point's values, Hydra's choices, Slurm's nodes, whether the prewarmed agent
+name in a sweep, its tags (the point's values, Hydra's choices, the scheduler's, whether the prewarmed agent
 took it), its config's hash, its datasets. The run itself is :class:`runner.track.job_run.JobRun`, which
 records what this gives it.
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from runner.config.roles import config_hash
-from runner.launch.prewarm import took_warm
-from runner.launch.slurm import node_run_dir, run_tags
+from runner.launch import schedulers
+from runner.launch.processes.prewarm import took_warm
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
@@ -41,7 +41,9 @@ class HydraJob:
 
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
-        return cls(node_run_dir(Path(hc.runtime.output_dir).resolve(), cfg), hc.job.num if multirun else None,
+        folder = schedulers.named(cfg.cluster.scheduler).node_run_dir(Path(hc.runtime.output_dir).resolve(),
+                                                                      cfg.cluster.node_rank)
+        return cls(folder, hc.job.num if multirun else None,
                    hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
                    {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
                    parallel_jobs(hc.launcher) if multirun else 1)
@@ -49,7 +51,8 @@ class HydraJob:
 
 def job_run(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], port: int, attempt: int = 1) -> JobRun:
     """The job's MLflow run, recording :func:`run_record` when it opens."""
-    return JobRun(cfg, ctx.run_dir, config, port, lambda: run_record(cfg, ctx, config, attempt))
+    return JobRun(cfg, ctx.run_dir, config, port, lambda: run_record(cfg, ctx, config, attempt),
+                  schedulers.named(cfg.cluster.scheduler).static_rendezvous)
 
 
 def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt: int) -> RunRecord:
@@ -63,7 +66,8 @@ def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt
     tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
             "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
             **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
-            **{f"runner.sweep.{k}": v for k, v in point.items()}, **run_tags(cfg)}
+            **{f"runner.sweep.{k}": v for k, v in point.items()},
+            **schedulers.named(cfg.cluster.scheduler).run_tags(cfg)}
     if ctx.job_num is not None:
         tags["runner.job"] = ctx.job_num
     tags["runner.attempt"] = attempt

@@ -1,6 +1,6 @@
 """The command line's overrides as the pre-check reads them: which arguments are overrides, each sweep's
 values (``glob()`` and ranges expanded, intervals by their ends, an experiment file's own sweeps), and the
-combinations composed so that every value is composed once (:mod:`runner.launch.precheck`).
+combinations composed so that every value is composed once (:mod:`runner.launch.sweep.precheck`).
 """
 
 from __future__ import annotations

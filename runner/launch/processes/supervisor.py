@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from runner.config.errors import WorkerFailure
-from runner.launch.prewarm import kill_group, spawn_agent, take_warm
+from runner.launch.processes.prewarm import kill_group, spawn_agent, take_warm
+from runner.launch.sweep import stop as sweep_stop
 from runner.runtime import rundir, signals
 from runner.runtime.process_end import DRIVER_PID
-from runner.track import sweep_stop
 from runner.track.sweep_points import sweep_of
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
@@ -120,16 +120,19 @@ def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]
     for i, node in enumerate(nodes_on_this_host(cluster)):
         warm = take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
         procs.append(warm or spawn_agent(
-            [sys.executable, "-m", "runner.launch.agent", str(run_dir), str(node), str(port)],
+            [sys.executable, "-m", "runner.launch.processes.agent", str(run_dir), str(node), str(port)],
             start_new_session=True, env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}),
         ))
     return procs
 
 
 def _await_other_nodes(cluster: Any, run_dir: Path) -> None:
-    """A Slurm job's other nodes record their ranks' failures in ``node<k>/`` (a shared folder): give them a
-    moment, so that the root cause is the rank that failed there, not this node's broken connections."""
-    if cluster.scheduler != "slurm" or cluster.nodes < 2:
+    """A job whose other nodes run on other hosts (a Slurm job's) record their ranks' failures in ``node<k>/``
+    (a shared folder): give them a moment, so that the root cause is the rank that failed there, not this
+    node's broken connections."""
+    from runner.launch import schedulers
+
+    if not schedulers.named(cluster.scheduler).waits_for_peer_records(cluster.nodes):
         return
     deadline = time.monotonic() + PEER_RECORD_S
     while time.monotonic() < deadline and not rundir.node_error_files(run_dir):

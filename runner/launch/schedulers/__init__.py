@@ -1,0 +1,145 @@
+"""Where a job's nodes run: the one interface everything scheduler-specific sits behind.
+
+A :class:`Scheduler` answers every question the rest of the runner has about where a job runs: whether this
+process is one of a scheduler's tasks (and that task's node, rendezvous and run folder), what runs before
+anything is submitted, how a stop ends the job, the run's tags, whether rank 0 is known to be on node 0
+(a static rendezvous), whether this process runs a sweep's points one after another, and what a stopped
+sweep cancels. Two implement it: :mod:`.local` (this host's agents, nodes emulated or one host of a
+multi-host job under torch elastic) and :mod:`.slurm` (a Slurm job step, one task per node, and
+``hydra/launcher=slurm``'s submission in :mod:`.slurm_submit`).
+
+Each module of this package that defines a ``SCHEDULER`` is registered, by its name, when the package is first
+asked (no list to edit): a new scheduler is its module here, its Hydra launcher plugin, its conf file under
+``conf/hydra/launcher/`` and its test (docs/architecture.md). Outside this package nothing tests a scheduler's
+name or a launcher's override string.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from runner.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+
+class Task:
+    """This process as one task of a scheduler's job (one per node)."""
+
+    node_rank: int
+    restarts: int  # times the scheduler started the job again (a lost node)
+    shown_id: str  # the job as the scheduler's own commands show it
+
+
+class Scheduler:
+    """Where a job's nodes run (see the module doc); the defaults are this host's (:mod:`.local`)."""
+
+    name = ""
+    launcher: Optional[str] = None
+    """The ``hydra/launcher`` choice that submits a command's jobs to it (None: Hydra's local launchers)."""
+    has_tasks = False
+    """Its jobs run as its tasks (one per node): naming it while this process is none of them is refused."""
+    static_rendezvous = False
+    """Rank 0 is on node 0 (torch elastic's static rendezvous), so node 0's process opens the run at once."""
+    points_here = True
+    """A sweep's points run in this process or its joblib workers (so the next one can be prepared here, and a
+    grid of plan-only points planned together before they start)."""
+
+    def task(self) -> Optional[Task]:
+        """This process as one of the scheduler's tasks, from its environment; None when it is not one."""
+        return None
+
+    def no_task(self) -> Exception:
+        """The error when ``cluster.scheduler`` names this scheduler but this process is not one of its tasks."""
+        return ConfigError("cluster.scheduler", self.name, "auto where this process is not a scheduler's task")
+
+    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool]:
+        """Take the job's place as ``task``: the node's run folder, and whether the job runs elsewhere (a
+        plan or data job runs in node 0's task only). ``cfg`` is set to what the task says (node rank,
+        rendezvous) before it becomes read-only."""
+        return run_dir, False
+
+    def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
+        """Where node ``node_rank`` keeps its files (the job's run folder, or a folder in it)."""
+        return run_dir
+
+    def run_tags(self, cfg: RunnerConfig) -> Dict[str, str]:
+        """The MLflow tags of a run on it."""
+        return {}
+
+    def stop_outcome(self, cfg: RunnerConfig, signame: str) -> Tuple[str, str]:
+        """``(status, line)`` of a job stopped by ``signame``."""
+        return "KILLED", f"stopped by {signame}"
+
+    def check_submission(self, hydra_cfg: Any) -> None:
+        """What must hold before any job is submitted (raises :class:`SchedulerError` in one line)."""
+
+    def waits_for_peer_records(self, nodes: int) -> bool:
+        """Whether node 0 should wait a moment for the other nodes' failure records (they are on other hosts)."""
+        return False
+
+    def cancel_pending(self) -> None:
+        """A stopped sweep: the points the scheduler has not started yet are cancelled."""
+
+    def run_folder_name(self) -> Optional[str]:
+        """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
+        return None
+
+
+_REGISTRY: Dict[str, Scheduler] = {}
+
+
+def registered() -> Dict[str, Scheduler]:
+    """Every scheduler of this package, by name (its modules imported once)."""
+    if not _REGISTRY:
+        for info in pkgutil.iter_modules(__path__):
+            found = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SCHEDULER", None)
+            if isinstance(found, Scheduler):
+                _REGISTRY[found.name] = found
+    return _REGISTRY
+
+
+def names() -> List[str]:
+    """``cluster.scheduler``'s allowed values: ``auto``, every scheduler's name, and ``none`` (this host's)."""
+    return ["auto", *sorted(registered()), "none"]
+
+
+def named(name: str) -> Scheduler:
+    """The scheduler ``cluster.scheduler`` names (``auto``: this host's, until a task says otherwise)."""
+    found = registered().get("local" if name in ("auto", "none") else name)  # none: this host's, as before
+    if found is None:
+        raise ConfigError("cluster.scheduler", name, ", ".join(names()))
+    return found
+
+
+def task_of(cfg: RunnerConfig) -> Tuple[Scheduler, Optional[Task]]:
+    """The scheduler this job runs on and this process's task of it: ``cluster.scheduler``'s, or with
+    ``auto`` the first whose task this process is (this host's when none)."""
+    name = cfg.cluster.scheduler
+    if name != "auto":
+        scheduler = named(name)
+        task = scheduler.task()
+        if task is None and scheduler.has_tasks:
+            raise scheduler.no_task()
+        return scheduler, task
+    for scheduler in registered().values():
+        task = scheduler.task()
+        if task is not None:
+            return scheduler, task
+    return named("local"), None
+
+
+def of_command(args: Sequence[str]) -> Scheduler:
+    """The scheduler a command's ``hydra/launcher=<choice>`` submits its jobs to (this host's by default)."""
+    chosen = {a.split("=", 1)[1] for a in args if a.startswith("hydra/launcher=")}
+    return next((s for s in registered().values() if s.launcher is not None and s.launcher in chosen),
+                named("local"))
+
+
+def run_folder_name() -> Optional[str]:
+    """A single run's folder shared by every task of one job step, when this process is one (else None)."""
+    return next((name for s in registered().values() if (name := s.run_folder_name())), None)
