@@ -65,7 +65,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runner tests benchmarks
-	$(VENV)/bin/mypy  # pyproject.toml [tool.mypy]: runner/config, runner/plan, runner/train and what they import
+	$(VENV)/bin/mypy  # pyproject.toml [tool.mypy]: every module of runner/
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db

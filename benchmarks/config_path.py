@@ -1,11 +1,11 @@
 """How a job's config travels: the runner's modules it passes through from the driver's ``execute_job`` to
-rank 0's ``Trainer``, and how often that path goes back to a module it had left.
+rank 0's ``Trainer`` (from the job's start, ``run_job``), and how often that path goes back to a module it had left.
 
 It runs one small training job (``make run``'s model, 2 ranks, 3 steps) with a profiler in each of the
 job's processes (a ``sitecustomize`` on ``PYTHONPATH``, active only for this run). A call is on the path when
 it is a function of the runner that takes the config, or a part of it, as an argument (an OmegaConf
-``DictConfig``). The driver's path starts at ``execute_job`` and ends where it hands the job to its agents
-(``launch.supervisor.launch``); the agent's starts at its ``main``; rank 0's starts at ``elastic_entry`` and
+``DictConfig``). The driver's path starts at ``run_job`` (Hydra's call) and ends where it hands the job to its
+agents (the supervisor's ``launch``); the agent's starts at its ``main``; rank 0's starts at ``elastic_entry`` and
 ends at ``Trainer.__init__``. Printed for each, and for the path to the trainer they make together: the
 modules entered, the moves between modules, the returns (a move into a module the path had already left),
 and the modules entered most often; then the same for the driver's whole job (its run opened, fed and
@@ -31,7 +31,7 @@ SITECUSTOMIZE = '''
 import atexit, json, os, sys, threading
 _OUT = os.environ.get("RUNNER_CONFIG_PATH_OUT")
 if _OUT:
-    _STARTS = {"execute_job": "driver", "main": "agent", "elastic_entry": "rank"}
+    _STARTS = {"run_job": "driver", "main": "agent", "elastic_entry": "rank"}
     _ENDS = {("runner.train.trainer", "__init__")}  # the driver's path goes on to its process's end
     _state = {"role": None, "path": [], "done": False}
 
@@ -53,7 +53,7 @@ if _OUT:
         code = frame.f_code
         if _state["role"] is None:
             role = _STARTS.get(code.co_name)
-            if role is None or (role == "agent" and module != "runner.launch.processes.agent"):
+            if role is None or (role == "agent" and not module.endswith(".agent")):
                 return
             _state["role"], _state["path"] = role, []
         from omegaconf import DictConfig
@@ -113,8 +113,7 @@ def main() -> int:
         records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     parts = {r["role"]: r["path"] for r in records if r["role"] != "rank" or r.get("rank") == "0"}
     whole = parts.get("driver", [])
-    hand_over = ["runner.launch.processes.supervisor", "launch"]
-    handoff = next((i + 1 for i, step in enumerate(whole) if step == hand_over), len(whole))
+    handoff = next((i + 1 for i, (m, f) in enumerate(whole) if m.endswith(".supervisor") and f == "launch"), len(whole))
     parts["driver"], parts["driver, whole job"] = whole[:handoff], whole
     path = [step for role in ("driver", "agent", "rank") for step in parts.get(role, [])]
     total = summarise(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +21,9 @@ from runner.config.secrets import redact_text
 from runner.launch.job.life import say_error
 from runner.launch.sweep.precheck import CONF_DIR, hydra_conf, precheck
 from runner.runtime import signals
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
@@ -44,7 +47,7 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
     """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.life.run_job`."""
     from runner.launch.job.life import run_job
 
-    return run_job(cfg)  # type: ignore[arg-type]  # the schema-typed config Hydra composed
+    return run_job(cast("RunnerConfig", cfg))  # the schema-typed config Hydra composed
 
 
 _PYTHON_M = re.compile(r"^(\S*python[\d.]*\s+-m\s+)runner\b")

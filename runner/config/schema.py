@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 from hydra.core.config_store import ConfigStore
 
@@ -119,7 +119,7 @@ def load_resolved(path: Path) -> RunnerConfig:
     if not isinstance(data, dict):
         raise ConfigError("resolved config", str(path), "a config file the runner wrote (a mapping of keys)")
     try:
-        return OmegaConf.merge(OmegaConf.structured(RunnerConfig), data)  # type: ignore[return-value]
+        return freeze(cast(RunnerConfig, OmegaConf.merge(OmegaConf.structured(RunnerConfig), data)))
     except OmegaConfBaseException as exc:
         key = str(getattr(exc, "full_key", "") or "resolved config")
         typed = wrong_type(exc)
@@ -130,3 +130,12 @@ def load_resolved(path: Path) -> RunnerConfig:
 def register_schemas() -> None:
     """Register the root schema; ``conf/config.yaml`` names it first, so every group merges onto it."""
     ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)
+
+
+def freeze(cfg: RunnerConfig) -> RunnerConfig:
+    """``cfg`` made read-only: an assignment while the job runs fails instead of changing what every later
+    reader sees (the driver's config once the job's place is known, every agent's and worker's)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.set_readonly(cast(Any, cfg), True)  # the schema-typed config is an OmegaConf node
+    return cfg

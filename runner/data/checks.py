@@ -42,7 +42,7 @@ def check_data(cfg: RunnerConfig) -> None:
         import pyarrow.parquet as pq
 
         lay = layout(cfg)
-        schema = pq.read_schema(parquet_files(d.path)[0].open())
+        schema = pq.read_schema(parquet_files(str(d.path))[0].open())
         missing = [c for c in list(lay.tasks) + lay.dense_columns + list(lay.features) if c not in schema.names]
         if missing:
             raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"

@@ -65,14 +65,14 @@ def datasets(cfg: RunnerConfig) -> List[Dict[str, Any]]:
     ``files`` (how many), ``settings`` (synthetic only)."""
     d = cfg.data
     if d.name == "synthetic":
-        settings = {k: d[k] for k in SYNTHETIC_KEYS} | {"seed": cfg.train.seed, "tasks": list(cfg.model.tasks),
+        settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": cfg.train.seed, "tasks": list(cfg.model.tasks),
                                                       "tables": [[t.name, t.num_embeddings] for t in _tables(cfg)]}
         multi = d.ids_per_feature > 1 or d.variable_lengths
         return [{"name": f"synthetic-{split}", "source": "runner.data.synthetic", "context": split, "files": 0,
                  "settings": settings | {"split": split}, "digest": _digest(settings | {"split": split}),
                  "columns": _columns(cfg, multi)} for split in ("train", "eval")]
     out = []
-    for context, path in (("train", d.path), ("eval", d.eval_path or d.path)):
+    for context, path in (("train", str(d.path)), ("eval", str(d.eval_path or d.path))):
         files, columns = _files(cfg, path)
         name = Path(str(path).split("://", 1)[-1].rstrip("/")).name or str(path)
         out.append({"name": name, "source": str(path), "digest": _digest(files), "columns": columns,

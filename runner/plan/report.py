@@ -94,7 +94,8 @@ def bound_text(metrics: Dict[str, float]) -> str:
 def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
                       out: Path, seconds: float, note: str = "",
                       facts: Optional[Dict[str, Any]] = None) -> PlanReport:
-    """Write ``plan.json``, ``plan.txt``, ``estimates.json``, ``report.md`` and ``plan.png`` into ``out``;
+    """Write ``plan.json``, ``plan.txt``, ``estimates.json`` and ``report.md`` into ``out`` (``plan.png`` is drawn
+    from them by :class:`runner.launch.job.end.PlanChart`, off the ranks' path);
     ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``);
     ``facts``: what ``make_plan`` found beside the plan (its lower bound, TorchRec's ratings compared)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional, Set
+from typing import TYPE_CHECKING, List, Optional, Set
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema
 
 
 def allowed_cores() -> List[int]:
@@ -29,7 +30,7 @@ def allowed_cores() -> List[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def workers_on_host(cluster: Any) -> int:
+def workers_on_host(cluster: ClusterSchema) -> int:
     """Workers this host runs (``cluster`` config): all of them when nodes are emulated, else one node's."""
     nodes = 1 if cluster.node_rank is not None else int(cluster.nodes)
     return nodes * int(cluster.workers_per_node)

@@ -82,11 +82,11 @@ class Reporter:
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
         self.plan_metrics = report.metrics
 
-    def hbm_cap(self, cap: Optional[int]) -> None:
+    def hbm_cap(self, cap: Optional[int], ddr: Optional[float] = None) -> None:
         """The HBM per GPU the planner was given (CUDA: the job's GPUs' least free memory, or
-        ``cluster.hbm_cap_gib``), as ``plan/hbm_cap_gib``."""
+        ``cluster.hbm_cap_gib``), as ``plan/hbm_cap_gib``; ``ddr``: its host memory per worker (reconciled with
+        this host's, :func:`runner.runtime.device.ddr_cap_for_host`), as ``plan/ddr_cap_gib``."""
         if self.active and cap is not None:
-            ddr = self.cfg.cluster.ddr_cap_gib  # reconciled with this host's memory (runtime.device.ddr_cap_for_host)
             self._log({"plan/hbm_cap_gib": cap / 2**30, **({"plan/ddr_cap_gib": ddr} if ddr is not None else {})}, 0)
             self.extra["hbm_cap_bytes"] = cap
 

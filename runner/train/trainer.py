@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
 from runner.data.pipeline import batches_for
@@ -35,8 +36,9 @@ class Trainer:
     """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
 
     def __init__(self, cfg: RunnerConfig, run_dir: Path, env: Any, device: Any, reporter: Any,
-                 marks: Dict[str, float], hbm_cap: Optional[int] = None) -> None:
+                 marks: Dict[str, float], hbm_cap: Optional[int] = None, ddr_cap_gib: Optional[float] = None) -> None:
         self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
+        self.ddr_cap_gib = ddr_cap_gib if ddr_cap_gib is not None else cfg.cluster.ddr_cap_gib  # the job's place's
         self.reporter, self.marks = reporter, marks
         self.dmp, self.optimizer, self.sharding_types = self._build()
         self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
@@ -51,7 +53,10 @@ class Trainer:
         apply_sparse_optimizer(model, cfg.optimizer)
         notes: List[str] = []
         facts: Dict[str, Any] = {}
-        plan, best_plan, seconds, sharders = make_plan(cfg, model, env.world, env.local_world, self.device.type,
+        planned = cfg  # the planner's topology takes the host memory this host gives each worker (a new config)
+        if self.ddr_cap_gib != cfg.cluster.ddr_cap_gib:
+            planned = cast("RunnerConfig", OmegaConf.merge(cfg, {"cluster": {"ddr_cap_gib": self.ddr_cap_gib}}))
+        plan, best_plan, seconds, sharders = make_plan(planned, model, env.world, env.local_world, self.device.type,
                                                        dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
                                                        facts=facts)
         self.marks["planned"] = time.time()
@@ -64,7 +69,7 @@ class Trainer:
             report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
                                        self.run_dir / rundir.PLAN, seconds, " ".join(notes), facts)
             self.reporter.plan(report)
-            self.reporter.hbm_cap(self.hbm_cap)
+            self.reporter.hbm_cap(self.hbm_cap, self.ddr_cap_gib)
             types = sorted(report.tags["runner.sharding_types"].split(","))
         return dmp, combined_optimizer(dmp, cfg.optimizer), types
 

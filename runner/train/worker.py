@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from runner.config.errors import ConfigError, one_line
+from runner.config.place import read_place
 from runner.config.schema import load_resolved
 from runner.runtime import affinity, rundir
 from runner.runtime.cores import job_memory
@@ -174,9 +175,11 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         joined()
     reporter = Reporter(cfg, run_dir, env.rank)
     try:
-        if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job
-            cfg.cluster.ddr_cap_gib, _ = ddr_cap_for_host(cfg.cluster.ddr_cap_gib, env.host_workers, *job_memory())
-        results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device)).run(cores)
+        ddr = cfg.cluster.ddr_cap_gib
+        if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
+            place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
+            ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers, *job_memory())[0]
+        results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device), ddr).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
         end_process_group(failed=True)

@@ -9,6 +9,7 @@ reason, or KILLED.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from runner import STARTED
+from runner.config.place import Place
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_run, finish_run
@@ -51,8 +53,9 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
-def pre_launch_checks(cfg: RunnerConfig, run_dir: Path) -> None:
-    """What can be refused before any worker starts (torch is imported only when it must be asked)."""
+def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Place) -> Place:
+    """What can be refused before any worker starts (torch is imported only when it must be asked); the job's
+    place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
     resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
     if cfg.data.name != "synthetic":
         from runner.data.checks import check_data
@@ -67,10 +70,12 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path) -> None:
         workers, visible = c.workers_per_node * len(nodes_on_this_host(c)), visible_gpus()
         check_bf16_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
         note = check_gpu_count(workers, c.workers_per_node, visible)
-        _, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *job_memory())  # each worker plans with it
+        ddr, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *job_memory())  # each worker plans with it
         for line in (note, ddr_note):
             if line:
                 print(line, flush=True)
+        return dataclasses.replace(place, ddr_cap_gib=ddr)
+    return place
 
 
 _JOBS = itertools.count()
@@ -127,7 +132,7 @@ def plan_sweep_together(args: List[str]) -> None:
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
-def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> Optional[Dict[str, Any]]:
+def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart, place: Place) -> Optional[Dict[str, Any]]:
     """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
     is drawn while the workers train, once rank 0 has written the plan."""
     run_dir = run.run_dir
@@ -137,7 +142,7 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart) -> O
         if run.opened:
             chart.start()
 
-    pre_launch_checks(cfg, run_dir)
+    pre_launch_checks(cfg, run_dir, place).write(run_dir)  # the workers read it (place.json)
     try:
         launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=pump,
                threads=agent_threads(cfg))
@@ -196,9 +201,9 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     return results
 
 
-def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
+def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = None) -> Dict[str, Any]:
     """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``attempt``: which
-    run of this job it is (``sweep.retries``)."""
+    run of this job it is (``sweep.retries``); ``place``: where it runs (:mod:`runner.config.place`)."""
     if cfg.mode != "train":
         discard_warm()  # no workers: free the core the prewarmed agent would hold
     if cfg.mode == "write_data":
@@ -220,15 +225,15 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1) -> Dict[str, Any]:
     if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
-        return _plan_or_train(cfg, ctx, run)
+        return _plan_or_train(cfg, ctx, run, place or Place(cfg.cluster.scheduler))
 
 
-def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun) -> Dict[str, Any]:
+def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, place: Place) -> Dict[str, Any]:
     """Plan or train; the MLflow run ended with the job's outcome (:mod:`.outcome`, :mod:`.end`: the value
     :func:`runner.launch.job.life.run_job` records, as under a plain torchrun)."""
     chart = PlanChart(run.run_dir)
     try:
-        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart)
+        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart, place)
         if results is None:
             return {}
         run.pump()

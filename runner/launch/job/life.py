@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from runner.config.errors import TrackingError, WorkerFailure
+from runner.config.place import Place
+from runner.config.schema import freeze
 from runner.config.validation import validate
 from runner.launch.job import outcome
 from runner.launch.sweep import stop as sweep_stop
@@ -49,16 +51,18 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     try:
         sweep_stop.check(sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
         scheduler, task = schedulers.task_of(cfg)  # a scheduler's task: its node, rendezvous and run folder
-        elsewhere = False
+        elsewhere, place = False, Place(scheduler.name)
         if task is not None:
-            run_dir, elsewhere = scheduler.take(cfg, run_dir, task)
+            run_dir, elsewhere, place = scheduler.take(cfg, run_dir, task)
+            cfg = place.applied(cfg)  # a new config, with where the task runs; Hydra's stays as composed
+        cfg = freeze(cfg)  # read-only from here, in this process, its agents and its workers
         if elsewhere:  # a plan or data job runs in node 0's task only
             return None
         if task is not None or not checked(list(hc.overrides.task)):
             validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
         if multirun and (kept := _kept(cfg, run_dir, hc.job.num)) is not None:
             return kept.get("objective")  # a resumed sweep's point that has its answer: its record stays
-        results = _answer(cfg, run_dir, task) if multirun else _attempts(cfg, run_dir, task)
+        results = _answer(cfg, run_dir, task, place) if multirun else _attempts(cfg, run_dir, task, place)
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
         started = (run_dir / rundir.RUN_INFO).exists()
         outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}"), run_dir)
@@ -82,6 +86,7 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
         outcome.record(end, run_dir)
         say_error(line)
         if multirun:
+            assert sweep_dir is not None
             sweep_stop.record_failure(sweep_dir, hc.job.num, line, cfg.sweep.max_failures)
         if not multirun or task is not None:  # a scheduler's job fails with its run
             raise SystemExit(1) from None
@@ -115,7 +120,7 @@ def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, 
     return kept
 
 
-def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[str, Any]:
+def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Place) -> Dict[str, Any]:
     """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
     from runner.launch.sweep.resume import reusable
 
@@ -124,10 +129,10 @@ def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[str,
         from runner.launch.job.driver import reuse_job
 
         return reuse_job(cfg, earlier)
-    return _attempts(cfg, run_dir, task)
+    return _attempts(cfg, run_dir, task, place)
 
 
-def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[str, Any]:
+def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Place) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the
     scheduler's task the job runs as, if any."""
@@ -145,7 +150,7 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task]) -> Dict[st
                                 f"{attempt} does not run")
     while True:
         try:
-            return execute_job(cfg, attempt)
+            return execute_job(cfg, attempt, place)
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise

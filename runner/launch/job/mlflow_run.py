@@ -69,8 +69,8 @@ def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt
             **{f"runner.sweep.{k}": v for k, v in point.items()},
             **schedulers.named(cfg.cluster.scheduler).run_tags(cfg)}
     if ctx.job_num is not None:
-        tags["runner.job"] = ctx.job_num
-    tags["runner.attempt"] = attempt
+        tags["runner.job"] = str(ctx.job_num)
+    tags["runner.attempt"] = str(attempt)
     tags["runner.config_hash"] = config_hash(config)  # what sweep.reuse looks for
     return RunRecord(name, sweep.get("parent_run_id"), tags, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"],
                      _datasets(cfg) if cfg.mode == "train" else [])

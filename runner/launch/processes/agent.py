@@ -77,8 +77,8 @@ def _record_failures(run_dir: Path, node_rank: int, exc: Any, watch: DeathWatch)
     records nothing itself. Then torch elastic's own failure record, when it names another rank."""
     killed = watch.killed()
     for death in killed:
-        rank = _rank_of(run_dir, int(death["pid"]))  # type: ignore[arg-type]
-        line = f"killed by {death['signal']}{likely_cause(int(death['pid']), str(death['signal']))}"  # type: ignore[arg-type]
+        rank = _rank_of(run_dir, int(str(death["pid"])))
+        line = f"killed by {death['signal']}{likely_cause(int(str(death['pid'])), str(death['signal']))}"
         rundir.record_error(run_dir, f"agent{node_rank}-rank{rank}",
                             {"rank": rank, "time": death["time"], "error": line, "source": "agent",
                              "signal": death["signal"], "node": node_rank, "pid": death["pid"]})

@@ -59,4 +59,4 @@ class DeathWatch:
         """``{pid, signal, time}`` of each child that died by a signal, earliest first."""
         self._stop.set()
         with self._lock:
-            return sorted(self._deaths, key=lambda d: float(d["time"]))  # type: ignore[arg-type]
+            return sorted(self._deaths, key=lambda d: float(str(d["time"])))

@@ -50,8 +50,9 @@ class WarmAgent:
             return None
         self.proc = None
         try:
-            proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
+            assert proc.stdin is not None  # started with a pipe
+            proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())
+            proc.stdin.close()
         except OSError:  # it ended meanwhile
             kill_group(proc, signal.SIGKILL)
             proc.wait()

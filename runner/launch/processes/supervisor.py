@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from runner.config.errors import WorkerFailure
 from runner.launch.processes.prewarm import kill_group, spawn_agent, take_warm
@@ -20,6 +20,9 @@ from runner.launch.sweep import stop as sweep_stop
 from runner.runtime import rundir, signals
 from runner.runtime.process_end import DRIVER_PID
 from runner.track.sweep_points import sweep_of
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ClusterSchema
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
@@ -109,12 +112,12 @@ def _agent_death(proc: subprocess.Popen, node: int) -> Optional[str]:
     return f"node {node}'s agent (pid {proc.pid}) was killed by {name}; its workers were stopped with it"
 
 
-def nodes_on_this_host(cluster: Any) -> List[int]:
+def nodes_on_this_host(cluster: ClusterSchema) -> List[int]:
     """Every node when nodes are emulated on this host, else just ``cluster.node_rank``."""
     return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
 
 
-def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]) -> List[subprocess.Popen]:
+def _start_agents(cluster: ClusterSchema, run_dir: Path, port: int, threads: Optional[int]) -> List[subprocess.Popen]:
     """One agent per node on this host; node 0's is the prewarmed one when it loaded torch with ``threads``."""
     procs = []
     for i, node in enumerate(nodes_on_this_host(cluster)):
@@ -126,7 +129,7 @@ def _start_agents(cluster: Any, run_dir: Path, port: int, threads: Optional[int]
     return procs
 
 
-def _await_other_nodes(cluster: Any, run_dir: Path) -> None:
+def _await_other_nodes(cluster: ClusterSchema, run_dir: Path) -> None:
     """A job whose other nodes run on other hosts (a Slurm job's) record their ranks' failures in ``node<k>/``
     (a shared folder): give them a moment, so that the root cause is the rank that failed there, not this
     node's broken connections."""
@@ -139,7 +142,7 @@ def _await_other_nodes(cluster: Any, run_dir: Path) -> None:
         time.sleep(0.2)
 
 
-def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
+def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: Path,
                pump: Optional[Callable[[], None]]) -> None:
     """Until every agent has exited 0; on the first failure let the peers report, then raise."""
     next_pump = time.monotonic() + PUMP_S
@@ -166,7 +169,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: Any, run_dir: Path,
         time.sleep(TICK_S)
 
 
-def launch(cluster: Any, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
+def launch(cluster: ClusterSchema, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
            pump: Optional[Callable[[], None]] = None, threads: Optional[int] = None) -> None:
     """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails.
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
+from runner.config.place import Place
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -57,11 +58,11 @@ class Scheduler:
         """The error when ``cluster.scheduler`` names this scheduler but this process is not one of its tasks."""
         return ConfigError("cluster.scheduler", self.name, "auto where this process is not a scheduler's task")
 
-    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool]:
-        """Take the job's place as ``task``: the node's run folder, and whether the job runs elsewhere (a
-        plan or data job runs in node 0's task only). ``cfg`` is set to what the task says (node rank,
-        rendezvous) before it becomes read-only."""
-        return run_dir, False
+    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool, Place]:
+        """Take the job's place as ``task``: the node's run folder, whether the job runs elsewhere (a plan or
+        data job runs in node 0's task only), and the job's place (:class:`runner.config.place.Place`: node
+        rank, rendezvous, shared checkpoint folder), which the job's config then carries."""
+        return run_dir, False, Place(self.name)
 
     def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
         """Where node ``node_rank`` keeps its files (the job's run folder, or a folder in it)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from runner.config.errors import SchedulerError
+from runner.config.place import Place
 from runner.launch.schedulers import Scheduler, Task
 from runner.launch.schedulers.slurm_commands import _scontrol, hostnames, node_address, slurm_command
 from runner.runtime import rundir
@@ -64,9 +65,10 @@ class SlurmTask(Task):
         return hostnames(self.nodelist)
 
 
-def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Path:
-    """Take node rank, rendezvous host and port from the Slurm job (one task per node, ``cluster.nodes``
-    nodes); this node's run folder. Every node checkpoints into the job's folder (one distributed checkpoint)."""
+def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Tuple[Place, Path]:
+    """The job's place as the Slurm job gives it (one task per node, ``cluster.nodes`` nodes): node rank,
+    rendezvous host and port; every node checkpoints into the job's folder (one distributed checkpoint). Also
+    this node's run folder."""
     c = cfg.cluster
     if task.nodes != c.nodes:
         raise SchedulerError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
@@ -76,15 +78,10 @@ def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Path:
         raise SchedulerError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
                              "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
                              "cluster.workers_per_node workers")
-    names = task.node_names()
-    c.scheduler = SCHEDULER.name
-    c.node_rank = task.node_rank
-    c.master_addr = node_address(names[0])
-    if c.master_port is None:
-        c.master_port = task.port
-    if task.node_rank and not cfg.train.checkpoint.dir:
-        cfg.train.checkpoint.dir = str(run_dir / rundir.CHECKPOINTS)
-    return SCHEDULER.node_run_dir(run_dir, task.node_rank)
+    shared = str(run_dir / rundir.CHECKPOINTS) if task.node_rank and not cfg.train.checkpoint.dir else None
+    place = Place(SCHEDULER.name, task.node_rank, node_address(task.node_names()[0]),
+                  c.master_port if c.master_port is not None else task.port, shared)
+    return place, SCHEDULER.node_run_dir(run_dir, task.node_rank)
 
 
 def _time_limit_reached(task: SlurmTask) -> bool:
@@ -135,7 +132,7 @@ class SlurmScheduler(Scheduler):
                               "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                               "-m hydra/launcher=slurm")
 
-    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool]:
+    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool, Place]:
         """Signals as the command line has them (submitit's own handlers ignore SIGTERM) and a line on the
         time-limit warning; a training job's node rank, rendezvous and run folder taken from the job
         (:func:`adopt`)."""
@@ -146,11 +143,11 @@ class SlurmScheduler(Scheduler):
         on_time_limit_warning()
         if cfg.mode != "train" and task.node_rank > 0:
             print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
-            return run_dir, True
+            return run_dir, True, Place(self.name)
         if cfg.mode == "train":
-            return adopt(cfg, task, run_dir), False
-        cfg.cluster.scheduler = self.name  # the run's tags say where it ran
-        return run_dir, False
+            place, run_dir = adopt(cfg, task, run_dir)
+            return run_dir, False, place
+        return run_dir, False, Place(self.name)  # the run's tags say where it ran
 
     def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
         """Node 0 keeps the job's run folder; another node keeps its files in ``node<k>/``."""

@@ -16,9 +16,9 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import PLUGINS
 from runner.config.errors import SchedulerError, first_line
@@ -79,7 +79,7 @@ def filesystem(path: Path) -> str:
     return kind
 
 
-def check_submission(cfg: RunnerConfig) -> None:
+def check_submission(cfg: DictConfig) -> None:
     """What the job's nodes must reach, checked before submission: the tracking store and the sweep folder
     (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
     partition = cfg.hydra.launcher.get("partition")
@@ -91,7 +91,7 @@ def check_submission(cfg: RunnerConfig) -> None:
     if all(_this_host(node_address(n)) for n in nodes):
         return
     where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
-    uri = tracking_uri(cfg)
+    uri = tracking_uri(cast("RunnerConfig", cfg))
     folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
     if folder is None and "://" not in uri:
         folder = Path(uri)
@@ -251,7 +251,8 @@ def _wait(points: List[Point]) -> None:
     for p in points:
         if p.refused:
             print(f"[runner] point {p.num} FAILED: error: {p.refused}", flush=True)
-    pending, seen, since = [p for p in points if p.job is not None], set(), time.monotonic()
+    pending, since = [p for p in points if p.job is not None], time.monotonic()
+    seen: set = set()
     while pending:
         states = job_states()
         if states is None:

@@ -5,7 +5,10 @@ combinations composed so that every value is composed once (:mod:`runner.launch.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, cast
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import IntervalSweep
 
 from runner.config import paired
 from runner.config.errors import ConfigError
@@ -36,7 +39,7 @@ def split_args(args: List[str]) -> tuple[List[str], Optional[str], bool]:
     return overrides, config_name, checkable
 
 
-def sweep_values(overrides: List[str], loader: object = None) -> List[List[str]]:
+def sweep_values(overrides: List[str], loader: Any = None) -> List[List[str]]:
     """Each override's values (one for a plain override). ``glob()`` is expanded over the group's options;
     a sampler's ``interval()`` is left to the sweeper."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -54,7 +57,7 @@ def sweep_values(overrides: List[str], loader: object = None) -> List[List[str]]
     values = []
     for text, o in zip(overrides, parsed, strict=True):
         if o.is_interval_sweep():  # the sampler draws inside it: both ends must be allowed
-            key, ends = o.get_key_element(), o.value()
+            key, ends = o.get_key_element(), cast("IntervalSweep", o.value())
             values.append([f"{key}={ends.start}", f"{key}={ends.end}"])
             continue
         if o.is_sweep_override():
@@ -66,7 +69,7 @@ def sweep_values(overrides: List[str], loader: object = None) -> List[List[str]]
     return values
 
 
-def sweep_axes(overrides: List[str], loader: object = None) -> Tuple[List[List[str]], List[str]]:
+def sweep_axes(overrides: List[str], loader: Any = None) -> Tuple[List[List[str]], List[str]]:
     """The sweep's axes (:func:`sweep_values`, with paired overrides zipped into one axis:
     :mod:`runner.config.paired`) and the overrides' keys in the command's order (to put a point's overrides in)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -88,7 +91,7 @@ def combinations(values: List[List[str]], order: Optional[List[str]] = None) -> 
     return [paired.point(c, order or []) for c in combos]
 
 
-def file_sweeps(overrides: List[str], config_name: Optional[str], loader: object) -> List[str]:
+def file_sweeps(overrides: List[str], config_name: Optional[str], loader: Any) -> List[str]:
     """Sweeps an experiment file sets in ``hydra.sweeper.params`` (not overridden on the command line)."""
     from hydra import compose
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, Tuple, cast
 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line, wrong_type
@@ -20,16 +20,18 @@ from runner.launch.sweep.overrides import combinations, file_sweeps, split_args,
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from runner.config.schema import RunnerConfig
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 
 
-def _group_error(override: str, loader: object) -> Optional[str]:
+def _group_error(override: str, loader: Any) -> Optional[str]:
     key, _, value = override.lstrip("+~").partition("=")
-    if "." in key or not value or key.startswith("hydra") or key not in loader.list_groups(""):  # type: ignore[attr-defined]
+    if "." in key or not value or key.startswith("hydra") or key not in loader.list_groups(""):
         return None
-    options = loader.get_group_options(key)  # type: ignore[attr-defined]
+    options = loader.get_group_options(key)
     if value in options or value == "null":
         return None
     return f"{key}={value!r} is not an option; expected one of {', '.join(options)}"
@@ -52,7 +54,7 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
 
 
 @contextlib.contextmanager
-def hydra_conf() -> Iterator[object]:
+def hydra_conf() -> Iterator[Any]:
     """Hydra initialised on the runner's ``conf/`` for composing by hand (cleared before and after, so
     that Hydra's own start-up finds it free): yields its config loader."""
     from hydra import initialize_config_dir
@@ -105,7 +107,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
             f"hydra.sweeper._target_={own}"])
 
 
-def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader: object) -> Optional[Any]:
+def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader: Any) -> Optional[Any]:
     """A point's config from the first point's, where Hydra's compose would give the same: every override the
     same key in the same place, and those whose values differ plain changes of non-group keys to scalars
     (Hydra applies each as ``OmegaConf.update(cfg, key, value, merge=True)`` after composing the same
@@ -123,7 +125,7 @@ def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader
     if len(set(keys)) != len(keys) or keys != [o.key_or_group for o in theirs]:
         return None
     changed = [o for o, t in zip(ours, theirs, strict=True) if o.input_line != t.input_line]
-    groups = set(loader.list_groups(""))  # type: ignore[attr-defined]
+    groups = set(loader.list_groups(""))
     for o in changed:
         if o.type != OverrideType.CHANGE or o.package is not None or o.key_or_group in groups or "/" in o.key_or_group \
                 or o.key_or_group.startswith("hydra") or o.is_sweep_override() \
@@ -176,7 +178,7 @@ def checked(overrides: List[str]) -> bool:
     return tuple(overrides) in _CHECKED
 
 
-def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: object) -> Optional[str]:
+def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: Any) -> Optional[str]:
     """The first combination's error (compose + validate), naming the point when it is a sweep's; points
     differing from the first only in values are derived from its config (:func:`_from_first`)."""
     from hydra import compose
@@ -193,7 +195,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
             if cfg is None:
                 cfg = compose(config_name=config_name or "config", overrides=combo)
                 first = first or (combo, cfg)
-            validate(cfg)
+            validate(cast("RunnerConfig", cfg))
             schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
             _CHECKED.add(tuple(combo))
             if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
@@ -205,7 +207,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: o
     return None
 
 
-def _check_sweeper(cfg: RunnerConfig) -> Optional[str]:
+def _check_sweeper(cfg: DictConfig) -> Optional[str]:
     """A searching sweeper must optimise the way ``tracking.objective`` says is better (``cfg``: a point
     composed with Hydra's own config)."""
     from runner.track.objective import objective
@@ -213,7 +215,7 @@ def _check_sweeper(cfg: RunnerConfig) -> Optional[str]:
     wanted = cfg.hydra.sweeper.get("direction")
     if not isinstance(wanted, str) or wanted not in ("minimize", "maximize"):
         return None
-    metric, direction = objective(cfg)
+    metric, direction = objective(cast("RunnerConfig", cfg))
     if wanted[:3] != direction:
         return (f"hydra.sweeper.direction={wanted} but tracking.objective is {metric} ({direction}); set "
                 f"hydra.sweeper.direction={'maximize' if direction == 'max' else 'minimize'} or "
@@ -241,7 +243,7 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
     return None
 
 
-def _check_resume(cfg: RunnerConfig, overrides: List[str]) -> Optional[str]:
+def _check_resume(cfg: DictConfig, overrides: List[str]) -> Optional[str]:
     """A sweep folder that holds another command's sweep is refused (resuming it would mix two sweeps)."""
     from runner.launch.sweep.resume import check_resume
 
@@ -252,7 +254,7 @@ def _check_resume(cfg: RunnerConfig, overrides: List[str]) -> Optional[str]:
     return check_resume(folder, overrides, bool(cfg.sweep.resume_changed))
 
 
-def _check_output_folder(cfg: RunnerConfig, multirun: bool) -> Optional[str]:
+def _check_output_folder(cfg: DictConfig, multirun: bool) -> Optional[str]:
     """The run (or sweep) folder can be made: a folder is created and removed where it would go."""
     import tempfile
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 from omegaconf import OmegaConf
 
@@ -78,10 +78,10 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
         before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
     except (OSError, ValueError, yaml.YAMLError):  # a byte that is not UTF-8 is a ValueError
         return _runs_again(run_dir / rundir.RESOLVED)
-    now = OmegaConf.to_container(cfg, resolve=True)
+    now = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a config's root is a mapping
     if not isinstance(before, dict) or set(now) - set(before):  # not a config, or cut short (sections missing)
         return _runs_again(run_dir / rundir.RESOLVED)
-    if roles.answer(before) != roles.answer(now):  # type: ignore[arg-type]
+    if roles.answer(before) != roles.answer(now):
         return None
     place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
     if place != (cfg.tracking.experiment, store.tracking_uri(cfg)):
@@ -96,10 +96,10 @@ def _recorded_at(config: Dict[str, Any], run_info: Any) -> Tuple[Any, Any]:
     """``(experiment, tracking URI)`` where a finished point's run is recorded (its ``run.json`` says the URI)."""
     tracking = config.get("tracking") or {}
     uri = run_info.get("tracking_uri") if isinstance(run_info, dict) else None
-    return tracking.get("experiment"), uri or store.tracking_uri(OmegaConf.create(config))
+    return tracking.get("experiment"), uri or store.tracking_uri(cast("RunnerConfig", OmegaConf.create(config)))
 
 
-def _runs_again(path: Path) -> None:
+def _runs_again(path: Path) -> Optional[Dict[str, Any]]:
     """A finished point whose record cannot be read back (cut short, emptied, garbled) is not kept: said."""
     print(f"[runner] warning: {path} cannot be read back; the point runs again", flush=True)
     return None
@@ -111,7 +111,7 @@ def _sweep_parent_in_store() -> bool:
 
     if not HydraConfig.initialized():
         return True
-    sweep_dir = OmegaConf.select(HydraConfig.get(), "sweep.dir")
+    sweep_dir = HydraConfig.get().sweep.dir
     return not sweep_dir or bool(sweep_info(sweep_dir).get("parent_run_id"))
 
 

@@ -9,7 +9,7 @@ planner and never imports this package's other modules.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
@@ -122,7 +122,7 @@ def _placeable_plan(planner: Any, job: _Job, notes: List[str]) -> Optional[Shard
 def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[ShardingPlan]:
     """Where a proposer found no packing while the tables fit: the one its declaration falls back to
     (``sharding.proposer=<name>``); the plan and a note, or None."""
-    other: RunnerConfig = OmegaConf.merge(job.cfg, {"sharding": {"proposer": name}})  # type: ignore[assignment]
+    other = cast("RunnerConfig", OmegaConf.merge(job.cfg, {"sharding": {"proposer": name}}))
     try:
         plan = job.planner(other).plan(job.model, job.sharders)
     except Exception:  # noqa: BLE001 - none either: the first planner's state explains why

@@ -50,6 +50,7 @@ class CheckedBasicSweeper(BasicSweeper):
             line = disk_full(exc)
             if line is None:
                 raise
+            assert self.config is not None  # Hydra set it up before sweeping
             line = end_failed_sweep(f"disk full: {line}", Path(self.config.hydra.sweep.dir).resolve())
             print(f"error: {line}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None

@@ -35,7 +35,7 @@ class ResumingOptunaSweeper(OptunaSweeper):
 
         from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
 
-        impl = self.sweeper
+        impl: Any = self.sweeper
         if impl.storage is None:
             folder = Path(impl.config.hydra.sweep.dir)
             folder.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ class ResumingOptunaSweeper(OptunaSweeper):
         """An interrupted trial's job again, with its values, in its folder; its result told to it."""
         import optuna
 
-        impl = self.sweeper
+        impl: Any = self.sweeper
         overrides = tuple(f"{k}={v}" for k, v in {**trial.params, **trial.user_attrs}.items())
         (ret,) = impl.launcher.launch([overrides], initial_job_idx=trial.number)
         try:

@@ -1,0 +1,79 @@
+"""The scheduler seam and the job's place: schedulers found by name, nothing outside their package naming one, a
+task's place carried by a new read-only config (the composed one unchanged), and read-only configs in workers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cfg_for
+
+from runner.config.errors import ConfigError
+from runner.config.place import Place, read_place
+from runner.launch import schedulers
+
+
+def test_schedulers_are_found_by_name_and_an_unknown_one_is_one_line() -> None:
+    assert {"local", "slurm"} <= set(schedulers.registered())
+    assert schedulers.named("auto").name == schedulers.named("none").name == "local"
+    assert schedulers.named("slurm").static_rendezvous and not schedulers.named("local").static_rendezvous
+    assert schedulers.of_command(["-m", "hydra/launcher=slurm"]).name == "slurm"
+    assert schedulers.of_command(["-m", "hydra/launcher=joblib"]).name == "local"
+    with pytest.raises(ConfigError, match=r"cluster.scheduler='kubernetes' is not allowed; expected auto, local, "
+                                          r"slurm, none"):
+        schedulers.named("kubernetes")
+
+
+def test_a_slurm_scheduler_named_outside_slurm_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID", "SLURM_NNODES"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(Exception, match="cluster.scheduler=slurm but this process is not a task of a Slurm job"):
+        schedulers.task_of(cfg_for("cluster.scheduler=slurm"))
+    scheduler, task = schedulers.task_of(cfg_for())
+    assert scheduler.name == "local" and task is None
+
+
+def test_nothing_outside_the_schedulers_package_names_a_scheduler() -> None:
+    """No test of a scheduler's name or a launcher's override string outside ``launch/schedulers`` (and the
+    Hydra plugin that is Slurm's launcher)."""
+    runner = ROOT / "runner"
+    allowed = {runner / "launch" / "schedulers", runner / "launch" / "plugins"}
+    found = {}
+    for path in runner.rglob("*.py"):
+        if any(a in path.parents for a in allowed):
+            continue
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())  # comments aside
+        hits = re.findall(r"""(?:==|!=|\bin)\s*["'](?:slurm|local|none)["']|["']hydra/launcher=\w+["']""", code)
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    assert not found, found
+
+
+def test_a_task_s_place_is_a_new_read_only_config_and_the_composed_one_is_unchanged(tmp_path: Path) -> None:
+    from omegaconf.errors import ReadonlyConfigError
+
+    cfg = cfg_for("cluster=2node")
+    place = Place("slurm", 1, "10.0.0.7", 29777, str(tmp_path / "checkpoints"), 3.5)
+    ran = place.applied(cfg)
+    assert (ran.cluster.scheduler, ran.cluster.node_rank, ran.cluster.master_addr, ran.cluster.master_port) == \
+        ("slurm", 1, "10.0.0.7", 29777)
+    assert ran.train.checkpoint.dir == str(tmp_path / "checkpoints")
+    assert cfg.cluster.node_rank is None and cfg.cluster.scheduler == "auto"  # what the user composed, as composed
+    with pytest.raises(ReadonlyConfigError):
+        ran.cluster.node_rank = 0
+    place.write(tmp_path)
+    assert read_place(tmp_path) == place and read_place(tmp_path / "none") is None
+
+
+def test_a_worker_s_config_is_read_only(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ReadonlyConfigError
+
+    from runner.config.schema import load_resolved
+
+    (tmp_path / "resolved.yaml").write_text(OmegaConf.to_yaml(cfg_for()))
+    cfg = load_resolved(tmp_path / "resolved.yaml")
+    with pytest.raises(ReadonlyConfigError):
+        cfg.cluster.ddr_cap_gib = 1.0
+    assert OmegaConf.merge(cfg, {"cluster": {"ddr_cap_gib": 1.0}}).cluster.ddr_cap_gib == 1.0  # a new config may
