@@ -22,6 +22,7 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
+from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
@@ -131,7 +132,7 @@ def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, 
 
 def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-               facts: Dict[str, Any], progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> Any:
+               facts: PlanFacts, progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks): by the
     runner's planner (:mod:`.torchrec_adapter.runner_planner`), or by TorchRec's stock planner on a TorchRec the
     adapter was not tested with (said in one note line)."""
@@ -142,7 +143,7 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
                                 notes, facts, _inputs(cfg, world, local_world, device_type, hbm_cap), progress,
                                 choose_from)
     notes.append(str(seam_note()))
-    facts.update(plan_source="torchrec", planner="stock")
+    facts["plan_source"], facts["planner"] = "torchrec", "stock"
     try:
         return torchrec_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model),
                                 hbm_cap).plan(model, sharders)
@@ -156,7 +157,7 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
 
 def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, pg: Any = None,
               reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
-              progress: Optional[Callable[..., None]] = None, facts: Optional[Dict[str, Any]] = None,
+              progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
               choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
     shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.speedups.enumeration_reuse`).
@@ -180,7 +181,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
-        found: Dict[str, Any] = facts if facts is not None else {}
+        found: PlanFacts = facts if facts is not None else {}
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms

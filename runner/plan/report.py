@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
+from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.runtime import rundir
 
@@ -70,7 +71,7 @@ def plan_description(folder: Path) -> str:
     return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)
 
 
-def bound_metrics(est_step_ms: Optional[float], facts: Optional[Dict[str, Any]]) -> Dict[str, float]:
+def bound_metrics(est_step_ms: Optional[float], facts: Optional[PlanFacts]) -> Dict[str, float]:
     """``plan/lower_bound_ms`` (:mod:`.bound`) and ``plan/gap_to_bound`` (estimated step / bound - 1), with
     the ratings of TorchRec's plans the balanced proposer compared (``facts`` from ``make_plan``)."""
     facts = facts or {}
@@ -93,7 +94,7 @@ def bound_text(metrics: Dict[str, float]) -> str:
 
 def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
                       out: Path, seconds: float, note: str = "",
-                      facts: Optional[Dict[str, Any]] = None) -> PlanReport:
+                      facts: Optional[PlanFacts] = None) -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json`` and ``report.md`` into ``out`` (``plan.png`` is drawn
     from them by :class:`runner.launch.job.end.PlanChart`, off the ranks' path);
     ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``);
@@ -135,6 +136,8 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
             "runner.plan_source": (facts or {}).get("plan_source") or (
                 "torchrec" if cfg.sharding.plan is None else "pinned"),
+            **({"runner.planner": facts["planner"]} if facts and facts.get("planner") else {}),
+            **({"runner.plan_fallback": str(facts["fallback"])} if facts and facts.get("fallback") else {}),
             **({"runner.plan_note": note} if note else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 

@@ -30,6 +30,7 @@ from runner.train.split_step import loss_scale_for
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.plan.facts import PlanFacts
 
 
 class Trainer:
@@ -52,7 +53,7 @@ class Trainer:
         autocast_forward(model, self.device.type, cfg.precision.autocast)
         apply_sparse_optimizer(model, cfg.optimizer)
         notes: List[str] = []
-        facts: Dict[str, Any] = {}
+        facts: PlanFacts = {}
         planned = cfg  # the planner's topology takes the host memory this host gives each worker (a new config)
         if self.ddr_cap_gib != cfg.cluster.ddr_cap_gib:
             planned = cast("RunnerConfig", OmegaConf.merge(cfg, {"cluster": {"ddr_cap_gib": self.ddr_cap_gib}}))

@@ -210,8 +210,9 @@ def test_shell_completion_for_python_m_runner() -> None:
 
 
 def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_path: Path, capsys) -> None:
-    """Agents and workers load ``resolved.yaml`` through the schema: typed nodes, and a wrong-typed value (a
-    file edited by hand, or written by another version) fails at load naming the key, in the torchrun entry too."""
+    """Agents and workers load ``resolved.yaml`` through the schema: typed, read-only nodes, and a wrong-typed value
+    (a file edited by hand, or written by another version) fails at load naming the key, in the torchrun entry
+    too."""
     from conftest import cfg_for
     from omegaconf import OmegaConf
 
@@ -223,8 +224,12 @@ def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_pat
     OmegaConf.save(cfg_for("mode=plan"), path, resolve=True)
     cfg = load_resolved(path)
     assert OmegaConf.get_type(cfg.sharding) is ShardingSchema and cfg.train.steps == 200
+    from omegaconf.errors import ReadonlyConfigError
+
+    with pytest.raises(ReadonlyConfigError):
+        cfg.train.steps = 300  # read-only while it runs
     with pytest.raises(ValueError):
-        cfg.train.steps = "many"  # typed while it runs, as Hydra's config is
+        OmegaConf.merge(cfg, {"train": {"steps": "many"}})  # typed, as Hydra's config is
     path.write_text(path.read_text().replace("steps: 200", "steps: many"))
     with pytest.raises(ConfigError, match=r"^train.steps='many' is not allowed; expected an integer \(in "):
         load_resolved(path)

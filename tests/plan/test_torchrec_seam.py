@@ -132,6 +132,7 @@ def test_a_torchrec_without_a_listed_name_plans_with_its_stock_planner(tmp_path,
     assert note in (tmp_path / "plan" / "report.md").read_text() and note in proc.stdout
     (run,) = runs(store, experiment)
     assert run.info.status == "FINISHED" and run.data.tags["runner.plan_source"] == "torchrec"
+    assert run.data.tags["runner.planner"] == "stock"
     assert note in run.data.tags["runner.plan_note"]
     assert "plan done: no plan fits" not in proc.stdout
 

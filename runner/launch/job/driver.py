@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
-def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Place) -> Place:
+def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] = None) -> Place:
     """What can be refused before any worker starts (torch is imported only when it must be asked); the job's
     place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
     resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
@@ -74,8 +74,8 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Place) -> Place:
         for line in (note, ddr_note):
             if line:
                 print(line, flush=True)
-        return dataclasses.replace(place, ddr_cap_gib=ddr)
-    return place
+        return dataclasses.replace(place or Place(cfg.cluster.scheduler), ddr_cap_gib=ddr)
+    return place or Place(cfg.cluster.scheduler)
 
 
 _JOBS = itertools.count()
@@ -113,7 +113,7 @@ def plan_sweep_together(args: List[str]) -> None:
     """Pass 1 of a grid sweep (``args``: the command's) of balanced plan-only points, not on Slurm
     (:func:`runner.launch.sweep.plan_together.plan_together`), before Hydra launches its jobs; nothing for any other
     command. TorchRec is imported only for such a sweep: the driver of any other command leaves it to the
-    prewarmed agent and its workers (it costs a 2-core host about 6 s of a core)."""
+    prewarmed agent and its workers (its import costs a core for seconds)."""
     if not any(a in ("-m", "--multirun") for a in args) or not schedulers.of_command(args).points_here:
         return
     from runner.launch.job.plan_only import PlanProgress

@@ -132,7 +132,7 @@ def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Place
     return _attempts(cfg, run_dir, task, place)
 
 
-def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Place) -> Dict[str, Any]:
+def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Optional[Place] = None) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the
     scheduler's task the job runs as, if any."""

@@ -22,6 +22,7 @@ from runner.track.reporter import Reporter
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.plan.facts import PlanFacts
 
 
 class PlanProgress:
@@ -83,7 +84,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     reporter = Reporter(cfg, run_dir, rank=0)
     base = {"mode": "plan", "world_size": world}
     notes: List[str] = []
-    facts: Dict[str, Any] = {}
+    facts: PlanFacts = {}
     progress = PlanProgress()
     try:
         plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.plan.facts import PlanFacts
 
 PLAN_SET_ENV = "RUNNER_SWEEP_PLAN_SET"  # the plan set's file, for the sweep's jobs (set by plan_together)
 _LOADED: Dict[str, Dict[str, Any]] = {}
@@ -97,7 +98,7 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
         print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "
               f"{i + 1}/{count}, {time.perf_counter() - t0:.0f} s\x1b[K", end="", flush=True)
     world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
-    facts: Dict[str, Any] = {}
+    facts: PlanFacts = {}
     try:
         _, best, _, _ = make_plan(cfg, build_model(cfg), world, local,
                                   device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts,

@@ -16,6 +16,7 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
+from runner.plan.facts import PlanFacts
 from runner.plan.proposers import build_proposer, declared
 from runner.plan.topology import build_storage_reservation
 from runner.plan.torchrec_adapter.balanced import BalancedProposer, balanced_note, job_facts
@@ -134,7 +135,7 @@ def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[Sha
 
 def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
                      sharders: List[Any], estimates: Any, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-                     facts: Dict[str, Any], inputs: Inputs, progress: Optional[Progress] = None,
+                     facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
                      choose_from: Any = None) -> Any:
     """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
     where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
@@ -149,7 +150,9 @@ def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int
         plan = planner.plan(model, sharders)
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
-            facts.update(job_facts(planner.balanced.facts))
+            searched = job_facts(planner.balanced.facts)
+            facts["plan_source"], facts["compared"] = searched["plan_source"], searched["compared"]
+            facts["torchrec"], facts["skipped"] = searched["torchrec"], searched["skipped"]
             notes.append(balanced_note(planner.balanced.facts))
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles

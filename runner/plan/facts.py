@@ -1,0 +1,19 @@
+"""What planning found beside the plan, typed: where the plan came from and how (decisions read these, never a
+message's text), and what it compares with."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, TypedDict
+
+
+class PlanFacts(TypedDict, total=False):
+    """What :func:`runner.plan.planner.make_plan` found beside the plan: where it came from, how, and what it
+    compares with. No decision reads a message's text; they read these."""
+
+    planner: str  # "runner" (the runner's planner, through the TorchRec adapter) or "stock" (TorchRec's own)
+    plan_source: str  # "runner" (the runner's own plan) or "torchrec" (a TorchRec proposer's); "pinned" by report
+    fallback: Optional[str]  # how a plan was found where the named proposer found none: "placeable_only", a proposer
+    lower_bound_ms: Optional[float]  # the bound on any plan's estimated step (torchrec_adapter/bound.py)
+    compared: Dict[str, float]  # TorchRec's plans' ratings, as the balanced proposer compared them
+    torchrec: Dict[str, Optional[float]]  # the same, by proposer (None: no plan)
+    skipped: Dict[str, int]  # TorchRec's proposers not tried as starts at this size, with the shards that decided it
