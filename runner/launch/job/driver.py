@@ -196,6 +196,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
+    end_run(run, outcome.finished(results))
     if cfg.sweep.verbose:  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return results

@@ -87,8 +87,9 @@ def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, 
 
 
 def end_run(run: Holder, end: Outcome) -> bool:
-    """End the run of a job that failed or was stopped, with its outcome's status and line; a store that fails
-    here is said in a warning (the job's own outcome matters more). False when the ending is not in the store."""
+    """End the run of a job with its outcome's status and line (a failed or stopped job's, or a point answered
+    by an earlier run); a store that fails here is said in a warning (the job's own outcome matters more). False
+    when the ending is not in the store."""
     try:
         return run.end(end.status, end.error)
     except Exception as exc:  # noqa: BLE001

@@ -140,7 +140,7 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
 def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
     copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
-    ``runner.reused_from`` naming it. The point's results."""
+    ``runner.reused_from`` naming it. The point's results (its run still open)."""
     source = Path(earlier.data.tags.get("runner.run_dir", "/nonexistent"))
     if (source / rundir.PLAN).is_dir():
         shutil.copytree(source / rundir.PLAN, run_dir / rundir.PLAN, dirs_exist_ok=True)
@@ -153,8 +153,7 @@ def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> 
     results = {**(rundir.read_json(source / rundir.RESULTS) or {}), "reused_from": earlier.info.run_id,
                "run_id": new_run.run_id, "tracking_uri": new_run.uri}
     rundir.write_json(run_dir / rundir.RESULTS, results)
-    new_run.end("FINISHED")
-    return results
+    return results  # the run is ended with the point's outcome by the driver (launch/job/end.py)
 
 
 def resume_args(folder: Path, extra: List[str]) -> List[str]:
