@@ -93,11 +93,13 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
                   progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> EmbeddingShardingPlanner:
     """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
-    ``reuse``, enumerated options are shared with this process's later planners (:mod:`.speedups.enumeration_reuse`);
+    ``reuse``, enumerated options are shared with this process's later planners
+    (:mod:`.torchrec_adapter.enumeration_reuse`);
     ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
     already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
-    with the search's counts while it runs (:class:`.speedups.planning_loop.SearchLoopPlanner`); ``choose_from``: a
-    sweep's plans for the balanced proposer to choose from (:mod:`.sweep_plans`)."""
+    with the search's counts while it runs (:class:`.torchrec_adapter.planning_loop.SearchLoopPlanner`);
+    ``choose_from``: a
+    sweep's plans for the balanced proposer to choose from (:mod:`runner.launch.sweep.plan_together`)."""
     if seam_note() is not None:  # a TorchRec the runner's planner was not tested with: TorchRec's own planner
         return torchrec_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes, hbm_cap)
     from runner.plan.torchrec_adapter.runner_planner import runner_planner  # only after the version check
@@ -120,7 +122,8 @@ def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, 
                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
     """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
     planner gets from ``cfg``: what the runner's plans are compared with (tests, benchmarks, the balanced
-    proposer), and the planner itself on a TorchRec the runner's search was not tested with (:mod:`.torchrec_seam`)."""
+    proposer), and the planner itself on a TorchRec the runner's search was not tested with
+    (:mod:`.torchrec_adapter.torchrec_seam`)."""
     topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
     proposer = stock_proposer(cfg.sharding)
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
@@ -160,13 +163,16 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
               progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
               choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
-    shares enumerated options with later calls in this process (a plan-only sweep, :mod:`.speedups.enumeration_reuse`).
+    shares enumerated options with later calls in this process (a plan-only sweep,
+    :mod:`.torchrec_adapter.enumeration_reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
     by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
-    (rank 0's) gets ``lower_bound_ms`` (:mod:`.bound`) and, for the balanced proposer, ``compared``: the
-    ratings of TorchRec's plans it started from (:func:`.balanced.compared_metrics`); ``choose_from``: a
-    sweep's plans, for a sweep planned together (:mod:`.sweep_plans`).
+    (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.bound`) and, for the balanced proposer, ``compared``:
+    the
+    ratings of TorchRec's plans it started from (:func:`.torchrec_adapter.balanced.compared_metrics`);
+    ``choose_from``: a
+    sweep's plans, for a sweep planned together (:mod:`runner.launch.sweep.plan_together`).
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.

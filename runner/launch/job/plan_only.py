@@ -73,7 +73,7 @@ def _phase_text(counts: Dict[str, Any]) -> str:
 
 def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = None) -> Dict[str, Any]:
     """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
-    the results. ``choose_from``: the plans of a sweep planned together (:mod:`.sweep_plans`)."""
+    the results. ``choose_from``: the plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
 

@@ -16,7 +16,8 @@ two passes:
 
 Every point's own plan is in the set, so no point is worse than its own search, nor than TorchRec's
 plans it started from; and each point holds the best of the set, so none is worse than another's. In
-this process the enumerated options are reused between the passes (:mod:`.speedups.enumeration_reuse`).
+this process the enumerated options are reused between the passes
+(:mod:`runner.plan.torchrec_adapter.enumeration_reuse`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """``sharding.proposer=balanced``: the best plan the runner can find, by TorchRec's own yardstick.
 
 TorchRec's enumerated options (each shard's storage and perf from its estimators) and the storage the
-reservation leaves on each device become a :class:`.balance.Problem` (:func:`problem_of`); :func:`search`
-runs :mod:`.balance_search` from several starts and the plan with the lowest rating wins:
+reservation leaves on each device become a :class:`runner.plan.balance.Problem` (:func:`problem_of`); :func:`search`
+runs :mod:`runner.plan.balance_search` from several starts and the plan with the lowest rating wins:
 
-1. the runner's own start (:func:`.balance.construct`);
+1. the runner's own start (:func:`runner.plan.balance.construct`);
 2. TorchRec's own plans for the same inputs, for each proposer in ``sharding.balanced_compare``
    (``dynamic_programming`` by default on GPU clusters: its plan, found as ``sharding.proposer=
    dynamic_programming`` finds it);
@@ -67,7 +67,8 @@ class BalancedProposer:
     """``compare`` is the default (``sharding.balanced_compare=null``): skipped above :data:`COMPARE_MAX_SHARDS`."""
     facts: Dict[str, Any] = field(default_factory=dict)
     choose_from: Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]] = None
-    """A sweep planned together (:mod:`.sweep_plans`): its plans, of which the best valid here is taken
+    """A sweep planned together (:mod:`runner.launch.sweep.plan_together`): its plans, of which the best valid here is
+    taken
     instead of a search, and what this point compared when it was planned."""
 
 
@@ -155,9 +156,9 @@ def remember(problem: Problem, table_options: List[List[ShardingOption]], soluti
 def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, rounds: int = ROUNDS,
            report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
-    start: small problems solved exactly first (:func:`.balance.exact`, within :data:`EXACT_NODES`); each
-    start taken to its local optimum (:func:`.balance.improve`); the best of those searched further
-    (:func:`.balance.perturb`, ``rounds`` rounds) in what is left of ``budget_s``. Returns the winner and,
+    start: small problems solved exactly first (:func:`runner.plan.balance.exact`, within :data:`EXACT_NODES`); each
+    start taken to its local optimum (:func:`runner.plan.balance.improve`); the best of those searched further
+    (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left of ``budget_s``. Returns the winner and,
     per start, its rating before and after. Ties keep the earlier start (the runner's own first). ``report``
     is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:

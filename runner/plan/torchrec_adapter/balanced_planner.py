@@ -2,8 +2,9 @@
 
 TorchRec's storage reservation and enumeration, then :func:`.balanced.search` from the runner's start,
 TorchRec's plans for ``sharding.balanced_compare`` (found as the runner finds them for those proposers:
-:mod:`.speedups.planning_loop`, :mod:`.speedups.dp_proposer`) and earlier points' plans; or, in a sweep planned together
-(:mod:`.sweep_plans`), the best of the sweep's plans. The winner's shards get their ranks on TorchRec's
+:mod:`.planning_loop`, :mod:`.dp_proposer`) and earlier points' plans; or, in a sweep planned together
+(:mod:`runner.launch.sweep.plan_together`), the best of the sweep's plans. The winner's shards get their ranks on
+TorchRec's
 options, its rating is checked against TorchRec's perf model and its storage against every device, and
 TorchRec's ``to_sharding_plan`` and stats end it, as TorchRec's loop ends.
 """
@@ -168,8 +169,8 @@ class BalancedPlanner(SearchLoopPlanner):
     def _torchrec_plan(self, name: str, space: List[ShardingOption], reserved: Topology
                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
-        found as ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`.speedups.dp_proposer`,
-        :mod:`.speedups.greedy_proposers`); None where it finds none."""
+        found as ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`.dp_proposer`,
+        :mod:`.greedy_proposers`); None where it finds none."""
         world = len(reserved.devices)
 
         def dp() -> SkippingProposer:
