@@ -57,7 +57,7 @@ def test_joblib_plan_sweep_against_a_server_records_every_point(mlflow_server, t
     from store_load import plan_sweep
 
     printed: list = []
-    _, problems = plan_sweep(mlflow_server[0], 6, 2, tmp_path / "sweep", "load", printed)
+    _, problems = plan_sweep(mlflow_server[0], 4, 2, tmp_path / "sweep", "load", printed)
     assert problems == []
     links_open_the_model_training_view(mlflow_server[0], "load", printed[0])
 
