@@ -20,7 +20,8 @@ CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batch
 # (arguments, what the line must say); {d} is a folder of broken data files, {port} a port held by a listener.
 # Cases refused before any job starts are checked in-process by tests/config/test_refusals.py; here, as the
 # user runs them, one case per stage that refuses (pre-check, driver, store, workers) and those only a real
-# job reaches.
+# job reaches. A plan refused inside the workers is tests/launch/test_launch.py's one-outcome test (the driver
+# and a plain torchrun).
 CASES = [
     (["cluster=3node"], "2node, gpu_1x8"),  # the pre-check
     (["-m", "sharding.storage_reserve_percent=0.1,2.0"], "sweep point"),  # the pre-check, every point of a sweep
@@ -32,7 +33,6 @@ CASES = [
     (["tracking.uri=http://127.0.0.1:9"], "no MLflow server answers"),
     (["train.resume=/nonexistent/ckpt"], "no such file or folder"),  # the driver's checks before launch
     (["sharding.plan={d}/empty.tsv"], "sharding.plan"),
-    (["cluster.ddr_cap_gib=0.001"], "no sharding plan"),
     (["sharding.proposer=dynamic_programming"], "sharding.proposer"),
     (["sync", "{d}"], "not a run folder"),
 ]

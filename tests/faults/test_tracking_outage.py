@@ -35,15 +35,23 @@ def stored_points(url: str, run_id: str, key: str) -> dict:
 
 
 def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
+    """Two jobs against one server, which dies while both train: one (``live``) goes on until the server is
+    back and delivers its backlog; the other (``late``) ends while the server is away, keeps its ending, and
+    ``python -m runner sync`` delivers it once the server is back."""
     server = MlflowServer(tmp_path / "server")
     server.start()
     try:
-        # 1. the server dies while the job trains and is back before it ends: the driver delivers the backlog
         one = [*FAST, "train.log_every=5", "cluster.workers_per_node=1"]  # a core left for the server's restart
         live = Job(tmp_path / "live", server.url, "outage", [*one, "train.steps=100000"])
+        late = Job(tmp_path / "late", server.url, "outage_end", [*one, "train.steps=200"])
         live.wait_for("delivered.json")
+        late.wait_for("delivered.json")
         server.stop(signal.SIGKILL)
-        time.sleep(4)
+        # 1. the server stays away until ``late`` ended: its ending is kept, with one sync command to deliver it
+        assert late.finish(120) == 0, late.err.read_text()[-2000:]  # training finished: exit 0
+        out = late.out.read_text()
+        assert "tracking pending" in out and f"python -m runner sync {late.run_dir}" in out, out[-2000:]
+        # 2. the server is back while ``live`` trains: its driver delivers the backlog
         restart_s = server.start()
         deadline = time.monotonic() + 120
         while f"{server.url} is back" not in live.out.read_text():
@@ -63,14 +71,6 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         got = stored_points(server.url, run.info.run_id, "train/loss")
         assert got == want and len(want) > 10  # every point, at the step and time rank 0 measured it
 
-        # 2. the server dies and stays away until the job ended: the ending is kept, sync delivers it
-        late = Job(tmp_path / "late", server.url, "outage_end", [*one, "train.steps=200"])
-        late.wait_for("delivered.json")
-        server.stop(signal.SIGKILL)
-        assert late.finish(120) == 0, late.err.read_text()[-2000:]  # training finished: exit 0
-        out = late.out.read_text()
-        assert "tracking pending" in out and f"python -m runner sync {late.run_dir}" in out, out[-2000:]
-        server.start()
         (run,) = runs(server.url, "outage_end")
         before = len(stored_points(server.url, run.info.run_id, "train/loss"))
         assert run.info.status == "RUNNING"
