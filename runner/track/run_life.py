@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
-from runner.runtime import rundir
+from runner.runtime import rundir, signals
 from runner.track import store
 from runner.track.events import EventLog, EventPump
 from runner.track.sweep_points import sweep_of
@@ -60,6 +60,13 @@ class RunLife:
              tags: Mapping[str, Any], record: Optional[Dict[str, Any]] = None) -> Optional[str]:
         """Create the run RUNNING and record it in the run folder's ``run.json`` (with ``record``'s entries);
         None when the server is away and the run is kept instead."""
+        # a stop signal meanwhile is raised once the run is recorded (run.json): a run created in the store but not
+        # known here would stay RUNNING
+        with signals.uninterrupted():
+            return self._open(cfg, config, name, parent, tags, record)
+
+    def _open(self, cfg: RunnerConfig, config: Mapping[str, Any], name: str, parent: Optional[str],
+              tags: Mapping[str, Any], record: Optional[Dict[str, Any]]) -> Optional[str]:
         params = store.flatten(config)
         try:
             self.run_id = store.start_run(self.uri, cfg.tracking.experiment, name, parent, tags)

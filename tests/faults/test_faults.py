@@ -83,8 +83,11 @@ class Job:
             time.sleep(0.05)
 
     def training(self) -> None:
+        """Both ranks up, rank 0 reporting, and the job's MLflow run created (the driver creates it while the
+        workers start: under load, the workers may report first)."""
         self.wait_for("pids/rank1.pid")
         self.wait_for("events.jsonl")
+        self.wait_for("run.json")
 
     def finish(self, within: float = 60) -> int:
         try:
