@@ -121,14 +121,16 @@ def test_2node_rowwise_runs_four_workers(store: str, tmp_path: Path) -> None:
 
 
 def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) -> None:
-    proc = run_cli(["-m", *FAST, "train.steps=10", "cluster.intra_node_bandwidth=100,600",
-                    "sharding.storage_reserve_percent=0.1,0.3", f"tracking.uri={store}",
+    """A training sweep of two swept keys taken together (``pair()``: two points): one parent run, a child per
+    point named after its values, the swept values on the parent."""
+    proc = run_cli(["-m", *FAST, "train.steps=10", "cluster.intra_node_bandwidth=pair(100,600)",
+                    "sharding.storage_reserve_percent=pair(0.1,0.3)", f"tracking.uri={store}",
                     "tracking.experiment=sweep", f"hydra.sweep.dir={tmp_path}"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     all_runs = runs(store, "sweep")
     parents = [r for r in all_runs if r.data.tags.get("runner.kind") == "sweep"]
     children = [r for r in all_runs if r.data.tags.get("runner.kind") == "job"]
-    assert len(parents) == 1 and len(children) == 4
+    assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
@@ -136,19 +138,18 @@ def test_sweep_has_one_parent_and_a_child_per_job(store: str, tmp_path: Path) ->
     assert all(c.data.tags["mlflow.source.type"] == "LOCAL" for c in [parent, *children])
     points = {(c.data.params["cluster.intra_node_bandwidth"],
                c.data.params["sharding.storage_reserve_percent"]) for c in children}
-    assert points == {("100.0", "0.1"), ("100.0", "0.3"), ("600.0", "0.1"), ("600.0", "0.3")}
+    assert points == {("100.0", "0.1"), ("600.0", "0.3")}
     # each child is named after its point; the parent holds the swept values and what the sweep found
-    assert parent.info.run_name == f"sweep ibw x reserve ({tmp_path.name})", parent.info.run_name
-    assert {c.info.run_name for c in children} == {f"ibw={i} reserve={r}" for i in ("100.0", "600.0")
-                                                   for r in ("0.1", "0.3")}
+    assert {c.info.run_name for c in children} == {"ibw=100.0 reserve=0.1", "ibw=600.0 reserve=0.3"}
     assert all(c.data.tags["runner.sweep.sharding.storage_reserve_percent"] == c.data.params[
         "sharding.storage_reserve_percent"] for c in children)
+    assert parent.data.metrics["sweep/points"] == 2 and parent.data.metrics["sweep/failed_points"] == 0
+    # each point's agent loaded torch before its point began: the first while the sweep started, the next one
+    # while the point before it ended
+    assert [c.data.tags["runner.agent_prewarmed"] for c in children] == ["true"] * 2
+    assert parent.info.run_name == f"sweep ibw x reserve ({tmp_path.name})", parent.info.run_name
     assert parent.data.params["sweep.cluster.intra_node_bandwidth"] == "100,600"
     assert parent.data.params["sweep.sharding.storage_reserve_percent"] == "0.1,0.3"
-    assert parent.data.metrics["sweep/points"] == 4 and parent.data.metrics["sweep/failed_points"] == 0
-    # each point's agent loaded torch before its point began: the first while the sweep started, each next
-    # one while the point before it ended
-    assert [c.data.tags["runner.agent_prewarmed"] for c in children] == ["true"] * 4
 
 
 def test_cuda_training_without_cuda_fails_in_one_line(store: str, tmp_path: Path) -> None:

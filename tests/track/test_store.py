@@ -32,7 +32,7 @@ def test_unusable_store_fails_fast_in_one_line_and_leaves_no_process(uri: str, s
 
 @pytest.mark.slow
 def test_jobs_started_together_on_a_new_sqlite_store_all_run(tmp_path: Path) -> None:
-    """MLflow creates and migrates a SQLite schema in each process: three jobs started at once on a new file
+    """MLflow creates and migrates a SQLite schema in each process: two jobs started at once on a new file
     must not race (they did: duplicate tables, half-done migrations). Plan-only jobs: the race is in opening
     the store, which every mode does first."""
     import os
@@ -45,7 +45,7 @@ def test_jobs_started_together_on_a_new_sqlite_store_all_run(tmp_path: Path) -> 
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen([sys.executable, "-m", "runner", "mode=plan", "tracking.experiment=together",
                                f"hydra.run.dir={tmp_path / str(i)}"], cwd=ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(3)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [err[-1500:] for _, err in outs]
-    assert sorted(r.info.status for r in runs(uri, "together")) == ["FINISHED"] * 3
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    assert sorted(r.info.status for r in runs(uri, "together")) == ["FINISHED"] * 2
