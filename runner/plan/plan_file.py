@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from fbgemm_gpu.tbe.cache.cache_config import CacheAlgorithm, MultiPassPrefetchConfig
 from torchrec.distributed.types import (
     BoundsCheckMode,
     CacheParams,
@@ -20,9 +19,10 @@ from torchrec.types import DataType
 
 from runner.config.errors import PlanError
 from runner.config.tables import TableSpec
+from runner.plan.torchrec_adapter.moved import cache_algorithm, multipass_prefetch_config
 
 # CacheParams' fields that a plan file keeps (its statistics object is the planner's input, not the plan's)
-_CACHE_ENUMS = {"algorithm": CacheAlgorithm, "precision": DataType}
+_CACHE_ENUMS = ("algorithm", "precision")
 _CACHE_VALUES = ("load_factor", "reserved_memory", "prefetch_pipeline")
 
 
@@ -51,10 +51,11 @@ def _from_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = {}
     cache = settings.get("cache_params")
     if cache is not None:
-        fields = {k: _CACHE_ENUMS[k][v] for k, v in cache.items() if k in _CACHE_ENUMS}
+        enums = {"algorithm": cache_algorithm(), "precision": DataType}
+        fields = {k: enums[k][v] for k, v in cache.items() if k in enums}
         fields.update({k: v for k, v in cache.items() if k in _CACHE_VALUES})
         if cache.get("multipass_prefetch_config") is not None:
-            fields["multipass_prefetch_config"] = MultiPassPrefetchConfig(*cache["multipass_prefetch_config"])
+            fields["multipass_prefetch_config"] = multipass_prefetch_config()(*cache["multipass_prefetch_config"])
         kwargs["cache_params"] = CacheParams(**fields)
     for key in ("enforce_hbm", "stochastic_rounding"):
         if key in settings:

@@ -27,7 +27,7 @@ from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
-from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal, seam_note
+from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -141,6 +141,9 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
     adapter was not tested with (said in one note line)."""
     if seam_note() is None:
         from runner.plan.torchrec_adapter.runner_planner import plan_with_runner
+
+        if conformance_note() is not None:
+            notes.append(str(conformance_note()))
 
         return plan_with_runner(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                 notes, facts, _inputs(cfg, world, local_world, device_type, hbm_cap), progress,

@@ -26,8 +26,9 @@ def sparse_parameters(model: torch.nn.Module) -> Any:
 
 def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
     """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused optimizer."""
-    from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
     from torchrec import optim as trec
+
+    from runner.plan.torchrec_adapter.moved import weight_decay_mode
 
     classes = {"rowwise_adagrad": trec.RowWiseAdagrad, "adagrad": trec.Adagrad, "sgd": trec.SGD,
                "adam": trec.Adam, "lamb": trec.LAMB, "partial_rowwise_adam": trec.PartialRowWiseAdam,
@@ -37,8 +38,9 @@ def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
         kwargs["eps"] = o.sparse_eps
     if o.sparse_weight_decay > 0:
         kwargs["weight_decay"] = o.sparse_weight_decay
-        kwargs["weight_decay_mode"] = (WeightDecayMode.DECOUPLE if o.sparse_weight_decay_mode == "decoupled"
-                                       else WeightDecayMode.L2)
+        modes = weight_decay_mode()
+        kwargs["weight_decay_mode"] = (modes.DECOUPLE if o.sparse_weight_decay_mode == "decoupled"
+                                       else modes.L2)
     return classes[o.sparse], kwargs
 
 

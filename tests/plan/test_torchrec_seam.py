@@ -21,11 +21,26 @@ def test_every_private_name_the_planner_uses_is_on_the_installed_torchrec() -> N
     assert torchrec_seam.seam_note() is None
 
 
-def test_another_torchrec_plans_with_its_stock_planner_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = cfg_for("mode=plan", "cluster=gpu_2x8", "sharding.proposer=greedy")
-    assert type(build_planner(cfg, 16, 8, "cuda")) is SearchLoopPlanner
+def _remember(tmp_path, monkeypatch: pytest.MonkeyPatch, passed: bool, reason: str) -> None:
+    """A TorchRec of another version whose conformance verdict is already remembered (in a cache of the test's)."""
+    import json
+
+    from runner.plan.torchrec_adapter import conformance
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    conformance.cache_folder().mkdir(parents=True)
+    (conformance.cache_folder() / f"{conformance.stack_key()}.json").write_text(
+        json.dumps({"passed": passed, "reason": reason}))
     monkeypatch.setattr(torchrec, "__version__", "9.9.0")
     torchrec_seam.seam_note.cache_clear()
+
+
+def test_a_torchrec_failing_the_conformance_check_plans_with_its_stock_planner_and_says_why(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = cfg_for("mode=plan", "cluster=gpu_2x8", "sharding.proposer=greedy")
+    assert type(build_planner(cfg, 16, 8, "cuda")) is SearchLoopPlanner
+    reason = "conformance check failed: the greedy proposer's plan differs from TorchRec's own"
+    _remember(tmp_path, monkeypatch, False, reason)
     try:
         planner = build_planner(cfg, 16, 8, "cuda")
         assert type(planner) is EmbeddingShardingPlanner  # TorchRec's own, nothing of the runner's loop
@@ -36,11 +51,65 @@ def test_another_torchrec_plans_with_its_stock_planner_and_says_so(monkeypatch: 
         stock = torchrec_planner(cfg, 16, 8, "cuda").plan(again, sharders_for(cfg.precision))
         assert str(plan) == str(stock)
         (line,) = [n for n in notes if "torchrec 9.9.0" in n]
-        assert "stock planner" in line and f"torchrec=={torchrec_seam.TESTED_WITH}" in line
+        assert reason in line and line.endswith("planned with TorchRec's stock planner and proposers, without the "
+                                                "runner's search")
     finally:
         monkeypatch.undo()
         torchrec_seam.seam_note.cache_clear()
     assert torchrec_seam.seam_note() is None
+
+
+def test_a_torchrec_passing_the_conformance_check_keeps_the_runners_planner(tmp_path, monkeypatch) -> None:
+    cfg = cfg_for("mode=plan", "cluster=gpu_2x8", "sharding.proposer=greedy")
+    _remember(tmp_path, monkeypatch, True, "conformance check passed: (the built-in problem)")
+    try:
+        assert type(build_planner(cfg, 16, 8, "cuda")) is SearchLoopPlanner
+        notes: list = []
+        make_plan(cfg, build_model(cfg, torch.device("meta")), 16, 8, "cuda", notes=notes)
+        (line,) = [n for n in notes if "torchrec 9.9.0" in n]
+        assert "conformance check passed" in line and line.endswith("planned with the runner's planner")
+    finally:
+        monkeypatch.undo()
+        torchrec_seam.seam_note.cache_clear()
+
+
+def test_the_conformance_check_finds_a_torchrec_proposer_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the pinned TorchRec the check passes; a TorchRec whose dynamic-programming proposer proposes otherwise
+    (only its last proposal kept, as a changed release might) fails it, naming the proposer."""
+    from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+
+    from runner.launch import conformance_check as conformance
+
+    assert conformance.failures(("dynamic_programming",)) == []
+    feedback = DynamicProgrammingProposer.feedback
+
+    def changed(self, *args, **kwargs):
+        feedback(self, *args, **kwargs)
+        self._proposal_list = self._proposal_list[-1:]
+    monkeypatch.setattr(DynamicProgrammingProposer, "feedback", changed)
+    assert conformance.failures(("dynamic_programming",)) == [
+        "the dynamic_programming proposer's plan differs from TorchRec's own"]
+
+
+def test_no_module_path_that_only_some_supported_releases_have_outside_its_function() -> None:
+    """FBGEMM's and TorchRec's module paths that moved between supported releases are imported only in
+    ``torchrec_adapter/moved.py``, and its functions find the names on the installed stack."""
+    import re
+    from pathlib import Path
+
+    from runner.plan.torchrec_adapter import moved
+
+    root = Path(torchrec_seam.__file__).resolve().parents[3] / "runner"
+    found = {}
+    for path in root.rglob("*.py"):
+        if path.name == "moved.py":
+            continue
+        for module in re.findall(r"(?:from|import)\s+((?:fbgemm_gpu|torchrec)[\w.]*)", path.read_text()):
+            if module in moved.VERSIONED or any(module in places for places in moved.PLACES.values()):
+                found.setdefault(str(path), []).append(module)
+    assert not found, found
+    assert moved.weight_decay_mode().DECOUPLE is not None and moved.cache_algorithm().LRU is not None
+    assert moved.multipass_prefetch_config()._fields
 
 
 # Private names of other libraries the runner uses, with their owner (not TorchRec's: not in the seam's list).
@@ -97,7 +166,8 @@ try:
     main()
 finally:
     loaded = sorted(m for m in sys.modules
-                    if m.startswith("runner.plan.torchrec_adapter.") and not m.endswith(".torchrec_seam"))
+                    if m.startswith("runner.plan.torchrec_adapter.")
+                    and not m.endswith((".torchrec_seam", ".moved", ".conformance")))
     print("adapter modules loaded:", loaded or "none", flush=True)
 """
 # an attribute TorchRec's class no longer sets (its __init__ keeps it under another name, as a renaming release
@@ -156,7 +226,7 @@ def test_only_the_adapter_reaches_into_torchrec_and_only_after_the_version_check
         text = path.read_text()
         for line in text.splitlines():
             if line.startswith(("from runner.plan.torchrec_adapter", "import runner.plan.torchrec_adapter")) \
-                    and "torchrec_seam" not in line:
+                    and not any(m in line for m in ("torchrec_seam", "moved", "conformance")):
                 outside.setdefault(str(path), []).append(line)
         for name in listed:
             if re.search(rf"[.\"]{name}\b", text):

@@ -7,14 +7,17 @@ sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mo
 the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
 proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced_planner`). They read or override the private attributes
 below, patch one private method and import names TorchRec does not export.
-The pin ``torchrec==1.8.0`` is their first protection. This list is the second:
+The pin ``torchrec==1.8.0`` is their first protection. This list and a conformance check are the second:
 
 - ``tests/plan/test_torchrec_seam.py`` checks every name on the installed TorchRec;
-- on another version, or where a listed name is gone, the runner plans with TorchRec's stock planner (its
-  own storage reservations, no private name), and says so in one note line (:func:`seam_note`), rather than
-  failing or silently answering differently. This module imports nothing of TorchRec's at module level; the
-  rest of the adapter is imported only after :func:`seam_note` found nothing
-  (``tests/plan/test_torchrec_seam.py`` checks both in a subprocess).
+- where a listed name is gone, or on another version whose behaviour fails the conformance check
+  (:mod:`.conformance`: the compact enumeration and TorchRec-named proposers against TorchRec's own, once per
+  stack), the runner plans with TorchRec's stock planner (its own storage reservations, no private name), and
+  says so in one note line (:func:`seam_note`), rather than failing or silently answering differently; another
+  version that passes gets the runner's planner, said in one note line too (:func:`conformance_note`). This
+  module imports nothing of TorchRec's at module level; the rest of the adapter (but :mod:`.moved` and
+  :mod:`.conformance`, which import nothing at module level either) is imported only after :func:`seam_note`
+  found nothing (``tests/plan/test_torchrec_seam.py`` checks both in a subprocess).
 """
 
 from __future__ import annotations
@@ -108,23 +111,48 @@ def missing() -> List[str]:
     return gone + [f"copy.{n}" for n in PYTHON_PRIVATE if not hasattr(copy, n)]
 
 
+def _say(line: str) -> None:
+    print(f"[runner] {line}", flush=True)
+
+
 @functools.lru_cache(maxsize=1)
-def seam_note() -> Optional[str]:
-    """None on the TorchRec the runner's planner was tested with, when it has every listed name; else the note
-    line of a job that then plans with TorchRec's stock planner (and TorchRec's proposers) instead of the
-    runner's. The rest of this package is imported only when this is None."""
+def _gate() -> Tuple[Optional[str], Optional[str]]:
+    """(the stock planner's note, the runner's planner's note): at most one of them set, both None on the TorchRec
+    the adapter was tested with."""
     import torchrec
 
     version = str(getattr(torchrec, "__version__", "unknown"))
-    stock = ("planned with TorchRec's stock planner and proposers, without the runner's search (pin "
-             f"torchrec=={TESTED_WITH} for it)")
-    if version != TESTED_WITH:
-        return f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}): {stock}"
+    stock = "planned with TorchRec's stock planner and proposers, without the runner's search"
     gone = missing()
     if gone:
         return (f"torchrec {version} lacks {len(gone)} name(s) the runner's planner relies on ({', '.join(gone[:3])}"
-                f"{', ...' if len(gone) > 3 else ''}): {stock}")
-    return None
+                f"{', ...' if len(gone) > 3 else ''}): {stock}", None)
+    if version == TESTED_WITH:
+        return None, None
+    from runner.plan.torchrec_adapter.conformance import verdict  # imports nothing of TorchRec's
+
+    passed, reason = verdict(say=_say)
+    if not passed:
+        return f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}) and " \
+               f"{reason}: {stock}", None
+    return None, (f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}); "
+                  f"{reason}: planned with the runner's planner")
+
+
+def seam_note() -> Optional[str]:
+    """None where the runner's planner plans: on the TorchRec the adapter was tested with, or on another one that
+    has every listed name and passes the conformance check (:mod:`.conformance`, run once per stack and
+    remembered); else the note line of a job that then plans with TorchRec's stock planner (and TorchRec's
+    proposers), with the reason. The rest of this package is imported only when this is None."""
+    return _gate()[0]
+
+
+def conformance_note() -> Optional[str]:
+    """The note line of a job whose TorchRec is not the tested one but passed the conformance check; else None."""
+    return _gate()[1]
+
+
+seam_note.cache_clear = _gate.cache_clear  # type: ignore[attr-defined]  (callers and tests clear the gate)
 
 
 def planner_refusal(exc: BaseException) -> bool:

@@ -1,0 +1,124 @@
+"""The conformance check of the installed TorchRec against the runner's planner (what
+:mod:`runner.plan.torchrec_adapter.conformance` runs once per stack, in a subprocess of its own).
+
+On a small built-in problem (24 tables of several sizes on 2 x 8 GPUs, every GPU kernel): the compact enumeration
+equal to TorchRec's own enumerator and estimators shard by shard (size, offset, storage, perf), then each
+TorchRec-named proposer's plan and per-rank estimates equal to TorchRec's planner with its own proposer (grid
+search on 3 tables, where TorchRec's searches every combination). About 5 s here.
+
+``python -m runner.launch.conformance_check`` prints the outcome in one line (exit 1 on a difference).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, List, Tuple
+
+_TABLES = 24
+_POINT = ("experiment=plan_many_tables", f"model.generated_tables.count={_TABLES}", "cluster=gpu_2x8",
+          "sharding.compute_kernels=[]", "+sharding.constraints.g001.cache_load_factor=0.3")
+# the proposers whose plans are TorchRec's, each checked at these extra keys
+_PROPOSED = {"dynamic_programming": (), "greedy": (), "grid_search": ("model.generated_tables.count=3",),
+             "uniform": ()}
+
+
+def _compose(*overrides: str) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from runner.config.schema import register_schemas
+    from runner.config.validation import validate
+    from runner.launch.sweep.precheck import CONF_DIR
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def _enumeration_differences(cfg: Any, world: int, local: int) -> List[str]:
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from runner.plan.planner import _inputs
+    from runner.plan.sharders import sharders_for
+    from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, expand_all
+    from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
+    from runner.train.models import planning_model
+
+    topology, batch, constraints = _inputs(cfg, world, local, "cuda", None)
+    model, sharders = planning_model(cfg), sharders_for(cfg.precision)
+
+    def kwargs() -> Any:
+        return {"topology": topology, "batch_size": batch, "constraints": constraints,
+                "estimator": shard_estimators(topology, constraints)}
+    theirs = EmbeddingEnumerator(**kwargs()).enumerate(model, sharders)
+    ours = expand_all(CompactEnumerator(compact=True, **kwargs()).enumerate(model, sharders))
+    if len(ours) != len(theirs):
+        return [f"the compact enumeration has {len(ours)} options, TorchRec's {len(theirs)}"]
+    for mine, full in zip(ours, theirs, strict=True):
+        key = (full.fqn, full.sharding_type, full.compute_kernel)
+        if (mine.fqn, mine.sharding_type, mine.compute_kernel) != key:
+            return [f"the compact enumeration's options are not TorchRec's ({mine.fqn} where TorchRec has {key})"]
+        shards = [(s.size, s.offset, s.storage, s.perf) for s in mine.shards]
+        if shards != [(s.size, s.offset, s.storage, s.perf) for s in full.shards]:
+            return [f"the compact enumeration's shards of {' '.join(key)} differ from TorchRec's"]
+    return []
+
+
+def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) -> List[str]:
+    from runner.config.tables import table_specs
+    from runner.plan.analysis import per_rank_estimates
+    from runner.plan.plan_file import plan_to_dict
+    from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
+    from runner.plan.sharders import sharders_for
+    from runner.plan.topology import dense_bytes
+    from runner.train.models import planning_model
+
+    out = []
+    for name in proposers:
+        extra = _PROPOSED[name]
+        cfg = _compose(*_POINT, f"sharding.proposer={name}", *extra)
+        model, sharders, specs = planning_model(cfg), sharders_for(cfg.precision), table_specs(cfg.model)
+        answers = []
+        for build in (build_planner, torchrec_planner):
+            estimates = PlanEstimates()
+            try:
+                plan = build(cfg, world, local, "cuda", estimates, dense_bytes(model)).plan(model, sharders)
+                answers.append((plan_to_dict(plan, specs), per_rank_estimates(estimates.best_plan, world)))
+            except Exception as exc:  # noqa: BLE001  (no plan is an answer too; it must be the same one)
+                answers.append(("no plan", type(exc).__name__))
+        if answers[0] != answers[1]:
+            out.append(f"the {name} proposer's plan differs from TorchRec's own")
+    return out
+
+
+def failures(proposers: Tuple[str, ...] = tuple(_PROPOSED)) -> List[str]:
+    """What differs between the runner's planner and TorchRec's on the built-in problem (the enumeration, then
+    each of ``proposers``); empty when nothing."""
+    cfg = _compose(*_POINT)
+    world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
+    return _enumeration_differences(cfg, world, local) or _proposer_differences(world, local, proposers)
+
+
+def main() -> int:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    start = time.monotonic()
+    found = failures()
+    took = time.monotonic() - start
+    if found:
+        print(f"conformance check failed: {'; '.join(found)}", flush=True)
+        return 1
+    print(f"conformance check passed: the compact enumeration and the dynamic_programming, greedy, grid_search and "
+          f"uniform proposers give TorchRec's answers ({_TABLES} tables on 16 GPUs, {took:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
