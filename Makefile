@@ -16,7 +16,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,20 @@ gpu-env:
 gpu-check:
 	test -f $(CUDA_MARK) || $(MAKE) gpu-env
 	$(PY) benchmarks/gpu_check.py $(ARGS)
+
+# Every supported stack (requirements/stacks.toml) built on this CPU machine (.compat/<stack>/) and checked:
+# one table of stack x check, exit 1 on a failure (docs/gpu.md). Not part of `make test`.
+compat:
+	$(PYTHON) benchmarks/compat.py $(ARGS)
+
+# Every wheel a GPU image with torch TORCH and Python PYTHON (a version here, e.g. PYTHON=3.12) lacks, in parts of
+# at most PART_MIB MiB for a box with no network (docs/gpu.md); there:
+# python3 benchmarks/gpu_bundle.py install --parts <folder of the parts>, then make gpu-check
+TORCH ?= 2.11.0
+PART_MIB ?= 58
+gpu-bundle:
+	python3 benchmarks/gpu_bundle.py build --torch $(TORCH) --python $(if $(filter 3.%,$(PYTHON)),$(PYTHON),3.12) \
+	--part-mib $(PART_MIB)
 
 run: $(STAMP)
 	$(PY) -m runner $(ARGS)

@@ -25,6 +25,8 @@ from typing import Any, Optional, Tuple
 _ADAPTER = Path(__file__).resolve().parent
 _ROOT = _ADAPTER.parents[2]
 _CHECK = "runner.launch.conformance_check"
+CHECKING = "RUNNER_CONFORMANCE_CHECKING"
+"""Set in the check's own process: its planners are the runner's, whatever the version (what it checks)."""
 
 
 def stack_key() -> str:
@@ -79,7 +81,7 @@ def verdict(say: Any = None) -> Tuple[bool, str]:
             say("checking the installed TorchRec against the runner's planner (once per stack, a few seconds)")
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", _CHECK], cwd=_ROOT, capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                              timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", CHECKING: "1"})
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
         passed = proc.returncode == 0
         reason = (lines[-1] if lines else f"the check exited {proc.returncode}: "

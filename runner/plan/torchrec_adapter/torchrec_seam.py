@@ -27,6 +27,7 @@ import dis
 import functools
 import importlib
 import inspect
+import os
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 TESTED_WITH = "1.8.0"
@@ -129,7 +130,10 @@ def _gate() -> Tuple[Optional[str], Optional[str]]:
                 f"{', ...' if len(gone) > 3 else ''}): {stock}", None)
     if version == TESTED_WITH:
         return None, None
-    from runner.plan.torchrec_adapter.conformance import verdict  # imports nothing of TorchRec's
+    from runner.plan.torchrec_adapter.conformance import CHECKING, verdict  # imports nothing of TorchRec's
+
+    if os.environ.get(CHECKING) == "1":  # the conformance check's own process: the runner's planner is checked
+        return None, None
 
     passed, reason = verdict(say=_say)
     if not passed:
