@@ -21,7 +21,7 @@ def _wheel(folder: Path, name: str, payload: bytes) -> Path:
     """A pure-Python wheel of one package holding ``payload`` as data."""
     path = folder / f"{name}-0.1-py3-none-any.whl"
     info = f"{name}-0.1.dist-info"
-    files = {f"{name}/__init__.py": f"DATA = __import__('pathlib').Path(__file__).with_name('data.bin')\n".encode(),
+    files = {f"{name}/__init__.py": "DATA = __import__('pathlib').Path(__file__).with_name('data.bin')\n".encode(),
              f"{name}/data.bin": payload,
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
              f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, List, Tuple
+from typing import Any, List, Tuple, cast
 
 from runner.plan.torchrec_adapter.conformance import CHECKING
 
@@ -38,7 +38,7 @@ def _compose(*overrides: str) -> Any:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides))
-    validate(cfg)
+    validate(cast(Any, cfg))
     return cfg
 
 
@@ -85,7 +85,7 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
         extra = _PROPOSED[name]
         cfg = _compose(*_POINT, f"sharding.proposer={name}", *extra)
         model, sharders, specs = planning_model(cfg), sharders_for(cfg.precision), table_specs(cfg.model)
-        answers = []
+        answers: List[Any] = []
         for build in (build_planner, torchrec_planner):
             estimates = PlanEstimates()
             try:

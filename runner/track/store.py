@@ -53,11 +53,25 @@ def tracking_uri(cfg: Optional[RunnerConfig]) -> str:
     return uri or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 
 
+def mlflow_program() -> str:
+    """The ``mlflow`` of this machine, as a shell command: the one beside the running Python (its venv), else the
+    one on PATH, else ``<python> -m mlflow`` (a box whose packages live in a folder on PYTHONPATH has no script)."""
+    import shlex
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "mlflow"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return shlex.quote(str(beside))
+    found = shutil.which("mlflow")
+    return shlex.quote(found) if found else f"{shlex.quote(sys.executable)} -m mlflow"
+
+
 def ui_command(uri: str) -> str:
-    """The command that shows ``uri`` in the MLflow UI."""
+    """The command that shows ``uri`` in the MLflow UI, with the ``mlflow`` this machine has."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return f"{PROJECT_ROOT / '.venv/bin/mlflow'} ui --backend-store-uri {uri}"
+    return f"{mlflow_program()} ui --backend-store-uri {uri}"
 
 
 UI_DEFAULT = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves a local store

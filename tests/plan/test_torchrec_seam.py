@@ -32,7 +32,7 @@ def _remember(tmp_path, monkeypatch: pytest.MonkeyPatch, passed: bool, reason: s
     (conformance.cache_folder() / f"{conformance.stack_key()}.json").write_text(
         json.dumps({"passed": passed, "reason": reason}))
     monkeypatch.setattr(torchrec, "__version__", "9.9.0")
-    torchrec_seam.seam_note.cache_clear()
+    torchrec_seam.forget()
 
 
 def test_a_torchrec_failing_the_conformance_check_plans_with_its_stock_planner_and_says_why(
@@ -55,7 +55,7 @@ def test_a_torchrec_failing_the_conformance_check_plans_with_its_stock_planner_a
                                                 "runner's search")
     finally:
         monkeypatch.undo()
-        torchrec_seam.seam_note.cache_clear()
+        torchrec_seam.forget()
     assert torchrec_seam.seam_note() is None
 
 
@@ -70,7 +70,7 @@ def test_a_torchrec_passing_the_conformance_check_keeps_the_runners_planner(tmp_
         assert "conformance check passed" in line and line.endswith("planned with the runner's planner")
     finally:
         monkeypatch.undo()
-        torchrec_seam.seam_note.cache_clear()
+        torchrec_seam.forget()
 
 
 def test_the_conformance_check_finds_a_torchrec_proposer_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:

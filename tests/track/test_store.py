@@ -49,3 +49,25 @@ def test_jobs_started_together_on_a_new_sqlite_store_all_run(tmp_path: Path) -> 
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert sorted(r.info.status for r in runs(uri, "together")) == ["FINISHED"] * 2
+
+
+def test_the_ui_hint_names_an_mlflow_this_machine_has(tmp_path: Path, monkeypatch) -> None:
+    """The venv's ``mlflow`` beside the running Python; on a box whose packages are on PYTHONPATH (no script
+    anywhere), ``<python> -m mlflow``, which runs there."""
+    import subprocess
+    import sys
+
+    from runner.track.store import ui_command
+
+    real = sys.executable
+    assert ui_command("sqlite:///x.db") == f"{Path(real).parent / 'mlflow'} ui --backend-store-uri sqlite:///x.db"
+    bare = tmp_path / "bin" / "python"
+    bare.parent.mkdir()
+    bare.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(bare))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    command = ui_command("sqlite:///x.db")
+    assert command == f"{bare} -m mlflow ui --backend-store-uri sqlite:///x.db"
+    # what that form runs, with this Python (a copy outside its venv would not see the venv's packages)
+    version = subprocess.run([real, "-m", "mlflow", "--version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and "version" in version.stdout

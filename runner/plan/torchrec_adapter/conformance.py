@@ -66,11 +66,12 @@ def verdict(say: Any = None) -> Tuple[bool, str]:
     found = _remembered(path)
     if found is not None:
         return found
+    lock: Optional[Any] = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / ".lock", "w")  # noqa: SIM115  (held until the answer is written)
     except OSError:
-        folder, lock = None, None  # type: ignore[assignment]  (a read-only home: checked, not remembered)
+        pass  # a read-only home: checked, not remembered
     try:
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
