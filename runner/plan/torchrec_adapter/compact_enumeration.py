@@ -102,10 +102,17 @@ class CompactEnumerator(EmbeddingEnumerator):
             for option, layout in zip(sharding_options, self._layouts, strict=True):
                 setattr(option, LAYOUT, layout)
         self._layouts = []
-        estimate_in_chunks(self._estimators, sharding_options, self._sharder_data_map, self.progress)
+        estimate_in_chunks(self._estimators, sharding_options, estimator_input(self), self.progress)
 
 
-def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], sharder_data_map: Any,
+def estimator_input(enumerator: Any) -> Dict[str, Any]:
+    """What TorchRec's enumerator hands its estimators after an enumeration, as keyword arguments: the sharders'
+    data (TorchRec 1.7 on) or the sharders themselves (1.6, whose enumerator has no ``_sharder_data_map``)."""
+    data = getattr(enumerator, "_sharder_data_map", None)
+    return {"sharder_data_map": data} if data is not None else {"sharder_map": enumerator._sharder_map}
+
+
+def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
                        progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
     """TorchRec's estimators over ``options``, a chunk at a time (each option's estimates do not depend on
     the others'), reporting how far between chunks."""
@@ -113,7 +120,7 @@ def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], sha
     for start in range(0, len(options), CHUNK):
         chunk = options[start:start + CHUNK]
         for estimator in estimators:
-            estimator.estimate(chunk, sharder_data_map=sharder_data_map)
+            estimator.estimate(chunk, **inputs)
         if progress is not None:
             progress({"phase": "estimating", "done": start + len(chunk), "of": len(options),
                       "seconds": time.perf_counter() - t0})

@@ -250,7 +250,9 @@ class FixedEnumerator(EmbeddingEnumerator):
         self._space, self._done = space, done
 
     def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
-        self._sharder_map, self._sharder_data_map = self._done._sharder_map, self._done._sharder_data_map
+        self._sharder_map = self._done._sharder_map
+        if hasattr(self._done, "_sharder_data_map"):  # TorchRec 1.7 on
+            self._sharder_data_map = self._done._sharder_data_map
         self._last_stored_module, self._last_stored_sharders = module, sharders
         self._last_stored_search_space = self._space
         return copy.deepcopy(self._space)

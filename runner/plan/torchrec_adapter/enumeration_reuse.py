@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.config import roles
-from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimate_in_chunks
+from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimate_in_chunks, estimator_input
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -84,7 +84,7 @@ class ReusingEnumerator(CompactEnumerator):
             options = super().enumerate(module, sharders)
             # TorchRec's enumerate keeps its own copy of what it returns: kept here, not copied again
             _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (self._last_stored_search_space, self._sharder_map,
-                                                            self._sharder_data_map)
+                                                            estimator_input(self))
             return options
         options = copy.deepcopy(near[0])
         perf = [e for e in self._estimators if "Storage" not in type(e).__name__]  # storage is the same
@@ -97,7 +97,9 @@ class ReusingEnumerator(CompactEnumerator):
         """A kept entry, with the state TorchRec's own enumerate leaves behind. Handed out as it is, not
         copied: planning only sets its shards' ranks, and puts them back (``reset_shard_rank``) before
         its next plan; the best plan is a copy."""
-        self._sharder_map, self._sharder_data_map = entry[1], entry[2]
+        self._sharder_map = entry[1]
+        if "sharder_data_map" in entry[2]:
+            self._sharder_data_map = entry[2]["sharder_data_map"]
         self._last_stored_module, self._last_stored_sharders = module, sharders
         self._last_stored_search_space = entry[0]  # read-only: TorchRec copies it when it reuses it
         return entry[0]

@@ -61,6 +61,9 @@ MODULE_NAMES: Dict[str, Tuple[str, ...]] = {  # module -> names it does not expo
     # replaced while the compact enumeration runs (:mod:`.compact_enumeration`): the enumerator calls it by this name
     _P + "enumerators": ("calculate_shard_sizes_and_offsets",),
 }
+ALTERNATIVES: Dict[str, str] = {  # a listed name -> the one an older supported TorchRec has in its place
+    _P + "enumerators.EmbeddingEnumerator._sharder_data_map": "_sharder_map",  # 1.6: estimators take the sharders
+}
 PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.record_copies`): Python's, not TorchRec's
 
 
@@ -100,8 +103,10 @@ def missing() -> List[str]:
         except (ImportError, AttributeError):
             gone.append(path)
             continue
-        set_there = _set_by(cls)
-        gone += [f"{path}.{n}" for n in names if not hasattr(cls, n) and n not in set_there]
+        set_there = _set_by(cls) | {n for n in names if hasattr(cls, n)}
+        gone += [f"{path}.{n}" for n in names if n not in set_there
+                 and not hasattr(cls, ALTERNATIVES.get(f"{path}.{n}", n))
+                 and ALTERNATIVES.get(f"{path}.{n}", n) not in set_there]
     for module, names in MODULE_NAMES.items():
         try:
             found = importlib.import_module(module)
