@@ -20,6 +20,11 @@ run, ``results.json``): samples of every rank per step x the steps after the fir
 included (checkpoint pauses excluded; the benchmark takes none). The plain loop times the same steps.
 Start-up is from launching the command to the end of the first training step. Alternating repeats;
 medians reported; JSON written to ``--out``.
+
+``--device cuda [--gpus N]`` (``make bench ARGS="--device cuda"``): the plain loop and the runner only, on N GPUs
+of this machine (NCCL, one GPU per rank: ``cluster.device=cuda cluster.workers_per_node=N``), same model, batch
+and table-wise plan; the runner's per-rank measured step, embedding forward and the plan's estimates are printed
+beside each other (its ``measured.json``).
 """
 
 from __future__ import annotations
@@ -47,12 +52,13 @@ def _run(args: list) -> None:
         raise SystemExit(f"error: {' '.join(args[:4])} ... exited {proc.returncode}:\n  " + "\n  ".join(tail))
 
 
-def run_plain(steps: int, batch: int, tmp: Path, bind: bool, warmup: int) -> dict:
+def run_plain(steps: int, batch: int, tmp: Path, bind: bool, warmup: int, device: str = "cpu",
+              ranks: int = 2) -> dict:
     out = tmp / "plain.json"
     start = time.time()
-    _run([str(PY.parent / "torchrun"), "--standalone", "--nproc_per_node=2",
+    _run([str(PY.parent / "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
           str(ROOT / "benchmarks" / "plain_torchrec.py"), "--steps", str(steps), "--batch", str(batch),
-          "--warmup", str(warmup), "--out", str(out), *(["--bind-cores"] if bind else [])])
+          "--warmup", str(warmup), "--out", str(out), "--device", device, *(["--bind-cores"] if bind else [])])
     r = json.loads(out.read_text())
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
             "sharding_types": r["sharding_types"]}
@@ -66,8 +72,9 @@ def run_runner(steps: int, batch: int, tmp: Path, extra: tuple = ()) -> dict:
           "tracking.experiment=benchmark", f"hydra.run.dir={run_dir}", *extra])
     r = json.loads((run_dir / "results.json").read_text())
     plan = json.loads((run_dir / "plan" / "plan.json").read_text())
+    measured = json.loads((run_dir / "measured.json").read_text()) if (run_dir / "measured.json").exists() else {}
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
-            "startup_phases_s": r.get("startup_s", {}),
+            "startup_phases_s": r.get("startup_s", {}), "per_rank": measured.get("per_rank", []),
             "sharding_types": {t: p["sharding_type"] for m in plan.values() for t, p in m.items()}}
 
 
@@ -91,9 +98,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark.json")
     ap.add_argument("--parquet-rows", type=int, default=400_000,
                     help="rows written for the Parquet line (0: no Parquet line)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the plain loop and the runner on --gpus GPUs of this machine")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) in --device cuda")
     ap.add_argument("overrides", nargs="*",
                     help="extra Hydra overrides for the runner, e.g. cluster.cpu_affinity=none")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return cuda_main(args)
     rows: dict = {name: [] for name in SERIES}
     log_every = [o.split("=", 1)[1] for o in args.overrides if o.startswith("train.log_every=")]
     warmup = int(log_every[-1]) if log_every else 50  # the runner's first log window, untimed by both
@@ -155,6 +167,39 @@ def main() -> None:
     if data is not None:
         print(f"parquet: runner on {args.parquet_rows} Parquet rows / the same job on synthetic data: throughput "
               f"x{summary['throughput_ratio_parquet_over_synthetic']:.3f} (data.num_workers: the option's)")
+
+
+def cuda_main(args: argparse.Namespace) -> None:
+    """The plain loop and the runner on GPUs, alternating; the ratio and the runner's per-rank figures."""
+    rows: dict = {"plain": [], "runner": []}
+    extra = ("cluster.device=cuda", f"cluster.workers_per_node={args.gpus}", "cluster.nodes=1", *args.overrides)
+    log_every = [o.split("=", 1)[1] for o in args.overrides if o.startswith("train.log_every=")]
+    warmup = int(log_every[-1]) if log_every else 50
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(args.repeats):
+            for name in (("plain", "runner") if i % 2 == 0 else ("runner", "plain")):
+                tmp = Path(d) / f"{name}{i}"
+                tmp.mkdir()
+                rows[name].append(run_runner(args.steps, args.batch, tmp, extra) if name == "runner" else
+                                  run_plain(args.steps, args.batch, tmp, False, warmup, "cuda", args.gpus))
+                print(f"[{i + 1}/{args.repeats}] {name:7s} {rows[name][-1]['samples_per_s']:11.0f} samples/s  "
+                      f"start-up {rows[name][-1]['startup_s']:5.1f} s", flush=True)
+    med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in ("samples_per_s", "startup_s")} for n in rows}
+    ratio = med["runner"]["samples_per_s"] / med["plain"]["samples_per_s"]
+    same = all(r["sharding_types"] == rows["plain"][0]["sharding_types"] for n in rows for r in rows[n])
+    summary = {"device": "cuda", "gpus": args.gpus, "steps": args.steps, "batch_per_rank": args.batch,
+               "same_plan": same, "median": med, "runs": rows, "throughput_ratio_runner_over_plain": ratio}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2))
+    print(f"\nsame plan: {same}; GPUs: {args.gpus}")
+    for n in rows:
+        print(f"{n:8s}{med[n]['samples_per_s']:12.0f} samples/s  start-up {med[n]['startup_s']:5.1f} s")
+    last = rows["runner"][-1]["per_rank"]
+    for r, x in enumerate(last):
+        print(f"runner rank {r}: step {x['step_ms']:.3f} ms, embedding forward "
+              f"{x.get('embedding_fwd_ms') or float('nan'):.3f} ms (the plan's estimates: the run's measured.json)")
+    print(f"runner / plain on CUDA: throughput x{ratio:.3f}, start-up "
+          f"x{med['runner']['startup_s'] / med['plain']['startup_s']:.2f}  (written to {args.out})")
 
 
 if __name__ == "__main__":

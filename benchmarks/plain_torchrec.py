@@ -1,6 +1,7 @@
 """A plain TorchRec training loop, wired as TorchRec's own examples do, for comparison with the runner.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/plain_torchrec.py --steps 300 --out plain.json
+    torchrun --standalone --nproc_per_node=1 benchmarks/plain_torchrec.py --device cuda --out plain.json
 
 Same model as ``conf/model/dlrm.yaml`` (tables, widths, MLPs), table-wise plan, fused row-wise Adagrad
 (lr 0.05) for the tables and Adam (lr 1e-3) for the MLPs, TrainPipelineSparseDist, RandomRecDataset
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=50, help="untimed first steps (the runner's first log window)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL")
     ap.add_argument("--bind-cores", action="store_true",
                     help="bind each rank to its own slice of the cores (as the runner's cluster.cpu_affinity=auto)")
     args = ap.parse_args()
@@ -51,9 +53,12 @@ def main() -> None:
         per = len(cores) // local_world
         os.sched_setaffinity(0, cores[local * per:(local + 1) * per])
 
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=DIM, num_embeddings=r,
                                                             feature_names=[n]) for n, r in TABLES.items()],
@@ -64,7 +69,7 @@ def main() -> None:
     apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.05, "eps": 1e-8})
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
-                          compute_device="cpu"),
+                          compute_device=args.device),
         batch_size=args.batch,
         constraints={n: ParameterConstraints(sharding_types=["table_wise"]) for n in TABLES},
     )
@@ -82,6 +87,8 @@ def main() -> None:
     windows, t_window = [], time.perf_counter()  # samples/s of every `--warmup` steps, the first included
     for step in range(1, args.steps + 1):
         pipeline.progress(it)
+        if cuda and (step == 1 or step % args.warmup == 0):
+            torch.cuda.synchronize()  # the runner's windows end on a synchronised step too
         if step == 1:
             first_step = time.time()
         if step == args.warmup:

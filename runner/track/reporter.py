@@ -151,6 +151,8 @@ class Reporter:
         for r, x in enumerate(per_rank):
             m[f"measured/rank{r}/step_ms"] = x["step_ms"]
             m[f"measured/rank{r}/peak_mem_bytes"] = x["peak_mem_bytes"]
+            if x.get("embedding_fwd_ms") is not None:
+                m[f"measured/rank{r}/embedding_fwd_ms"] = x["embedding_fwd_ms"]
         m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
         m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
         est_step, est_mem = self.plan_metrics.get("plan/est_step_ms"), self.plan_metrics.get("plan/max_mem_bytes")
@@ -160,6 +162,7 @@ class Reporter:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
         self._log(m, self.cfg.train.steps)
         rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
+        print(against_estimates(per_rank, self.plan_metrics), flush=True)
 
     @contextlib.contextmanager
     def progress(self, steps: int, initial: int = 0) -> Iterator[Any]:
@@ -219,3 +222,23 @@ def summary_line(results: Dict[str, Any]) -> str:
         f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
         f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}"
     )
+
+
+def against_estimates(per_rank: List[Dict[str, Any]], plan: Dict[str, float], shown: int = 8) -> str:
+    """Each rank's measured step and embedding forward beside the plan's estimates (which cover the embeddings
+    only: lookups and their all-to-alls, forward and backward), the busiest ``shown`` ranks by measured step."""
+    def ms(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+    order = sorted(range(len(per_rank)), key=lambda r: -per_rank[r]["step_ms"])[:shown]
+    lines = ["[runner] measured vs the plan's estimate, ms per step (the estimate covers the embeddings only; "
+             "the rest of the measured step is the dense part, the optimizer and the input):",
+             "  rank   step  emb fwd | est fwd  est step"]
+    for r in sorted(order):
+        est_fwd = (plan.get(f"plan/rank{r}/fwd_compute_ms") or 0.0) + (plan.get(f"plan/rank{r}/fwd_comms_ms") or 0.0)
+        lines.append(f"  {r:>4} {ms(per_rank[r]['step_ms']):>7} {ms(per_rank[r].get('embedding_fwd_ms')):>8} | "
+                     f"{ms(est_fwd if f'plan/rank{r}/fwd_compute_ms' in plan else None):>7} "
+                     f"{ms(plan.get(f'plan/rank{r}/total_ms')):>9}")
+    if len(per_rank) > shown:
+        lines.append(f"  ({shown} busiest of {len(per_rank)} ranks; every rank in measured.json and the MLflow run)")
+    return "\n".join(lines)
+

@@ -26,10 +26,40 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def gather_measurements(result: TrainResult, device: torch.device,
-                        cores: Optional[List[int]] = None) -> List[Dict[str, Any]]:
-    """Every rank's measured step time, peak memory and bound CPU cores, gathered to every rank."""
-    mine = {"step_ms": result.step_time_ms, "peak_mem_bytes": float(peak_memory_bytes(device)), "cores": cores}
+@torch.no_grad()
+def embedding_forward_ms(dmp: Any, batches: Iterable, device: torch.device, repeats: int = 5) -> Optional[float]:
+    """This rank's embedding lookup as the plan estimates it (the sharded tables' forward with its input and
+    output all-to-alls), timed on a held-out batch: the median of ``repeats`` after one warm-up, in ms. Changes
+    nothing (no backward, no optimizer). None where the model has no sharded collection or a rank has no batch.
+    Every rank must call it (the lookup's collectives)."""
+    import statistics
+    import time
+
+    from runner.train.loop import device_sync
+
+    ebc = next((m for m in dmp.modules() if type(m).__name__.startswith("ShardedEmbeddingBagCollection")), None)
+    batch = next(iter(batches), None)
+    ready: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ready, ebc is not None and batch is not None)
+    if not all(ready) or ebc is None or batch is None:
+        return None
+    features, sync, times = batch.to(device).sparse_features, device_sync(device), []
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        out = ebc(features)
+        (out.wait() if hasattr(out, "wait") else out).values()
+        sync()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times[1:])
+
+
+def gather_measurements(result: TrainResult, device: torch.device, cores: Optional[List[int]] = None,
+                        embedding_ms: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Every rank's measured step time, embedding forward (:func:`embedding_forward_ms`), peak memory and bound
+    CPU cores, gathered to every rank."""
+    mine = {"step_ms": result.step_time_ms, "embedding_fwd_ms": embedding_ms,
+            "peak_mem_bytes": float(peak_memory_bytes(device)), "cores": cores}
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

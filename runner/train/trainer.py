@@ -22,7 +22,7 @@ from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
 from runner.runtime import rundir
 from runner.train import checkpoint
-from runner.train.evaluate import evaluate, gather_measurements
+from runner.train.evaluate import embedding_forward_ms, evaluate, gather_measurements
 from runner.train.loop import LoopHooks, train
 from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
@@ -125,7 +125,8 @@ class Trainer:
             reporter.startup(dict(self.marks, first_step=result.first_step_unix))
         if result.data_ended:
             reporter.data_ended(result.last_step)
-        reporter.measured(gather_measurements(result, self.device, cores))
+        embedding_ms = embedding_forward_ms(self.dmp, self.data(1, True), self.device)
+        reporter.measured(gather_measurements(result, self.device, cores, embedding_ms))
         eval_metrics = self.evaluate()
         if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
             self.save(result.last_step, eval_metrics)
