@@ -86,13 +86,30 @@ def pack(folder: Path, out: Path, part_bytes: int, meta: Dict[str, object], say=
         old.unlink()
     archive = out / ARCHIVE
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    start, last = time.monotonic(), time.monotonic()
-    with lzma.open(archive, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
-        for i, path in enumerate(files):
-            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-            if time.monotonic() - last > 10:
-                say(f"[gpu-bundle] compressing: {i + 1} of {len(files)} files, {time.monotonic() - start:.0f} s")
-                last = time.monotonic()
+    names = [str(p.relative_to(folder)) for p in files]
+    start = time.monotonic()
+    if shutil.which("tar") and shutil.which("xz"):  # xz on every core: several times Python's one-thread lzma
+        with archive.open("wb") as dst:
+            tar = subprocess.Popen(["tar", "-C", str(folder), "-cf", "-", "--", *names], stdout=subprocess.PIPE)
+            xz = subprocess.Popen(["xz", "-6", "-T0", "-c"], stdin=tar.stdout, stdout=dst)
+            assert tar.stdout is not None
+            tar.stdout.close()
+            while xz.poll() is None:
+                time.sleep(0.5)
+                if time.monotonic() - start > 10 and int(time.monotonic() - start) % 10 == 0:
+                    say(f"[gpu-bundle] compressing: {archive.stat().st_size / MIB:.0f} MiB written, "
+                        f"{time.monotonic() - start:.0f} s")
+                    time.sleep(0.5)
+            if tar.wait() != 0 or xz.returncode != 0:
+                raise SystemExit(f"error: packing the bundle failed (tar exit {tar.returncode}, xz {xz.returncode})")
+    else:
+        last = start
+        with lzma.open(archive, "wb", preset=6) as xzf, tarfile.open(fileobj=xzf, mode="w") as tarf:
+            for i, path in enumerate(files):
+                tarf.add(path, arcname=names[i], recursive=False)
+                if time.monotonic() - last > 10:
+                    say(f"[gpu-bundle] compressing: {i + 1} of {len(files)} files, {time.monotonic() - start:.0f} s")
+                    last = time.monotonic()
     parts = []
     with archive.open("rb") as src:
         for index in range(10**4):
@@ -104,7 +121,7 @@ def pack(folder: Path, out: Path, part_bytes: int, meta: Dict[str, object], say=
             parts.append({"name": part.name, "bytes": len(block), "sha256": hashlib.sha256(block).hexdigest()})
     archive.unlink()
     manifest = {**meta, "archive": ARCHIVE, "parts": parts,
-                "files": [str(p.relative_to(folder)) for p in files],
+                "files": names,
                 "archive_bytes": sum(int(p["bytes"]) for p in parts)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -203,7 +220,13 @@ def build(torch_version: str, python_version: str, part_mib: float, out: Path) -
         print(f"[gpu-bundle] {stack.name} ({stack.versions()}) for Python {python_version}: downloading", flush=True)
         _download([f"fbgemm-gpu=={stack.fbgemm}"], downloads, python_version)
         _download([f"torchrec=={stack.torchrec}"], wheels, python_version)
-        for pin in runtime_pins():
+        pins = runtime_pins()
+        try:  # one resolver run for all; pin by pin only when some pin has no wheel for that Python
+            _download(pins, wheels, python_version)
+            pins = []
+        except subprocess.CalledProcessError:
+            pass
+        for pin in pins:
             try:
                 _download([pin], wheels, python_version)
             except subprocess.CalledProcessError:  # only a source release (pure Python): built into a wheel here

@@ -6,6 +6,7 @@ Types are checked by Hydra against :mod:`runner.config.schema` while composing; 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from runner.config.choices import check_choices
@@ -26,16 +27,24 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
+NAME_FORM = ("a name of letters, digits, '_' and '-' starting with a letter or '_' (at most 100 characters: it "
+             "becomes a TorchRec module key, an MLflow key and a file name; for 'user.age' write user_age)")
+
+
 def _validate_model(m: ModelSchema) -> None:
     _check(m.embedding_dim > 0, "model.embedding_dim", m.embedding_dim, "a positive integer")
     names = [tb.name for tb in m.tables] + [f"g{i:03d}" for i in range(max(m.generated_tables.count, 0))]
     _check(len(set(names)) == len(names), "model.tables", names, "unique table names")
     for i, tb in enumerate(m.tables):
+        _check(NAME.fullmatch(str(tb.name)) is not None, f"model.tables[{i}].name", tb.name, NAME_FORM)
         _check(tb.num_embeddings > 0, f"model.tables[{i}].num_embeddings", tb.num_embeddings, "> 0")
         _check(tb.embedding_dim is None or tb.embedding_dim > 0, f"model.tables[{i}].embedding_dim",
                tb.embedding_dim, "null or > 0")
     _check(len(m.tasks) >= 1 and len(set(m.tasks)) == len(m.tasks), "model.tasks", list(m.tasks),
            "a list of distinct task (label column) names")
+    for i, task in enumerate(m.tasks):
+        _check(NAME.fullmatch(str(task)) is not None, f"model.tasks[{i}]", task, NAME_FORM)
     _check(len(m.tasks) == 1 or m.family == "mmoe", "model.tasks", list(m.tasks),
            f"one task for model.family={m.family} (multi-task: model=mmoe)")
     _check(m.num_experts >= 1, "model.num_experts", m.num_experts, "an integer >= 1")

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, cfg_for, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -239,3 +239,20 @@ def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_pat
     path.write_text("model: [")
     with pytest.raises(ConfigError, match="expected a config file the runner wrote"):
         load_resolved(path)
+
+
+@pytest.mark.parametrize("key, value", [("model.tables", "[{name:user.age,num_embeddings:1000}]"),
+                                        ("model.tables", "[{name:'../../../x',num_embeddings:1000}]"),
+                                        ("model.tasks", "['label/click']")])
+def test_a_name_that_cannot_go_everywhere_is_refused_before_launch(key: str, value: str) -> None:
+    """A table or task name becomes a TorchRec module key (no '.'), an MLflow key and a file name (no '/'): refused
+    in one line naming the key, the value and the allowed form, before any process starts."""
+    with pytest.raises(ConfigError) as err:
+        cfg_for(f"{key}={value}")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{key}[0]") and "letters, digits, '_' and '-'" in line
+
+
+def test_names_of_letters_digits_underscores_and_dashes_are_accepted() -> None:
+    cfg = cfg_for("model.tables=[{name:user_age,num_embeddings:1000},{name:item-id,num_embeddings:50}]")
+    assert [t.name for t in cfg.model.tables] == ["user_age", "item-id"]
