@@ -156,6 +156,7 @@ def main() -> None:
             print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
         sys.argv += launcher
+        _hold_named_run_folder(sys.argv[1:])
         from runner.launch.job.driver import plan_sweep_together
 
         plan_sweep_together(sys.argv[1:])  # a grid sweep of balanced plans: planned together first
@@ -170,6 +171,28 @@ def main() -> None:
         if not _end_sweep(stop.name, said=False):
             say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
+
+
+def _hold_named_run_folder(args: List[str]) -> None:
+    """A single job whose run folder the command names: one live job per folder (refused in one line, exit 2)."""
+    if any(a in ("-m", "--multirun") for a in args):
+        return
+    named = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    if not named or not named[-1]:
+        return
+    from pathlib import Path
+
+    from runner.runtime.folder_lock import FolderBusy, hold_run_folder
+
+    try:
+        note = hold_run_folder(Path(named[-1].strip("'\"")).absolute())
+    except FolderBusy as exc:
+        say_error(str(exc))
+        sys.exit(2)
+    except OSError:
+        return  # a folder that cannot be made: the job's own checks say why
+    if note:
+        print(note, flush=True)
 
 
 def _end_sweep(signame: str, said: bool) -> bool:

@@ -1,4 +1,4 @@
-"""One owner of a sweep folder at a time.
+"""One owner of a sweep folder, or of a run folder, at a time.
 
 A sweep (or its resume) holds an advisory lock (``flock``) on ``<sweep folder>/.runner.lock`` from the moment
 its multirun starts until its process ends; the file names the holder (pid and command). A second sweep or
@@ -41,9 +41,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def hold(folder: Path) -> Optional[str]:
+def _run_of(folder: Path) -> str:
+    """The MLflow run a run folder's job recorded (``run.json``), as words for the refusal."""
+    import json
+
+    try:
+        return f", MLflow run {json.loads((folder / 'run.json').read_text())['run_id']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def hold_run_folder(folder: Path) -> Optional[str]:
+    """A single job's run folder named on the command line (``hydra.run.dir``): taken before Hydra writes into it,
+    for the job's life, so that a second job on it is refused before it touches anything of the first's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return hold(folder, "run")
+
+
+def hold(folder: Path, kind: str = "sweep") -> Optional[str]:
     """Take ``folder``'s lock for the rest of this process; a note when it was taken over from a process that
-    is gone, else None. Raises :class:`FolderBusy` when a live process holds it."""
+    is gone, else None. Raises :class:`FolderBusy` when a live process holds it. ``kind``: ``sweep`` or ``run``
+    (the words of the refusal)."""
     key = str(folder.resolve())
     if key in _HELD:
         return None
@@ -56,6 +74,9 @@ def hold(folder: Path) -> Optional[str]:
         pid = _holder(text)
         who = f"process {pid} ({text.split(maxsplit=1)[1] if ' ' in text else 'command unknown'})" if pid else \
             "another process"
+        if kind == "run":
+            raise FolderBusy(f"the run folder {folder} is in use by {who}{_run_of(folder)}; wait for it to end (or "
+                             "stop it), or give this job another hydra.run.dir") from None
         raise FolderBusy(f"the sweep folder {folder} is in use by {who}; wait for it to end (or stop it), then "
                          f"run again or resume it: python -m runner resume {folder}") from None
     before = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
@@ -65,6 +86,6 @@ def hold(folder: Path) -> Optional[str]:
     except OSError:  # a full disk: the lock holds without its holder's name
         pass
     _HELD[key] = fd
-    if before is not None and before != os.getpid() and not _alive(before):
+    if kind == "sweep" and before is not None and before != os.getpid() and not _alive(before):
         return f"[runner] the sweep folder's lock was held by process {before}, which is gone: taken over"
     return None

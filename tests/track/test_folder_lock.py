@@ -40,3 +40,37 @@ def test_a_live_holder_refuses_and_a_dead_one_is_taken_over(tmp_path: Path, monk
             time.sleep(0.1)
     assert note == f"[runner] the sweep folder's lock was held by process {other.pid}, which is gone: taken over"
     assert hold(tmp_path) is None  # this process holds it already
+
+
+@pytest.mark.slow
+def test_a_second_job_on_a_live_jobs_run_folder_is_refused_before_it_touches_anything(tmp_path: Path) -> None:
+    """A live job holds the run folder it was given (here a process holding it as the runner does, with the
+    job's run.json): a second ``python -m runner hydra.run.dir=<it>`` exits 2 in one line naming the folder, the
+    holder's pid and MLflow run, and leaves every file as it was; once the holder is gone the folder is free."""
+    import json
+
+    from conftest import ROOT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "0123abcd", "tracking_uri": "sqlite:///x.db"}))
+    (run / "status.json").write_text("theirs")
+    holder = ("import sys, time; from pathlib import Path; from runner.runtime.folder_lock import hold_run_folder; "
+              "hold_run_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", holder, str(run)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        proc = subprocess.run([sys.executable, "-m", "runner", "train.steps=5", f"hydra.run.dir={run}",
+                               f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: the run folder {run} is in use by process {other.pid} (")
+        assert "MLflow run 0123abcd" in line and "another hydra.run.dir" in line
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+        assert not (tmp_path / "mlflow.db").exists()
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(10)
+    assert folder_lock.hold_run_folder(run) is None  # the holder is gone: taken over, silently
