@@ -151,7 +151,8 @@ def main() -> None:
         from runner.launch.processes.prewarm import prewarm_for
 
         prewarm_for(sys.argv[1:])
-        error, launcher = precheck(sys.argv[1:])
+        error = _config_file_error(sys.argv[1:])
+        error, launcher = (error, []) if error else precheck(sys.argv[1:])
         if error:
             print(f"error: {redact_text(error)}", file=sys.stderr)
             sys.exit(2)
@@ -171,6 +172,15 @@ def main() -> None:
         if not _end_sweep(stop.name, said=False):
             say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
+
+
+def _config_file_error(args: List[str]) -> Optional[str]:
+    from pathlib import Path
+
+    from runner.config.files import config_file_error
+
+    names = [a.split("=", 1)[1] for a in args if a.startswith(("--config-name=", "-cn="))]
+    return config_file_error(args, Path(CONF_DIR), names[-1] if names else None)
 
 
 def _hold_named_run_folder(args: List[str]) -> None:

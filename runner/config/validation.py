@@ -90,6 +90,15 @@ def table_constraint(sharding: ShardingSchema, table: str) -> Any:
 
 
 def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
+    if s.plan:
+        from pathlib import Path
+
+        from runner.config.errors import config_error_line
+        from runner.config.files import json_error
+
+        bad = json_error(Path(s.plan), "sharding.plan")
+        if bad:
+            raise config_error_line(bad, "sharding.plan")
     tables = [t.name for t in table_specs(model)]
     for table in s.constraints:
         _check(table in tables, f"sharding.constraints.{table}", table,

@@ -256,3 +256,24 @@ def test_a_name_that_cannot_go_everywhere_is_refused_before_launch(key: str, val
 def test_names_of_letters_digits_underscores_and_dashes_are_accepted() -> None:
     cfg = cfg_for("model.tables=[{name:user_age,num_embeddings:1000},{name:item-id,num_embeddings:50}]")
     assert [t.name for t in cfg.model.tables] == ["user_age", "item-id"]
+
+
+def test_a_syntax_error_in_a_config_file_the_command_names_is_one_line(tmp_path: Path) -> None:
+    """A YAML error in the user's experiment (``--config-dir``) and a JSON error in a pinned plan: one line naming
+    the file, line and column, exit 2, no traceback, before anything starts (no run folder, no store)."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "broken.yaml").write_text("# @package _global_\ntrain:\n  steps: [1, 2\n\n")
+    (tmp_path / "experiment" / "unused.yaml").write_text("a: [")  # not named: not Hydra's to read, not ours
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"model": {')
+    store = f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"
+    for args, says in ((["--config-dir", str(tmp_path), "experiment=broken"],
+                        f"error: {tmp_path / 'experiment' / 'broken.yaml'}: YAML syntax error at line 5, column 1: "
+                        "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence begun at "
+                        "line 3, column 10); fix the file"),
+                       ([f"sharding.plan={plan}"], f"error: sharding.plan={plan}: JSON syntax error at line 1, "
+                                                   "column 12: Expecting property name enclosed in double quotes")):
+        proc = run_cli([*args, store, f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[0].startswith(says), proc.stderr[-2000:]
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
