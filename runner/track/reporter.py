@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from runner.runtime import rundir, signals
-from runner.track import store
+from runner.track import ui_links
 from runner.track.events import EventLog
 from runner.track.sweep_points import sweep_of
 
@@ -207,7 +207,7 @@ def summary_line(results: Dict[str, Any]) -> str:
     if results.get("tracking_pending"):
         view = f"tracking pending (the store is unreachable): python -m runner sync {results['tracking_pending']}"
     else:
-        view = store.view_hint(results["tracking_uri"], results.get("run_id"))
+        view = ui_links.view_hint(results["tracking_uri"], results.get("run_id"))
     if results.get("plan_status") == "infeasible":
         return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {run}; {view}"
     if results.get("mode") == "plan":

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 def test_run_and_compare_links_open_the_training_view(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from runner.track.store import compare_url, run_url
+    from runner.track.ui_links import compare_url, run_url
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

@@ -57,7 +57,7 @@ def test_the_ui_hint_names_an_mlflow_this_machine_has(tmp_path: Path, monkeypatc
     import subprocess
     import sys
 
-    from runner.track.store import ui_command
+    from runner.track.ui_links import ui_command
 
     real = sys.executable
     assert ui_command("sqlite:///x.db") == f"{Path(real).parent / 'mlflow'} ui --backend-store-uri sqlite:///x.db"

@@ -31,7 +31,6 @@ from runner.track.events import EventLog, EventPump
 from runner.track.store import (
     check_store,
     client,
-    compare_url,
     creation_tags,
     end_run,
     experiment_id,
@@ -43,6 +42,7 @@ from runner.track.store import (
 )
 from runner.track.sweep_points import SWEEP_FILE, grid_points, paired_keys, sweep_info, sweep_name, swept_params
 from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
+from runner.track.ui_links import compare_url
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
