@@ -67,7 +67,10 @@ _PLANNER = """
 from runner.plan.torchrec_adapter import torchrec_seam as seam
 gone, stock, passed = seam.missing(), seam.seam_note(), seam.conformance_note()
 right = (stock is None) == (not gone)  # the stock planner only where a relied-on name is gone
-print(("stock: " + stock) if stock else ("runner's: " + (passed or "the tested TorchRec")))
+if stock:
+    print("TorchRec's stock planner: " + stock.split(": planned")[0])
+else:
+    print("the runner's: " + ("conformance check passed" if passed else "the TorchRec it was tested with"))
 raise SystemExit(0 if right else 1)
 """
 
@@ -104,14 +107,17 @@ class Checker:
 
     def planner(self) -> Outcome:
         code, text = self.run("planner", ["-c", _PLANNER])
-        self.stock = _last(text).startswith("stock:")
+        self.stock = _last(text).startswith("TorchRec's stock")
         return code == 0, _last(text)
 
     def identity(self) -> Outcome:
         if self.stock:
             return True, "n/a: the stock planner plans (TorchRec's own answers)"
         code, text = self.run("identity", ["-m", "runner.launch.conformance_check"])
-        return code == 0, _last(text)
+        line = _last(text)
+        if code == 0 and "(" in line:  # the figures only: the full line is in identity.log
+            return True, "TorchRec's answers (" + line.rsplit("(", 1)[1]
+        return code == 0, line
 
     def plan(self) -> Outcome:
         tables, nodes = (100, 2) if self.stock else (1000, 16)
