@@ -16,7 +16,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -107,6 +107,11 @@ bench-store: $(STAMP)
 
 bench-config-path: $(STAMP)
 	$(PY) benchmarks/config_path.py $(ARGS)
+
+# Configs drawn at random from the schema, each as a plan-only and a 3-step training job: any unexpected error,
+# traceback or process left is printed with its replay command (docs/faults.md). Not part of `make test`.
+fuzz-config: $(STAMP)
+	$(PY) benchmarks/fuzz_config.py $(ARGS)
 
 bench-speedups: $(STAMP)
 	$(PY) benchmarks/speedups.py $(ARGS)
