@@ -12,6 +12,7 @@ from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
+from runner.plan.summary import summary_markdown, summary_metrics
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def _markdown(cfg: RunnerConfig, plan: Dict[str, Dict[str, Any]], ranks: List[Di
         f"storage reserve {cfg.sharding.storage_reserve_percent:g} ({cfg.sharding.storage_reserve_policy}), "
         f"proposer {cfg.sharding.proposer}",
         "",
+        *summary_markdown(ranks, local),
         "## Tables per sharding type and the collectives they use",
         "",
         "| sharding type | tables | collectives |",
@@ -110,7 +112,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
-               **plan_metrics(ranks, comms, types, device_type)}
+               **plan_metrics(ranks, comms, types, device_type), **summary_metrics(ranks, local)}
     metrics.update(bound_metrics(metrics.get("plan/est_step_ms"), facts))
     bound = bound_text(metrics)
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
