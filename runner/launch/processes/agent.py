@@ -39,9 +39,19 @@ def _set_threads(threads: int) -> None:
 
 def _job_from_stdin() -> list | None:
     """A warm agent's job, ``[run_dir, node_rank, port]`` (None: the driver did not need this agent)."""
-    from runner.train.worker import preload
+    import logging
 
-    preload()
+    # No run folder yet for the libraries' log lines (FBGEMM warns at import on releases its table does not
+    # list): none reach the terminal. A library that does not load is recorded once the job is known.
+    logging.disable(logging.CRITICAL)
+    try:
+        from runner.train.worker import preload
+
+        preload()
+    except (ImportError, OSError):
+        pass
+    finally:
+        logging.disable(logging.NOTSET)
     job = sys.stdin.readline()
     return [str(x) for x in json.loads(job)] if job.strip() else None
 
@@ -98,6 +108,18 @@ def _record_failures(run_dir: Path, node_rank: int, exc: Any, watch: DeathWatch)
                              "pid": failure.pid})
 
 
+def _record_unloadable(run_dir: Path, node_rank: int, workers: int, exc: BaseException) -> None:
+    """The node's workers cannot start: torch, TorchRec or FBGEMM does not load here (the loader's reason)."""
+    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    line = f"torch, TorchRec or FBGEMM does not load on node {node_rank}: {str(exc).strip()}{cause}"
+    try:
+        rundir.record_error(run_dir, f"agent{node_rank}-libraries",
+                            {"rank": node_rank * workers, "time": time.time(), "error": line.splitlines()[0],
+                             "source": "agent", "signal": None, "node": node_rank, "pid": os.getpid()})
+    except OSError:  # a full run folder: the driver's own line names it
+        pass
+
+
 def likely_cause(pid: int, signal_name: str) -> str:
     """``" (the kernel's OOM killer: ...)"`` when the kernel log says it killed ``pid``; else a hint."""
     if signal_name != "SIGKILL":
@@ -130,18 +152,26 @@ def main(argv: list[str]) -> int:
     _set_threads(agent_threads(cfg))  # a warm agent: already set
     os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it
     _own_gpus(c, node_rank)
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from runner.train.worker import elastic_entry, preload
+        from runner.train.worker import elastic_entry, preload
+    except (ImportError, OSError) as exc:  # a library that does not load on this host (FBGEMM's, a CUDA one)
+        _record_unloadable(run_dir, node_rank, c.workers_per_node, exc)
+        return 1
 
     log_to_file(run_dir, f"agent{node_rank}")  # once torch elastic's loggers exist
     signals.guard_elastic()  # a stop signal never raises where Python can only print it
 
     start_method = _start_method(c)
     if start_method == "fork":
-        preload()  # the workers inherit torch, TorchRec and the runner already imported
+        try:
+            preload()  # the workers inherit torch, TorchRec and the runner already imported
+        except (ImportError, OSError) as exc:
+            _record_unloadable(run_dir, node_rank, c.workers_per_node, exc)
+            return 1
     # A Slurm job: static rendezvous, node rank = group rank (rank 0 on node 0, whose task opens the run).
     static = schedulers.named(c.scheduler).static_rendezvous
     config = LaunchConfig(
