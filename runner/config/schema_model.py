@@ -11,10 +11,9 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from runner.config.choices import one_of, some_of
+from runner.config.model_families import NAMES as FAMILY_NAMES
 from runner.config.proposers import NAMES as PROPOSER_NAMES
 
-MODEL_FAMILIES = ("dlrm", "dcn", "deepfm", "dnn", "mmoe")
-ONE_WIDTH_FAMILIES = ("dlrm", "dcn", "deepfm")  # one embedding width for every table
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
                   "grid_shard")
 COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "key_value")
@@ -48,7 +47,7 @@ class GeneratedTablesSchema:
 class ModelSchema:
     name: str = "dlrm"
     """Preset name, for display."""
-    family: str = one_of("dlrm", MODEL_FAMILIES)
+    family: str = one_of("dlrm", FAMILY_NAMES)
     """``dlrm`` (TorchRec's DLRM, dot interaction) | ``dcn`` (TorchRec's DLRM with a DCN-v2 cross
     network) | ``deepfm`` (TorchRec's DeepFM) | ``dnn`` (pooled embeddings of any widths concatenated
     with the dense MLP's output, then the over MLP). All but ``dnn`` need one width for every table."""

@@ -9,16 +9,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from runner.config.choices import one_of
-
-# FBGEMM's fused optimizers of the embedding tables; its CPU build runs the first three only
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "lamb", "partial_rowwise_adam",
-                     "partial_rowwise_lamb")
-SPARSE_OPTIMIZERS_CPU = SPARSE_OPTIMIZERS[:3]
+from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE_NAMES
 
 
 @dataclass
 class ScheduleSchema:
-    name: str = one_of("constant", ("constant", "exp_decay", "steps", "cosine"))
+    name: str = one_of("constant", tuple(SCHEDULES))
     """``constant`` | ``exp_decay`` | ``steps`` | ``cosine``; all after ``warmup_steps`` of linear warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from lr/warmup_steps to lr."""
@@ -46,7 +42,7 @@ class ClipSchema:
 class OptimizerSchema:
     name: str = "rowwise_adagrad_adam"
     """Preset name, for display."""
-    sparse: str = one_of("rowwise_adagrad", SPARSE_OPTIMIZERS)
+    sparse: str = one_of("rowwise_adagrad", SPARSE_NAMES)
     """Fused optimizer of the embedding tables, applied inside backward by FBGEMM: ``rowwise_adagrad`` |
     ``adagrad`` | ``sgd`` (CPU and GPU) | ``adam`` | ``lamb`` | ``partial_rowwise_adam`` |
     ``partial_rowwise_lamb`` (GPU only: FBGEMM's CPU build does not run them)."""
@@ -60,7 +56,7 @@ class OptimizerSchema:
     """How FBGEMM applies ``sparse_weight_decay``: ``l2`` (added to the gradient) | ``decoupled``."""
     sparse_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
     """Learning-rate schedule of the sparse optimizer."""
-    dense: str = one_of("adam", ("adam", "adamw", "adagrad", "sgd"))
+    dense: str = one_of("adam", tuple(DENSE))
     """Optimizer of the dense (MLP) parameters: ``adam`` | ``adamw`` | ``adagrad`` | ``sgd``."""
     dense_lr: float = 1e-3
     """Base learning rate of the dense optimizer."""

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List
 
+from runner.config.model_families import FAMILIES
+
 if TYPE_CHECKING:
     from runner.config.schema_model import ModelSchema
 
@@ -29,6 +31,6 @@ def table_specs(model_cfg: ModelSchema) -> List[TableSpec]:
     dims = list(g.dims)
     for i in range(g.count):
         rows = int(round(math.exp(rng.uniform(lo, hi))))
-        dim = dims[i % len(dims)] if model_cfg.family == "dnn" else int(model_cfg.embedding_dim)
+        dim = int(model_cfg.embedding_dim) if FAMILIES[model_cfg.family].one_width else dims[i % len(dims)]
         specs.append(TableSpec(f"g{i:03d}", max(rows, 1), dim))
     return specs

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from runner.config.choices import check_choices
 from runner.config.errors import ConfigError
+from runner.config.model_families import FAMILIES
 from runner.config.schema import RunnerConfig, uses_split_step
-from runner.config.schema_model import ONE_WIDTH_FAMILIES, TableConstraintSchema
+from runner.config.schema_model import TableConstraintSchema
 from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
 
@@ -45,8 +46,10 @@ def _validate_model(m: ModelSchema) -> None:
            "a list of distinct task (label column) names")
     for i, task in enumerate(m.tasks):
         _check(NAME.fullmatch(str(task)) is not None, f"model.tasks[{i}]", task, NAME_FORM)
-    _check(len(m.tasks) == 1 or m.family == "mmoe", "model.tasks", list(m.tasks),
-           f"one task for model.family={m.family} (multi-task: model=mmoe)")
+    family = FAMILIES[m.family]
+    _check(len(m.tasks) == 1 or family.multi_task, "model.tasks", list(m.tasks),
+           f"one task for model.family={m.family} (multi-task: "
+           + ", ".join(f"model.family={f.name}" for f in FAMILIES.values() if f.multi_task) + ")")
     _check(m.num_experts >= 1, "model.num_experts", m.num_experts, "an integer >= 1")
     g = m.generated_tables
     _check(g.count >= 0, "model.generated_tables.count", g.count, ">= 0")
@@ -55,7 +58,7 @@ def _validate_model(m: ModelSchema) -> None:
     _check(len(g.dims) > 0 and all(d > 0 for d in g.dims), "model.generated_tables.dims", list(g.dims),
            "a list of positive widths")
     _check(len(m.tables) + g.count > 0, "model.tables", list(m.tables), "at least one table")
-    if m.family in ONE_WIDTH_FAMILIES:
+    if family.one_width:
         widths = {tb.embedding_dim for tb in m.tables if tb.embedding_dim is not None} - {m.embedding_dim}
         _check(not widths, "model.tables[].embedding_dim", sorted(widths),
                f"null or model.embedding_dim ({m.embedding_dim}) for model.family={m.family}")
@@ -63,7 +66,7 @@ def _validate_model(m: ModelSchema) -> None:
            "positive layers and low-rank dim")
     _check(
         len(m.dense_arch_layer_sizes) > 0
-        and (m.family not in ("dlrm", "dcn") or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
+        and (not family.dense_out_is_dim or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
         "model.dense_arch_layer_sizes", list(m.dense_arch_layer_sizes),
         f"a list ending with model.embedding_dim ({m.embedding_dim})",
     )

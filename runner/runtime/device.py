@@ -13,7 +13,7 @@ import os
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
-from runner.config.schema_training import SPARSE_OPTIMIZERS_CPU
+from runner.config.optimizer_kinds import SPARSE_CPU_NAMES as SPARSE_OPTIMIZERS_CPU
 
 GIB = 1024**3
 

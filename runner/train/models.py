@@ -137,31 +137,49 @@ def autocast_forward(model: nn.Module, device_type: str, dtype_name: Optional[st
     model.register_forward_hook(leave, always_call=True)
 
 
+def build_dlrm(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_device: torch.device) -> nn.Module:
+    return DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                          dense_arch_layer_sizes=list(m.dense_arch_layer_sizes),
+                          over_arch_layer_sizes=list(m.over_arch_layer_sizes), dense_device=dense_device))
+
+
+def build_dcn(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_device: torch.device) -> nn.Module:
+    return DLRMTrain(DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                              dense_arch_layer_sizes=list(m.dense_arch_layer_sizes),
+                              over_arch_layer_sizes=list(m.over_arch_layer_sizes), dcn_num_layers=m.dcn_num_layers,
+                              dcn_low_rank_dim=m.dcn_low_rank_dim, dense_device=dense_device))
+
+
+def build_deepfm(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_device: torch.device) -> nn.Module:
+    with torch.device(dense_device):  # TorchRec's DeepFM takes no device argument
+        deepfm = SimpleDeepFMNN(num_dense_features=dense_in, embedding_bag_collection=ebc,
+                                hidden_layer_size=m.dense_arch_layer_sizes[0],
+                                deep_fm_dimension=m.over_arch_layer_sizes[0])
+    return ClickModelTrain(deepfm)
+
+
+def build_mmoe(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_device: torch.device) -> nn.Module:
+    return MultiTaskTrain(MMoE(ebc, dense_in, list(m.dense_arch_layer_sizes), m.num_experts,
+                               list(m.expert_layer_sizes), list(m.over_arch_layer_sizes), len(m.tasks), dense_device))
+
+
+def build_dnn(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_device: torch.device) -> nn.Module:
+    return ClickModelTrain(EmbeddingMLP(ebc, dense_in, list(m.dense_arch_layer_sizes),
+                                        list(m.over_arch_layer_sizes), dense_device))
+
+
 def build_model(cfg: RunnerConfig, dense_device: torch.device) -> nn.Module:
-    """The model with its loss; embeddings on meta (never allocated whole), dense part on ``dense_device``."""
+    """The model with its loss, by its family's declaration (:mod:`runner.config.model_families`); embeddings on
+    meta (never allocated whole), dense part on ``dense_device``."""
+    import importlib
+
+    from runner.config.model_families import FAMILIES
+
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
                                  device=torch.device("meta"))
-    m = cfg.model
-    dense_in, dense_sizes, over_sizes = cfg.data.num_dense_features, list(m.dense_arch_layer_sizes), list(
-        m.over_arch_layer_sizes)
-    if m.family == "dlrm":
-        return DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=dense_in,
-                              dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
-                              dense_device=dense_device))
-    if m.family == "dcn":
-        return DLRMTrain(DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=dense_in,
-                                  dense_arch_layer_sizes=dense_sizes, over_arch_layer_sizes=over_sizes,
-                                  dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
-                                  dense_device=dense_device))
-    if m.family == "deepfm":
-        with torch.device(dense_device):  # TorchRec's DeepFM takes no device argument
-            deepfm = SimpleDeepFMNN(num_dense_features=dense_in, embedding_bag_collection=ebc,
-                                    hidden_layer_size=dense_sizes[0], deep_fm_dimension=over_sizes[0])
-        return ClickModelTrain(deepfm)
-    if m.family == "mmoe":
-        return MultiTaskTrain(MMoE(ebc, dense_in, dense_sizes, m.num_experts, list(m.expert_layer_sizes),
-                                   over_sizes, len(m.tasks), dense_device))
-    return ClickModelTrain(EmbeddingMLP(ebc, dense_in, dense_sizes, over_sizes, dense_device))
+    module, function = FAMILIES[cfg.model.family].builds.split(":")
+    return getattr(importlib.import_module(module), function)(cfg.model, ebc, cfg.data.num_dense_features,
+                                                              dense_device)
 
 
 def planning_model(cfg: RunnerConfig) -> nn.Module:

@@ -7,16 +7,19 @@ the training pipeline's ``step()`` clips first. Learning rates follow a schedule
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Tuple
 
 import torch
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE
+
 if TYPE_CHECKING:
     from runner.config.schema_training import ClipSchema, OptimizerSchema, ScheduleSchema
-
 
 
 def sparse_parameters(model: torch.nn.Module) -> Any:
@@ -30,18 +33,16 @@ def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
 
     from runner.plan.torchrec_adapter.moved import weight_decay_mode
 
-    classes = {"rowwise_adagrad": trec.RowWiseAdagrad, "adagrad": trec.Adagrad, "sgd": trec.SGD,
-               "adam": trec.Adam, "lamb": trec.LAMB, "partial_rowwise_adam": trec.PartialRowWiseAdam,
-               "partial_rowwise_lamb": trec.PartialRowWiseLAMB}
+    spec = SPARSE[o.sparse]
     kwargs: Dict[str, Any] = {"lr": o.sparse_lr * lr_factor(o.sparse_schedule, 1, 1)}
-    if o.sparse != "sgd":
+    if spec.eps:
         kwargs["eps"] = o.sparse_eps
     if o.sparse_weight_decay > 0:
         kwargs["weight_decay"] = o.sparse_weight_decay
         modes = weight_decay_mode()
         kwargs["weight_decay_mode"] = (modes.DECOUPLE if o.sparse_weight_decay_mode == "decoupled"
                                        else modes.L2)
-    return classes[o.sparse], kwargs
+    return getattr(trec, spec.torchrec_class), kwargs
 
 
 def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: OptimizerSchema) -> None:
@@ -75,14 +76,15 @@ def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimize
 
     fused = True if o.dense_fused else None  # None: torch's own choice (foreach on a GPU, a loop on CPU)
 
+    spec = DENSE[o.dense]
+    kwargs: Dict[str, Any] = {"lr": lr, "weight_decay": o.dense_weight_decay, "fused": fused}
+    if spec.eps:
+        kwargs["eps"] = o.dense_eps
+    if spec.momentum:
+        kwargs["momentum"] = o.dense_momentum
+
     def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if o.dense == "adam":
-            return torch.optim.Adam(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
-        if o.dense == "adamw":
-            return torch.optim.AdamW(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
-        if o.dense == "adagrad":
-            return torch.optim.Adagrad(p, lr=lr, eps=o.dense_eps, weight_decay=o.dense_weight_decay, fused=fused)
-        return torch.optim.SGD(p, lr=lr, momentum=o.dense_momentum, weight_decay=o.dense_weight_decay, fused=fused)
+        return getattr(torch.optim, spec.torch_class)(p, **kwargs)
 
     return ClippedOptimizer(params, make, o.clip)
 
@@ -92,18 +94,34 @@ def combined_optimizer(dmp: Any, opt_cfg: OptimizerSchema) -> CombinedOptimizer:
 
 
 def lr_factor(s: ScheduleSchema, step: int, total: int) -> float:
-    """Multiplier of the base learning rate at 1-based ``step`` of ``total``."""
+    """Multiplier of the base learning rate at 1-based ``step`` of ``total``: linear warm-up, then the schedule
+    ``s.name`` declares (:mod:`runner.config.optimizer_kinds`)."""
     if s.warmup_steps and step <= s.warmup_steps:
         return step / s.warmup_steps
-    t = step - s.warmup_steps
-    if s.name == "exp_decay":
-        return max(s.min_factor, s.decay_rate ** (t / s.decay_steps))
-    if s.name == "steps":
-        return s.gamma ** sum(1 for m in s.milestones if step >= m)
-    if s.name == "cosine":
-        progress = min(t / max(total - s.warmup_steps, 1), 1.0)
-        return s.min_factor + (1 - s.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return float(_schedule(s.name)(s, step, step - s.warmup_steps, max(total - s.warmup_steps, 1)))
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule(name: str) -> Callable[[ScheduleSchema, int, int, int], float]:
+    module, function = SCHEDULES[name].factor.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def constant_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:
     return 1.0
+
+
+def exp_decay_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:
+    return max(s.min_factor, s.decay_rate ** (t / s.decay_steps))
+
+
+def steps_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:
+    return s.gamma ** sum(1 for m in s.milestones if step >= m)
+
+
+def cosine_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:
+    progress = min(t / span, 1.0)
+    return s.min_factor + (1 - s.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def _leaves(optimizer: Any) -> Iterable[Any]:
