@@ -61,7 +61,12 @@ class TrainingError(RuntimeError):
 
 
 class SchedulerError(RuntimeError):
-    """The scheduler (Slurm) cannot run the job as asked; ``str()`` names the setting and what to do."""
+    """The scheduler cannot run the job as asked; ``str()`` names the setting and what to do; ``scheduler``: the
+    scheduler's own name for itself (its ``Scheduler.label``: the error's kind is ``<label> error``)."""
+
+    def __init__(self, message: str, scheduler: str = "scheduler") -> None:
+        super().__init__(message)
+        self.scheduler = scheduler
 
 
 class WorkerFailure(RuntimeError):
@@ -76,7 +81,7 @@ class WorkerFailure(RuntimeError):
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
           (TrackingError, "tracking error"), (DataError, "data error"), (TrainingError, "training error"),
-          (SchedulerError, "Slurm error"),
+          (SchedulerError, "scheduler error"),
           (WorkerFailure, "job failed"))
 
 
@@ -137,6 +142,8 @@ def one_line(exc: BaseException) -> str:
     if full:
         return f"disk full: {full}"
     kind = next((name for cls, name in _KINDS if isinstance(exc, cls)), "unexpected error")
+    if isinstance(exc, SchedulerError):
+        kind = f"{exc.scheduler} error"
     text = str(exc)
     message = _original(text) if text.startswith("Caught ") and "Original Traceback" in text else first_line(exc)
     if not message:

@@ -132,8 +132,8 @@ class JobRun:
             self.open()
 
 
-def record_requeued(run_dir: Path, job: str, attempt: int) -> None:
-    """The run of the attempt before ``attempt``, stopped when Slurm requeued job ``job`` after a lost node (it
+def record_requeued(run_dir: Path, job: str, attempt: int, scheduler: str = "the scheduler") -> None:
+    """The run of the attempt before ``attempt``, stopped when ``scheduler`` requeued job ``job`` after a lost node (it
     ended KILLED, as a cancelled job does): FAILED, saying so. The new attempt gets its own run."""
     info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
     if not info.get("run_id"):
@@ -141,7 +141,7 @@ def record_requeued(run_dir: Path, job: str, attempt: int) -> None:
     try:
         if store.client(info["tracking_uri"]).get_run(info["run_id"]).info.status in ("KILLED", "RUNNING"):
             store.end_run(info["tracking_uri"], info["run_id"], "FAILED",
-                          f"Slurm requeued job {job} after it lost a node (attempt {attempt} follows)")
+                          f"{scheduler} requeued job {job} after it lost a node (attempt {attempt} follows)")
     except Exception:  # noqa: BLE001 - the earlier run keeps its status; the new attempt runs all the same
         pass
 

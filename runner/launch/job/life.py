@@ -143,9 +143,9 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Opt
     if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt
         attempt += task.restarts
         if task.node_rank == 0:
-            record_requeued(run_dir, task.shown_id, attempt)
+            record_requeued(run_dir, task.shown_id, attempt, task.label)
         if attempt > cfg.sweep.retries + 1:
-            raise WorkerFailure(f"Slurm requeued job {task.shown_id} after it lost a node; sweep.retries="
+            raise WorkerFailure(f"{task.label} requeued job {task.shown_id} after it lost a node; sweep.retries="
                                 f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
                                 f"{attempt} does not run")
     while True:

@@ -34,12 +34,15 @@ class Task:
     node_rank: int
     restarts: int  # times the scheduler started the job again (a lost node)
     shown_id: str  # the job as the scheduler's own commands show it
+    label: str = "the scheduler"  # how messages name its scheduler (``Scheduler.label``)
 
 
 class Scheduler:
     """Where a job's nodes run (see the module doc); the defaults are this host's (:mod:`.local`)."""
 
     name = ""
+    label = "the scheduler"
+    """How messages and tags name it (``Slurm``)."""
     launcher: Optional[str] = None
     """The ``hydra/launcher`` choice that submits a command's jobs to it (None: Hydra's local launchers)."""
     has_tasks = False

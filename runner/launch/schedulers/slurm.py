@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from runner.config.errors import SchedulerError
 from runner.config.place import Place
 from runner.launch.schedulers import Scheduler, Task
-from runner.launch.schedulers.slurm_commands import _scontrol, hostnames, node_address, slurm_command
+from runner.launch.schedulers.slurm_commands import LABEL, SlurmError, _scontrol, hostnames, node_address, slurm_command
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
@@ -43,6 +42,7 @@ class SlurmTask(Task):
     tasks: int
     nodelist: str
     restarts: int = 0  # SLURM_RESTART_COUNT: times Slurm requeued the job (a lost node, scontrol requeue)
+    label = LABEL  # not a field: how messages name the scheduler
 
     @classmethod
     def detect(cls, env: Mapping[str, str] = os.environ) -> Optional["SlurmTask"]:
@@ -71,11 +71,11 @@ def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Tuple[Place, Pat
     this node's run folder."""
     c = cfg.cluster
     if task.nodes != c.nodes:
-        raise SchedulerError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
+        raise SlurmError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
                              f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
                              "hydra/launcher=slurm does) or set cluster.nodes")
     if task.tasks != task.nodes:
-        raise SchedulerError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
+        raise SlurmError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
                              "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
                              "cluster.workers_per_node workers")
     shared = str(run_dir / rundir.CHECKPOINTS) if task.node_rank and not cfg.train.checkpoint.dir else None
@@ -88,14 +88,14 @@ def _time_limit_reached(task: SlurmTask) -> bool:
     """Whether Slurm is ending the job for its time limit (its reason while it completes)."""
     try:
         return "TimeLimit" in slurm_command(["squeue", "-h", "-j", task.job_id, "-o", "%r"], timeout=10)
-    except SchedulerError:
+    except SlurmError:
         return False
 
 
 def _limit_text(task: SlurmTask) -> str:
     try:
         m = re.search(r"\bTimeLimit=(\S+)", _scontrol("show", "job", task.job_id))
-    except SchedulerError:
+    except SlurmError:
         m = None
     return f" of {m.group(1)}" if m else ""
 
@@ -113,6 +113,7 @@ class SlurmScheduler(Scheduler):
     """A Slurm job step, one task per node (see the module doc); ``hydra/launcher=slurm`` submits to it."""
 
     name = "slurm"
+    label = LABEL
     launcher = "slurm"
     has_tasks = True
     static_rendezvous = True
@@ -127,8 +128,8 @@ class SlurmScheduler(Scheduler):
                   "here; start it with srun --ntasks-per-node=1 (see experiments/train.sbatch)", flush=True)
         return task
 
-    def no_task(self) -> SchedulerError:
-        return SchedulerError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
+    def no_task(self) -> SlurmError:
+        return SlurmError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "
                               "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                               "-m hydra/launcher=slurm")
 

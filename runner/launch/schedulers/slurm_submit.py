@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, ca
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import PLUGINS
-from runner.config.errors import SchedulerError, first_line
-from runner.launch.schedulers.slurm_commands import node_address, slurm_command
+from runner.config.errors import first_line
+from runner.launch.schedulers.slurm_commands import SlurmError, node_address, slurm_command
 from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 
@@ -49,7 +49,7 @@ def partition_nodes(partition: Optional[str]) -> List[str]:
         rows = [r for r in rows if r[1].endswith("*")] or rows
     if not rows:
         known = sorted({p.rstrip("*") for p in _run(["sinfo", "-h", "-o", "%P"]).split()})
-        raise SchedulerError(f"hydra.launcher.partition={partition!r} is not a partition of this Slurm; expected one "
+        raise SlurmError(f"hydra.launcher.partition={partition!r} is not a partition of this Slurm; expected one "
                              f"of {', '.join(known)}")
     return sorted({r[0] for r in rows})
 
@@ -85,7 +85,7 @@ def check_submission(cfg: DictConfig) -> None:
     partition = cfg.hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
     if cfg.mode == "train" and cfg.cluster.nodes > len(nodes):
-        raise SchedulerError(f"cluster.nodes={cfg.cluster.nodes} but the Slurm partition {partition or '(default)'} "
+        raise SlurmError(f"cluster.nodes={cfg.cluster.nodes} but the Slurm partition {partition or '(default)'} "
                              f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
                              "partition with hydra.launcher.partition")
     if all(_this_host(node_address(n)) for n in nodes):
@@ -97,17 +97,17 @@ def check_submission(cfg: DictConfig) -> None:
         folder = Path(uri)
     kind = filesystem(folder) if folder is not None else None
     if kind is not None and kind not in SHARED_FS:
-        raise SchedulerError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an "
+        raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an "
                              "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
                              "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
                              "filesystem")
     host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
-        raise SchedulerError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
+        raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
                              "the nodes reach (and start it with --host 0.0.0.0)")
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     if filesystem(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
-        raise SchedulerError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
+        raise SlurmError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
                              "shared filesystem (the points' run folders and the sweep's report live there)")
 
 
@@ -226,7 +226,7 @@ def job_states() -> Optional[Dict[str, str]]:
     when squeue did not answer (asked again at the next poll)."""
     try:
         out = _run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"])
-    except SchedulerError:
+    except SlurmError:
         return None
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
@@ -292,7 +292,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         _wait(points)
     except KeyboardInterrupt:
         ids = [p.job.job_id for p in submitted]
-        with contextlib.suppress(SchedulerError):  # what is left of the jobs, Slurm ends at their time limit
+        with contextlib.suppress(SlurmError):  # what is left of the jobs, Slurm ends at their time limit
             slurm_command(["scancel", *ids])
         print(f"[runner] Slurm: cancelled {', '.join(ids)}", flush=True)
         raise

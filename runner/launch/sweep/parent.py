@@ -254,7 +254,8 @@ class SweepParentRun(Callback):
         log.metrics({"sweep/points": len(points), "sweep/failed_points": len(failed), **found.get("metrics", {})}, 0)
         scheduler = rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}
         tags = {**found.get("tags", {}), **({"runner.scheduler": scheduler["scheduler"],
-                                              "runner.slurm_job_ids": ",".join(scheduler.get("job_ids", []))}
+                                              f"runner.{scheduler['scheduler']}_job_ids":
+                                                  ",".join(scheduler.get("job_ids", []))}
                                              if scheduler.get("scheduler") else {})}
         if tags:
             log.tags(tags)
