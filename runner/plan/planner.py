@@ -199,3 +199,27 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     if isinstance(result[0], PlanError):
         raise result[0]
     return result[0], estimates.best_plan, time.perf_counter() - t0, sharders
+
+
+def runners_planner() -> bool:
+    """Whether the runner's planner plans here (the TorchRec adapter's gate, :mod:`.torchrec_adapter.torchrec_seam`);
+    False: TorchRec's stock planner. The one place outside the adapter that asks it."""
+    return seam_note() is None
+
+
+def reusable_model(cfg: RunnerConfig, build: Callable[[RunnerConfig], Any]) -> Any:
+    """``build(cfg)``, shared with this process's later plans of the same model where the runner's planner plans
+    (:mod:`.torchrec_adapter.enumeration_reuse`); a new one each time on TorchRec's stock planner."""
+    if not runners_planner():
+        return build(cfg)
+    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
+
+    return reused_model(cfg, build)
+
+
+def plan_entries(best: List[ShardingOption]) -> Any:
+    """A found plan's options as the balanced search's entries, for a sweep planned together to choose from."""
+    from runner.plan.torchrec_adapter.balanced import entries_of
+
+    return entries_of(best)
+

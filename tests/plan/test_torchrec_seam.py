@@ -234,3 +234,24 @@ def test_only_the_adapter_reaches_into_torchrec_and_only_after_the_version_check
     assert not outside, outside
     seam = (adapter / "torchrec_seam.py").read_text()
     assert not re.search(r"^(from|import) torchrec", seam, re.M)
+
+
+def test_outside_plan_nothing_asks_the_version_gate_or_imports_the_adapter() -> None:
+    """The gate is asked, and the adapter reached, only through ``runner/plan/`` (``plan/planner.py``'s
+    ``runners_planner``, ``reusable_model``, ``plan_entries``): outside it, no import of an adapter module at any
+    level, but the moved names (any stage may need them) and the conformance check itself."""
+    import re
+    from pathlib import Path
+
+    root = Path(torchrec_seam.__file__).resolve().parents[3] / "runner"
+    found = {}
+    for path in root.rglob("*.py"):
+        if (root / "plan") in path.parents or path.name == "conformance_check.py":
+            continue
+        text = path.read_text()
+        hits = [m for m in re.findall(r"(?:from|import)\s+runner\.plan\.torchrec_adapter(?:\.(\w+)|\s+import\s+(\w+))",
+                                      text) if "moved" not in m]
+        hits += re.findall(r"\bseam_note\(", text)
+        if hits:
+            found[str(path.relative_to(root))] = hits
+    assert not found, found

@@ -89,15 +89,12 @@ def _mark_start() -> None:
 
 def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
     from runner.launch.job.plan_only import plan_only
-    from runner.plan.torchrec_adapter.torchrec_seam import seam_note
+    from runner.plan.planner import reusable_model, runners_planner
     from runner.train.models import planning_model
 
     run.open()
-    if seam_note() is not None:  # TorchRec's stock planner: none of the adapter's reuse
-        return plan_only(cfg, run.run_dir, planning_model(cfg), None)
-    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
-
-    return plan_only(cfg, run.run_dir, reused_model(cfg, planning_model), _sweep_choices())
+    return plan_only(cfg, run.run_dir, reusable_model(cfg, planning_model),
+                     _sweep_choices() if runners_planner() else None)  # the stock planner: none of the reuse
 
 
 def _sweep_choices() -> Any:
@@ -119,16 +116,15 @@ def plan_sweep_together(args: List[str]) -> None:
     from runner.launch.job.plan_only import PlanProgress
     from runner.launch.sweep.plan_together import applies, plan_together
     from runner.launch.sweep.precheck import grid_points
-    from runner.plan.torchrec_adapter.torchrec_seam import seam_note
+    from runner.plan.planner import reusable_model, runners_planner
 
     points = grid_points(applies)
-    if len(points) < 2 or seam_note():
-        return  # (a TorchRec the runner's search was not tested with: each point plans with TorchRec's planner)
-    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
+    if len(points) < 2 or not runners_planner():
+        return  # (TorchRec's stock planner: each point plans with it)
     from runner.train.models import planning_model
 
     printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line
-    plan_together(points, lambda cfg: reused_model(cfg, planning_model),
+    plan_together(points, lambda cfg: reusable_model(cfg, planning_model),
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 

@@ -91,8 +91,7 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
                 build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any],
                 progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> None:
     from runner.config.errors import PlanError
-    from runner.plan.planner import make_plan
-    from runner.plan.torchrec_adapter.balanced import entries_of
+    from runner.plan.planner import make_plan, plan_entries
     from runner.runtime.device import device_type
 
     if sys.stdout.isatty():
@@ -106,7 +105,7 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
                                   progress=None if progress is None else lambda counts: progress(i, counts))
     except PlanError:
         return  # no plan fits this point: its job says so
-    entry = {k: list(v) for k, v in entries_of(best).items()}
+    entry = {k: list(v) for k, v in plan_entries(best).items()}
     if entry not in plans:
         plans.append(entry)
     facts_of[_key(overrides)] = {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {}),
