@@ -116,52 +116,44 @@ def _help(args: List[str]) -> bool:
     return True
 
 
+def _sync(args: List[str]) -> int:
+    from runner.track.sync import sync
+
+    try:
+        return sync(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: what was delivered is recorded, the rest waits
+        stop = signals.stopped(exc)
+        print(f"error: sync stopped by {stop.name}; what it delivered is recorded (delivered.json), and "
+              f"python -m runner sync {' '.join(args)} delivers the rest", file=sys.stderr, flush=True)
+        return stop.exit_code
+
+
+def _diff(args: List[str]) -> int:
+    from runner.track.diff import diff
+
+    return diff(args)
+
+
+SUBCOMMANDS = {"sync": _sync, "diff": _diff}  # `resume` is a sweep's own command again: it runs as one
+
+
 def main() -> None:
     """Console entry: pre-check, run (or sweep); exit non-zero if the job or any point of the sweep failed."""
     signals.install()
     logging.raiseExceptions = False  # a log file on a full disk: no traceback on the terminal for its handler
-    if sys.argv[1:2] == ["sync"]:
-        from runner.track.sync import sync
-
-        try:
-            sys.exit(sync(sys.argv[2:]))
-        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: what was delivered is recorded, the rest waits
-            stop = signals.stopped(exc)
-            print(f"error: sync stopped by {stop.name}; what it delivered is recorded (delivered.json), and "
-                  f"python -m runner sync {' '.join(sys.argv[2:])} delivers the rest", file=sys.stderr, flush=True)
-            sys.exit(stop.exit_code)
-    sys.argv = [sys.argv[0], *paired.rewrite(sys.argv[1:])]  # key=pair(...): paired sweep axes, in Hydra's grammar
-    if sys.argv[1:2] == ["resume"]:  # the sweep's own command again, in its folder
+    args = sys.argv[1:]
+    if args[:1] and args[0] in SUBCOMMANDS:
+        sys.exit(SUBCOMMANDS[args[0]](args[1:]))
+    args = paired.rewrite(args)  # key=pair(...): paired sweep axes, in Hydra's grammar
+    if args[:1] == ["resume"]:  # the sweep's own command again, in its folder
         from runner.launch.sweep.resume import resume_argv
 
-        sys.argv = [sys.argv[0], *resume_argv(sys.argv[2:])]
-    if sys.argv[1:2] == ["diff"]:
-        from runner.track.diff import diff
-
-        sys.exit(diff(sys.argv[2:]))
-    try:
-        if _shell_completion(sys.argv[1:]) or _help(sys.argv[1:]):
-            return
-    except BrokenPipeError:  # e.g. `--help | head`
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        args = resume_argv(args[1:])
+    sys.argv = [sys.argv[0], *args]  # what Hydra reads
+    if _answered_without_a_job(args):
         return
     try:
-        from runner.launch.processes.prewarm import prewarm_for
-
-        prewarm_for(sys.argv[1:])
-        error = _config_file_error(sys.argv[1:])
-        error, launcher = (error, []) if error else precheck(sys.argv[1:])
-        if error:
-            print(f"error: {redact_text(error)}", file=sys.stderr)
-            sys.exit(2)
-        sys.argv += launcher
-        _hold_named_run_folder(sys.argv[1:])
-        from runner.launch.job.driver import plan_sweep_together
-
-        plan_sweep_together(sys.argv[1:])  # a grid sweep of balanced plans: planned together first
-        _hydra_job()
+        _start(args)
     except SystemExit as exc:  # a failed single job, or a sweep with failed points (raised by its callback)
         if exc.code in (130, 143):  # a job of a sweep stopped (it said so): the sweep ends with it
             _end_sweep("SIGINT" if exc.code == 130 else "SIGTERM", said=True)
@@ -172,6 +164,35 @@ def main() -> None:
         if not _end_sweep(stop.name, said=False):
             say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
+
+
+def _answered_without_a_job(args: List[str]) -> bool:
+    """Shell completion and ``--help``: answered here, no job."""
+    try:
+        return _shell_completion(args) or _help(args)
+    except BrokenPipeError:  # e.g. `--help | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return True
+
+
+def _start(args: List[str]) -> None:
+    """The checks before anything starts (one line and exit 2 on a refusal), then Hydra's job or sweep."""
+    from runner.launch.processes.prewarm import prewarm_for
+
+    prewarm_for(args)
+    error = _config_file_error(args)
+    error, launcher = (error, []) if error else precheck(args)
+    if error:
+        print(f"error: {redact_text(error)}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv += launcher
+    _hold_named_run_folder(args)
+    from runner.launch.job.driver import plan_sweep_together
+
+    plan_sweep_together(sys.argv[1:])  # a grid sweep of balanced plans: planned together first
+    _hydra_job()
 
 
 def _config_file_error(args: List[str]) -> Optional[str]:

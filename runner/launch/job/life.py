@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.errors import TrackingError, WorkerFailure
 from runner.config.place import Place
@@ -33,6 +34,24 @@ if TYPE_CHECKING:
     from runner.launch.schedulers import Task
 
 
+@dataclass
+class _Job:
+    """What a job knows of itself as it goes: Hydra's facts, then where it runs (a scheduler's task may move its
+    run folder and adopt its place into a new, read-only config)."""
+
+    cfg: RunnerConfig
+    run_dir: Path
+    sweep_dir: Optional[Path]  # a sweep's point: its sweep folder
+    num: int
+    overrides: List[str]
+    task: Optional[Task] = None
+    place: Place = field(default_factory=lambda: Place("local"))
+
+    @property
+    def multirun(self) -> bool:
+        return self.sweep_dir is not None
+
+
 def run_job(cfg: RunnerConfig) -> Optional[float]:
     """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
     scheduler's task, a failed or stopped job also fails the scheduler's job (node k > 0 of a Slurm job keeps its
@@ -40,64 +59,78 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner.launch import schedulers
-
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    run_dir = Path(hc.runtime.output_dir).resolve()
+    job = _Job(cfg, Path(hc.runtime.output_dir).resolve(), Path(hc.sweep.dir).resolve() if multirun else None,
+               hc.job.num, list(hc.overrides.task))
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
-    task = None
-    sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
     try:
-        sweep_stop.check(sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
-        scheduler, task = schedulers.task_of(cfg)  # a scheduler's task: its node, rendezvous and run folder
-        elsewhere, place = False, Place(scheduler.name)
-        if task is not None:
-            run_dir, elsewhere, place = scheduler.take(cfg, run_dir, task)
-            cfg = place.applied(cfg)  # a new config, with where the task runs; Hydra's stays as composed
-        cfg = freeze(cfg)  # read-only from here, in this process, its agents and its workers
-        if elsewhere:  # a plan or data job runs in node 0's task only
+        sweep_stop.check(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
+        if not _take_place(job):  # a plan or data job runs in node 0's task only
             return None
-        if task is not None or not checked(list(hc.overrides.task)):
-            validate(cfg)  # once per job: with Slurm's values adopted, unless the pre-check validated this config
-        if multirun and (kept := _kept(cfg, run_dir, hc.job.num)) is not None:
+        if job.multirun and (kept := _kept(job.cfg, job.run_dir, job.num)) is not None:
             return kept.get("objective")  # a resumed sweep's point that has its answer: its record stays
-        results = _answer(cfg, run_dir, task, place) if multirun else _attempts(cfg, run_dir, task, place)
+        results = (_answer if job.multirun else _attempts)(job.cfg, job.run_dir, job.task, job.place)
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
-        started = (run_dir / rundir.RUN_INFO).exists()
-        outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {exc.reason}"), run_dir)
-        _say_progress(sweep_dir, hc.job.num, "stopped" if started else "not run")
-        return objective_value(cfg, None)
+        return _stopped(job, exc.reason)
     except KeyboardInterrupt as exc:
-        end = outcome.of_error(exc, cfg, run_dir)
-        outcome.record(end, run_dir)
-        resume = f"; resume the sweep: python -m runner resume {Path(hc.sweep.dir).resolve()}" if multirun else ""
-        say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({run_dir}){resume}")
+        end = outcome.of_error(exc, job.cfg, job.run_dir)
+        outcome.record(end, job.run_dir)
+        resume = f"; resume the sweep: python -m runner resume {job.sweep_dir}" if job.multirun else ""
+        say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({job.run_dir}){resume}")
         raise SystemExit(end.exit_code) from None
     except Exception as exc:
-        end = outcome.of_error(exc, cfg, run_dir)
-        if end.full_disk and multirun:  # every later point would fail too, so the sweep ends here
-            line = end_failed_sweep(end.line, Path(hc.sweep.dir).resolve())
-            outcome.record(outcome.Outcome("FAILED", line, exit_code=1), run_dir)
-            say_error(line)
-            raise SystemExit(1) from None
-        line = end.line
-        logging.getLogger("runner").error("job failed: %s", line, exc_info=True)  # to the run's log file
-        outcome.record(end, run_dir)
-        say_error(line)
-        if multirun:
-            assert sweep_dir is not None
-            sweep_stop.record_failure(sweep_dir, hc.job.num, line, cfg.sweep.max_failures)
-        if not multirun or task is not None:  # a scheduler's job fails with its run
-            raise SystemExit(1) from None
-        _say_progress(sweep_dir, hc.job.num, "failed (its line is above)")
-        return objective_value(cfg, None)  # the sweep goes on (a searching sweeper gets the worst value);
-        # its outcome is read from every point's status
-    value = objective_value(cfg, results)
-    outcome.record(outcome.finished(results), run_dir, objective=value)
-    if multirun:
-        _say_progress(sweep_dir, hc.job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
+        return _failed(job, exc)
+    value = objective_value(job.cfg, results)
+    outcome.record(outcome.finished(results), job.run_dir, objective=value)
+    if job.multirun:
+        _say_progress(job.sweep_dir, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
+
+
+def _take_place(job: _Job) -> bool:
+    """The job as a scheduler's task, where it has one (its node, rendezvous and run folder), its config read-only
+    from here and validated where the pre-check did not; False where this task runs none of it."""
+    from runner.launch import schedulers
+
+    scheduler, job.task = schedulers.task_of(job.cfg)
+    elsewhere, job.place = False, Place(scheduler.name)
+    if job.task is not None:
+        job.run_dir, elsewhere, job.place = scheduler.take(job.cfg, job.run_dir, job.task)
+        job.cfg = job.place.applied(job.cfg)  # a new config, with where the task runs; Hydra's stays as composed
+    job.cfg = freeze(job.cfg)  # read-only from here, in this process, its agents and its workers
+    if elsewhere:
+        return False
+    if job.task is not None or not checked(job.overrides):
+        validate(job.cfg)  # once per job: with the scheduler's values adopted, unless the pre-check validated it
+    return True
+
+
+def _stopped(job: _Job, reason: str) -> Optional[float]:
+    started = (job.run_dir / rundir.RUN_INFO).exists()
+    outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_dir)
+    _say_progress(job.sweep_dir, job.num, "stopped" if started else "not run")
+    return objective_value(job.cfg, None)
+
+
+def _failed(job: _Job, exc: Exception) -> Optional[float]:
+    """A failed job's outcome recorded and said; the sweep goes on (a searching sweeper gets the worst value), but
+    a full disk ends it, and a single job or a scheduler's task exits 1."""
+    end = outcome.of_error(exc, job.cfg, job.run_dir)
+    if end.full_disk and job.sweep_dir is not None:  # every later point would fail too, so the sweep ends here
+        line = end_failed_sweep(end.line, job.sweep_dir)
+        outcome.record(outcome.Outcome("FAILED", line, exit_code=1), job.run_dir)
+        say_error(line)
+        raise SystemExit(1) from None
+    logging.getLogger("runner").error("job failed: %s", end.line, exc_info=exc)  # to the run's log file
+    outcome.record(end, job.run_dir)
+    say_error(end.line)
+    if job.sweep_dir is not None:
+        sweep_stop.record_failure(job.sweep_dir, job.num, end.line, job.cfg.sweep.max_failures)
+    if job.sweep_dir is None or job.task is not None:  # a scheduler's job fails with its run
+        raise SystemExit(1) from None
+    _say_progress(job.sweep_dir, job.num, "failed (its line is above)")
+    return objective_value(job.cfg, None)  # its outcome is read from every point's status
 
 
 def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
