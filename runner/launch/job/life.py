@@ -62,7 +62,7 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     job = _Job(cfg, Path(hc.runtime.output_dir).resolve(), Path(hc.sweep.dir).resolve() if multirun else None,
-               hc.job.num, list(hc.overrides.task))
+               hc.job.num if multirun else 0, list(hc.overrides.task))  # a single run has no job number
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     try:
         sweep_stop.check(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
