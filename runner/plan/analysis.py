@@ -7,9 +7,7 @@ sends per step, split into traffic within its node and across nodes.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 ESTIMATES, CHART = "estimates.json", "plan.png"  # in a run's plan/ folder
 
@@ -138,56 +136,3 @@ def plan_metrics(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], t
     m["plan/max_intra_node_bytes"] = max(comms["intra_node_bytes"], default=0.0)
     m["plan/max_cross_node_bytes"] = max(comms["cross_node_bytes"], default=0.0)
     return m
-
-
-MAX_CHART_INCHES = 24  # a 128-rank chart 24 in wide, not 70 (an 8,000-pixel PNG took a second to write)
-MAX_RANK_TICKS = 32
-
-
-def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Any,
-          title: str) -> None:
-    """PNG: per-rank estimated memory, step time (by component) and traffic, side by side. Drawn on a bare
-    Agg figure with a fixed layout (no pyplot state, no layout search: a sweep draws one per point)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    xs = list(range(len(ranks)))
-    mem_key = "hbm_bytes" if device_type == "cuda" else "ddr_bytes"
-    fig = Figure(figsize=(max(9.0, min(0.5 * len(xs) + 6, MAX_CHART_INCHES)), 3.6))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
-    axes[0].bar(xs, [r[mem_key] / 2**30 for r in ranks], color="tab:blue")
-    axes[0].set_title(f"estimated {mem_key.split('_')[0].upper()} (GiB)")
-    bottom = [0.0] * len(xs)
-    for key, color in (("fwd_compute_ms", "tab:green"), ("fwd_comms_ms", "tab:orange"),
-                       ("bwd_compute_ms", "tab:olive"), ("bwd_comms_ms", "tab:red")):
-        vals = [r[key] for r in ranks]
-        axes[1].bar(xs, vals, bottom=bottom, color=color, label=key.replace("_ms", ""))
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    axes[1].set_title("estimated step time (ms)")
-    axes[1].legend(fontsize=7, loc="upper right")
-    axes[2].bar(xs, [b / 2**20 for b in comms["intra_node_bytes"]], label="within node", color="tab:cyan")
-    axes[2].bar(xs, [b / 2**20 for b in comms["cross_node_bytes"]], bottom=[
-        b / 2**20 for b in comms["intra_node_bytes"]], label="across nodes", color="tab:purple")
-    axes[2].set_title("estimated bytes sent per step (MiB)")
-    axes[2].legend(fontsize=7, loc="upper right")
-    for ax in axes:
-        ax.set_xlabel("rank")
-        ax.set_xticks(xs[::max(1, -(-len(xs) // MAX_RANK_TICKS))])  # a tick per rank up to 32 ranks
-    fig.suptitle(title, fontsize=9)
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.82, wspace=0.25)
-    fig.savefig(path, dpi=110)
-
-
-def draw_plan_chart(folder: Path) -> Optional[Path]:
-    """Render ``plan.png`` from the report's ``estimates.json`` in ``folder`` (matplotlib: about a second,
-    so the driver draws it while the workers train, never a rank); None when there are no estimates (no
-    plan, or a pinned plan without the planner's)."""
-    try:
-        found = json.loads((folder / ESTIMATES).read_text())
-    except (OSError, ValueError):
-        return None
-    if not found.get("estimated", True):  # a pinned plan: no estimates of the planner's to draw
-        return None
-    chart(found["per_rank"], found["comms_bytes_per_step"], found["device"], folder / CHART, found.get("title", ""))
-    return folder / CHART

@@ -34,3 +34,22 @@ def test_the_summary_is_what_the_per_rank_table_sums_to() -> None:
     assert f"Estimated step {ranks[critical]['total_ms']:.3f} ms, set by rank {critical} (node {critical // 8})" in text
     assert f"| total ms | {min(r['total_ms'] for r in ranks):.3f} |" in text
     assert "No per-rank estimates" in "\n".join(summary_markdown([], 8))
+
+
+def test_the_chart_reads_at_2048_ranks(tmp_path) -> None:
+    """Ticks at a round step, never more than 8 an axis, at any size; beyond 64 ranks one bar per node (its largest
+    memory and traffic, its busiest rank's step), so 2,048 ranks of 8 per node draw 256 bars."""
+    from runner.plan.chart import MAX_TICKS, by_node, chart, ticks
+
+    for count in (1, 6, 16, 63, 128, 1024, 2048, 5384):
+        marks = ticks(count)
+        assert marks[0] == 0 and marks[-1] < count and 1 <= len(marks) <= MAX_TICKS, count
+        assert len({b - a for a, b in zip(marks, marks[1:], strict=False)}) <= 1, count
+    ranks = [{"hbm_bytes": float(r % 8), "ddr_bytes": 0.0, "fwd_compute_ms": 1.0, "fwd_comms_ms": float(r % 8),
+              "bwd_compute_ms": 2.0, "bwd_comms_ms": 1.0, "total_ms": 4.0 + r % 8} for r in range(2048)]
+    comms = {"intra_node_bytes": [float(r) for r in range(2048)], "cross_node_bytes": [0.0] * 2048}
+    nodes, traffic = by_node(ranks, comms, 8, "hbm_bytes")
+    assert len(nodes) == 256 and all(n["hbm_bytes"] == 7.0 and n["fwd_comms_ms"] == 7.0 for n in nodes)
+    assert traffic["intra_node_bytes"][3] == 31.0
+    chart(ranks, comms, "cuda", tmp_path / "plan.png", "2048 ranks", local=8)
+    assert (tmp_path / "plan.png").stat().st_size > 10_000

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from runner.launch.job.outcome import Outcome, finished
-from runner.plan.analysis import CHART, ESTIMATES, draw_plan_chart
+from runner.plan.analysis import CHART, ESTIMATES
+from runner.plan.chart import draw_plan_chart
 from runner.runtime import rundir
 from runner.track.job_run import JobRun
 from runner.track.reporter import summary_line
