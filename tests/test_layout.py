@@ -171,9 +171,9 @@ def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
     (``launch.job.outcome``) and, for a point that never ran, the Slurm launcher; the plan chart is drawn by
     ``launch.job.end`` only, which alone ends a job's run, on the driver's path and under a plain torchrun alike."""
     assert _callers("record_status") == {"runner.launch.job.outcome", "runner.launch.schedulers.slurm_submit"}
-    # a job's run: ended by launch.job.end's end_run (driver, torchrun); store.end_run is what sync delivers for a
-    # run kept while the store was away, a sweep's parent and its stopped points, and a requeued attempt's run
-    assert _callers("end_run") == {"runner.launch.job.driver", "runner.launch.torchrun", "runner.track.sync",
-                                   "runner.launch.sweep.parent", "runner.track.job_run"}
+    # a job's run: ended by launch.job.end's end_job_run (driver, torchrun); store.end_run is what sync delivers for
+    # a run kept while the store was away, a sweep's parent and its stopped points, and a requeued attempt's run
+    assert _callers("end_job_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
+    assert _callers("end_run") == {"runner.track.sync", "runner.launch.sweep.parent", "runner.track.job_run"}
     assert _callers("draw_plan_chart") == {"runner.launch.job.end"}
     assert _callers("finish_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}

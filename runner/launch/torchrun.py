@@ -22,7 +22,7 @@ from runner.config.errors import ConfigError
 from runner.config.schema import load_resolved
 from runner.config.validation import validate
 from runner.launch.job import outcome
-from runner.launch.job.end import PlanChart, end_run, finish_run
+from runner.launch.job.end import PlanChart, end_job_run, finish_run
 from runner.launch.processes.supervisor import root_cause
 from runner.runtime import signals
 from runner.train.worker import run_guarded
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
             end = outcome.of_error(exc if stopped else root_cause(path.parent), cfg, path.parent, stop)
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
                 if run is not None:
-                    end_run(run, end)
+                    end_job_run(run, end)
                 outcome.record(end, path.parent)
         if not stopped:
             raise

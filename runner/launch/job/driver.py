@@ -23,7 +23,7 @@ from runner import STARTED
 from runner.config.place import Place
 from runner.launch import schedulers
 from runner.launch.job import outcome
-from runner.launch.job.end import PlanChart, end_run, finish_run
+from runner.launch.job.end import PlanChart, end_job_run, finish_run
 from runner.launch.job.mlflow_run import HydraJob, job_run
 from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
@@ -192,7 +192,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
-    end_run(run, outcome.finished(results))
+    end_job_run(run, outcome.finished(results))
     if cfg.sweep.verbose:  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return results
@@ -238,6 +238,6 @@ def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, place: Place) 
         end = outcome.of_error(exc, cfg, ctx.run_dir)
         if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
             run.ensure_on_record()
-        end_run(run, end)
+        end_job_run(run, end)
         raise
     return finish_run(run, chart, run.run_dir, results).results

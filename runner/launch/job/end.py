@@ -6,7 +6,7 @@ torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.run_life
 job with :func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
 last report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
 summary line printed; it returns the job's outcome. A failed or stopped job's run ends with its outcome's status
-and line through :func:`end_run`.
+and line through :func:`end_job_run`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, 
     return finished(results)
 
 
-def end_run(run: Holder, end: Outcome) -> bool:
+def end_job_run(run: Holder, end: Outcome) -> bool:
     """End the run of a job with its outcome's status and line (a failed or stopped job's, or a point answered
     by an earlier run); a store that fails here is said in a warning (the job's own outcome matters more). False
     when the ending is not in the store."""
