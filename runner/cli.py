@@ -206,8 +206,10 @@ def _config_file_error(args: List[str]) -> Optional[str]:
 
 def _hold_named_run_folder(args: List[str]) -> None:
     """A single job whose run folder the command names: one live job per folder (refused in one line, exit 2)."""
-    if any(a in ("-m", "--multirun") for a in args):
-        return
+    from runner.launch import schedulers
+
+    if any(a in ("-m", "--multirun") for a in args) or schedulers.in_a_task():
+        return  # a sweep's folder has its own lock; a job step's tasks share their run folder by design
     named = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     if not named or not named[-1]:
         return

@@ -74,3 +74,25 @@ def test_a_second_job_on_a_live_jobs_run_folder_is_refused_before_it_touches_any
         other.send_signal(signal.SIGKILL)
         other.wait(10)
     assert folder_lock.hold_run_folder(run) is None  # the holder is gone: taken over, silently
+
+
+def test_a_job_steps_tasks_share_their_named_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tasks of one scheduler job step (srun ... python -m runner hydra.run.dir=X) share X by design (node k > 0
+    keeps its files in node<k>/): a task is not refused while another task holds it."""
+    from runner.cli import _hold_named_run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = ("import sys, time; from pathlib import Path; from runner.runtime.folder_lock import hold_run_folder; "
+              "hold_run_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", holder, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit):  # not a task: refused, exit 2
+            _hold_named_run_folder([f"hydra.run.dir={run}"])
+        for key, value in {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2"}.items():
+            monkeypatch.setenv(key, value)
+        _hold_named_run_folder([f"hydra.run.dir={run}"])  # node 1's task of the same step: goes on
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(10)

@@ -147,3 +147,9 @@ def of_command(args: Sequence[str]) -> Scheduler:
 def run_folder_name() -> Optional[str]:
     """A single run's folder shared by every task of one job step, when this process is one (else None)."""
     return next((name for s in registered().values() if (name := s.run_folder_name())), None)
+
+
+def in_a_task() -> bool:
+    """Whether this process is one of a scheduler's tasks (its environment says so), whatever the config says."""
+    return any(s.has_tasks and s.task() is not None for s in registered().values())
+
