@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from runner.config.choices import one_of
+from runner.config.data_sources import NAMES as DATA_SOURCES
 from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE_NAMES
 
 
@@ -111,7 +112,7 @@ class PrecisionSchema:
 
 @dataclass
 class DataSchema:
-    name: str = one_of("synthetic", ("synthetic", "parquet", "criteo"))
+    name: str = one_of("synthetic", DATA_SOURCES)
     """Data source: ``synthetic`` (generated; learnable labels that depend on ids and dense features) |
     ``parquet`` (a folder of Parquet files) | ``criteo`` (Criteo click-log TSV files)."""
     path: Optional[str] = None

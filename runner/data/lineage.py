@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from runner.config.data_sources import SOURCES, part
 from runner.data.layout import layout
 
 if TYPE_CHECKING:
@@ -44,17 +45,20 @@ def _arrow_type(t: Any) -> str:
     return "binary"
 
 
-def _files(cfg: RunnerConfig, path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
-    """``(address, size, mtime ns)`` of each file at ``path``, and the columns (Parquet's schema)."""
-    if cfg.data.name == "parquet":
-        import pyarrow.parquet as pq
+def parquet_described(path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
+    """``(address, size, mtime ns)`` of each Parquet file at ``path``, and the columns of their schema."""
+    import pyarrow.parquet as pq
 
-        from runner.data.files import parquet_files
+    from runner.data.files import parquet_files
 
-        found = parquet_files(path)
-        schema = pq.read_schema(found[0].open()) if found else None
-        columns = [(f.name, _arrow_type(f.type)) for f in schema] if schema is not None else None
-        return [(f.uri, f.size, f.mtime_ns) for f in found], columns
+    found = parquet_files(path)
+    schema = pq.read_schema(found[0].open()) if found else None
+    columns = [(f.name, _arrow_type(f.type)) for f in schema] if schema is not None else None
+    return [(f.uri, f.size, f.mtime_ns) for f in found], columns
+
+
+def criteo_described(path: str) -> Tuple[List[Tuple[str, int, int]], Optional[List[Tuple[str, str]]]]:
+    """``(path, size, mtime ns)`` of each Criteo file at ``path`` (their columns are Criteo's layout)."""
     from runner.data.files import criteo_files
 
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in criteo_files(path)], None
@@ -63,17 +67,18 @@ def _files(cfg: RunnerConfig, path: str) -> Tuple[List[Tuple[str, int, int]], Op
 def datasets(cfg: RunnerConfig) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
-    d = cfg.data
-    if d.name == "synthetic":
+    d, spec = cfg.data, SOURCES[cfg.data.name]
+    if not spec.reads_files:
         settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": cfg.train.seed, "tasks": list(cfg.model.tasks),
                                                       "tables": [[t.name, t.num_embeddings] for t in _tables(cfg)]}
         multi = d.ids_per_feature > 1 or d.variable_lengths
-        return [{"name": f"synthetic-{split}", "source": "runner.data.synthetic", "context": split, "files": 0,
+        return [{"name": f"{d.name}-{split}", "source": spec.opens.split(":")[0], "context": split, "files": 0,
                  "settings": settings | {"split": split}, "digest": _digest(settings | {"split": split}),
                  "columns": _columns(cfg, multi)} for split in ("train", "eval")]
     out = []
     for context, path in (("train", str(d.path)), ("eval", str(d.eval_path or d.path))):
-        files, columns = _files(cfg, path)
+        assert spec.describes is not None
+        files, columns = part(spec.describes)(path)
         name = Path(str(path).split("://", 1)[-1].rstrip("/")).name or str(path)
         out.append({"name": name, "source": str(path), "digest": _digest(files), "columns": columns,
                     "context": context, "files": len(files)})

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
+from runner.config.data_sources import SOURCES
 from runner.data.sources import source
 from runner.runtime.affinity import gloo_loops, lower_gloo_loops
 
@@ -147,7 +148,7 @@ def batches_for(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, firs
     batches = source(cfg, rank, world, eval_split, first, num_batches)
     if pin:
         batches = _pinned(batches)
-    if cfg.data.name != "synthetic":  # synthetic sources have the same length on every rank; files may not
+    if SOURCES[cfg.data.name].reads_files:  # generated sources have the same length on every rank; files may not
         batches = AllRanksIterator(batches, "eval" if eval_split else "train",
                                    low_loops=cfg.cluster.gloo_loop_priority == "low")
     if not eval_split and cfg.data.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too

@@ -1,7 +1,8 @@
 """Which source a config names: checked before launch (one line when it cannot be read), opened per rank.
 
-Every source yields TorchRec ``Batch`` objects of ``samples_per_step`` rows for one rank: synthetic
-clicks (:mod:`.synthetic`), a folder of Parquet files (:mod:`.parquet`), Criteo click logs (:mod:`.criteo`).
+Every source yields TorchRec ``Batch`` objects of ``samples_per_step`` rows for one rank, opened as its declaration
+says (:mod:`runner.config.data_sources`): synthetic clicks (:mod:`.synthetic`), a folder of Parquet files
+(:mod:`.parquet`), Criteo click logs (:mod:`.criteo`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torchrec.datasets.utils import Batch
 
+from runner.config.data_sources import SOURCES, part
 from runner.config.schema import samples_per_step
-from runner.data.criteo import CriteoSource
 from runner.data.layout import layout
-from runner.data.parquet import ParquetSource
-from runner.data.synthetic import synthetic
 from runner.runtime.logfile import thread_errors_to_log
 
 if TYPE_CHECKING:
@@ -28,11 +27,12 @@ def source(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, start_bat
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
     d, lay, size = cfg.data, layout(cfg), samples_per_step(cfg)
-    if d.name == "synthetic":
-        return synthetic(cfg, size, num_batches or 0, rank, eval_split, start_batch)
+    spec = SOURCES[d.name]
+    if not spec.reads_files:
+        return part(spec.opens)(cfg, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
-    assert path is not None  # validation refuses parquet and criteo data without data.path
-    cls = ParquetSource if d.name == "parquet" else CriteoSource
+    assert path is not None  # the pre-launch check refuses file data without data.path
+    cls = part(spec.opens)
     workers = 0 if eval_split else d.num_workers
     ds = cls(path, lay, size, rank, world, workers, d.hash_ids, skip_batches=start_batch if workers == 0 else 0,
              max_batches=num_batches if workers == 0 else None,

@@ -57,10 +57,9 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
     """What can be refused before any worker starts (torch is imported only when it must be asked); the job's
     place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
     resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
-    if cfg.data.name != "synthetic":
-        from runner.data.checks import check_data
+    from runner.data.checks import check_data
 
-        check_data(cfg)
+    check_data(cfg)  # nothing for a generated source
     kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
     check_tf32(cfg.precision.tf32, kind)
     check_start_method(cfg.cluster.start_method, kind)
