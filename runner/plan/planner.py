@@ -186,6 +186,9 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     t0 = time.perf_counter()
     if cfg.sharding.plan:
         plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)
+        empty = empty_shard(plan, device_type)
+        if empty:
+            raise PlanError(empty)
         return plan, [], time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]
@@ -194,6 +197,8 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
+        if not isinstance(result[0], PlanError) and empty_shard(result[0], device_type):
+            result[0] = PlanError(str(empty_shard(result[0], device_type)))
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):
@@ -222,4 +227,22 @@ def plan_entries(best: List[ShardingOption]) -> Any:
     from runner.plan.torchrec_adapter.balanced import entries_of
 
     return entries_of(best)
+
+
+def empty_shard(plan: ShardingPlan, device_type: str) -> Optional[str]:
+    """On CPU workers, a table split by rows over more ranks than it has rows (a rank would hold an empty shard,
+    which FBGEMM's CPU kernels refuse at the first step), as one line; else None."""
+    if device_type != "cpu":
+        return None
+    for tables in plan.plan.values():
+        for name, ps in getattr(tables, "items", lambda: [])():
+            shards = ps.sharding_spec.shards if ps.sharding_spec is not None else []
+            empty = [m.placement.rank() for m in shards if m.shard_sizes[0] == 0 or m.shard_sizes[1] == 0]
+            if empty:
+                rows = sum(m.shard_sizes[0] for m in shards if m.shard_offsets[1] == 0)
+                return (f"table {name} ({rows} row(s)) is split over {len(shards)} shards ({ps.sharding_type}): rank "
+                        f"{empty[0]} would hold an empty shard, which FBGEMM's CPU kernels do not run; give it at "
+                        f"least {len(shards)} rows, or another sharding type (+sharding.constraints.{name}."
+                        "sharding_types=[table_wise])")
+    return None
 

@@ -221,3 +221,21 @@ def test_pinned_plan_keeps_cache_and_hbm_settings(tmp_path: Path) -> None:
                     again.output_dtype) == (ps.cache_params, ps.enforce_hbm, ps.stochastic_rounding,
                                             ps.bounds_check_mode, ps.output_dtype), table
     assert plan_to_dict(loaded, table_specs(cfg.model)) == as_dict
+
+
+def test_a_table_with_fewer_rows_than_its_row_shards_is_refused_on_cpu_in_one_line() -> None:
+    """Found by make fuzz-config: a 1-row table split row-wise over 2 CPU ranks left rank 1 an empty shard, and
+    FBGEMM's CPU kernel failed at the first step with an unexpected error. The plan is refused, naming the table
+    and what to do; on GPUs (where empty shards run) the same plan stands."""
+    from runner.config.errors import PlanError
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    for types in ("rowwise", "tablerowwise"):
+        cfg = cfg_for(f"sharding={types}", "model.tables=[{name:a,num_embeddings:1},{name:b,num_embeddings:100}]")
+        with pytest.raises(PlanError) as refused:
+            make_plan(cfg, planning_model(cfg), 2, 2, "cpu")
+        assert str(refused.value).startswith("table a (1 row(s)) is split over 2 shards (")
+        assert "+sharding.constraints.a.sharding_types=[table_wise]" in str(refused.value)
+    plan, *_ = make_plan(cfg, planning_model(cfg), 2, 2, "cuda")
+    assert plan.plan
