@@ -218,14 +218,12 @@ def _hold_named_run_folder(args: List[str]) -> None:
     from runner.runtime.folder_lock import FolderBusy, hold_run_folder
 
     try:
-        note = hold_run_folder(Path(named[-1].strip("'\"")).absolute())
+        hold_run_folder(Path(named[-1].strip("'\"")).absolute())
     except FolderBusy as exc:
         say_error(str(exc))
         sys.exit(2)
     except OSError:
-        return  # a folder that cannot be made: the job's own checks say why
-    if note:
-        print(note, flush=True)
+        pass  # a folder that cannot be made: the job's own checks say why
 
 
 def _end_sweep(signame: str, said: bool) -> bool:

@@ -10,9 +10,8 @@ its test (docs/architecture.md).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -35,12 +34,6 @@ class DataSource:
     @property
     def reads_files(self) -> bool:
         return self.lists is not None
-
-
-def part(spec: str) -> Any:
-    """The function or class a ``module:name`` string declares."""
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 _DATA = "runner.data."

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Tuple
 
-from runner.config.data_sources import SOURCES, part
+from runner.config.data_sources import SOURCES
 from runner.config.errors import ConfigError, DataError, first_line
+from runner.config.parts import part
 from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, criteo_files, parquet_files
 from runner.data.layout import layout
 

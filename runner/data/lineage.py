@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from runner.config.data_sources import SOURCES, part
+from runner.config.data_sources import SOURCES
+from runner.config.parts import part
 from runner.data.layout import layout
 
 if TYPE_CHECKING:

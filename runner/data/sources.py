@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torchrec.datasets.utils import Batch
 
-from runner.config.data_sources import SOURCES, part
+from runner.config.data_sources import SOURCES
+from runner.config.parts import part
 from runner.config.schema import samples_per_step
 from runner.data.layout import layout
 from runner.runtime.logfile import thread_errors_to_log

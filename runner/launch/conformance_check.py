@@ -27,16 +27,14 @@ _PROPOSED = {"dynamic_programming": (), "greedy": (), "grid_search": ("model.gen
 
 
 def _compose(*overrides: str) -> Any:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose
 
     from runner.config.schema import register_schemas
     from runner.config.validation import validate
-    from runner.launch.sweep.precheck import CONF_DIR
+    from runner.launch.sweep.precheck import hydra_conf
 
     register_schemas()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with hydra_conf():
         cfg = compose(config_name="config", overrides=list(overrides))
     validate(cast(Any, cfg))
     return cfg

@@ -197,8 +197,9 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
-        if not isinstance(result[0], PlanError) and empty_shard(result[0], device_type):
-            result[0] = PlanError(str(empty_shard(result[0], device_type)))
+        empty = None if isinstance(result[0], PlanError) else empty_shard(result[0], device_type)
+        if empty:
+            result[0] = PlanError(empty)
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)
     if isinstance(result[0], PlanError):
@@ -235,7 +236,7 @@ def empty_shard(plan: ShardingPlan, device_type: str) -> Optional[str]:
     if device_type != "cpu":
         return None
     for tables in plan.plan.values():
-        for name, ps in getattr(tables, "items", lambda: [])():
+        for name, ps in tables.items():
             shards = ps.sharding_spec.shards if ps.sharding_spec is not None else []
             empty = [m.placement.rank() for m in shards if m.shard_sizes[0] == 0 or m.shard_sizes[1] == 0]
             if empty:

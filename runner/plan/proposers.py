@@ -4,7 +4,6 @@ TorchRec's stock planner (public classes only)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Callable, Dict
 
 from torchrec.distributed.planner.proposers import (
@@ -15,6 +14,7 @@ from torchrec.distributed.planner.proposers import (
 )
 
 from runner.config.errors import ConfigError
+from runner.config.parts import part
 from runner.config.proposers import PROPOSERS, Proposer
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ def build_proposer(sharding: ShardingSchema, device_type: str, world_size: int) 
                           "another proposer on CPU workers (it bins HBM, which they do not have)")
     if spec.builds is None:
         return None
-    module, function = spec.builds.split(":")
-    return getattr(importlib.import_module(module), function)(sharding, device_type, world_size)
+    return part(spec.builds)(sharding, device_type, world_size)
 
 
 def stock_proposer(sharding: ShardingSchema) -> Any:

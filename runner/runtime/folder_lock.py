@@ -51,11 +51,12 @@ def _run_of(folder: Path) -> str:
         return ""
 
 
-def hold_run_folder(folder: Path) -> Optional[str]:
+def hold_run_folder(folder: Path) -> None:
     """A single job's run folder named on the command line (``hydra.run.dir``): taken before Hydra writes into it,
-    for the job's life, so that a second job on it is refused before it touches anything of the first's."""
+    for the job's life, so that a second job on it is refused before it touches anything of the first's (one whose
+    holder is gone is taken over silently)."""
     folder.mkdir(parents=True, exist_ok=True)
-    return hold(folder, "run")
+    hold(folder, "run")
 
 
 def hold(folder: Path, kind: str = "sweep") -> Optional[str]:

@@ -234,10 +234,9 @@ def against_estimates(per_rank: List[Dict[str, Any]], plan: Dict[str, float], sh
              "the rest of the measured step is the dense part, the optimizer and the input):",
              "  rank   step  emb fwd | est fwd  est step"]
     for r in sorted(order):
-        est_fwd = (plan.get(f"plan/rank{r}/fwd_compute_ms") or 0.0) + (plan.get(f"plan/rank{r}/fwd_comms_ms") or 0.0)
+        fwd = [plan.get(f"plan/rank{r}/{k}") for k in ("fwd_compute_ms", "fwd_comms_ms")]
         lines.append(f"  {r:>4} {ms(per_rank[r]['step_ms']):>7} {ms(per_rank[r].get('embedding_fwd_ms')):>8} | "
-                     f"{ms(est_fwd if f'plan/rank{r}/fwd_compute_ms' in plan else None):>7} "
-                     f"{ms(plan.get(f'plan/rank{r}/total_ms')):>9}")
+                     f"{ms(None if None in fwd else sum(fwd)):>7} {ms(plan.get(f'plan/rank{r}/total_ms')):>9}")
     if len(per_rank) > shown:
         lines.append(f"  ({shown} busiest of {len(per_rank)} ranks; every rank in measured.json and the MLflow run)")
     return "\n".join(lines)

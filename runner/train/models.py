@@ -171,15 +171,12 @@ def build_dnn(m: ModelSchema, ebc: EmbeddingBagCollection, dense_in: int, dense_
 def build_model(cfg: RunnerConfig, dense_device: torch.device) -> nn.Module:
     """The model with its loss, by its family's declaration (:mod:`runner.config.model_families`); embeddings on
     meta (never allocated whole), dense part on ``dense_device``."""
-    import importlib
-
     from runner.config.model_families import FAMILIES
+    from runner.config.parts import part
 
     ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
                                  device=torch.device("meta"))
-    module, function = FAMILIES[cfg.model.family].builds.split(":")
-    return getattr(importlib.import_module(module), function)(cfg.model, ebc, cfg.data.num_dense_features,
-                                                              dense_device)
+    return part(FAMILIES[cfg.model.family].builds)(cfg.model, ebc, cfg.data.num_dense_features, dense_device)
 
 
 def planning_model(cfg: RunnerConfig) -> nn.Module:

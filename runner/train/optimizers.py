@@ -7,16 +7,15 @@ the training pipeline's ``step()`` clips first. Learning rates follow a schedule
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Tuple
 
 import torch
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE
+from runner.config.parts import part
 
 if TYPE_CHECKING:
     from runner.config.schema_training import ClipSchema, OptimizerSchema, ScheduleSchema
@@ -98,13 +97,7 @@ def lr_factor(s: ScheduleSchema, step: int, total: int) -> float:
     ``s.name`` declares (:mod:`runner.config.optimizer_kinds`)."""
     if s.warmup_steps and step <= s.warmup_steps:
         return step / s.warmup_steps
-    return float(_schedule(s.name)(s, step, step - s.warmup_steps, max(total - s.warmup_steps, 1)))
-
-
-@functools.lru_cache(maxsize=None)
-def _schedule(name: str) -> Callable[[ScheduleSchema, int, int, int], float]:
-    module, function = SCHEDULES[name].factor.split(":")
-    return getattr(importlib.import_module(module), function)
+    return float(part(SCHEDULES[s.name].factor)(s, step, step - s.warmup_steps, max(total - s.warmup_steps, 1)))
 
 
 def constant_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:

@@ -103,10 +103,8 @@ def missing() -> List[str]:
         except (ImportError, AttributeError):
             gone.append(path)
             continue
-        set_there = _set_by(cls) | {n for n in names if hasattr(cls, n)}
-        gone += [f"{path}.{n}" for n in names if n not in set_there
-                 and not hasattr(cls, ALTERNATIVES.get(f"{path}.{n}", n))
-                 and ALTERNATIVES.get(f"{path}.{n}", n) not in set_there]
+        present = _set_by(cls) | set(dir(cls))
+        gone += [f"{path}.{n}" for n in names if not {n, ALTERNATIVES.get(f"{path}.{n}", n)} & present]
     for module, names in MODULE_NAMES.items():
         try:
             found = importlib.import_module(module)
