@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+import numpy as np
+
 ESTIMATES, CHART = "estimates.json", "plan.png"  # in a run's plan/ folder
 
 COLLECTIVES = {
@@ -47,45 +49,67 @@ def per_rank_estimates(best_plan: List[Any], world: int) -> List[Dict[str, float
 
 
 class _Traffic:
+    """Bytes each rank sends per step, within its node and across nodes, summed in bulk: a collective adds
+    its senders' counts per destination node instead of one entry per pair of ranks (1,024 ranks: a million
+    pairs per row-wise table otherwise)."""
+
     def __init__(self, world: int, local: int) -> None:
         self.world, self.local = world, local
-        self.intra = [0.0] * world
-        self.cross = [0.0] * world
+        self.node = np.arange(world) // local
+        self.node_size = np.bincount(self.node)
+        self.everyone = np.arange(world)
+        self.intra, self.cross = np.zeros(world), np.zeros(world)
+        self._into = np.zeros(world)  # bytes every other rank sends to each rank
 
-    def send(self, src: int, dst: int, nbytes: float) -> None:
-        if src == dst:
-            return
-        if src // self.local == dst // self.local:
-            self.intra[src] += nbytes
+    def all_send_to(self, dsts: List[int], nbytes: float) -> None:
+        """Every rank sends ``nbytes`` to each of ``dsts`` (distinct), none to itself."""
+        if len(dsts) == 1:
+            self._into[dsts[0]] += nbytes
         else:
-            self.cross[src] += nbytes
+            self._into[dsts] += nbytes
 
-    def to_all(self, src: int, dsts: List[int], nbytes_each: float) -> None:
-        for d in dsts:
-            self.send(src, d, nbytes_each)
+    def send_to(self, srcs: List[int], dsts: Any, nbytes: float) -> None:
+        """Each of ``srcs`` (distinct) sends ``nbytes`` to each of ``dsts`` (distinct, or :attr:`everyone`), none
+        to itself."""
+        srcs_in: Any = 1  # each source is one of the destinations (then it sends to one fewer)
+        if dsts is self.everyone:
+            per_node, count = self.node_size, self.world
+        else:
+            per_node, count = np.bincount(self.node[dsts], minlength=len(self.node_size)), len(dsts)
+            srcs_in = np.isin(srcs, dsts)
+        same = per_node[self.node[srcs]]
+        self.intra[srcs] += nbytes * (same - srcs_in)
+        self.cross[srcs] += nbytes * (count - same)
+
+    def ring(self, nbytes: float) -> None:
+        """Rank r sends ``nbytes`` to rank r + 1 (the last to the first)."""
+        after = (self.everyone + 1) % self.world
+        same = self.node == self.node[after]
+        self.intra += np.where(same & (after != self.everyone), nbytes, 0.0)
+        self.cross += np.where(same, 0.0, nbytes)
+
+    def totals(self) -> Dict[str, List[float]]:
+        into_node = np.bincount(self.node, weights=self._into, minlength=len(self.node_size))
+        intra = self.intra + into_node[self.node] - self._into
+        cross = self.cross + (into_node.sum() - into_node[self.node])
+        return {"intra_node_bytes": intra.tolist(), "cross_node_bytes": cross.tolist()}
 
 
 def _lookup_traffic(t: _Traffic, owners: List[int], width: int, batch: int, pooling: float) -> None:
     """Table-wise style: every rank sends its ids to each owner; owners return B x width values."""
-    everyone = list(range(t.world))
-    for owner in owners:
-        for r in everyone:
-            t.send(r, owner, batch * pooling * ID_BYTES)  # ids in
-            t.send(r, owner, batch * width * VALUE_BYTES)  # gradients back
-        t.to_all(owner, everyone, batch * width * VALUE_BYTES)  # pooled embeddings out
+    t.all_send_to(owners, batch * pooling * ID_BYTES + batch * width * VALUE_BYTES)  # ids in, gradients back
+    t.send_to(owners, t.everyone, batch * width * VALUE_BYTES)  # pooled embeddings out
 
 
 def _row_traffic(t: _Traffic, owners: List[int], width: int, batch: int, pooling: float) -> None:
     """Row-wise style over ``owners``: ids bucketised to every owner, partial sums reduce-scattered."""
-    everyone = list(range(t.world))
     n = len(owners)
-    for r in everyone:
-        t.to_all(r, owners, batch * pooling * ID_BYTES / n)
-    for owner in owners:  # reduce-scatter of (world x batch) partial sums among owners, then to the rest
-        t.to_all(owner, owners, t.world * batch * width * VALUE_BYTES / n)
-        t.to_all(owner, [r for r in everyone if r not in owners], batch * width * VALUE_BYTES / n)
-        for r in everyone:  # gradients back (all-gather) mirror the forward
-            t.send(r, owner, batch * width * VALUE_BYTES / n)
+    others = np.setdiff1d(t.everyone, owners)
+    # ids in; gradients back (all-gather, mirroring the forward)
+    t.all_send_to(owners, batch * pooling * ID_BYTES / n + batch * width * VALUE_BYTES / n)
+    # reduce-scatter of (world x batch) partial sums among owners, then to the rest
+    t.send_to(owners, owners, t.world * batch * width * VALUE_BYTES / n)
+    t.send_to(owners, others, batch * width * VALUE_BYTES / n)
 
 
 def comms_per_rank(plan_dict: Dict[str, Dict[str, Any]], world: int, local: int, batch: int,
@@ -95,10 +119,8 @@ def comms_per_rank(plan_dict: Dict[str, Dict[str, Any]], world: int, local: int,
     for tables in plan_dict.values():
         for name, p in tables.items():
             kind, shards, pf = p["sharding_type"], p["shards"], pooling.get(name, 1.0)
-            if kind == "data_parallel":
-                size = p.get("rows", 0) * p.get("dim", 0) * VALUE_BYTES
-                for r in range(world):  # ring all-reduce: 2 (W-1)/W of the table to the next rank
-                    t.send(r, (r + 1) % world, 2 * (world - 1) / world * size)
+            if kind == "data_parallel":  # ring all-reduce: 2 (W-1)/W of the table to the next rank
+                t.ring(2 * (world - 1) / world * p.get("rows", 0) * p.get("dim", 0) * VALUE_BYTES)
                 continue
             by_columns: Dict[int, List[Dict[str, Any]]] = {}
             for s in shards:
@@ -110,7 +132,7 @@ def comms_per_rank(plan_dict: Dict[str, Dict[str, Any]], world: int, local: int,
                     _row_traffic(t, owners, width, batch, pf)
                 else:
                     _lookup_traffic(t, owners, width, batch, pf)
-    return {"intra_node_bytes": t.intra, "cross_node_bytes": t.cross}
+    return t.totals()
 
 
 def _imbalance(values: List[float]) -> float:

@@ -125,3 +125,30 @@ def test_a_mid_size_plan_holds_little_memory_and_is_valid(tmp_path: Path) -> Non
         assert [s.placement.rank() for s in placed[option.name].sharding_spec.shards] == \
                [s.rank for s in option.shards]
     assert np.isfinite(facts["lower_bound_ms"])
+
+
+def test_the_even_row_wise_split_equals_torchrecs_at_many_sizes() -> None:
+    """The compact row-wise split (no per-rank list) against TorchRec's own call: every rank's size and offset,
+    at table heights around, below and far above the world size (empty ranks, a short last rank, even splits)."""
+    import random
+
+    import torch
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    from runner.plan.torchrec_adapter.compact_enumeration import even_row_wise
+
+    rng = random.Random(7)
+    points = [(rows, world) for world in (1, 2, 3, 7, 8, 16, 24) for rows in range(1, 3 * world + 3)]
+    points += [(rng.randint(1, 10**9), rng.choice((64, 1000, 1024, 2048))) for _ in range(200)]
+    for rows, world in points:
+        args = dict(tensor=torch.empty(rows, 16, device="meta"), world_size=world, local_world_size=8,
+                    sharding_type="row_wise", col_wise_shard_dim=None, device_memory_sizes=None)
+        found = even_row_wise(args)
+        assert found is not None
+        sizes, offsets = calculate_shard_sizes_and_offsets(**args)
+        distinct, first, index = found
+        assert [distinct[i] for i in index] == sizes, (rows, world)
+        for i, offset in enumerate(first):
+            assert offset == offsets[int(np.flatnonzero(index == i)[0])], (rows, world)
+        assert len(distinct) == len({tuple(s) for s in sizes}), (rows, world)
+    assert even_row_wise({**args, "sharding_type": "table_row_wise"}) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -239,3 +240,66 @@ def test_a_table_with_fewer_rows_than_its_row_shards_is_refused_on_cpu_in_one_li
         assert "+sharding.constraints.a.sharding_types=[table_wise]" in str(refused.value)
     plan, *_ = make_plan(cfg, planning_model(cfg), 2, 2, "cuda")
     assert plan.plan
+
+
+def _pairwise_comms(plan: Dict[str, Any], world: int, local: int, batch: int) -> Dict[str, List[float]]:
+    """The traffic model, one send per pair of ranks (the reference the bulk sums must equal)."""
+    intra, cross = [0.0] * world, [0.0] * world
+
+    def send(src: int, dst: int, n: float) -> None:
+        if src != dst:
+            (intra if src // local == dst // local else cross)[src] += n
+
+    for tables in plan.values():
+        for p in tables.values():
+            if p["sharding_type"] == "data_parallel":
+                for r in range(world):
+                    send(r, (r + 1) % world, 2 * (world - 1) / world * p["rows"] * p["dim"] * 4)
+                continue
+            cols: Dict[int, List[Dict[str, Any]]] = {}
+            for s in p["shards"]:
+                cols.setdefault(s["offsets"][1], []).append(s)
+            for shards in cols.values():
+                owners, width = sorted({s["rank"] for s in shards}), shards[0]["sizes"][1]
+                if p["sharding_type"] in ("row_wise", "table_row_wise"):
+                    n = len(owners)
+                    for r in range(world):
+                        for o in owners:
+                            send(r, o, batch * 8 / n)
+                    for o in owners:
+                        for d in range(world):
+                            send(o, d, (world if d in owners else 1) * batch * width * 4 / n)
+                            send(d, o, batch * width * 4 / n)
+                else:
+                    for o in owners:
+                        for r in range(world):
+                            send(r, o, batch * 8)
+                            send(r, o, batch * width * 4)
+                            send(o, r, batch * width * 4)
+    return {"intra_node_bytes": intra, "cross_node_bytes": cross}
+
+
+def test_the_traffic_sums_equal_one_send_per_pair_of_ranks() -> None:
+    """comms_per_rank's bulk sums against the pairwise model, on random plans of every traffic pattern."""
+    import random
+
+    rng = random.Random(3)
+    for world, local in ((1, 1), (4, 2), (8, 8), (24, 8), (32, 4)):
+        tables = {}
+        for i in range(30):
+            kind = rng.choice(["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"])
+            width = rng.choice([16, 32, 64])
+            if kind == "row_wise":
+                ranks = list(range(world))
+            elif kind == "table_row_wise":
+                node = rng.randrange(world // local)
+                ranks = list(range(node * local, (node + 1) * local))
+            else:
+                ranks = [rng.randrange(world) for _ in range(1 if kind == "table_wise" else 2)]
+            shards = [{"rank": r, "sizes": [10, width], "offsets": [0, j * width if kind == "column_wise" else 0]}
+                      for j, r in enumerate(ranks)]
+            tables[f"t{i}"] = {"sharding_type": kind, "shards": shards, "rows": 100 + i, "dim": width}
+        plan = {"ebc": tables}
+        bulk, pairs = comms_per_rank(plan, world, local, 64, {}), _pairwise_comms(plan, world, local, 64)
+        for key in pairs:
+            assert bulk[key] == pytest.approx(pairs[key], rel=1e-12, abs=1e-6), (world, local, key)

@@ -81,9 +81,21 @@ def _kind(option: ShardingOption) -> Optional[int]:
     return kind
 
 
+_LAST_PROBLEM: List[Any] = []  # [search space, reserved topology, their problem_of], the latest only
+
+
 def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[Problem, List[List[ShardingOption]]]:
     """The search's numbers for TorchRec's options and reserved devices, and the options per table in the
-    problem's order (tables in first-seen order, options as enumerated)."""
+    problem's order (tables in first-seen order, options as enumerated). The latest is kept: the same options
+    and devices (the same objects, as the search and then the plan's bound ask) get it again."""
+    if _LAST_PROBLEM and _LAST_PROBLEM[0] is search_space and _LAST_PROBLEM[1] is reserved:
+        return _LAST_PROBLEM[2]  # type: ignore[no-any-return]
+    _LAST_PROBLEM[:] = [search_space, reserved, _problem_of(search_space, reserved)]
+    return _LAST_PROBLEM[2]  # type: ignore[no-any-return]
+
+
+def _problem_of(search_space: List[ShardingOption], reserved: Topology
+                ) -> Tuple[Problem, List[List[ShardingOption]]]:
     by_table: Dict[str, List[ShardingOption]] = {}
     for option in search_space:
         if _kind(option) is not None:

@@ -33,9 +33,10 @@ def _placeable(problem: Problem) -> List[List[int]]:
     return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
 
 
-def simple_bound(problem: Problem) -> float:
-    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options."""
-    kept = _placeable(problem)
+def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
+    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options (``kept``:
+    :func:`_placeable`, where the caller has it)."""
+    kept = _placeable(problem) if kept is None else kept
     if any(not k for k in kept):
         return float("nan")
     total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
@@ -43,12 +44,12 @@ def simple_bound(problem: Problem) -> float:
     return max(total / problem.world, largest)
 
 
-def lp_bound(problem: Problem) -> float:
+def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
     """The LP relaxation's optimum (see the module doc), or nan where the solver gives none."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    kept = _placeable(problem)
+    kept = _placeable(problem) if kept is None else kept
     if any(not k for k in kept):
         return float("nan")
     cols = [(t, o) for t, k in enumerate(kept) for o in k]
@@ -99,8 +100,9 @@ def lp_bound(problem: Problem) -> float:
 
 def lower_bound(problem: Problem) -> float:
     """The larger of :func:`simple_bound` and :func:`lp_bound` (nan where no option of a table fits)."""
-    simple = simple_bound(problem)
-    lp = lp_bound(problem)
+    kept = _placeable(problem)
+    simple = simple_bound(problem, kept)
+    lp = lp_bound(problem, kept)
     return simple if lp != lp else max(simple, lp)
 
 

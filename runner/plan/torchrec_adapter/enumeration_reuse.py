@@ -25,7 +25,12 @@ from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.config import roles
-from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimate_in_chunks, estimator_input
+from runner.plan.torchrec_adapter.compact_enumeration import (
+    CompactEnumerator,
+    estimate_in_chunks,
+    estimator_input,
+    search_space_kept,
+)
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -81,10 +86,9 @@ class ReusingEnumerator(CompactEnumerator):
             return self._hand_out(exact, module, sharders)
         near = _OPTIONS.get(self._key)
         if near is None:
-            options = super().enumerate(module, sharders)
-            # TorchRec's enumerate keeps its own copy of what it returns: kept here, not copied again
-            _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (self._last_stored_search_space, self._sharder_map,
-                                                            estimator_input(self))
+            with search_space_kept():  # what it returns is what it keeps: handed out as it is (below)
+                options = super().enumerate(module, sharders)
+            _OPTIONS[self._key] = _OPTIONS[self._bw_key] = (options, self._sharder_map, estimator_input(self))
             return options
         options = copy.deepcopy(near[0])
         perf = [e for e in self._estimators if "Storage" not in type(e).__name__]  # storage is the same
