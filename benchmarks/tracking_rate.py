@@ -93,19 +93,19 @@ def driver_path(uri: str, data: list, folder: Path) -> Tuple[float, float, int]:
 
 def torchrun_path(uri: str, data: list, folder: Path) -> Tuple[float, float, int]:
     from runner.track.events import EventLog, EventPump
-    from runner.track.run_life import RunLife
+    from runner.track.mlflow_run import MlflowRun
 
     run_id = new_run(uri, "torchrun")
-    life = RunLife(folder, uri)  # as rank 0's process runs it: the pump in a thread every 2 s while it reports
-    life.run_id, life.pump = run_id, EventPump(folder / "events.jsonl", uri, run_id, say=lambda s: None)
-    life.deliver_every(2.0)
+    run = MlflowRun(folder, uri)  # as rank 0's process runs it: the pump in a thread every 2 s while it reports
+    run.run_id, run.pump = run_id, EventPump(folder / "events.jsonl", uri, run_id, say=lambda s: None)
+    run.deliver_every(2.0)
     log = EventLog(folder / "events.jsonl")
     t0 = time.perf_counter()
     for step, values in data:
         log.metrics(values, step)
     rank0 = time.perf_counter() - t0
     log.close()
-    assert life.end("FINISHED"), "the store refused the backlog"
+    assert run.end("FINISHED"), "the store refused the backlog"
     return time.perf_counter() - t0, rank0, lost(uri, run_id, data, {})
 
 

@@ -18,7 +18,7 @@ from runner import PROJECT_ROOT
 from runner.config import paired
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
-from runner.launch.job.life import say_error
+from runner.launch.job.run_job import say_error
 from runner.launch.sweep.precheck import CONF_DIR, hydra_conf, precheck
 from runner.runtime import signals
 
@@ -44,8 +44,8 @@ register_schemas()
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_job(cfg: DictConfig) -> Optional[float]:
-    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.life.run_job`."""
-    from runner.launch.job.life import run_job
+    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.run_job.run_job`."""
+    from runner.launch.job.run_job import run_job
 
     return run_job(cast("RunnerConfig", cfg))  # the schema-typed config Hydra composed
 

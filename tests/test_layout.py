@@ -174,6 +174,21 @@ def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
     # a job's run: ended by launch.job.end's end_job_run (driver, torchrun); store.end_run is what sync delivers for
     # a run kept while the store was away, a sweep's parent and its stopped points, and a requeued attempt's run
     assert _callers("end_job_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
-    assert _callers("end_run") == {"runner.track.sync", "runner.launch.sweep.parent", "runner.track.job_run"}
+    assert _callers("end_run") == {"runner.track.sync", "runner.launch.sweep.parent", "runner.track.driver_run"}
     assert _callers("draw_plan_chart") == {"runner.launch.job.end"}
     assert _callers("finish_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
+
+
+SAME_ROLE = {"main": "a module's command-line entry", "build": "a proposer's builder, named by its declaration"}
+
+
+def test_no_two_functions_of_the_package_share_a_name() -> None:
+    """One name, one function: a public module-level function's name is used by no other module of the package,
+    except the names in ``SAME_ROLE``, which every module defining one uses for the same role."""
+    found: Dict[str, Set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                found.setdefault(node.name, set()).add(_module(path))
+    shared = {name: sorted(modules) for name, modules in found.items() if len(modules) > 1 and name not in SAME_ROLE}
+    assert not shared, shared

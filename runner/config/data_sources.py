@@ -46,7 +46,7 @@ SOURCES: Dict[str, DataSource] = {s.name: s for s in (
                describes=_DATA + "lineage:parquet_described"),
     DataSource("criteo", "Criteo click-log TSV files", _DATA + "criteo:CriteoSource",
                lists=_DATA + "files:criteo_files",
-               checks=(_DATA + "checks:criteo_lines", _DATA + "checks:criteo_model"),
+               checks=(_DATA + "checks:criteo_layout", _DATA + "checks:criteo_model"),
                describes=_DATA + "lineage:criteo_described"),
 )}
 NAMES = tuple(SOURCES)

@@ -62,7 +62,7 @@ def parquet_columns(cfg: RunnerConfig) -> None:
                           f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
 
 
-def criteo_lines(cfg: RunnerConfig) -> None:
+def criteo_layout(cfg: RunnerConfig) -> None:
     """Not every file empty, and a first line of Criteo's 40 fields."""
     for key, value in _paths(cfg):
         files = criteo_files(value)

@@ -4,7 +4,7 @@ TorchRec scripts know.
 ``torchrun --standalone --nproc_per_node=2 -m runner.launch.torchrun resolved.yaml`` (a config from
 ``python -m runner ... --cfg job --resolve``, or a run folder's ``resolved.yaml``): each rank runs as the
 runner's own workers do (:func:`runner.train.worker.run_guarded`); results go to the config file's folder.
-With no driver, rank 0's process holds the job's MLflow run (:func:`runner.track.run_life.torchrun_run`) and
+With no driver, rank 0's process holds the job's MLflow run (:func:`runner.track.mlflow_run.torchrun_run`) and
 ends it as the driver does (:mod:`runner.launch.job.end`), from the job's outcome as the driver computes it
 (:mod:`runner.launch.job.outcome`; the failure named by the earliest rank's recorded error), which it also
 records in ``status.json``.
@@ -28,7 +28,7 @@ from runner.runtime import signals
 from runner.train.worker import run_guarded
 
 if TYPE_CHECKING:
-    from runner.track.run_life import RunLife
+    from runner.track.mlflow_run import MlflowRun
 
 
 def main(argv: list[str]) -> int:
@@ -44,9 +44,9 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
-    from runner.track.run_life import torchrun_run
+    from runner.track.mlflow_run import torchrun_run
 
-    run: Optional[RunLife] = None  # rank 0's, once opened
+    run: Optional[MlflowRun] = None  # rank 0's, once opened
 
     def open_run() -> None:  # with the process group up: if the store refuses, every peer fails at once
         nonlocal run

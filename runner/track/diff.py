@@ -90,7 +90,7 @@ def from_run_id(uri: str, run_id: str) -> RunView:
     return RunView(f"{run.info.run_name} ({run_id})", dict(run.data.params), plan, dict(run.data.metrics))
 
 
-def resolve(arg: str, uri: str) -> RunView:
+def run_view(arg: str, uri: str) -> RunView:
     path = Path(arg)
     return from_folder(path.resolve()) if path.is_dir() else from_run_id(uri, arg)
 
@@ -138,7 +138,7 @@ def diff(args: List[str]) -> int:
         return 2
     uri = store.tracking_uri(None)
     try:
-        a, b = (resolve(arg, uri) for arg in args)
+        a, b = (run_view(arg, uri) for arg in args)
     except DiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

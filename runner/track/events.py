@@ -4,7 +4,7 @@ With a driver (``python -m runner``), rank 0 appends each report as one JSON lin
 ``events.jsonl`` (:class:`EventLog`: microseconds a step) and the driver, idle meanwhile, writes the new
 lines to the store every few seconds and once more at the end (:class:`EventPump`). Under an external
 ``torchrun``, with no driver, rank 0's own process runs the pump from a thread
-(:func:`runner.track.run_life.torchrun_run`).
+(:func:`runner.track.mlflow_run.torchrun_run`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class _Silent:
 
 class Reporter:
     """Rank 0's reports, appended to the run folder's ``events.jsonl``: the job's MLflow run gets them from
-    whoever owns it (:class:`runner.track.run_life.RunLife`: the driver, or rank 0's own process under a plain
+    whoever owns it (:class:`runner.track.mlflow_run.MlflowRun`: the driver, or rank 0's own process under a plain
     torchrun). Training never waits for the store.
     """
 

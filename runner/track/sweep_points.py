@@ -59,7 +59,7 @@ def paired_keys(config: DictConfig) -> List[str]:
     return out
 
 
-def grid_points(swept: Dict[str, List[str]], paired: List[str]) -> int:
+def grid_size(swept: Dict[str, List[str]], paired: List[str]) -> int:
     """How many points a grid of ``swept`` keys has, the ``paired`` ones counted as one axis."""
     crossed = math.prod(len(v) for k, v in swept.items() if k not in paired)
     return crossed * (len(swept[paired[0]]) if paired else 1)

@@ -281,7 +281,7 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
     from runner.config.schema import RunnerConfig
     from runner.runtime import rundir
     from runner.track.events import EventLog
-    from runner.track.run_life import RunLife
+    from runner.track.mlflow_run import MlflowRun
 
     disk = tmp_path / "disk"
     if not _tmpfs(disk, "64k"):
@@ -291,18 +291,18 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
         cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "fault_disk_artifacts"}})
         run_dir = tmp_path / "run"
         run_dir.mkdir()
-        life = RunLife(run_dir, store)
-        run_id = life.open(cfg, {"train": {"steps": 3}}, "full", None, {})
+        mlflow_run = MlflowRun(run_dir, store)
+        run_id = mlflow_run.open(cfg, {"train": {"steps": 3}}, "full", None, {})
         (run_dir / "plan.json").write_bytes(b"x" * 200_000)
         log = EventLog(run_dir / rundir.EVENTS)
         log.metrics({"plan/est_step_ms": 1.5}, 0)
         log.artifacts([run_dir / "plan.json"], "plan")
         log.close()
         with pytest.raises(OSError) as raised:
-            life.deliver()
+            mlflow_run.deliver()
         line = one_line(raised.value)
         assert line.startswith(f"disk full: no space left on the device of {disk / 'art' / run_id}"), line
-        assert life.end("FAILED", line)  # the run ends in the store even so
+        assert mlflow_run.end("FAILED", line)  # the run ends in the store even so
         run = MlflowClient(store).get_run(run_id)
         assert run.info.status == "FAILED" and run.data.tags["error"] == line
         assert run.data.metrics["plan/est_step_ms"] == 1.5 and run.data.params["train.steps"] == "3"

@@ -95,7 +95,7 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     from runner.launch.processes.ports import free_port
     from runner.runtime import rundir
     from runner.track.events import EventLog
-    from runner.track.run_life import RunLife
+    from runner.track.mlflow_run import MlflowRun
     from runner.track.store import start_run
     from runner.track.sync import kept_runs, open_kept, sync
 
@@ -106,13 +106,13 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
     run_dir.mkdir(parents=True)
-    life = RunLife(run_dir, away)
-    assert life.open(cfg, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
-    assert life.opened and not life.deliver()  # retried at most every few seconds: not yet
+    run = MlflowRun(run_dir, away)
+    assert run.open(cfg, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
+    assert run.opened and not run.deliver()  # retried at most every few seconds: not yet
     log = EventLog(run_dir / rundir.EVENTS)
     log.metrics({"plan/est_step_ms": 1.5}, 0)
     log.close()
-    assert life.end("FINISHED") is False  # tried once more, still away: kept
+    assert run.end("FINISHED") is False  # tried once more, still away: kept
     assert kept_runs(sweep) == [run_dir]
     assert rundir.read_json(run_dir / rundir.DELIVERED)["final"] == {"status": "FINISHED", "error": None}
 

@@ -1,6 +1,6 @@
 """A 2-rank job (planned by the balanced proposer) in this test's own process tree, as TorchRec's golden example tests
 itself: torch elastic's ``elastic_launch`` starts two gloo workers running the runner's worker entry on a composed,
-resolved config; this process owns the job's MLflow run (:class:`RunLife`, as the driver does) in a real SQLite
+resolved config; this process owns the job's MLflow run (:class:`MlflowRun`, as the driver does) in a real SQLite
 store, and rank 0 reports to it through the run folder's event log. The fast tier's end-to-end check of every stage
 (config -> plan -> DMP -> train -> evaluate -> track) without the CLI's start-up."""
 
@@ -17,7 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.launch.processes.ports import free_port
 from runner.runtime import rundir
-from runner.track.run_life import RunLife
+from runner.track.mlflow_run import MlflowRun
 from runner.train.worker import elastic_entry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,15 +36,15 @@ def test_two_ranks_train_plan_and_track_in_process(tmp_path: Path) -> None:
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="in-process", rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
                           start_method="fork")
-    life = RunLife(run_dir, uri)
-    run_id = life.open(cfg, OmegaConf.to_container(cfg, resolve=True), "in-process", None, {})
+    mlflow_run = MlflowRun(run_dir, uri)
+    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), "in-process", None, {})
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
         results = elastic_launch(launch, elastic_entry)(str(run_dir))
     finally:  # torch elastic installs its own stop handlers in this process
         for s, h in handlers.items():
             signal.signal(s, h)
-    assert life.end("FINISHED")  # rank 0's reports delivered, the run ended
+    assert mlflow_run.end("FINISHED")  # rank 0's reports delivered, the run ended
     rank0 = results[0]
     assert rank0["world_size"] == 2 and rank0["losses"][-1] < rank0["losses"][0], rank0["losses"]
     plan = rundir.read_json(run_dir / rundir.PLAN / "plan.json")  # the balanced proposer's plan: DMP trained it

@@ -1,7 +1,7 @@
 """The driver: one job = one run folder, one MLflow run, one launch of this host's agents.
 
 It writes the resolved config (what the workers run: they never compose again), starts the agents,
-opens the MLflow run (:class:`runner.track.job_run.JobRun`) while the workers import and rendezvous,
+opens the MLflow run (:class:`runner.track.driver_run.DriverRun`) while the workers import and rendezvous,
 writes rank 0's reports to the run as they come, and ends the run FINISHED, FAILED with the one-line
 reason, or KILLED.
 ``mode=plan`` plans in this process instead of launching; ``mode=write_data`` writes data and opens no run.
@@ -24,7 +24,7 @@ from runner.config.place import Place
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_job_run, finish_run
-from runner.launch.job.mlflow_run import HydraJob, job_run
+from runner.launch.job.run_record import HydraJob, driver_run
 from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
 from runner.launch.processes.supervisor import launch, nodes_on_this_host
@@ -45,7 +45,7 @@ from runner.runtime.device import (
     visible_gpus,
 )
 from runner.track import store
-from runner.track.job_run import JobRun
+from runner.track.driver_run import DriverRun
 from runner.track.sweep_points import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
 
@@ -86,7 +86,7 @@ def _mark_start() -> None:
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
-def _plan(cfg: RunnerConfig, run: JobRun) -> Dict[str, Any]:
+def _plan(cfg: RunnerConfig, run: DriverRun) -> Dict[str, Any]:
     from runner.launch.job.plan_only import plan_only
     from runner.plan.planner import reusable_model, runners_planner
     from runner.train.models import planning_model
@@ -127,7 +127,8 @@ def plan_sweep_together(args: List[str]) -> None:
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
-def _train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, chart: PlanChart, place: Place) -> Optional[Dict[str, Any]]:
+def _train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, chart: PlanChart,
+           place: Place) -> Optional[Dict[str, Any]]:
     """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
     is drawn while the workers train, once rank 0 has written the plan."""
     run_dir = run.run_dir
@@ -186,7 +187,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
     ctx, config, earlier_run = _job_folder(cfg)
-    run = job_run(cfg, ctx, config, 0)
+    run = driver_run(cfg, ctx, config, 0)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
     results = link_point(cfg, ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
@@ -212,7 +213,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     if cfg.cluster.master_port and cfg.mode == "train" and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
-    run = job_run(cfg, ctx, config, port, attempt)
+    run = driver_run(cfg, ctx, config, port, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
@@ -224,9 +225,9 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
         return _plan_or_train(cfg, ctx, run, place or Place(cfg.cluster.scheduler))
 
 
-def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: JobRun, place: Place) -> Dict[str, Any]:
+def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, place: Place) -> Dict[str, Any]:
     """Plan or train; the MLflow run ended with the job's outcome (:mod:`.outcome`, :mod:`.end`: the value
-    :func:`runner.launch.job.life.run_job` records, as under a plain torchrun)."""
+    :func:`runner.launch.job.run_job.run_job` records, as under a plain torchrun)."""
     chart = PlanChart(run.run_dir)
     try:
         results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart, place)

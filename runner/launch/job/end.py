@@ -20,9 +20,9 @@ from runner.launch.job.outcome import Outcome, finished
 from runner.plan.analysis import CHART, ESTIMATES
 from runner.plan.chart import draw_plan_chart
 from runner.runtime import rundir
-from runner.track.job_run import JobRun
+from runner.track.driver_run import DriverRun as JobRun
+from runner.track.mlflow_run import MlflowRun as RunLife
 from runner.track.reporter import summary_line
-from runner.track.run_life import RunLife
 from runner.track.sweep_points import sweep_of
 
 Holder = Union[JobRun, RunLife]  # the driver's run, or rank 0's under a plain torchrun

@@ -163,7 +163,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: P
         if time.monotonic() >= next_pump:
             if pump is not None:
                 pump()
-            sweep_stop.check(sweep_of(run_dir))
+            sweep_stop.raise_if_stopped(sweep_of(run_dir))
             next_pump = time.monotonic() + PUMP_S
         signals.check()  # a Ctrl-C or SIGTERM whose raise was swallowed (e.g. inside a finalizer)
         time.sleep(TICK_S)

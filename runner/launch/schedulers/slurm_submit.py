@@ -65,7 +65,7 @@ def _this_host(addr: str) -> bool:
     return addr in names
 
 
-def filesystem(path: Path) -> str:
+def filesystem_type(path: Path) -> str:
     """The type of the filesystem ``path`` is on (its longest mount point in /proc/mounts)."""
     path, best, kind = path.resolve(), "", "unknown"
     try:
@@ -95,7 +95,7 @@ def check_submission(cfg: DictConfig) -> None:
     folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
     if folder is None and "://" not in uri:
         folder = Path(uri)
-    kind = filesystem(folder) if folder is not None else None
+    kind = filesystem_type(folder) if folder is not None else None
     if kind is not None and kind not in SHARED_FS:
         raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an "
                              "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
@@ -106,7 +106,7 @@ def check_submission(cfg: DictConfig) -> None:
         raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
                              "the nodes reach (and start it with --host 0.0.0.0)")
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
-    if filesystem(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
+    if filesystem_type(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
         raise SlurmError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
                              "shared filesystem (the points' run folders and the sweep's report live there)")
 
@@ -271,7 +271,7 @@ def _wait(points: List[Point]) -> None:
             time.sleep(POLL_S)
 
 
-def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[Any]:
+def submit_points(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[Any]:
     """Submit every point, wait for all, return Hydra's job returns (the outcome is in each ``status.json``)."""
     import logging
 

@@ -40,7 +40,7 @@ from runner.track.store import (
     start_run,
     tracking_uri,
 )
-from runner.track.sweep_points import SWEEP_FILE, grid_points, paired_keys, sweep_info, sweep_name, swept_params
+from runner.track.sweep_points import SWEEP_FILE, grid_size, paired_keys, sweep_info, sweep_name, swept_params
 from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
 from runner.track.ui_links import compare_url
 
@@ -140,7 +140,7 @@ def end_failed_sweep(line: str, sweep_dir: Path) -> str:
 def stopped_line(sweep_dir: Path, points: List[PointOutcome]) -> str:
     """The last line of a sweep stopped by ``sweep.max_failures``: its failures, their common reason when they
     share one, the points stopped or never run, and the command that runs the rest."""
-    failed = sweep_stop.failures(sweep_dir)
+    failed = sweep_stop.failed_points(sweep_dir)
     reasons = {_without_rank(str(f["error"])) for f in failed}
     common = f", all with: {reasons.pop()}" if len(reasons) == 1 and len(failed) > 1 else (
         f": {failed[0]['error']}" if len(failed) == 1 else "")
@@ -196,7 +196,7 @@ class SweepParentRun(Callback):
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
             "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"
                                                              for own in RUNNER_SWEEPERS.values()}],
-            "points": grid_points(swept, paired) if grid else None, "started": time.time(), "paired": paired})
+            "points": grid_size(swept, paired) if grid else None, "started": time.time(), "paired": paired})
         _Running.sweep = (self._uri, self._run_id, sweep_dir)  # run id None: the parent is kept in the folder
 
     def _open_parent(self, config: DictConfig, sweep_dir: Path, swept: Dict[str, List[str]], tags: Dict[str, str],

@@ -4,7 +4,7 @@ A point whose job fails for good (not a fault retried into a success, not a plan
 is an answer) appends itself to the sweep folder's ``failures.jsonl``; the one that reaches the limit writes
 ``stop.json``, with the reason, and cancels a Slurm array's pending tasks. From then on no point starts (it
 records KILLED, not run) and the points running (other joblib processes, other Slurm tasks) stop their
-workers and end KILLED (:func:`check`, in the driver's supervision loop). The sweep's end names the
+workers and end KILLED (:func:`raise_if_stopped`, in the driver's supervision loop). The sweep's end names the
 failures' common reason and the command that resumes the rest (:mod:`runner.launch.sweep.parent`); a resume starts
 with a clean count (:func:`clear`).
 """
@@ -39,7 +39,7 @@ def clear(sweep_dir: Path) -> None:
         (sweep_dir / name).unlink(missing_ok=True)
 
 
-def failures(sweep_dir: Path) -> List[Dict[str, object]]:
+def failed_points(sweep_dir: Path) -> List[Dict[str, object]]:
     """The points that failed in this session of the sweep, in order (one entry per job)."""
     seen: Dict[object, Dict[str, object]] = {}
     try:
@@ -63,7 +63,7 @@ def record_failure(sweep_dir: Path, job: int, line: str, limit: Optional[int]) -
         return
     with (sweep_dir / FAILURES).open("a") as f:  # one short line per append: whole under concurrent writers
         f.write(json.dumps({"job": job, "error": line}) + "\n")
-    found = failures(sweep_dir)
+    found = failed_points(sweep_dir)
     if len(found) >= limit and not (sweep_dir / STOP).exists():
         rundir.write_json(sweep_dir / STOP, {"reason": f"sweep.max_failures={limit} ({len(found)} points failed)",
                                              "limit": limit, "failures": len(found)})
@@ -79,7 +79,7 @@ def stop_reason(sweep_dir: Path) -> Optional[str]:
     return str(found.get("reason")) if isinstance(found, dict) else None
 
 
-def check(sweep_dir: Optional[Path]) -> None:
+def raise_if_stopped(sweep_dir: Optional[Path]) -> None:
     """Raise :class:`SweepStopped` once this point's sweep has stopped (called while the point runs)."""
     if sweep_dir is not None:
         reason = stop_reason(sweep_dir)

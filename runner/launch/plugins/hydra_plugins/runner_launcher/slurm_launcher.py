@@ -11,6 +11,6 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 
 class RunnerSlurmLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from runner.launch.schedulers.slurm_submit import launch
+        from runner.launch.schedulers.slurm_submit import submit_points
 
-        return launch(self, job_overrides, initial_job_idx)
+        return submit_points(self, job_overrides, initial_job_idx)

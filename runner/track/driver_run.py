@@ -1,11 +1,12 @@
-"""A job's MLflow run under its driver: the job's :class:`runner.track.run_life.RunLife`, and what a driver adds
-to it (multi-host opening, this host's system metrics, the earlier run a resumed point replaces).
+"""A job's MLflow run as its driver holds it (:class:`DriverRun`): the job's
+:class:`runner.track.mlflow_run.MlflowRun`, and what a driver adds to it (multi-host opening, this host's system
+metrics, the earlier run a resumed point replaces).
 
 What the run records is given to it as data (:class:`RunRecord`: its name, parent, tags, artifacts,
-datasets), made by the launch stage when the run opens (:func:`runner.launch.job.mlflow_run.run_record`). Rank 0
+datasets), made by the launch stage when the run opens (:func:`runner.launch.job.run_record.run_record`). Rank 0
 never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan`` reports through
 the same log from the driver's own process. A plain torchrun, without a driver, has rank 0's process hold
-the job's ``RunLife`` (:func:`runner.track.run_life.torchrun_run`).
+the job's ``MlflowRun`` (:func:`runner.track.mlflow_run.torchrun_run`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from runner.runtime import rundir
 from runner.track import store
-from runner.track.run_life import RunLife
+from runner.track.mlflow_run import MlflowRun
 from runner.track.system import start_system_metrics
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ class RunRecord:
     datasets: List[Any] = field(default_factory=list)  # MLflow dataset inputs (``track.inputs``)
 
 
-class JobRun:
-    """The job's MLflow run: opened once, fed rank 0's reports, ended with the job's status.
+class DriverRun:
+    """The job's MLflow run as its driver holds it: its :class:`MlflowRun`, opened once, fed rank 0's reports,
+    ended with the job's status.
 
     On a real multi-host job (``cluster.node_rank`` set) every host runs a driver and c10d rendezvous puts
     rank 0 on any of them: only the driver that finds rank 0 on its host opens and writes the run. A Slurm
@@ -52,17 +54,17 @@ class JobRun:
         self.uri = store.tracking_uri(cfg)
         self.multi_host = cfg.cluster.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
-        self._life = RunLife(run_dir, self.uri)  # open, deliver, end
+        self._run = MlflowRun(run_dir, self.uri)  # open, deliver, end
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
 
     @property
     def run_id(self) -> Optional[str]:
-        return self._life.run_id
+        return self._run.run_id
 
     @property
     def opened(self) -> bool:
         """Whether this driver opened the run (in the store, or kept while the store is away)."""
-        return self._life.opened
+        return self._run.opened
 
     def rank0_here(self) -> bool:
         if self.static:
@@ -78,16 +80,16 @@ class JobRun:
         """Create the run (its folder's ``run.json`` records it) with what its record says, start the system
         metrics."""
         record = self._record()
-        run_id = self._life.open(self.cfg, self.config, record.name, record.parent_run_id, record.tags,
+        run_id = self._run.open(self.cfg, self.config, record.name, record.parent_run_id, record.tags,
                                  {"port": self.port})
-        self._life.artifacts(record.artifacts)
+        self._run.artifacts(record.artifacts)
         if run_id is None:  # the store is away: the run is kept in the folder
             return
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
-        if self.cfg.sweep.verbose or not self._life.in_sweep:  # a sweep's point: its one line comes at its end
+        if self.cfg.sweep.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
             print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
-        self._life.system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
+        self._run.system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
         if record.datasets:
             from runner.track.inputs import log_datasets
 
@@ -101,30 +103,30 @@ class JobRun:
         if self.multi_host and not self.opened and self.rank0_here():
             self.open()
         if self.opened:
-            self._life.deliver()
-        if self._life.system is None and self.static and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+            self._run.deliver()
+        if self._run.system is None and self.static and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
             if info and info.get("run_id"):
                 monitor = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
-                self._life.system = monitor or False  # off: asked once
+                self._run.system = monitor or False  # off: asked once
 
     def deliver(self) -> bool:
-        return self._life.deliver()
+        return self._run.deliver()
 
     def report_last(self, files: Any, artifact_path: Optional[str]) -> None:
-        self._life.report_last(files, artifact_path)
+        self._run.report_last(files, artifact_path)
 
     def add_to_note(self, section: str) -> None:
-        self._life.add_to_note(section)
+        self._run.add_to_note(section)
 
     def stop_system_metrics(self) -> None:
         """This host's last system-metric samples, logged before the run ends."""
-        self._life.stop_system_metrics()
+        self._run.stop_system_metrics()
 
     def end(self, status: str, error: Optional[str] = None) -> bool:
         """End the run (what rank 0 reported first); False when the store is unreachable and the ending
         is kept in the run folder for ``python -m runner sync``."""
-        return self._life.end(status, error)  # this host's system metrics stopped first
+        return self._run.end(status, error)  # this host's system metrics stopped first
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""

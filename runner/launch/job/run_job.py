@@ -1,4 +1,4 @@
-"""A job's life, owned here: from Hydra's call to its recorded outcome.
+"""A job from Hydra's call to its recorded outcome (:func:`run_job`), owned here.
 
 Hydra calls :func:`run_job` once per job (a sweep's point, or the single run), in whichever process runs
 it (the command's own, a joblib worker, a Slurm task). It takes the job's place as a scheduler's task
@@ -65,7 +65,7 @@ def run_job(cfg: RunnerConfig) -> Optional[float]:
                hc.job.num if multirun else 0, list(hc.overrides.task))  # a single run has no job number
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     try:
-        sweep_stop.check(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
+        sweep_stop.raise_if_stopped(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
         if not _take_place(job):  # a plan or data job runs in node 0's task only
             return None
         if job.multirun and (kept := _kept(job.cfg, job.run_dir, job.num)) is not None:
@@ -170,7 +170,7 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Opt
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the
     scheduler's task the job runs as, if any."""
     from runner.launch.job.driver import execute_job
-    from runner.track.job_run import record_requeued
+    from runner.track.driver_run import record_requeued
 
     attempt = 1
     if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt

@@ -1,6 +1,6 @@
-"""Where Hydra placed a job (:class:`HydraJob`), and what its MLflow run records (:func:`run_record`): its
-name in a sweep, its tags (the point's values, Hydra's choices, the scheduler's, whether the prewarmed agent
-took it), its config's hash, its datasets. The run itself is :class:`runner.track.job_run.JobRun`, which
+"""What a job's MLflow run records (:func:`run_record`), from where Hydra placed the job (:class:`HydraJob`):
+its name in a sweep, its tags (the point's values, Hydra's choices, the scheduler's, whether the prewarmed agent
+took it), its config's hash, its datasets. The run itself is :class:`runner.track.driver_run.DriverRun`, which
 records what this gives it.
 """
 
@@ -16,7 +16,7 @@ from runner.launch.processes.prewarm import took_warm
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.job_run import JobRun, RunRecord
+from runner.track.driver_run import DriverRun, RunRecord
 from runner.track.sweep_points import point_name, point_values, sweep_info
 
 if TYPE_CHECKING:
@@ -49,9 +49,9 @@ class HydraJob:
                    parallel_jobs(hc.launcher) if multirun else 1)
 
 
-def job_run(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], port: int, attempt: int = 1) -> JobRun:
+def driver_run(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], port: int, attempt: int = 1) -> DriverRun:
     """The job's MLflow run, recording :func:`run_record` when it opens."""
-    return JobRun(cfg, ctx.run_dir, config, port, lambda: run_record(cfg, ctx, config, attempt),
+    return DriverRun(cfg, ctx.run_dir, config, port, lambda: run_record(cfg, ctx, config, attempt),
                   schedulers.named(cfg.cluster.scheduler).static_rendezvous)
 
 

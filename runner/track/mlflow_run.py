@@ -1,9 +1,9 @@
-"""An MLflow run's life, the same for every way a job runs: opened once (the resolved config as params, the
-job's tags), fed the run folder's event log, ended with the job's status.
+"""A job's MLflow run (:class:`MlflowRun`), the same for every way a job runs: opened once (the resolved config as
+params, the job's tags), fed the run folder's event log, ended with the job's status.
 
 Rank 0 only ever appends its reports to the run folder's ``events.jsonl`` (:class:`runner.track.reporter.Reporter`);
-a :class:`RunLife` delivers them. Its owner is the driver (``python -m runner``: one per job, see
-:class:`runner.track.job_run.JobRun`, which adds what a driver knows: sweeps, Slurm, system metrics) or,
+a :class:`MlflowRun` delivers them. Its owner is the driver (``python -m runner``: one per job, see
+:class:`runner.track.driver_run.DriverRun`, which adds what a driver knows: sweeps, Slurm, system metrics) or,
 under a plain ``torchrun`` with no driver, rank 0's own process (:func:`torchrun_run`), which delivers from a
 thread. Either way a store that is away keeps the reports and the ending in the run folder for
 ``python -m runner sync``, and training never waits for the store.
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
-class RunLife:
+class MlflowRun:
     """One job's MLflow run: :meth:`open`, :meth:`deliver` (or :meth:`deliver_every`), :meth:`end` once.
 
     A run opened while a tracking server is away is *kept*: ``run.json`` records what the run is to be created
@@ -187,20 +187,20 @@ class RunLife:
                                say=not self.in_sweep)
 
 
-def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> RunLife:
+def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
     """Rank 0's run under a plain torchrun: opened now, delivered every 2 s (as a driver does) while it trains."""
     from omegaconf import OmegaConf
 
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
-    life = RunLife(run_dir, store.tracking_uri(cfg))
+    run = MlflowRun(run_dir, store.tracking_uri(cfg))
     config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
-    life.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
+    run.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
     (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's
-    life.artifacts([run_dir / rundir.RESOLVED])
-    if life.run_id:  # this host's system metrics, as a driver records them
+    run.artifacts([run_dir / rundir.RESOLVED])
+    if run.run_id:  # this host's system metrics, as a driver records them
         from runner.track.system import start_system_metrics
 
-        life.system = start_system_metrics(cfg, life.uri, life.run_id, int(os.environ.get("GROUP_RANK", "0")))
-    life.deliver_every(2.0)
-    return life
+        run.system = start_system_metrics(cfg, run.uri, run.run_id, int(os.environ.get("GROUP_RANK", "0")))
+    run.deliver_every(2.0)
+    return run
