@@ -3,8 +3,10 @@ task's place carried by a new read-only config (the composed one unchanged), and
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+from typing import Set
 
 import pytest
 from conftest import ROOT, cfg_for
@@ -36,20 +38,60 @@ def test_a_slurm_scheduler_named_outside_slurm_is_refused(monkeypatch: pytest.Mo
     assert scheduler.name == "local" and task is None
 
 
-def test_nothing_outside_the_schedulers_package_names_a_scheduler() -> None:
-    """No test of a scheduler's name or a launcher's override string outside ``launch/schedulers`` (and the
-    Hydra plugin that is Slurm's launcher)."""
+# Hydra's launchers by name (its own, its plugins'); a literal containing one of DISTINCT names it wherever it is
+LAUNCHERS = {"basic", "joblib", "submitit_local", "submitit_slurm", "ray", "rq"}
+DISTINCT = re.compile(r"slurm|joblib|submitit|hydra/launcher=\w", re.IGNORECASE)
+
+
+def _names_one(node: ast.AST, names: Set[str]) -> bool:
+    """Whether ``node`` is a string literal (or a tuple, list, set or f-string of them) naming a scheduler or a
+    launcher: one of ``names`` as the whole literal, or a distinct name anywhere in it."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.lower() in names or DISTINCT.search(node.value) is not None
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.JoinedStr)):
+        return any(_names_one(e, names) for e in (node.values if isinstance(node, ast.JoinedStr) else node.elts))
+    return False
+
+
+def _tests_a_name(node: ast.AST, names: Set[str]) -> bool:
+    """A decision on a scheduler's or a launcher's name: a comparison or ``in`` test with such a literal on
+    either side, ``startswith``/``endswith`` of one, a ``match`` case of one."""
+    if isinstance(node, ast.Compare):
+        return any(_names_one(side, names) for side in (node.left, *node.comparators))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+            "startswith", "endswith"):
+        return any(_names_one(arg, names) for arg in node.args)
+    return isinstance(node, ast.MatchValue) and _names_one(node.value, names)
+
+
+def test_nothing_outside_the_schedulers_package_tests_a_scheduler_or_launcher_name() -> None:
+    """No decision on a scheduler's or a launcher's name (``== "slurm"``, ``"joblib" in target``,
+    ``name in ("local", "none")``, ``startswith("hydra/launcher=slurm")``, ...) outside ``launch/schedulers`` (and
+    the Hydra plugins that are the runner's launchers): the registry answers (``Scheduler``'s fields). Messages and
+    docstrings may name them."""
+    names = {"none", *LAUNCHERS, *schedulers.registered(),
+             *(s.launcher for s in schedulers.registered().values() if s.launcher)}
     runner = ROOT / "runner"
     allowed = {runner / "launch" / "schedulers", runner / "launch" / "plugins"}
     found = {}
     for path in runner.rglob("*.py"):
         if any(a in path.parents for a in allowed):
             continue
-        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())  # comments aside
-        hits = re.findall(r"""(?:==|!=|\bin)\s*["'](?:slurm|local|none)["']|["']hydra/launcher=\w+["']""", code)
+        hits = [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                if _tests_a_name(node, names)]
         if hits:
             found[str(path.relative_to(ROOT))] = hits
     assert not found, found
+
+
+def test_the_guard_sees_each_way_of_testing_a_name() -> None:
+    names = {"none", *LAUNCHERS, *schedulers.registered()}
+    for code in ('x == "slurm"', '"joblib" in str(target)', 'name in ("local", "none")', 'x != "Slurm"',
+                 'a.startswith("hydra/launcher=slurm")', '"SLURM_JOB_ID" in os.environ', 'x == f"{y}_submitit"'):
+        assert any(_tests_a_name(n, names) for n in ast.walk(ast.parse(code))), code
+    for code in ('x == "plan"', 'print("hydra/launcher=slurm submits each point")', 'a.startswith("hydra/launcher=")',
+                 'Place("local")', 'x == "auto"'):
+        assert not any(_tests_a_name(n, names) for n in ast.walk(ast.parse(code))), code
 
 
 def test_a_task_s_place_is_a_new_read_only_config_and_the_composed_one_is_unchanged(tmp_path: Path) -> None:

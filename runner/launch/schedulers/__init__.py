@@ -11,7 +11,7 @@ multi-host job under torch elastic) and :mod:`.slurm` (a Slurm job step, one tas
 Each module of this package that defines a ``SCHEDULER`` is registered, by its name, when the package is first
 asked (no list to edit): a new scheduler is its module here, its Hydra launcher plugin, its conf file under
 ``conf/hydra/launcher/`` and its test (docs/architecture.md). Outside this package nothing tests a scheduler's
-name or a launcher's override string.
+or a launcher's name (``tests/launch/test_schedulers.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ class Scheduler:
     points_here = True
     """A sweep's points run in this process or its joblib workers (so the next one can be prepared here, and a
     grid of plan-only points planned together before they start)."""
+    pooled_launchers: Tuple[str, ...] = ()
+    """The ``_target_`` of each Hydra launcher that runs a sweep's points on it in a pool of this host's processes,
+    each taking its points in batches (``hydra.launcher.n_jobs`` at once, ``hydra.launcher.batch_size`` each)."""
 
     def task(self) -> Optional[Task]:
         """This process as one of the scheduler's tasks, from its environment; None when it is not one."""
@@ -142,6 +145,13 @@ def of_command(args: Sequence[str]) -> Scheduler:
     chosen = {a.split("=", 1)[1] for a in args if a.startswith("hydra/launcher=")}
     return next((s for s in registered().values() if s.launcher is not None and s.launcher in chosen),
                 named("local"))
+
+
+def pools_points(launcher: Any) -> bool:
+    """Whether the composed ``hydra.launcher`` runs a sweep's points in a pool of this host's processes (one of a
+    scheduler's ``pooled_launchers``)."""
+    target = str(launcher.get("_target_", ""))
+    return any(target in s.pooled_launchers for s in registered().values())
 
 
 def run_folder_name() -> Optional[str]:

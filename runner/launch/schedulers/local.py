@@ -9,6 +9,7 @@ from runner.launch.schedulers import Scheduler
 
 class LocalScheduler(Scheduler):
     name = "local"
+    pooled_launchers = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)  # hydra/launcher=joblib
 
 
 SCHEDULER = LocalScheduler()

@@ -101,7 +101,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         error = _check_sweeper(first) or _check_resume(first, command)
         if error:
             return error, []
-        size = plan_batch_size(first, math.prod(len(v) for v in values))
+        size = plan_batch_size(first, math.prod(len(v) for v in values), schedulers.pools_points(first.hydra.launcher))
         own = RUNNER_SWEEPERS.get(first.hydra.sweeper.get("_target_"))  # grid: checked here; optuna: resumable
         return None, ([] if size is None else [f"hydra.launcher.batch_size={size}"]) + ([] if own is None else [
             f"hydra.sweeper._target_={own}"])
