@@ -38,7 +38,9 @@ from runner.plan.torchrec_adapter.dp_proposer import (
     placeable_only,
 )
 from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
-from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
+from runner.plan.torchrec_adapter import bound_ahead
+from runner.plan.torchrec_adapter.bound import lower_bound
+from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner, may_fork
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 
@@ -64,6 +66,8 @@ class BalancedPlanner(SearchLoopPlanner):
         if not space:
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
+        if may_fork():  # the plan's bound, on the core the search leaves idle
+            bound_ahead.start(space, reserved, problem, lower_bound)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):

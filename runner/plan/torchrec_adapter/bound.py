@@ -19,7 +19,7 @@ every shard fits on some device after the reservation):
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -55,38 +55,36 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
     cols = [(t, o) for t, k in enumerate(kept) for o in k]
     n, tables, w = len(cols) + 1, len(problem.tables), problem.world  # the last column is T
     kinds = problem.capacity.shape[1]
-    rows: List[int] = []
-    data: List[float] = []
-    col_of: List[int] = []
+    choices = [problem.tables[t][o] for t, o in cols]
+    every = np.arange(len(cols))
+    parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, columns, values) of A_ub, row by row
     b: List[float] = []
-    eq_rows, eq_cols = [t for t, _ in cols], list(range(len(cols)))
 
-    def row(entries: Dict[int, float], rhs: float) -> None:
-        r = len(b)
-        for c, v in entries.items():
-            rows.append(r)
-            col_of.append(c)
-            data.append(v)
+    def row(columns: np.ndarray, values: np.ndarray, rhs: float) -> None:
+        parts.append((np.full(len(columns), len(b)), columns, values))
         b.append(rhs)
 
-    choices = [problem.tables[t][o] for t, o in cols]
-    row({**{i: float(c.perf.sum()) for i, c in enumerate(choices)}, n - 1: -float(w)}, 0.0)
-    of_table: List[List[int]] = [[] for _ in range(tables)]
-    for i, (t, _) in enumerate(cols):
-        of_table[t].append(i)
-    for t in range(tables):
-        row({**{i: float(choices[i].perf.max(initial=0.0)) for i in of_table[t]}, n - 1: -1.0}, 0.0)
+    last = np.array([n - 1])
+    row(np.append(every, last), np.append([c.perf.sum() for c in choices], -float(w)), 0.0)
+    table_of = np.array([t for t, _ in cols])
+    largest = np.array([c.perf.max(initial=0.0) for c in choices], dtype=float)
+    for t, members in enumerate(np.split(every, np.flatnonzero(np.diff(table_of)) + 1)):
+        row(np.append(members, last), np.append(largest[members], -1.0), 0.0)
     scale = np.maximum(problem.capacity.sum(0).astype(float), 1.0)
+    totals = np.array([c.mem.sum(0) for c in choices], dtype=float).reshape(len(choices), kinds)
     for k in range(kinds):
-        row({i: float(c.mem[:, k].sum()) / scale[k] for i, c in enumerate(choices)}, 1.0)
+        row(every, totals[:, k] / scale[k], 1.0)
     uniform = [i for i, c in enumerate(choices) if c.kind == UNIFORM and len(c.mem) == w]
     if uniform:
         # the uniform shards' storage per device: one row per distinct (device, kind) where they could bind
-        per_device = np.stack([choices[i].mem for i in uniform])  # (options, world, kinds)
+        columns = np.array(uniform)
         for k in range(kinds):
-            cap = problem.capacity[:, k].astype(float)
-            for d in np.unique(np.argmax(per_device[:, :, k] / np.maximum(cap, 1.0), axis=1)):
-                row({i: float(choices[i].mem[d, k]) / max(cap[d], 1.0) for i in uniform}, 1.0)
+            cap = np.maximum(problem.capacity[:, k].astype(float), 1.0)
+            binding = np.unique([int(np.argmax(choices[i].mem[:, k] / cap)) for i in uniform])
+            for d in binding:
+                row(columns, np.array([float(choices[i].mem[d, k]) for i in uniform]) / cap[d], 1.0)
+    rows, col_of, data = (np.concatenate(x) for x in zip(*parts, strict=True))
+    eq_rows, eq_cols = table_of, every
     a_ub = coo_matrix((data, (rows, col_of)), shape=(len(b), n)).tocsr()
     a_eq = coo_matrix((np.ones(len(cols)), (eq_rows, eq_cols)), shape=(tables, n)).tocsr()
     cost = np.zeros(n)
@@ -113,7 +111,10 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
         return None
+    from runner.plan.torchrec_adapter import bound_ahead
     from runner.plan.torchrec_adapter.balanced import problem_of  # the balanced search's problem of TorchRec's options
 
-    found = float(lower_bound(problem_of(space, reserved)[0]))
+    found = bound_ahead.taken(space, reserved)  # computed beside the search, where it was
+    if found is None:
+        found = float(lower_bound(problem_of(space, reserved)[0]))
     return found if found == found else None

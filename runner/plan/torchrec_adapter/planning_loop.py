@@ -44,7 +44,7 @@ Progress = Callable[[Dict[str, Any]], None]
 HELPER_AFTER_S = 2.0  # a search still running after this many seconds partitions in two processes
 
 
-def _may_fork() -> bool:
+def may_fork() -> bool:
     """A helper process is forked only from a process with a core to spare and nothing a fork must not copy
     live: no CUDA context, no process group (the plan-only driver, not a training worker)."""
     import torch
@@ -136,14 +136,14 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
     def _search(self, proposer: SkippingProposer, storage_constraint: Topology, start_time: float,
                 search_space: List[ShardingOption]) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks).
-        A search still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`_may_fork`)
+        A search still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`may_fork`)
         hands proposals to a :class:`.partition_helper.PartitionHelper` while it partitions others here."""
         rated: Dict[int, float] = {}  # proposal index -> rating, for those that partitioned
         kept: Dict[int, Tuple[List[ShardingOption], List[List[int]]]] = {}  # those rated here that may win
         handed: Dict[int, List[ShardingOption]] = {}
         cache: Dict[Tuple[int, ...], Tuple[bool, Optional[float]]] = {}
         helper: Optional[PartitionHelper] = None
-        may_help = _may_fork()
+        may_help = may_fork()
         start = last_report = time.time()
         index = 0
         try:

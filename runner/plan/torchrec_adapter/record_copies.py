@@ -19,6 +19,7 @@ from torchrec.distributed.planner.types import DeviceHardware, Perf, Shard, Stor
 
 _ATOMIC = (int, float, str, bool, type(None))
 _RECORDS = (Storage, Perf, Shard, DeviceHardware)
+_PLAIN: Dict[type, bool] = {}  # class -> a plain record (:func:`_plain`), as first asked
 
 
 def _copy_record(record: Any, memo: Dict[int, Any]) -> Any:
@@ -50,7 +51,10 @@ def shallow_copy(record: Any) -> Any:
     """``copy.copy(record)`` for the planner's records, without ``copy``'s generic detour: a new instance with
     the same fields (other objects: ``copy.copy``)."""
     cls = type(record)
-    if cls not in _RECORDS or not _plain(cls):
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = cls in _RECORDS and _plain(cls)
+    if not plain:
         return copy.copy(record)
     out = object.__new__(cls)
     out.__dict__.update(record.__dict__)
