@@ -81,6 +81,7 @@ class _State:
         self._apply(t, 1)
 
 
+PRUNE_MARGIN = 1e-9  # relative: a table is passed over only where it is clearly no better than the best so far
 Move = Tuple[float, int, int, np.ndarray]  # (worst load it leaves on the ranks it touches, table, option, ranks)
 
 
@@ -92,6 +93,11 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
     for t in sorted(s.on(r)):
         old_o, old_ranks = s.solution.picks[t], s.solution.ranks[t]
         old = s.choice(t)
+        # whatever the move, rank r keeps its load less t's shards there: where that is no better than the
+        # best move so far (or the limit), no move of t can be (a hair of margin for the rounding of take/put)
+        floor = s.load[r] - (old.perf[r] if old.kind == UNIFORM else old.perf[old_ranks == r].sum())
+        if floor > (limit if best is None else best[0]) * (1 + PRUNE_MARGIN):
+            continue
         if old.kind == DEVICE:
             for j in np.flatnonzero(old_ranks == r):
                 ok = fits(s.used, old.mem[j], s.problem.capacity)
@@ -109,10 +115,13 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
                 ranks = place(s.problem, c, s.load, s.used)
                 if ranks is None:
                     continue
-                touched = np.union1d(ranks, [r])
-                after = s.load[touched].copy()
-                np.add.at(after, np.searchsorted(touched, ranks), c.perf)
-                score = float(after.max())
+                if c.kind == UNIFORM:  # shard i on rank i: every rank touched, r too
+                    score = float((s.load + c.perf).max())
+                else:
+                    touched = np.union1d(ranks, [r])
+                    after = s.load[touched].copy()
+                    np.add.at(after, np.searchsorted(touched, ranks), c.perf)
+                    score = float(after.max())
                 if score < limit and (best is None or score < best[0]):
                     best = (score, t, o, ranks)
         finally:
@@ -123,15 +132,16 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
 def _best_swap(s: _State, r: int, limit: float) -> Optional[Tuple[float, int, int, int, int]]:
     """The swap of a device shard of rank ``r`` with a smaller device shard elsewhere that leaves both ranks
     below ``limit``, with the lowest such load: (load, table a, shard a, table b, shard b)."""
-    shards = [(t, j) for t in range(len(s.solution.picks)) if s.choice(t).kind == DEVICE
-              for j in range(len(s.solution.ranks[t]))]
-    if not shards:
+    device = [t for t in range(len(s.solution.picks)) if s.choice(t).kind == DEVICE]
+    counts = [len(s.solution.ranks[t]) for t in device]
+    if not sum(counts):
         return None
-    tb = np.array([t for t, _ in shards])
-    jb = np.array([j for _, j in shards])
-    rb = np.array([s.solution.ranks[t][j] for t, j in shards])
-    pb = np.array([s.choice(t).perf[j] for t, j in shards])
-    mb = np.array([s.choice(t).mem[j] for t, j in shards])
+    # every device shard, table by table: its table, index, rank, perf and storage
+    tb = np.repeat(np.array(device, dtype=np.int64), counts)
+    jb = np.concatenate([np.arange(n) for n in counts])
+    rb = np.concatenate([s.solution.ranks[t] for t in device]).astype(np.int64, copy=False)
+    pb = np.concatenate([s.choice(t).perf for t in device])
+    mb = np.concatenate([s.choice(t).mem for t in device])
     cap, best = s.problem.capacity, None
     for k in np.flatnonzero(rb == r):
         pa, ma = pb[k], mb[k]
