@@ -76,7 +76,7 @@ class Reporter:
             return
         if not self._quiet():  # a sweep's point: its one summary line (the plan is in its folder and run)
             print(report.console, flush=True)
-        self._log(report.metrics, 0)
+        self._log(report.logged_metrics(), 0)
         self._tags(report.tags)
         assert self._sink is not None  # active: the sink is open
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)

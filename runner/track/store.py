@@ -240,7 +240,13 @@ def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[
               tags: Mapping[str, Any]) -> str:
     """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
     all_tags = creation_tags(run_name, parent_run_id, tags)
-    return client(uri).create_run(experiment_id(uri, experiment), tags=all_tags, run_name=run_name).info.run_id
+    exp = experiment_id(uri, experiment)
+    run_id = client(uri).create_run(exp, tags=all_tags, run_name=run_name).info.run_id
+    EXPERIMENT_OF[run_id] = exp
+    return run_id
+
+
+EXPERIMENT_OF: Dict[str, str] = {}  # run id -> experiment id, for the runs this process created
 
 
 def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = None) -> str:

@@ -4,6 +4,7 @@ sums: a real plan of 40 tables on 16 GPUs."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from test_planning import cfg_for
 
@@ -53,3 +54,19 @@ def test_the_chart_reads_at_2048_ranks(tmp_path) -> None:
     assert traffic["intra_node_bytes"][3] == 31.0
     chart(ranks, comms, "cuda", tmp_path / "plan.png", "2048 ranks", local=8)
     assert (tmp_path / "plan.png").stat().st_size > 10_000
+
+
+def test_a_run_logs_every_ranks_metrics_up_to_64_ranks_and_the_busiest_beyond() -> None:
+    from runner.plan.report import BUSIEST_LOGGED, PlanReport
+
+    def report(world: int) -> PlanReport:
+        metrics = {f"plan/rank{r}/{k}": float((r * 37) % world)
+                   for r in range(world) for k in ("total_ms", "hbm_bytes")}
+        return PlanReport(Path("."), {}, {**metrics, "plan/est_step_ms": float(world - 1)}, {}, "")
+
+    assert report(64).logged_metrics() == report(64).metrics
+    logged = report(1024).logged_metrics()
+    ranks = {int(k.split("/")[1][4:]) for k in logged if k.startswith("plan/rank")}
+    busiest = sorted(range(1024), key=lambda r: -((r * 37) % 1024))[:BUSIEST_LOGGED]
+    assert ranks == set(busiest) and "plan/est_step_ms" in logged
+    assert all(f"plan/rank{r}/hbm_bytes" in logged for r in busiest)

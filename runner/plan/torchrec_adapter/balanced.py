@@ -81,17 +81,28 @@ def _kind(option: ShardingOption) -> Optional[int]:
     return kind
 
 
-_LAST_PROBLEM: List[Any] = []  # [search space, reserved topology, their problem_of], the latest only
+_LAST_PROBLEM: List[Any] = []  # [search space, its problem_of], the latest only
+
+
+def capacity_of(reserved: Topology) -> np.ndarray:
+    """Every device's storage left for tables (hbm, ddr, ssd bytes), as the problem holds it."""
+    return np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in reserved.devices], dtype=np.int64)
+
+
+def same_devices(problem: Problem, reserved: Topology) -> bool:
+    """Whether ``problem`` was made for devices like ``reserved`` (the same storage left, ranks per host)."""
+    return problem.local == reserved.local_world_size and np.array_equal(problem.capacity, capacity_of(reserved))
 
 
 def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[Problem, List[List[ShardingOption]]]:
     """The search's numbers for TorchRec's options and reserved devices, and the options per table in the
     problem's order (tables in first-seen order, options as enumerated). The latest is kept: the same options
-    and devices (the same objects, as the search and then the plan's bound ask) get it again."""
-    if _LAST_PROBLEM and _LAST_PROBLEM[0] is search_space and _LAST_PROBLEM[1] is reserved:
-        return _LAST_PROBLEM[2]  # type: ignore[no-any-return]
-    _LAST_PROBLEM[:] = [search_space, reserved, _problem_of(search_space, reserved)]
-    return _LAST_PROBLEM[2]  # type: ignore[no-any-return]
+    (the same object) on devices with the same storage (as the search and then the plan's bound ask) get it
+    again."""
+    if _LAST_PROBLEM and _LAST_PROBLEM[0] is search_space and same_devices(_LAST_PROBLEM[1][0], reserved):
+        return _LAST_PROBLEM[1]  # type: ignore[no-any-return]
+    _LAST_PROBLEM[:] = [search_space, _problem_of(search_space, reserved)]
+    return _LAST_PROBLEM[1]  # type: ignore[no-any-return]
 
 
 def _problem_of(search_space: List[ShardingOption], reserved: Topology
@@ -102,8 +113,7 @@ def _problem_of(search_space: List[ShardingOption], reserved: Topology
             by_table.setdefault(option.fqn, []).append(option)
     tables = [[Choice(_kind(o), *shard_arrays(o)) for o in options]  # type: ignore[arg-type]
               for options in by_table.values()]
-    capacity = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in reserved.devices], dtype=np.int64)
-    return Problem(tables, capacity, reserved.local_world_size), list(by_table.values())
+    return Problem(tables, capacity_of(reserved), reserved.local_world_size), list(by_table.values())
 
 
 def _signature(option: ShardingOption) -> Tuple[str, str]:

@@ -21,6 +21,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
 from runner.plan.balance import Problem, Solution, rating, valid
+from runner.plan.torchrec_adapter import bound_ahead
 from runner.plan.torchrec_adapter.balanced import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
@@ -31,6 +32,7 @@ from runner.plan.torchrec_adapter.balanced import (
     search,
     solution_of,
 )
+from runner.plan.torchrec_adapter.bound import lower_bound
 from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
 from runner.plan.torchrec_adapter.dp_proposer import (
     SkippingProposer,
@@ -38,8 +40,6 @@ from runner.plan.torchrec_adapter.dp_proposer import (
     placeable_only,
 )
 from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
-from runner.plan.torchrec_adapter import bound_ahead
-from runner.plan.torchrec_adapter.bound import lower_bound
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner, may_fork
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
@@ -67,7 +67,7 @@ class BalancedPlanner(SearchLoopPlanner):
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
         if may_fork():  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start(space, reserved, problem, lower_bound)
+            bound_ahead.start(space, problem, lower_bound)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):

@@ -20,12 +20,12 @@ from runner.runtime.process_end import die_with_parent
 
 ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes seconds
 
-_AHEAD: List[Any] = []  # [search space, reserved topology, pid, connection], the latest only
+_AHEAD: List[Any] = []  # [search space, problem, pid, connection], the latest only
 
 
-def start(search_space: List[Any], reserved: Any, problem: Problem, bound: Callable[[Problem], float]) -> None:
-    """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound`) for these options and
-    devices."""
+def start(search_space: List[Any], problem: Problem, bound: Callable[[Problem], float]) -> None:
+    """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound`) for the problem of these
+    options."""
     forget()
     ours, theirs = Pipe(duplex=False)
     pid = os.fork()
@@ -42,13 +42,15 @@ def start(search_space: List[Any], reserved: Any, problem: Problem, bound: Calla
         finally:
             os._exit(code)
     theirs.close()
-    _AHEAD[:] = [search_space, reserved, pid, ours]
+    _AHEAD[:] = [search_space, problem, pid, ours]
 
 
 def taken(search_space: Any, reserved: Any) -> Optional[float]:
-    """The bound the fork computed for these options and devices (the same objects), waiting for it; None
-    where none was started for them or the fork gave none."""
-    if not _AHEAD or _AHEAD[0] is not search_space or _AHEAD[1] is not reserved:
+    """The bound the fork computed for these options (the same object) on devices like these (the same
+    storage left), waiting for it; None where none was started for them or the fork gave none."""
+    from runner.plan.torchrec_adapter.balanced import same_devices
+
+    if not _AHEAD or _AHEAD[0] is not search_space or not same_devices(_AHEAD[1], reserved):
         forget()
         return None
     conn: Connection = _AHEAD[3]
