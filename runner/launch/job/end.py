@@ -1,8 +1,8 @@
 """How a job's MLflow run ends: the one module that ends it, whichever process holds the run, from the job's
 outcome (:mod:`.outcome`).
 
-The driver (:mod:`.driver`, its run a :class:`runner.track.job_run.JobRun`) and rank 0 under a plain
-torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.run_life.RunLife`) both end a finished
+The driver (:mod:`.driver`, its run a :class:`runner.track.driver_run.DriverRun`) and rank 0 under a plain
+torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.mlflow_run.MlflowRun`) both end a finished
 job with :func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
 last report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
 summary line printed; it returns the job's outcome. A failed or stopped job's run ends with its outcome's status
@@ -20,12 +20,12 @@ from runner.launch.job.outcome import Outcome, finished
 from runner.plan.analysis import CHART, ESTIMATES
 from runner.plan.chart import draw_plan_chart
 from runner.runtime import rundir
-from runner.track.driver_run import DriverRun as JobRun
-from runner.track.mlflow_run import MlflowRun as RunLife
+from runner.track.driver_run import DriverRun
+from runner.track.mlflow_run import MlflowRun
 from runner.track.reporter import summary_line
 from runner.track.sweep_points import sweep_of
 
-Holder = Union[JobRun, RunLife]  # the driver's run, or rank 0's under a plain torchrun
+Holder = Union[DriverRun, MlflowRun]  # the driver's run, or rank 0's under a plain torchrun
 
 
 class PlanChart:
@@ -82,7 +82,7 @@ def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, 
         results["tracking_pending"] = str(sweep or run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    if sweep is None or (isinstance(run, JobRun) and run.cfg.sweep.verbose):  # else in the sweep's progress line
+    if sweep is None or (isinstance(run, DriverRun) and run.cfg.sweep.verbose):  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return finished(results)
 
