@@ -149,8 +149,12 @@ class MlflowRun:
             rundir.update_json(self.run_dir / rundir.RUN_INFO, pending=self.pending)
             return
         try:
-            note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
-            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": f"{note}\n\n{section}".strip()})
+            note = store.NOTE_OF.get(self.run_id or "")
+            if note is None:
+                note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
+            note = f"{note}\n\n{section}".strip()
+            store.set_tags(self.uri, self.run_id, {"mlflow.note.content": note})
+            store.NOTE_OF[self.run_id or ""] = note
         except Exception:  # noqa: BLE001 - an outage: the run keeps its Description without the section
             pass
 

@@ -243,10 +243,14 @@ def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[
     exp = experiment_id(uri, experiment)
     run_id = client(uri).create_run(exp, tags=all_tags, run_name=run_name).info.run_id
     EXPERIMENT_OF[run_id] = exp
+    NOTE_OF[run_id] = all_tags.get("mlflow.note.content", "")
     return run_id
 
 
-EXPERIMENT_OF: Dict[str, str] = {}  # run id -> experiment id, for the runs this process created
+# what this process knows of the runs it created, so as not to read a whole run back (a second at a plan's
+# 10,000 metrics): run id -> its experiment's id; -> its Description as this process last set it
+EXPERIMENT_OF: Dict[str, str] = {}
+NOTE_OF: Dict[str, str] = {}
 
 
 def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = None) -> str:
