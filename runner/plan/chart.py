@@ -43,6 +43,21 @@ def by_node(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], local:
     return nodes, traffic
 
 
+def _bars(count: int) -> Any:
+    """Draws one series of (stacked) bars: a bar per position up to :data:`PER_RANK_UP_TO`; beyond, touching bars
+    as one filled outline (one artist instead of one per bar: a 128-node chart in a third of the time)."""
+    def per_bar(ax: Any, values: List[float], bottom: List[float], **style: Any) -> None:
+        ax.bar(range(count), values, bottom=bottom, width=0.8, **style)
+
+    def outline(ax: Any, values: List[float], bottom: List[float], **style: Any) -> None:
+        import numpy as np
+
+        low = np.asarray(bottom, dtype=float)
+        ax.stairs(low + np.asarray(values, dtype=float), np.arange(count + 1) - 0.5, baseline=low, fill=True,
+                  **style)
+    return per_bar if count <= PER_RANK_UP_TO else outline
+
+
 def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Any,
           title: str, local: int = 0) -> None:
     """PNG: estimated memory, step time (by component) and traffic side by side; per node when there are more
@@ -60,20 +75,19 @@ def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_t
     fig = Figure(figsize=(max(9.0, min(0.5 * len(xs) + 6, MAX_CHART_INCHES)), 3.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
-    width = 1.0 if len(xs) > PER_RANK_UP_TO else 0.8
-    axes[0].bar(xs, [r[mem_key] / 2**30 for r in ranks], color="tab:blue", width=width)
+    bars = _bars(len(xs))
     axes[0].set_title(f"estimated {mem_key.split('_')[0].upper()} (GiB)")
+    bars(axes[0], [r[mem_key] / 2**30 for r in ranks], [0.0] * len(xs), color="tab:blue")
     bottom = [0.0] * len(xs)
     for key, color in PARTS:
         vals = [r[key] for r in ranks]
-        axes[1].bar(xs, vals, bottom=bottom, color=color, label=key.replace("_ms", ""), width=width)
+        bars(axes[1], vals, bottom, color=color, label=key.replace("_ms", ""))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     axes[1].set_title("estimated step time (ms)")
     axes[1].legend(fontsize=7, loc="lower right")
     intra = [b / 2**20 for b in comms["intra_node_bytes"]]
-    axes[2].bar(xs, intra, label="within node", color="tab:cyan", width=width)
-    axes[2].bar(xs, [b / 2**20 for b in comms["cross_node_bytes"]], bottom=intra, label="across nodes",
-                color="tab:purple", width=width)
+    bars(axes[2], intra, [0.0] * len(xs), label="within node", color="tab:cyan")
+    bars(axes[2], [b / 2**20 for b in comms["cross_node_bytes"]], intra, label="across nodes", color="tab:purple")
     axes[2].set_title("estimated bytes sent per step (MiB)")
     axes[2].legend(fontsize=7, loc="lower right")
     for ax in axes:
