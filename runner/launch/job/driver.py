@@ -91,9 +91,10 @@ def _plan(cfg: RunnerConfig, run: DriverRun) -> Dict[str, Any]:
     from runner.plan.planner import reusable_model, runners_planner
     from runner.train.models import planning_model
 
+    model = reusable_model(cfg, planning_model)
+    store.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
     run.open()
-    return plan_only(cfg, run.run_dir, reusable_model(cfg, planning_model),
-                     _sweep_choices() if runners_planner() else None)  # the stock planner: none of the reuse
+    return plan_only(cfg, run.run_dir, model, _sweep_choices() if runners_planner() else None)  # stock: no reuse
 
 
 def _sweep_choices() -> Any:
@@ -217,7 +218,9 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
-        store.check_store(run.uri)  # (the sweep began with the store there) goes on and keeps its run for later
+        # (the sweep began with the store there) goes on and keeps its run for later. Plan-only: a local store
+        # opened beside the planner's imports and model, checked before the run opens (:func:`_plan`)
+        (store.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
