@@ -29,6 +29,7 @@ CASES = [
     ([*CRITEO, "data.path={d}/mid.tsv"], "mid.tsv line 3001 has 3 fields"),
     ([*CRITEO, "data.path={d}/mid.tsv", "data.num_workers=1"], "mid.tsv line 3001 has 3 fields"),
     (["tracking.uri=sqlite:////proc/nope/x.db"], "cannot be created"),
+    (["mode=plan", "tracking.uri=sqlite:////proc/nope/x.db"], "cannot be created"),  # opened beside the planner
     (["tracking.uri=ftp://example.com/x"], "cannot open this store"),
     (["tracking.uri=http://127.0.0.1:9"], "no MLflow server answers"),
     (["train.resume=/nonexistent/ckpt"], "no such file or folder"),  # the driver's checks before launch

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from runner import STARTED
+from runner.config.errors import TrackingError
 from runner.config.place import Place
 from runner.launch import schedulers
 from runner.launch.job import outcome
@@ -238,6 +239,8 @@ def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, place: Plac
             return {}
         run.pump()
     except BaseException as exc:
+        if isinstance(exc, TrackingError) and not run.opened:
+            raise  # the store refused before the run opened (a plan-only job's, opened beside): none to record in
         end = outcome.of_error(exc, cfg, ctx.run_dir)
         if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
             run.ensure_on_record()
