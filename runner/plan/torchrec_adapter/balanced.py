@@ -179,8 +179,9 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
            report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
     start: small problems solved exactly first (:func:`runner.plan.balance.exact`, within :data:`EXACT_NODES`); each
-    start taken to its local optimum (:func:`runner.plan.balance.improve`); the best of those searched further
-    (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left of ``budget_s``. Returns the winner and,
+    start taken to its local optimum (:func:`runner.plan.balance.improve`) within an even share of what is left of
+    ``budget_s`` (so that the whole search keeps to it, however many starts a sweep's earlier points add); the
+    best of those searched further (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left. Returns the winner and,
     per start, its rating before and after. Ties keep the earlier start (the runner's own first). ``report``
     is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:
@@ -209,7 +210,8 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
     best_so_far: Optional[float] = None
     for i, (name, start) in enumerate(candidates.items()):
         say(f"balanced search: improving start {i + 1} of {len(candidates)} ({name})", best_so_far)
-        found, moves = (start, 0) if facts["optimal"] else improve(problem, start, budget_s)
+        share = max(budget_s - (time.perf_counter() - t0), 0.0) / (len(candidates) - i)  # of what is left
+        found, moves = (start, 0) if facts["optimal"] else improve(problem, start, share)
         improved[name] = found
         facts["starts"][name] = {"rating": rating(problem, start), "improved": rating(problem, found),
                                  "moves": moves, "changed": _changed(start, found)}
