@@ -181,9 +181,9 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
     start: small problems solved exactly first (:func:`runner.plan.balance.exact`, within :data:`EXACT_NODES`); each
     start taken to its local optimum (:func:`runner.plan.balance.improve`) within an even share of what is left of
     ``budget_s`` (so that the whole search keeps to it, however many starts a sweep's earlier points add); the
-    best of those searched further (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left. Returns the winner and,
-    per start, its rating before and after. Ties keep the earlier start (the runner's own first). ``report``
-    is told each step (what, the best rating so far)."""
+    best of those searched further (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left.
+    Returns the winner and, per start, its rating before and after. Ties keep the earlier start (the runner's
+    own first). ``report`` is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:
         if report is not None:
             report(text, best)

@@ -32,6 +32,7 @@ from runner.plan.torchrec_adapter.balanced import (
     search,
     solution_of,
 )
+from runner.plan.torchrec_adapter.bound import known as bound_known
 from runner.plan.torchrec_adapter.bound import lower_bound
 from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
 from runner.plan.torchrec_adapter.dp_proposer import (
@@ -66,7 +67,7 @@ class BalancedPlanner(SearchLoopPlanner):
         if not space:
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
-        if may_fork():  # the plan's bound, on the core the search leaves idle
+        if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
             bound_ahead.start(space, problem, lower_bound)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(

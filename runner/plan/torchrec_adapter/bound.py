@@ -19,7 +19,7 @@ every shard fits on some device after the reservation):
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -112,9 +112,37 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     if not space or reserved is None:
         return None
     from runner.plan.torchrec_adapter import bound_ahead
-    from runner.plan.torchrec_adapter.balanced import problem_of  # the balanced search's problem of TorchRec's options
+    from runner.plan.torchrec_adapter.balanced import capacity_of, problem_of  # the search's problem of the options
 
-    found = bound_ahead.taken(space, reserved)  # computed beside the search, where it was
+    key = _key(space, reserved.local_world_size, capacity_of(reserved))
+    found = _KNOWN.get(key)
+    if found is None:
+        found = bound_ahead.taken(space, reserved)  # computed beside the search, where it was
     if found is None:
         found = float(lower_bound(problem_of(space, reserved)[0]))
+    _KNOWN[key] = found
     return found if found == found else None
+
+
+# bounds found in this process, by the options (the same object: reused options are handed out as they are) and
+# the devices' storage: a sweep planned together asks again for each point in its second pass
+_KNOWN: Dict[Tuple[int, int, bytes], float] = {}
+_KEPT: List[Any] = []  # the options of those keys, kept alive so that their ids stay theirs
+
+
+def known(space: Any, problem: Problem) -> bool:
+    """Whether the bound for these options on the problem's devices was found in this process already."""
+    return _key(space, problem.local, problem.capacity) in _KNOWN
+
+
+def _key(space: Any, local: int, capacity: np.ndarray) -> Tuple[int, int, bytes]:
+    if not any(s is space for s in _KEPT):
+        _KEPT.append(space)
+        if len(_KEPT) > KEEP:  # the oldest options let go, with their bounds
+            gone = id(_KEPT.pop(0))
+            for k in [k for k in _KNOWN if k[0] == gone]:
+                del _KNOWN[k]
+    return id(space), local, np.ascontiguousarray(capacity).tobytes()
+
+
+KEEP = 16  # option sets whose bounds are kept (a sweep's bandwidths: their options are kept for reuse anyway)
