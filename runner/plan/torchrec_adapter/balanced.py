@@ -81,7 +81,7 @@ def _kind(option: ShardingOption) -> Optional[int]:
     return kind
 
 
-_LAST_PROBLEM: List[Any] = []  # [search space, its problem_of], the latest only
+_LAST_PROBLEM: List[Any] = []  # [search space, its numbers per table and options per table], the latest only
 
 
 def capacity_of(reserved: Topology) -> np.ndarray:
@@ -96,24 +96,23 @@ def same_devices(problem: Problem, reserved: Topology) -> bool:
 
 def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[Problem, List[List[ShardingOption]]]:
     """The search's numbers for TorchRec's options and reserved devices, and the options per table in the
-    problem's order (tables in first-seen order, options as enumerated). The latest is kept: the same options
-    (the same object) on devices with the same storage (as the search and then the plan's bound ask) get it
-    again."""
-    if _LAST_PROBLEM and _LAST_PROBLEM[0] is search_space and same_devices(_LAST_PROBLEM[1][0], reserved):
-        return _LAST_PROBLEM[1]  # type: ignore[no-any-return]
-    _LAST_PROBLEM[:] = [search_space, _problem_of(search_space, reserved)]
-    return _LAST_PROBLEM[1]  # type: ignore[no-any-return]
+    problem's order (tables in first-seen order, options as enumerated). The options' numbers are kept for the
+    latest options (the same object: the search, then the plan's bound, then a sweep's next points on the same
+    bandwidths ask again); the devices' storage is read each time."""
+    if not (_LAST_PROBLEM and _LAST_PROBLEM[0] is search_space):
+        _LAST_PROBLEM[:] = [search_space, _tables_of(search_space)]
+    tables, table_options = _LAST_PROBLEM[1]
+    return Problem(tables, capacity_of(reserved), reserved.local_world_size), table_options
 
 
-def _problem_of(search_space: List[ShardingOption], reserved: Topology
-                ) -> Tuple[Problem, List[List[ShardingOption]]]:
+def _tables_of(search_space: List[ShardingOption]) -> Tuple[List[List[Choice]], List[List[ShardingOption]]]:
     by_table: Dict[str, List[ShardingOption]] = {}
     for option in search_space:
         if _kind(option) is not None:
             by_table.setdefault(option.fqn, []).append(option)
     tables = [[Choice(_kind(o), *shard_arrays(o)) for o in options]  # type: ignore[arg-type]
               for options in by_table.values()]
-    return Problem(tables, capacity_of(reserved), reserved.local_world_size), list(by_table.values())
+    return tables, list(by_table.values())
 
 
 def _signature(option: ShardingOption) -> Tuple[str, str]:

@@ -11,8 +11,10 @@ TorchRec's ``to_sharding_plan`` and stats end it, as TorchRec's loop ends.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
@@ -46,6 +48,21 @@ from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a plan is made: the plan creates a few hundred thousand
+    small objects (a data-parallel option at 1,024 GPUs has 1,024 shards), which set off collections that each
+    walk every object alive, the sweep's kept options too (in a 9-point study at 5,384 x 1,024: 30 s of 175).
+    Planning makes no reference cycles worth collecting meanwhile; the collector resumes as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class BalancedPlanner(SearchLoopPlanner):
     """TorchRec's planner whose loop is :func:`search` (see the module doc): the same storage reservation,
     enumeration, perf model, ``to_sharding_plan`` and stats as TorchRec's; the plan's shards placed by the
@@ -58,7 +75,7 @@ class BalancedPlanner(SearchLoopPlanner):
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         if self.plan_loader is not None:
             return super().plan(module, sharders)
-        with quick_copies():
+        with quick_copies(), _collector_paused():
             return self._plan_balanced(module, sharders)
 
     def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
