@@ -117,3 +117,13 @@ def job_memory() -> Tuple[Optional[int], str]:
         if os.environ.get("SLURM_MEM_PER_NODE"):
             found.append((int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20, "Slurm's allocation (SLURM_MEM_PER_NODE)"))
     return min(found) if found else (None, "")
+
+
+def may_fork() -> bool:
+    """Whether this process may fork a helper for a second core: it has a core to spare and nothing a fork must
+    not copy live (no CUDA context, no process group: the plan-only driver or a sweep's own process, not a
+    training worker)."""
+    import torch
+
+    return (hasattr(os, "fork") and len(os.sched_getaffinity(0)) > 1 and not torch.cuda.is_initialized()
+            and not (torch.distributed.is_available() and torch.distributed.is_initialized()))

@@ -61,10 +61,19 @@ def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Cal
     tty = sys.stdout.isatty()
     if not tty:
         print(f"[runner] planning the sweep's {len(points)} points together (sharding.proposer=balanced)", flush=True)
+    from runner.launch.sweep.plan_halves import plan_in_halves
+    from runner.runtime.cores import may_fork
+
+    def plan_point(i: int, report: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+        return _plan_point(i, points[i][1], len(points), t0, build_model, progress if report else None, tty and report)
+
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
-        for i, (overrides, cfg) in enumerate(points):
-            _plan_point(i, overrides, cfg, len(points), t0, build_model, plans, facts_of, progress)
+        for i, entry, facts in plan_in_halves(len(points), plan_point, may_fork()):
+            if entry is not None and entry not in plans:
+                plans.append(entry)
+            if entry is not None:
+                facts_of[_key(points[i][0])] = facts
     done = time.perf_counter() - t0
     print(f"{chr(13) if tty else ''}[runner] planned the sweep's {len(points)} points together in {done:.1f} s: "
           f"{len(plans)} distinct plans; each point takes the best of them" + ("\x1b[K" if tty else ""), flush=True)
@@ -87,14 +96,15 @@ def _quiet(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0: float,
-                build_model: Callable[[Any], Any], plans: List[Dict[str, Any]], facts_of: Dict[str, Any],
-                progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> None:
+def _plan_point(i: int, cfg: RunnerConfig, count: int, t0: float, build_model: Callable[[Any], Any],
+                progress: Optional[Callable[[int, Dict[str, Any]], None]], tty: bool
+                ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+    """Point ``i``'s plan (as entries; None where no plan fits: its job says so) and what it compared."""
     from runner.config.errors import PlanError
     from runner.plan.planner import make_plan, plan_entries
     from runner.runtime.device import device_type
 
-    if sys.stdout.isatty():
+    if tty:
         print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "
               f"{i + 1}/{count}, {time.perf_counter() - t0:.0f} s\x1b[K", end="", flush=True)
     world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
@@ -104,12 +114,10 @@ def _plan_point(i: int, overrides: List[str], cfg: RunnerConfig, count: int, t0:
                                   device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts,
                                   progress=None if progress is None else lambda counts: progress(i, counts))
     except PlanError:
-        return  # no plan fits this point: its job says so
+        return None, {}
     entry = {k: list(v) for k, v in plan_entries(best).items()}
-    if entry not in plans:
-        plans.append(entry)
-    facts_of[_key(overrides)] = {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {}),
-                                 "skipped": facts.get("skipped", {})}
+    return entry, {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {}),
+                   "skipped": facts.get("skipped", {})}
 
 
 def _key(overrides: Sequence[str]) -> str:

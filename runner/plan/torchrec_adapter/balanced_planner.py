@@ -43,9 +43,10 @@ from runner.plan.torchrec_adapter.dp_proposer import (
     placeable_only,
 )
 from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
-from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner, may_fork
+from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
+from runner.runtime.cores import may_fork
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ and checks. Other proposers run TorchRec's own ``plan``.
 from __future__ import annotations
 
 import copy
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -39,18 +38,10 @@ from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
 from runner.plan.torchrec_adapter.partition_helper import PartitionHelper, rate
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
+from runner.runtime.cores import may_fork
 
 Progress = Callable[[Dict[str, Any]], None]
 HELPER_AFTER_S = 2.0  # a search still running after this many seconds partitions in two processes
-
-
-def may_fork() -> bool:
-    """A helper process is forked only from a process with a core to spare and nothing a fork must not copy
-    live: no CUDA context, no process group (the plan-only driver, not a training worker)."""
-    import torch
-
-    return (hasattr(os, "fork") and len(os.sched_getaffinity(0)) > 1 and not torch.cuda.is_initialized()
-            and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
 
 
 class SearchLoopPlanner(EmbeddingShardingPlanner):
@@ -136,8 +127,9 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
     def _search(self, proposer: SkippingProposer, storage_constraint: Topology, start_time: float,
                 search_space: List[ShardingOption]) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks).
-        A search still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`may_fork`)
-        hands proposals to a :class:`.partition_helper.PartitionHelper` while it partitions others here."""
+        A search still running after :data:`HELPER_AFTER_S` in a process that may fork
+        (:func:`runner.runtime.cores.may_fork`) hands proposals to a :class:`.partition_helper.PartitionHelper`
+        while it partitions others here."""
         rated: Dict[int, float] = {}  # proposal index -> rating, for those that partitioned
         kept: Dict[int, Tuple[List[ShardingOption], List[List[int]]]] = {}  # those rated here that may win
         handed: Dict[int, List[ShardingOption]] = {}
