@@ -84,55 +84,10 @@ def sqlite_folder(uri: str) -> Optional[Path]:
 PROBE_TIMEOUT_S = 5.0  # how long an unreachable tracking server may hold up a job before it is refused
 
 
-_BESIDE: Dict[str, int] = {}  # store -> the process opening it beside this one (open_store_beside)
-
-
-def open_store_beside(uri: str) -> None:
-    """Start opening a local SQLite store (MLflow's import, and a new store's tables and migrations: 3-5 s) in
-    a fork while this process goes on (a plan-only job imports TorchRec and builds its model meanwhile);
-    :func:`check_store` waits for it, then checks as before (quickly: the store is there) and refuses with the
-    same line where it failed. Other stores are checked here and now."""
-    if sqlite_folder(uri) is None or not hasattr(os, "fork") or uri in _BESIDE:
-        check_store(uri)
-        return
-    import signal
-
-    pid = os.fork()
-    if pid == 0:  # the fork: open it, say only whether that worked (the job says why, when it checks)
-        code = 1
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            from runner.runtime.process_end import die_with_parent
-
-            die_with_parent("RUNNER_STORE_HELPER_PARENT")
-            check_store(uri)
-            code = 0
-        except BaseException:  # noqa: BLE001
-            pass
-        finally:
-            os._exit(code)
-    _BESIDE[uri] = pid
-
-
-def settle_store(uri: str) -> None:
-    """Where :func:`open_store_beside` is opening ``uri``: wait for it and check the store (refused in one line
-    where it cannot be opened); otherwise nothing."""
-    if uri in _BESIDE:
-        check_store(uri)
-
-
 @functools.lru_cache(maxsize=8)
 def check_store(uri: str) -> None:
     """Refuse, in one line and within seconds, a store that cannot be reached or opened: before any worker
-    starts (a server's client would otherwise retry for minutes). Checked once per store and process (after
-    the fork of :func:`open_store_beside`, if one is opening it, has ended)."""
-    pid = _BESIDE.pop(uri, None)
-    if pid is not None:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+    starts (a server's client would otherwise retry for minutes). Checked once per store and process."""
     fix = "start it (mlflow server --host 127.0.0.1 --port 5000) or set tracking.uri / $MLFLOW_TRACKING_URI"
     if uri.startswith(("http://", "https://")):
         import urllib.error

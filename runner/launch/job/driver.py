@@ -45,7 +45,7 @@ from runner.runtime.device import (
     job_gpus,
     visible_gpus,
 )
-from runner.track import store
+from runner.track import store, store_open
 from runner.track.driver_run import DriverRun
 from runner.track.sweep_points import sweep_info
 from runner.train.checkpoint import checkpoint_root, resolve
@@ -93,7 +93,7 @@ def _plan(cfg: RunnerConfig, run: DriverRun) -> Dict[str, Any]:
     from runner.train.models import planning_model
 
     model = reusable_model(cfg, planning_model)
-    store.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
+    store_open.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
     run.open()
     return plan_only(cfg, run.run_dir, model, _sweep_choices() if runners_planner() else None)  # stock: no reuse
 
@@ -221,7 +221,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
         # (the sweep began with the store there) goes on and keeps its run for later. Plan-only: a local store
         # opened beside the planner's imports and model, checked before the run opens (:func:`_plan`)
-        (store.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
+        (store_open.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))

@@ -1,8 +1,8 @@
 """``sharding.proposer=balanced``: the best plan the runner can find, by TorchRec's own yardstick.
 
-TorchRec's enumerated options (each shard's storage and perf from its estimators) and the storage the
-reservation leaves on each device become a :class:`runner.plan.balance.Problem` (:func:`problem_of`); :func:`search`
-runs :mod:`runner.plan.balance_search` from several starts and the plan with the lowest rating wins:
+TorchRec's options (each shard's storage and perf from its estimators) and the storage the reservation leaves
+become a :class:`runner.plan.balance.Problem` (:func:`problem_of`); :func:`search` runs
+:mod:`runner.plan.balance_search` from several starts and the plan with the lowest rating wins:
 
 1. the runner's own start (:func:`runner.plan.balance.construct`);
 2. TorchRec's own plans for the same inputs, for each proposer in ``sharding.balanced_compare``
@@ -39,7 +39,8 @@ from runner.plan.balance import (
     rating,
     valid,
 )
-from runner.plan.balance_search import exact, improve, perturb
+from runner.plan.balance_exact import exact
+from runner.plan.balance_search import improve, perturb
 from runner.plan.torchrec_adapter.compact_enumeration import shard_arrays, shard_count
 
 _KIND = {PartitionByType.UNIFORM.value: UNIFORM, PartitionByType.DEVICE.value: DEVICE,
@@ -96,9 +97,8 @@ def same_devices(problem: Problem, reserved: Topology) -> bool:
 
 def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[Problem, List[List[ShardingOption]]]:
     """The search's numbers for TorchRec's options and reserved devices, and the options per table in the
-    problem's order (tables in first-seen order, options as enumerated). The options' numbers are kept for the
-    latest options (the same object: the search, then the plan's bound, then a sweep's next points on the same
-    bandwidths ask again); the devices' storage is read each time."""
+    problem's order (tables in first-seen order, options as enumerated). The latest options' numbers are kept
+    (the search, the bound, a sweep's next points on the same bandwidths ask again); storage is read each time."""
     if not (_LAST_PROBLEM and _LAST_PROBLEM[0] is search_space):
         _LAST_PROBLEM[:] = [search_space, _tables_of(search_space)]
     tables, table_options = _LAST_PROBLEM[1]

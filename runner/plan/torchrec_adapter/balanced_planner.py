@@ -86,7 +86,7 @@ class BalancedPlanner(SearchLoopPlanner):
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
         if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start(space, problem, lower_bound)
+            bound_ahead.start_bound(space, problem, lower_bound)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):

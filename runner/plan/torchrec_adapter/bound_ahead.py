@@ -2,7 +2,7 @@
 
 The bound (:mod:`.bound`) reads only the search's problem, which is known before the search starts; at 5,384
 tables on 1,024 GPUs its linear program takes about 2 s, after a 5 s search, on a machine where one core
-searches and the other waits. :func:`start` forks the planning process once the problem is built (only where
+searches and the other waits. :func:`start_bound` forks the planning process once the problem is built (only where
 a fork is safe and there is a core to spare: :func:`.planning_loop.may_fork`); the fork computes the bound
 with the same call and sends it back; :func:`taken` gives it to :func:`.bound.plan_bound` for the same options
 and devices. Where the fork fails or dies, the bound is computed here as before: the same number either way.
@@ -23,10 +23,10 @@ ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes second
 _AHEAD: List[Any] = []  # [search space, problem, pid, connection], the latest only
 
 
-def start(search_space: List[Any], problem: Problem, bound: Callable[[Problem], float]) -> None:
+def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], float]) -> None:
     """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound`) for the problem of these
     options."""
-    forget()
+    end_bound_fork()
     ours, theirs = Pipe(duplex=False)
     pid = os.fork()
     if pid == 0:  # the fork
@@ -51,7 +51,7 @@ def taken(search_space: Any, reserved: Any) -> Optional[float]:
     from runner.plan.torchrec_adapter.balanced import same_devices
 
     if not _AHEAD or _AHEAD[0] is not search_space or not same_devices(_AHEAD[1], reserved):
-        forget()
+        end_bound_fork()
         return None
     conn: Connection = _AHEAD[3]
     try:
@@ -59,10 +59,10 @@ def taken(search_space: Any, reserved: Any) -> Optional[float]:
     except (EOFError, OSError):
         return None
     finally:
-        forget()
+        end_bound_fork()
 
 
-def forget() -> None:
+def end_bound_fork() -> None:
     """End the fork (if any is left) and drop what it was for."""
     if not _AHEAD:
         return
