@@ -221,6 +221,11 @@ def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_p
         until(lambda: not job_processes(job, "n2"), 60, "attempt 1 did not end on n2")
         # Slurm holds a requeued job for a while (BeginTime, about 2 minutes): let it start now
         subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+        # and only once n2 is back and done cleaning up attempt 1 (on a loaded machine its clean-up came after
+        # attempt 2 had started there, and ended it)
+        until(lambda: node_state("n2").split("+")[0] == "IDLE" and not any(
+            flag in node_state("n2") for flag in ("COMPLETING", "NOT_RESPONDING", "DOWN", "DRAIN")), 60,
+            "n2 did not come back idle")
         subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
         out, err = proc.communicate(timeout=240)
     finally:
