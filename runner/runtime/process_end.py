@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0  # the fallback's polling interval
@@ -77,3 +77,35 @@ def exit_now(code: object) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe (e.g. `| head`): nothing more can be said there
             pass
     os._exit(code)
+
+
+def fork_helper(work: Callable[[], None], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> int:
+    """Fork a helper that runs ``work()`` and ends (status 0, or 1 where it raised: the caller then does the work
+    itself): Ctrl-C and SIGTERM at their defaults, ended when this process dies (:func:`die_with_parent`), no
+    interpreter teardown. The helper's pid, in this process; raises ``OSError`` where the fork fails."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            die_with_parent(env_var)
+            work()
+        except BaseException:  # noqa: BLE001  (the caller does what the helper did not)
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def reap(pid: int, kill: bool = False) -> None:
+    """Wait for the helper ``pid`` to end (``kill``: SIGKILL it first: it is done, or given up on)."""
+    if kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict
 
+from runner.runtime.process_end import fork_helper, reap
 from runner.track.store import check_store, sqlite_folder
 
 _BESIDE: Dict[str, int] = {}  # store -> the process opening it beside this one (open_store_beside)
@@ -21,23 +22,8 @@ def open_store_beside(uri: str) -> None:
     if sqlite_folder(uri) is None or not hasattr(os, "fork") or uri in _BESIDE:
         check_store(uri)
         return
-    import signal
-
-    pid = os.fork()
-    if pid == 0:  # the fork: open it, say only whether that worked (the job says why, when it checks)
-        code = 1
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            from runner.runtime.process_end import die_with_parent
-
-            die_with_parent("RUNNER_STORE_HELPER_PARENT")
-            check_store(uri)
-            code = 0
-        except BaseException:  # noqa: BLE001
-            pass
-        finally:
-            os._exit(code)
+    # the fork opens it and says only whether that worked (the job says why, when it checks)
+    pid = fork_helper(lambda: check_store(uri), "RUNNER_STORE_HELPER_PARENT")
     _BESIDE[uri] = pid
 
 
@@ -46,8 +32,5 @@ def settle_store(uri: str) -> None:
     where it cannot be opened); otherwise nothing."""
     pid = _BESIDE.pop(uri, None)
     if pid is not None:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        reap(pid)
         check_store(uri)

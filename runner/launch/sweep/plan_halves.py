@@ -13,12 +13,10 @@ here after the others.
 
 from __future__ import annotations
 
-import os
-import signal
 from multiprocessing.connection import Pipe
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from runner.runtime.process_end import die_with_parent
+from runner.runtime.process_end import fork_helper, reap
 
 Answer = Tuple[int, Optional[Dict[str, Any]], Dict[str, Any]]  # (point, its plan's entries or None, its facts)
 ANSWER_TIMEOUT_S = 24 * 3600.0  # the fork's half takes as long as this process's half
@@ -45,23 +43,16 @@ def plan_in_halves(count: int, plan_point: Callable[[int, bool], Tuple[Optional[
 
 def _start(points: List[int], plan_point: Callable[[int, bool], Tuple[Any, Any]]) -> Tuple[Optional[int], Any]:
     ours, theirs = Pipe(duplex=False)
+
+    def work() -> None:  # in the fork: its points, each answer sent as it comes (what it did not send is
+        ours.close()  # planned in the sweep's process)
+        for i in points:
+            theirs.send((i, *plan_point(i, False)))
+
     try:
-        pid = os.fork()
+        pid = fork_helper(work)
     except OSError:
         return None, None
-    if pid == 0:  # the fork: plan its points, send each answer as it comes
-        code = 0
-        try:
-            ours.close()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            die_with_parent("RUNNER_PLAN_HELPER_PARENT")
-            for i in points:
-                theirs.send((i, *plan_point(i, False)))
-        except BaseException:  # noqa: BLE001  (the sweep's process plans what it did not send)
-            code = 1
-        finally:
-            os._exit(code)
     theirs.close()
     return pid, ours
 
@@ -80,11 +71,4 @@ def _collect(pid: Optional[int], conn: Any, points: List[int]) -> List[Answer]:
 
 def _end(pid: int, conn: Any) -> None:
     conn.close()
-    try:
-        os.kill(pid, signal.SIGKILL)  # done (it has sent all) or given up on
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    reap(pid, kill=True)  # done (it has sent all) or given up on

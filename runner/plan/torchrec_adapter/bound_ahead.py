@@ -10,13 +10,11 @@ and devices. Where the fork fails or dies, the bound is computed here as before:
 
 from __future__ import annotations
 
-import os
-import signal
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable, List, Optional
 
 from runner.plan.balance import Problem
-from runner.runtime.process_end import die_with_parent
+from runner.runtime.process_end import fork_helper, reap
 
 ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes seconds
 
@@ -28,19 +26,12 @@ def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Prob
     options."""
     end_bound_fork()
     ours, theirs = Pipe(duplex=False)
-    pid = os.fork()
-    if pid == 0:  # the fork
-        code = 0
-        try:
-            ours.close()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            die_with_parent("RUNNER_PLAN_HELPER_PARENT")
-            theirs.send(float(bound(problem)))
-        except BaseException:  # noqa: BLE001  (the planning process computes it then)
-            code = 1
-        finally:
-            os._exit(code)
+
+    def work() -> None:  # in the fork; where it fails, the planning process computes the bound
+        ours.close()
+        theirs.send(float(bound(problem)))
+
+    pid = fork_helper(work)
     theirs.close()
     _AHEAD[:] = [search_space, problem, pid, ours]
 
@@ -69,11 +60,4 @@ def end_bound_fork() -> None:
     pid, conn = _AHEAD[2], _AHEAD[3]
     _AHEAD.clear()
     conn.close()
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    reap(pid, kill=True)

@@ -15,15 +15,13 @@ proposals it still held are partitioned here.
 
 from __future__ import annotations
 
-import os
-import signal
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
 
-from runner.runtime.process_end import die_with_parent
+from runner.runtime.process_end import fork_helper, reap
 
 Answer = Tuple[int, bool, Optional[float]]
 ANSWER_TIMEOUT_S = 120.0  # one partition takes well under a second at 1000 tables x 128 GPUs
@@ -60,19 +58,12 @@ class PartitionHelper:
                  storage_constraint: Topology) -> None:
         options = {id(o): o for o in search_space}
         ours, theirs = Pipe()
-        pid = os.fork()
-        if pid == 0:  # the helper
-            code = 0
-            try:
-                ours.close()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)
-                die_with_parent("RUNNER_PLAN_HELPER_PARENT")
-                _serve(theirs, options, partitioner, perf_model, storage_constraint)
-            except BaseException:  # noqa: BLE001  (the planning process partitions what is left)
-                code = 1
-            finally:
-                os._exit(code)
+
+        def work() -> None:  # the helper; where it fails, the planning process partitions what is left
+            ours.close()
+            _serve(theirs, options, partitioner, perf_model, storage_constraint)
+
+        pid = fork_helper(work)
         theirs.close()
         self.pid, self.conn = pid, ours
         self.held: Dict[int, List[ShardingOption]] = {}
@@ -106,14 +97,9 @@ class PartitionHelper:
 
     def close(self) -> None:
         try:
-            if self.failed:
-                os.kill(self.pid, signal.SIGKILL)
-            else:
+            if not self.failed:
                 self.conn.send(None)
         except OSError:
             pass
         self.conn.close()
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        reap(self.pid, kill=self.failed)
