@@ -192,3 +192,41 @@ def test_no_two_functions_of_the_package_share_a_name() -> None:
                 found.setdefault(node.name, set()).add(_module(path))
     shared = {name: sorted(modules) for name, modules in found.items() if len(modules) > 1 and name not in SAME_ROLE}
     assert not shared, shared
+
+
+def _names_a_part(node: ast.AST, names: Set[str]) -> bool:
+    """A decision on a part's name: a comparison or ``in`` test with one as a literal (or in a tuple, list or set
+    of literals), a ``match`` case of one, or a dict keyed by one (a table of parts by name)."""
+    def literal(n: ast.AST) -> bool:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return n.value in names
+        return isinstance(n, (ast.Tuple, ast.List, ast.Set)) and any(literal(e) for e in n.elts)
+
+    if isinstance(node, ast.Compare):
+        return any(literal(side) for side in (node.left, *node.comparators))
+    if isinstance(node, ast.Dict):
+        return any(k is not None and literal(k) for k in node.keys)
+    return isinstance(node, ast.MatchValue) and literal(node.value)
+
+
+def test_no_module_but_a_part_s_declaration_tests_its_name() -> None:
+    """Each kind of part is declared once (docs/architecture.md, *Adding ...*): no module but its declaration
+    compares its names, lists them or keys a table by them; everything else reads the declaration's fields
+    (schedulers: tests/launch/test_schedulers.py)."""
+    from runner.config import data_sources, model_families, optimizer_kinds, precisions, proposers
+
+    kinds = {
+        model_families: set(model_families.FAMILIES),
+        optimizer_kinds: {*optimizer_kinds.SPARSE, *optimizer_kinds.DENSE, *optimizer_kinds.SCHEDULES},
+        data_sources: set(data_sources.SOURCES),
+        precisions: {*precisions.AUTOCASTS, *precisions.TABLE_DTYPES, *precisions.COMM_DTYPES},
+        proposers: set(proposers.PROPOSERS),
+    }
+    found = []
+    for declaration, names in kinds.items():
+        assert names and _names_a_part(ast.parse(f"x == {sorted(names)[0]!r}").body[0].value, names)  # type: ignore[attr-defined]
+        for path in PACKAGE.rglob("*.py"):
+            if path != Path(str(declaration.__file__)):
+                found += [f"{path.relative_to(PACKAGE)}:{n.lineno}: {ast.unparse(n)[:80]}"
+                          for n in ast.walk(ast.parse(path.read_text(), str(path))) if _names_a_part(n, names)]
+    assert not found, found

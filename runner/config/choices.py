@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import ListConfig
 
@@ -14,11 +14,13 @@ from runner.config.errors import ConfigError
 
 _ALLOWED = "allowed"
 _NULL = "null"
+_SAID = "said"
 
 
-def one_of(default: Optional[str], allowed: Sequence[str], null: bool = False) -> Any:
-    """A field whose value is one of ``allowed`` (or null, with ``null=True``)."""
-    return dataclasses.field(default=default, metadata={_ALLOWED: tuple(allowed), _NULL: null})
+def one_of(default: Optional[str], allowed: Sequence[str], null: bool = False, said: Mapping[str, str] = {}) -> Any:
+    """A field whose value is one of ``allowed`` (or null, with ``null=True``); ``said``: what some of them are, in
+    a few words (a declaration's summaries, for ``--help``)."""
+    return dataclasses.field(default=default, metadata={_ALLOWED: tuple(allowed), _NULL: null, _SAID: dict(said)})
 
 
 def some_of(allowed: Sequence[str], null: bool = False) -> Any:
@@ -36,7 +38,15 @@ def allowed_values(f: dataclasses.Field) -> Optional[Tuple[Tuple[str, ...], bool
     return f.metadata[_ALLOWED], f.metadata[_NULL]
 
 
-def describe(values: Sequence[str], null: bool) -> str:
+def said_of(f: dataclasses.Field) -> Dict[str, str]:
+    """What each allowed value of a field made by :func:`one_of` is, where its declaration says."""
+    return dict(f.metadata.get(_SAID, {}))
+
+
+def describe(values: Sequence[str], null: bool, said: Mapping[str, str] = {}) -> str:
+    if said:  # "a: what a is; b: ..."
+        return ("null or " if null else "") + "one of " + "; ".join(f"{v}: {said[v]}" if v in said else v
+                                                                   for v in values)
     return ("null or " if null else "") + "one of " + ", ".join(values)
 
 

@@ -9,7 +9,8 @@ import inspect
 import typing
 from typing import Any, Dict, List, Tuple
 
-from runner.config.choices import allowed_values, describe
+from runner.config.choices import allowed_values, describe, said_of
+from runner.config.proposers import PROPOSERS
 from runner.config.roles import ROLE_NOTES, role
 
 
@@ -49,8 +50,10 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
         else:
             doc, spec = docs.get(f.name, ""), allowed_values(f)
             if spec is not None:  # the schema's own list (the one validation checks)
-                doc = f"{doc} [{describe(*spec)}]".strip()
+                doc = f"{doc} [{describe(*spec, said_of(f))}]".strip()
             if note := ROLE_NOTES.get(role(prefix + f.name)):
                 doc = f"{doc} ({note})".strip()
+            if readers := [n for n, p in PROPOSERS.items() if prefix == "sharding." and f.name in p.knobs]:
+                doc = f"{doc} (read by sharding.proposer={', '.join(readers)})"
             out.append((f"{prefix}{f.name}", _default(f), doc))
     return out

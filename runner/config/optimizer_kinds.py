@@ -2,7 +2,7 @@
 
 - sparse (``optimizer.sparse``): TorchRec's optimizer class that DMP maps onto an FBGEMM fused optimizer, whether
   FBGEMM's CPU build runs it, whether it takes an epsilon;
-- dense (``optimizer.dense``): torch's optimizer class and the arguments it takes;
+- dense (``optimizer.dense``): torch's optimizer class, the arguments it takes, whether torch fuses it;
 - schedules (``optimizer.*_schedule.name``): the function of :mod:`runner.train.optimizers` giving the factor of
   the base learning rate after warm-up.
 
@@ -37,6 +37,8 @@ class DenseOptimizer:
     """It takes ``optimizer.dense_eps``."""
     momentum: bool = False
     """It takes ``optimizer.dense_momentum``."""
+    fused: bool = True
+    """torch's class takes ``fused`` (given ``True`` when ``optimizer.dense_fused``); without it torch chooses."""
 
 
 @dataclass(frozen=True)
@@ -68,5 +70,4 @@ SCHEDULES: Dict[str, Schedule] = {s.name: s for s in (
     Schedule("steps", _TRAIN + "steps_factor"),
     Schedule("cosine", _TRAIN + "cosine_factor"),
 )}
-SPARSE_NAMES: Tuple[str, ...] = tuple(SPARSE)
 SPARSE_CPU_NAMES: Tuple[str, ...] = tuple(n for n, o in SPARSE.items() if o.cpu)

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 
 from runner.config.choices import one_of
 from runner.config.errors import ConfigError, config_error_line, first_line, wrong_type
+from runner.config.precisions import loss_scaling_by_default
 from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
 from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, TrainSchema
 
@@ -95,7 +96,7 @@ def samples_per_step(cfg: RunnerConfig) -> int:
 def loss_scaling_enabled(cfg: RunnerConfig) -> bool:
     """``precision.grad_scaler.enabled``, whose null means: on with float16 autocast."""
     enabled = cfg.precision.grad_scaler.enabled
-    return cfg.precision.autocast == "float16" if enabled is None else bool(enabled)
+    return loss_scaling_by_default(cfg.precision.autocast) if enabled is None else bool(enabled)
 
 
 def uses_split_step(cfg: RunnerConfig) -> bool:

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from runner.config.choices import one_of, some_of
-from runner.config.model_families import NAMES as FAMILY_NAMES
-from runner.config.proposers import NAMES as PROPOSER_NAMES
+from runner.config.model_families import FAMILIES
+from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
                   "grid_shard")
@@ -47,10 +47,9 @@ class GeneratedTablesSchema:
 class ModelSchema:
     name: str = "dlrm"
     """Preset name, for display."""
-    family: str = one_of("dlrm", FAMILY_NAMES)
-    """``dlrm`` (TorchRec's DLRM, dot interaction) | ``dcn`` (TorchRec's DLRM with a DCN-v2 cross
-    network) | ``deepfm`` (TorchRec's DeepFM) | ``dnn`` (pooled embeddings of any widths concatenated
-    with the dense MLP's output, then the over MLP). All but ``dnn`` need one width for every table."""
+    family: str = one_of("dlrm", tuple(FAMILIES), said={n: f.summary for n, f in FAMILIES.items()})
+    """The model's family: its builder, and whether it needs one width for every table and one task
+    (``runner/config/model_families.py``)."""
     dcn_num_layers: int = 3
     """``dcn``: cross layers."""
     dcn_low_rank_dim: int = 16
@@ -110,13 +109,11 @@ class ShardingSchema:
     constraints: Dict[str, Any] = field(default_factory=dict)
     """Per-table constraints (fields of :class:`TableConstraintSchema`), e.g.
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
-    proposer: str = one_of("default", PROPOSER_NAMES)
-    """``default`` (TorchRec's: grid search, greedy, uniform) | ``balanced`` (the runner's search for the plan
-    with the least loaded busiest rank, never worse than its starts; docs/planning.md) |
-    ``dynamic_programming`` | ``greedy`` | ``grid_search`` | ``uniform``."""
+    proposer: str = one_of("default", tuple(PROPOSERS), said={n: p.summary for n, p in PROPOSERS.items()})
+    """The proposer of the sharding planner (``runner/config/proposers.py``; docs/planning.md)."""
     balanced_budget_s: float = 5.0
     """Seconds the ``balanced`` proposer's search may take after TorchRec's plans it starts from (> 0)."""
-    balanced_compare: Optional[List[str]] = some_of(("dynamic_programming", "greedy"), null=True)
+    balanced_compare: Optional[List[str]] = some_of(BALANCED_STARTS, null=True)
     """TorchRec's proposers whose plans the ``balanced`` proposer also starts from and reports (null:
     ``[dynamic_programming]`` on GPU clusters, none on CPU, where that proposer does not run; ``greedy``
     takes a minute at 300 tables on 64 GPUs)."""

@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from runner.config.choices import one_of
-from runner.config.data_sources import NAMES as DATA_SOURCES
-from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE_NAMES
+from runner.config.data_sources import SOURCES
+from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE
+from runner.config.precisions import AUTOCASTS, COMM_DTYPES, TABLE_DTYPES, autocast_notes
 
 
 @dataclass
 class ScheduleSchema:
     name: str = one_of("constant", tuple(SCHEDULES))
-    """``constant`` | ``exp_decay`` | ``steps`` | ``cosine``; all after ``warmup_steps`` of linear warm-up."""
+    """The learning-rate schedule, after ``warmup_steps`` of linear warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from lr/warmup_steps to lr."""
     decay_rate: float = 0.5
@@ -43,10 +44,9 @@ class ClipSchema:
 class OptimizerSchema:
     name: str = "rowwise_adagrad_adam"
     """Preset name, for display."""
-    sparse: str = one_of("rowwise_adagrad", SPARSE_NAMES)
-    """Fused optimizer of the embedding tables, applied inside backward by FBGEMM: ``rowwise_adagrad`` |
-    ``adagrad`` | ``sgd`` (CPU and GPU) | ``adam`` | ``lamb`` | ``partial_rowwise_adam`` |
-    ``partial_rowwise_lamb`` (GPU only: FBGEMM's CPU build does not run them)."""
+    sparse: str = one_of("rowwise_adagrad", tuple(SPARSE),
+                         said={n: "CPU and GPU" if o.cpu else "GPU only" for n, o in SPARSE.items()})
+    """Fused optimizer of the embedding tables, applied inside backward by FBGEMM (its CPU build runs only some)."""
     sparse_lr: float = 0.05
     """Base learning rate of the sparse optimizer."""
     sparse_eps: float = 1e-8
@@ -58,7 +58,7 @@ class OptimizerSchema:
     sparse_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
     """Learning-rate schedule of the sparse optimizer."""
     dense: str = one_of("adam", tuple(DENSE))
-    """Optimizer of the dense (MLP) parameters: ``adam`` | ``adamw`` | ``adagrad`` | ``sgd``."""
+    """Optimizer of the dense (MLP) parameters (torch's)."""
     dense_lr: float = 1e-3
     """Base learning rate of the dense optimizer."""
     dense_eps: float = 1e-8
@@ -68,9 +68,9 @@ class OptimizerSchema:
     dense_momentum: float = 0.0
     """Momentum of ``sgd`` (Nesterov off)."""
     dense_fused: bool = True
-    """torch's fused kernel for the dense optimizer (``fused=True``: every parameter in one call; the same
-    update up to float rounding, faster than torch's per-parameter default: docs/benchmarks.md); false:
-    torch's default implementation."""
+    """torch's fused kernel for the dense optimizer where torch has one (``fused=True``: every parameter in one
+    call; the same update up to float rounding, faster than torch's per-parameter default: docs/benchmarks.md);
+    false: torch's default implementation."""
     dense_schedule: ScheduleSchema = field(default_factory=ScheduleSchema)
     """Learning-rate schedule of the dense optimizer."""
     clip: ClipSchema = field(default_factory=ClipSchema)
@@ -95,26 +95,25 @@ class GradScalerSchema:
 class PrecisionSchema:
     name: str = "fp32"
     """Preset name, for display."""
-    autocast: Optional[str] = one_of(None, ("bfloat16", "float16"), null=True)
-    """Autocast dtype for the dense part: null (fp32) | ``bfloat16`` | ``float16`` (with loss scaling)."""
+    autocast: Optional[str] = one_of(None, tuple(AUTOCASTS), null=True, said=autocast_notes())
+    """Autocast dtype for the dense part (null: fp32)."""
     grad_scaler: GradScalerSchema = field(default_factory=GradScalerSchema)
     """Loss scaling for fp16 autocast; the embeddings' fused optimizer gets unscaled gradients."""
-    embedding_dtype: str = one_of("fp32", ("fp32", "fp16"))
-    """Storage type of the embedding tables: ``fp32`` | ``fp16`` (half the memory; FBGEMM's kernels
-    compute in fp32 and round the stored rows)."""
-    qcomm_forward: Optional[str] = one_of(None, ("fp16", "bf16"), null=True)
-    """Quantised communication of the sharded embeddings' forward collectives: null | ``fp16`` | ``bf16``."""
-    qcomm_backward: Optional[str] = one_of(None, ("fp16", "bf16"), null=True)
-    """Quantised communication of the backward (gradient) collectives: null | ``fp16`` | ``bf16``."""
+    embedding_dtype: str = one_of("fp32", tuple(TABLE_DTYPES))
+    """Storage type of the embedding tables (``fp16``: half the memory; FBGEMM's kernels compute in fp32 and
+    round the stored rows)."""
+    qcomm_forward: Optional[str] = one_of(None, tuple(COMM_DTYPES), null=True)
+    """Quantised communication of the sharded embeddings' forward collectives (null: fp32)."""
+    qcomm_backward: Optional[str] = one_of(None, tuple(COMM_DTYPES), null=True)
+    """Quantised communication of the backward (gradient) collectives (null: fp32)."""
     tf32: bool = False
     """Allow TF32 matmuls and convolutions on CUDA (Ampere and newer); refused on CPU."""
 
 
 @dataclass
 class DataSchema:
-    name: str = one_of("synthetic", DATA_SOURCES)
-    """Data source: ``synthetic`` (generated; learnable labels that depend on ids and dense features) |
-    ``parquet`` (a folder of Parquet files) | ``criteo`` (Criteo click-log TSV files)."""
+    name: str = one_of("synthetic", tuple(SOURCES), said={n: s.summary for n, s in SOURCES.items()})
+    """Data source (``runner/config/data_sources.py``)."""
     path: Optional[str] = None
     """``parquet``: a folder (searched recursively) or file; ``criteo``: a TSV file or a folder of them."""
     eval_path: Optional[str] = None

@@ -77,6 +77,6 @@ def write_data(cfg: RunnerConfig) -> Dict[str, Any]:
           f"{cfg.data.write_eval_rows} held-out rows to {out / 'eval'}: {size / 2**20:.1f} MiB in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     print(f"[runner] train on it: python -m runner data=parquet data.path={out / 'train'} "
-          f"data.eval_path={out / 'eval'}" + (f" model={cfg.model.name}" if cfg.model.name != "dlrm" else ""),
+          f"data.eval_path={out / 'eval'} model={cfg.model.name}",
           flush=True)
     return {"files": [str(f) for f in files]}

@@ -16,14 +16,14 @@ import sys
 import time
 from typing import Any, List, Tuple, cast
 
+from runner.config.proposers import PROPOSERS
 from runner.plan.torchrec_adapter.conformance import CHECKING
 
 _TABLES = 24
 _POINT = ("experiment=plan_many_tables", f"model.generated_tables.count={_TABLES}", "cluster=gpu_2x8",
           "sharding.compute_kernels=[]", "+sharding.constraints.g001.cache_load_factor=0.3")
-# the proposers whose plans are TorchRec's, each checked at these extra keys
-_PROPOSED = {"dynamic_programming": (), "greedy": (), "grid_search": ("model.generated_tables.count=3",),
-             "uniform": ()}
+# the proposers whose plans are TorchRec's, each checked at the extra keys its declaration gives
+_PROPOSED = {n: p.check_at for n, p in PROPOSERS.items() if p.torchrecs_answer and p.stock}
 
 
 def _compose(*overrides: str) -> Any:

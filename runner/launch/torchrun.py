@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional
 from runner.config.errors import ConfigError
 from runner.config.schema import load_resolved
 from runner.config.validation import validate
+from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_job_run, finish_run
 from runner.launch.processes.supervisor import root_cause
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
             run = torchrun_run(cfg, path.parent)
 
     try:
-        results = run_guarded(cfg, path.parent, open_run)
+        results = run_guarded(cfg, path.parent, open_run, schedulers.allocations())
     except BaseException as exc:
         # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
         # stopped before this rank breaks its collective); else the job's failure as the driver names it: the

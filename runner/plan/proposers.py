@@ -4,7 +4,7 @@ TorchRec's stock planner (public classes only)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import TYPE_CHECKING, Any
 
 from torchrec.distributed.planner.proposers import (
     DynamicProgrammingProposer,
@@ -20,12 +20,21 @@ from runner.config.proposers import PROPOSERS, Proposer
 if TYPE_CHECKING:
     from runner.config.schema_model import ShardingSchema
 
-STOCK: Dict[str, Callable[[ShardingSchema], Any]] = {  # TorchRec's proposers, as TorchRec's planner takes them
-    "dynamic_programming": lambda s: DynamicProgrammingProposer(hbm_bins_per_device=s.dp_hbm_bins),
-    "greedy": lambda s: [GreedyProposer(), GreedyProposer(use_depth=False)],
-    "grid_search": lambda s: GridSearchProposer(max_proposals=s.grid_max_proposals),
-    "uniform": lambda s: UniformProposer(),
-}
+
+def stock_dynamic_programming(sharding: ShardingSchema) -> Any:
+    return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
+
+
+def stock_greedy(sharding: ShardingSchema) -> Any:
+    return [GreedyProposer(), GreedyProposer(use_depth=False)]
+
+
+def stock_grid_search(sharding: ShardingSchema) -> Any:
+    return GridSearchProposer(max_proposals=sharding.grid_max_proposals)
+
+
+def stock_uniform(sharding: ShardingSchema) -> Any:
+    return UniformProposer()
 
 
 def declared(sharding: ShardingSchema) -> Proposer:
@@ -49,4 +58,4 @@ def stock_proposer(sharding: ShardingSchema) -> Any:
     """TorchRec's own proposer(s) standing in for ``sharding.proposer`` on its stock planner (None: its default
     list)."""
     stock = declared(sharding).stock
-    return STOCK[stock](sharding) if stock is not None else None
+    return part(stock)(sharding) if stock is not None else None

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
+from runner.config.precisions import COMM_DTYPES
+
 if TYPE_CHECKING:
     from runner.config.schema_training import PrecisionSchema
 
@@ -30,7 +32,7 @@ def qcomm_registry(precision: PrecisionSchema) -> Optional[Dict[str, Any]]:
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
     def kind(name: Optional[str]) -> Any:
-        return CommType.FP32 if name is None else CommType(name)
+        return CommType.FP32 if name is None else CommType[COMM_DTYPES[name].member]
 
     return get_qcomm_codecs_registry(QCommsConfig(forward_precision=kind(precision.qcomm_forward),
                                                   backward_precision=kind(precision.qcomm_backward)))

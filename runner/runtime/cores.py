@@ -100,10 +100,10 @@ def plan_batch_size(cfg: Any, points: int, pooled: bool) -> Optional[int]:
     return -(-points // jobs) if 1 < jobs < points else None
 
 
-def job_memory() -> Tuple[Optional[int], str]:
+def job_memory(allocated: Sequence[Tuple[int, str]] = ()) -> Tuple[Optional[int], str]:
     """The host memory this job may use, in bytes, and what bounds it: the host's (``/proc/meminfo``), its
-    cgroup's limit (a container, Slurm's cgroup plugin), Slurm's ``SLURM_MEM_PER_NODE`` (MiB); (None, '') where
-    none can be read."""
+    cgroup's limit (a container, Slurm's cgroup plugin), a scheduler's allocation (``allocated``:
+    :func:`runner.launch.schedulers.allocations`); (None, '') where none can be read."""
     found: List[Tuple[int, str]] = []
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -113,9 +113,7 @@ def job_memory() -> Tuple[Optional[int], str]:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
             found.append((int(limit), "the cgroup's memory.max"))
-    with contextlib.suppress(ValueError):
-        if os.environ.get("SLURM_MEM_PER_NODE"):
-            found.append((int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20, "Slurm's allocation (SLURM_MEM_PER_NODE)"))
+    found.extend(allocated)
     return min(found) if found else (None, "")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
 from runner.config.optimizer_kinds import SPARSE_CPU_NAMES as SPARSE_OPTIMIZERS_CPU
+from runner.config.precisions import AUTOCASTS, in_hardware
 
 GIB = 1024**3
 
@@ -215,25 +216,22 @@ def job_gpus(gpus: Sequence[Tuple[str, Tuple[int, int], str]], visible: Sequence
     return found
 
 
-def has_bf16(capability: Tuple[int, int]) -> bool:
-    """bf16 in hardware: compute capability 8.0 (Ampere) or later. torch's ``is_bf16_supported()`` also
-    counts the emulation older GPUs get, many times slower."""
-    return tuple(capability) >= (8, 0)
+def check_autocast_before_launch(autocast: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int], str]]) -> None:
+    """An autocast dtype refused before anything starts when one of the job's GPUs (:func:`job_gpus`) would
+    emulate it (bf16 below Ampere); each worker checks its own GPU again (also under a plain torchrun, without a
+    driver)."""
+    for name, capability, _ in gpus:
+        check_autocast(autocast, capability, name)
 
 
-def check_bf16_before_launch(autocast_dtype: Optional[str], gpus: Sequence[Tuple[str, Tuple[int, int], str]]) -> None:
-    """bf16 autocast refused before anything starts when one of the job's GPUs (:func:`job_gpus`) would
-    emulate it; each worker checks its own GPU again (also under a plain torchrun, without a driver)."""
-    lacking = [name for name, capability, _ in gpus if not has_bf16(capability)]
-    if lacking:
-        check_bf16(autocast_dtype, False, lacking[0])
-
-
-def check_bf16(autocast_dtype: Optional[str], supported: bool, device_name: str) -> None:
-    """bf16 autocast needs a GPU that computes in bf16 (compute capability 8.0 or later)."""
-    if autocast_dtype == "bfloat16" and not supported:
-        raise ConfigError("precision", "bf16", f"fp32 or fp16 on this GPU ({device_name} has no bf16 in hardware: "
-                          "compute capability below 8.0, where torch would emulate it)")
+def check_autocast(autocast: Optional[str], capability: Tuple[int, int], device_name: str) -> None:
+    """``precision.autocast`` needs a GPU that computes in it (:data:`runner.config.precisions.AUTOCASTS`)."""
+    if not in_hardware(autocast, capability):
+        spec = AUTOCASTS[str(autocast)]
+        needs = ".".join(map(str, spec.hardware_from or ()))
+        others = " or ".join(["fp32", *(a.short for a in AUTOCASTS.values() if in_hardware(a.name, capability))])
+        raise ConfigError("precision", spec.short, f"{others} on this GPU ({device_name} has no {spec.short} in "
+                          f"hardware: compute capability below {needs}, where torch would emulate it)")
 
 
 def hbm_cap_bytes(configured_gib: Optional[float], smallest_device_bytes: int) -> int:

@@ -19,6 +19,7 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from runner.config.precisions import TABLE_DTYPES
 from runner.config.tables import table_specs
 from runner.train.optimizers import apply_sparse_optimizer
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 def table_configs(model_cfg: ModelSchema, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One TorchRec table per configured table; its single feature carries the table's name."""
-    data_type = DataType.FP16 if embedding_dtype == "fp16" else DataType.FP32
+    data_type = DataType[TABLE_DTYPES[embedding_dtype].member]
     return [
         EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
                            feature_names=[t.name], data_type=data_type)

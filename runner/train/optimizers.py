@@ -73,10 +73,10 @@ def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimize
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     lr = o.dense_lr * lr_factor(o.dense_schedule, 1, 1)
 
-    fused = True if o.dense_fused else None  # None: torch's own choice (foreach on a GPU, a loop on CPU)
-
     spec = DENSE[o.dense]
-    kwargs: Dict[str, Any] = {"lr": lr, "weight_decay": o.dense_weight_decay, "fused": fused}
+    kwargs: Dict[str, Any] = {"lr": lr, "weight_decay": o.dense_weight_decay}
+    if spec.fused:  # None: torch's own choice (foreach on a GPU, a loop on CPU)
+        kwargs["fused"] = True if o.dense_fused else None
     if spec.eps:
         kwargs["eps"] = o.dense_eps
     if spec.momentum:

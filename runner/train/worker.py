@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,12 +26,11 @@ from runner.runtime import affinity, rundir
 from runner.runtime.cores import job_memory
 from runner.runtime.device import (
     backend,
-    check_bf16,
+    check_autocast,
     check_sparse_optimizer,
     check_tf32,
     ddr_cap_for_host,
     device_type,
-    has_bf16,
     hbm_cap_bytes,
 )
 from runner.runtime.logfile import log_to_file
@@ -84,7 +83,7 @@ def select_device(cluster_device: str, local_rank: int) -> torch.device:
 def check_gpu(cfg: RunnerConfig, device: torch.device) -> None:
     """What this GPU cannot do, refused before anything runs on it (bf16 autocast on a pre-Ampere GPU)."""
     if device.type == "cuda":
-        check_bf16(cfg.precision.autocast, has_bf16(torch.cuda.get_device_capability(device)),
+        check_autocast(cfg.precision.autocast, torch.cuda.get_device_capability(device),
                    torch.cuda.get_device_name(device))
 
 
@@ -148,7 +147,8 @@ def preload() -> None:
     import runner.train.trainer  # noqa: F401
 
 
-def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None,
+        allocated: Sequence[Tuple[int, str]] = ()) -> Dict[str, Any]:
     """Set this process up as one rank, then run its part of the job; rank 0 returns the results. ``joined``
     runs once the process group is up (a failure after that reaches every peer through it at once)."""
     from runner.track.reporter import Reporter
@@ -178,7 +178,10 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         ddr = cfg.cluster.ddr_cap_gib
         if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
             place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
-            ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers, *job_memory())[0]
+            if place is not None:
+                ddr = place.ddr_cap_gib
+            else:
+                ddr = ddr_cap_for_host(ddr, env.host_workers, *job_memory(allocated))[0]
         results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device), ddr).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
@@ -230,11 +233,14 @@ def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
         pass
 
 
-def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None,
+                allocated: Sequence[Tuple[int, str]] = ()) -> Dict[str, Any]:
+    """A rank's whole life (``allocated``: the memory a scheduler gives this node, where no driver has worked
+    out the job's place)."""
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
     log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:
-        return run(cfg, run_dir, joined)
+        return run(cfg, run_dir, joined, allocated)
     except BaseException as exc:
         _record_error(run_dir, exc, cfg.cluster.pg_timeout_s)
         raise

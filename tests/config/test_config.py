@@ -188,11 +188,14 @@ def test_help_filtered_by_a_word_in_process(capsys: pytest.CaptureFixture) -> No
     import dataclasses
 
     from runner.config.choices import allowed_values
+    from runner.config.proposers import PROPOSERS
     from runner.config.schema_model import ShardingSchema
 
     (field,) = [f for f in dataclasses.fields(ShardingSchema) if f.name == "proposer"]
-    allowed, _ = allowed_values(field)
-    assert "[one of " + ", ".join(allowed) + "]" in " ".join(capsys.readouterr().out.split())
+    allowed, _ = allowed_values(field)  # each with its declaration's summary
+    said = "[one of " + "; ".join(f"{n}: {PROPOSERS[n].summary}" for n in allowed) + "]"
+    assert said in " ".join(capsys.readouterr().out.split())
+    assert set(allowed) == set(PROPOSERS)
 
 
 @pytest.mark.slow

@@ -9,15 +9,15 @@ import torch
 from omegaconf import OmegaConf
 
 from runner.config.errors import ConfigError
+from runner.config.precisions import in_hardware
 from runner.launch.schedulers.slurm_submit import job_shape, parse_node_resources
 from runner.runtime.device import (
     GIB,
-    check_bf16,
-    check_bf16_before_launch,
+    check_autocast,
+    check_autocast_before_launch,
     check_gpu_count,
     check_start_method,
     cuda_decision,
-    has_bf16,
     hbm_cap_bytes,
     job_gpus,
     node_gpus,
@@ -61,10 +61,10 @@ def test_hbm_cap_is_the_smallest_gpu_unless_set_below_it() -> None:
 
 def test_bf16_is_refused_on_a_gpu_without_it() -> None:
     with pytest.raises(ConfigError, match="precision='bf16'.*Tesla V100"):
-        check_bf16("bfloat16", False, "Tesla V100-SXM2-32GB")
+        check_autocast("bfloat16", (7, 0), "Tesla V100-SXM2-32GB")
     t4, a100 = ("Tesla T4", (7, 5), "GPU-11aa-t4"), ("NVIDIA A100", (8, 0), "GPU-22bb-a100")
     with pytest.raises(ConfigError, match="Tesla T4 has no bf16 in hardware"):  # before launch: torch would emulate
-        check_bf16_before_launch("bfloat16", [t4, t4])
+        check_autocast_before_launch("bfloat16", [t4, t4])
     mixed = [t4, a100, a100]  # a host with both: what matters is the GPUs the job's workers get
     for visible, count, refused in ((["0", "1"], 2, True), (["1", "2"], 2, False), (["1", "0"], 1, False),
                                     (["GPU-22bb-a100"], 1, False), (["GPU-11aa"], 1, True), (["22bb"], 1, False),
@@ -73,14 +73,16 @@ def test_bf16_is_refused_on_a_gpu_without_it() -> None:
         assert len(gpus) == count, (visible, gpus)
         if refused:
             with pytest.raises(ConfigError, match="Tesla T4"):
-                check_bf16_before_launch("bfloat16", gpus)
+                check_autocast_before_launch("bfloat16", gpus)
         else:
-            check_bf16_before_launch("bfloat16", gpus)
+            check_autocast_before_launch("bfloat16", gpus)
     assert job_gpus(mixed, ["7", "GPU-none"], 2) == []  # no such GPU: CUDA refuses it at start-up
-    check_bf16_before_launch("bfloat16", [])  # NVML not there: the workers check
-    assert has_bf16((9, 0)) and has_bf16((8, 6)) and not has_bf16((7, 5)) and not has_bf16((6, 1))
-    check_bf16("bfloat16", True, "NVIDIA H100")
-    check_bf16("float16", False, "Tesla V100-SXM2-32GB")
+    check_autocast_before_launch("bfloat16", [])  # NVML not there: the workers check
+    bf16 = [in_hardware("bfloat16", c) for c in ((9, 0), (8, 6), (8, 0), (7, 5), (6, 1))]
+    assert bf16 == [True, True, True, False, False]
+    assert in_hardware("float16", (6, 1)) and in_hardware(None, (3, 0))
+    check_autocast("bfloat16", (9, 0), "NVIDIA H100")
+    check_autocast("float16", (7, 0), "Tesla V100-SXM2-32GB")
 
 
 def _point(device: str, workers: int = 8, nodes: int = 2, mode: str = "train") -> object:
@@ -183,6 +185,7 @@ def test_parallel_cuda_jobs_get_disjoint_gpus_or_are_refused(monkeypatch: pytest
 
 def test_host_memory_per_gpu_is_reconciled_with_what_the_host_gives_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """gpu_1x8's 256 GiB of DDR per GPU (UVM tables) on a host that gives the job less: planned at the share."""
+    from runner.launch.schedulers import allocations
     from runner.runtime.cores import job_memory
     from runner.runtime.device import ddr_cap_for_host
 
@@ -193,4 +196,6 @@ def test_host_memory_per_gpu_is_reconciled_with_what_the_host_gives_the_job(monk
     host, source = job_memory()  # this machine, read for real
     assert host and host > 2**30 and source
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # a 1 GiB Slurm allocation bounds it
-    assert job_memory() == (2**30, "Slurm's allocation (SLURM_MEM_PER_NODE)")
+    assert job_memory(allocations()) == (2**30, "Slurm's allocation (SLURM_MEM_PER_NODE)")
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", str(2**30))  # 1 PiB: the host's memory bounds it
+    assert job_memory(allocations()) == (host, source)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import FAST, HOST_CUDA, finished_run, metric_history, run_cli
 
-from runner.runtime.device import GIB, has_bf16, host_gpus, job_gpus, visible_gpus
+from runner.config.precisions import in_hardware
+from runner.runtime.device import GIB, host_gpus, job_gpus, visible_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.skipif(not HOST_CUDA, reason="needs a CUDA GPU "
                                                                     "(none on this host)")]
@@ -31,7 +32,7 @@ def two_gpus() -> None:
 
 
 def test_one_gpu_worker_trains_on_cuda(store: str, tmp_path: Path) -> None:
-    bf16 = has_bf16(_gpus()[0][1])
+    bf16 = in_hardware("bfloat16", _gpus()[0][1])
     _, run = finished_run(store, "gpu1", tmp_path, [*FAST, "train.steps=60", "cluster.workers_per_node=1",
                                                     "precision=bf16" if bf16 else "precision=fp32"])
     assert run.data.tags["runner.device"] == "cuda"

@@ -34,7 +34,7 @@ from runner.runtime import rundir
 from runner.runtime.affinity import agent_threads
 from runner.runtime.cores import job_cores, job_memory
 from runner.runtime.device import (
-    check_bf16_before_launch,
+    check_autocast_before_launch,
     check_gpu_count,
     check_sparse_optimizer,
     check_start_method,
@@ -68,9 +68,10 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
     if kind == "cuda":
         c = cfg.cluster
         workers, visible = c.workers_per_node * len(nodes_on_this_host(c)), visible_gpus()
-        check_bf16_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
+        check_autocast_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
         note = check_gpu_count(workers, c.workers_per_node, visible)
-        ddr, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *job_memory())  # each worker plans with it
+        memory = job_memory(schedulers.allocations())
+        ddr, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *memory)  # each worker plans with it
         for line in (note, ddr_note):
             if line:
                 print(line, flush=True)

@@ -96,6 +96,10 @@ class Scheduler:
         """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
         return None
 
+    def allocated_memory(self) -> Optional[Tuple[int, str]]:
+        """The host memory its allocation gives this node, in bytes, and what says so; None where it sets none."""
+        return None
+
 
 _REGISTRY: Dict[str, Scheduler] = {}
 
@@ -121,6 +125,12 @@ def named(name: str) -> Scheduler:
     if found is None:
         raise ConfigError("cluster.scheduler", name, ", ".join(names()))
     return found
+
+
+def allocations() -> List[Tuple[int, str]]:
+    """The memory each scheduler's allocation gives this node (:meth:`Scheduler.allocated_memory`), for
+    :func:`runner.runtime.cores.job_memory`."""
+    return [m for m in (s.allocated_memory() for s in registered().values()) if m is not None]
 
 
 def task_of(cfg: RunnerConfig) -> Tuple[Scheduler, Optional[Task]]:

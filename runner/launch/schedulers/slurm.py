@@ -11,6 +11,7 @@ Other nodes keep their files in ``<run folder>/node<k>/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -127,6 +128,12 @@ class SlurmScheduler(Scheduler):
                   "nodes but this runner is not one of its step's tasks (no srun): every node of cluster.nodes runs "
                   "here; start it with srun --ntasks-per-node=1 (see experiments/train.sbatch)", flush=True)
         return task
+
+    def allocated_memory(self) -> Optional[Tuple[int, str]]:
+        with contextlib.suppress(ValueError):
+            if os.environ.get("SLURM_MEM_PER_NODE"):  # MiB
+                return int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20, "Slurm's allocation (SLURM_MEM_PER_NODE)"
+        return None
 
     def no_task(self) -> SlurmError:
         return SlurmError("cluster.scheduler=slurm but this process is not a task of a Slurm job step (no "

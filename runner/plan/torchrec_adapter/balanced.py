@@ -25,7 +25,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
-from runner.config.errors import ConfigError
 from runner.plan.balance import (
     DEVICE,
     HOST,
@@ -66,11 +65,13 @@ class BalancedProposer:
     compare: List[str]
     auto: bool = False
     """``compare`` is the default (``sharding.balanced_compare=null``): skipped above :data:`COMPARE_MAX_SHARDS`."""
+    sharding: Any = None
+    """The job's ``sharding`` config (its compared proposers are built from it, as their declarations say)."""
+    device_type: str = "cuda"
     facts: Dict[str, Any] = field(default_factory=dict)
     choose_from: Optional[Tuple[List[Dict[str, Any]], Dict[str, Any]]] = None
     """A sweep planned together (:mod:`runner.launch.sweep.plan_together`): its plans, of which the best valid here is
-    taken
-    instead of a search, and what this point compared when it was planned."""
+    taken instead of a search, and what this point compared when it was planned."""
 
 
 def _kind(option: ShardingOption) -> Optional[int]:
@@ -285,16 +286,3 @@ def skipped_text(facts: Dict[str, Any]) -> str:
     names = ", ".join(skipped)
     return (f"; TorchRec's {names} plan not tried as a start at this size ({max(skipped.values()):,} shards in the "
             f"sharding options, above {COMPARE_MAX_SHARDS:,}): sharding.balanced_compare=[{names}] tries it")
-
-
-def build(sharding: Any, device_type: str, world_size: int) -> BalancedProposer:
-    """``sharding.proposer=balanced``, with the TorchRec plans it starts from (``sharding.balanced_compare``)."""
-    compare = sharding.balanced_compare
-    if compare is None:
-        compare = ["dynamic_programming"] if device_type == "cuda" else []
-    if device_type != "cuda" and "dynamic_programming" in compare:
-        raise ConfigError("sharding.balanced_compare", list(compare),
-                          "[] or [greedy] on CPU workers (the dynamic-programming proposer bins HBM)")
-    if not sharding.balanced_budget_s > 0:
-        raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
-    return BalancedProposer(float(sharding.balanced_budget_s), list(compare), auto=sharding.balanced_compare is None)

@@ -22,6 +22,9 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, S
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
+from runner.config.errors import ConfigError
+from runner.config.parts import part
+from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.balance import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter import bound_ahead
 from runner.plan.torchrec_adapter.balanced import (
@@ -37,12 +40,7 @@ from runner.plan.torchrec_adapter.balanced import (
 from runner.plan.torchrec_adapter.bound import known as bound_known
 from runner.plan.torchrec_adapter.bound import lower_bound
 from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
-from runner.plan.torchrec_adapter.dp_proposer import (
-    SkippingProposer,
-    VectorisedDynamicProgrammingProposer,
-    placeable_only,
-)
-from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
+from runner.plan.torchrec_adapter.dp_proposer import placeable_only
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
@@ -69,9 +67,9 @@ class BalancedPlanner(SearchLoopPlanner):
     enumeration, perf model, ``to_sharding_plan`` and stats as TorchRec's; the plan's shards placed by the
     search instead of TorchRec's partitioner."""
 
-    def __init__(self, *args: Any, balanced: BalancedProposer, dp_hbm_bins: int = 100, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, balanced: BalancedProposer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.balanced, self._dp_hbm_bins = balanced, dp_hbm_bins
+        self.balanced = balanced
 
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         if self.plan_loader is not None:
@@ -194,15 +192,14 @@ class BalancedPlanner(SearchLoopPlanner):
         """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
         found as ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`.dp_proposer`,
         :mod:`.greedy_proposers`); None where it finds none."""
-        world = len(reserved.devices)
+        world, spec = len(reserved.devices), PROPOSERS[name]
 
-        def dp() -> SkippingProposer:
-            return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=self._dp_hbm_bins), world)
+        def make() -> Any:
+            return part(str(spec.builds))(self.balanced.sharding, self.balanced.device_type, world)
 
-        # the DP proposer, and where it finds none, again without the options no device can hold
-        tries = [(space, dp), (placeable_only(space, reserved), dp)] if name == "dynamic_programming" else [
-            (space, lambda: SkippingGreedyProposer(world))]
-        for candidates, make in tries:
+        # where it finds none (and its declaration says so), again without the options no device can hold
+        tries = [space, placeable_only(space, reserved)] if spec.retries_placeable else [space]
+        for candidates in tries:
             proposer = make()
             proposer.load(search_space=candidates, enumerator=self._enumerator)
             proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
@@ -211,3 +208,18 @@ class BalancedPlanner(SearchLoopPlanner):
             if found is not None:
                 return found
         return None
+
+
+def build(sharding: Any, device_type: str, world_size: int) -> BalancedProposer:
+    """``sharding.proposer=balanced``, with the TorchRec plans it starts from (``sharding.balanced_compare``)."""
+    compare = sharding.balanced_compare
+    here = [n for n in BALANCED_STARTS if device_type == "cuda" or PROPOSERS[n].cpu]  # those these workers may use
+    if compare is None:
+        compare = [n for n in here if PROPOSERS[n].balanced_default]
+    if any(n not in here for n in compare):
+        raise ConfigError("sharding.balanced_compare", list(compare), f"[] or a list of {', '.join(here)} on "
+                          "CPU workers (a proposer binning HBM does not run there)")
+    if not sharding.balanced_budget_s > 0:
+        raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
+    return BalancedProposer(float(sharding.balanced_budget_s), list(compare), auto=sharding.balanced_compare is None,
+                            sharding=sharding, device_type=device_type)

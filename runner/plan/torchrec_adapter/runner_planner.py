@@ -19,7 +19,7 @@ from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.facts import PlanFacts
 from runner.plan.proposers import build_proposer, declared
 from runner.plan.topology import build_storage_reservation
-from runner.plan.torchrec_adapter.balanced import BalancedProposer, balanced_note, job_facts
+from runner.plan.torchrec_adapter.balanced import balanced_note, job_facts
 from runner.plan.torchrec_adapter.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
 from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
@@ -46,7 +46,8 @@ def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_si
               "estimator": shard_estimators(topology, constraints)}
     proposer = build_proposer(cfg.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
-    compact = isinstance(proposer, BalancedProposer)
+    own = declared(cfg.sharding).own_planner  # the balanced search's planner
+    compact = own
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
@@ -55,9 +56,9 @@ def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_si
     else:
         enumerator = CompactEnumerator(compact=compact, progress=progress, **kwargs)
     planner_class: Any = SearchLoopPlanner
-    if isinstance(proposer, BalancedProposer):
+    if own:
         proposer.choose_from = choose_from
-        planner_class = functools.partial(BalancedPlanner, balanced=proposer, dp_hbm_bins=cfg.sharding.dp_hbm_bins)
+        planner_class = functools.partial(BalancedPlanner, balanced=proposer)
         proposer = None  # the planner's own loop: TorchRec's default list is never run
     return planner_class(
         topology=topology,
