@@ -1,16 +1,12 @@
 """Keys with a closed set of values. The schema states each set once, on the key's own field (:func:`one_of`,
-:func:`some_of`); :func:`check_choices` checks every such key of a config against it, and ``--help`` shows it.
+:func:`some_of`); :func:`runner.config.validation.check_choices` checks every such key of a config against it, and
+``--help`` shows it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
-
-from omegaconf import ListConfig
-
-from runner.config.errors import ConfigError
 
 _ALLOWED = "allowed"
 _NULL = "null"
@@ -48,24 +44,3 @@ def describe(values: Sequence[str], null: bool, said: Mapping[str, str] = {}) ->
         return ("null or " if null else "") + "one of " + "; ".join(f"{v}: {said[v]}" if v in said else v
                                                                    for v in values)
     return ("null or " if null else "") + "one of " + ", ".join(values)
-
-
-def check_choices(cls: type, node: Any, prefix: str = "") -> None:
-    """Every key of ``node`` (a config of the dataclass ``cls``, and of its nested dataclasses) that the schema
-    gives a closed set of values holds one of them (each item, for a list); else :class:`ConfigError`
-    naming the key (``prefix`` + its path) and the values allowed."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        spec = allowed_values(f)
-        value = getattr(node, f.name)
-        if spec is None:
-            kind = hints.get(f.name)
-            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-                check_choices(kind, value, f"{prefix}{f.name}.")
-            continue
-        values, null = spec
-        if value is None and null:
-            continue
-        for item in list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]:
-            if item not in values:
-                raise ConfigError(f"{prefix}{f.name}", item, describe(values, null))

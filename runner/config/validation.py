@@ -6,10 +6,14 @@ Types are checked by Hydra against :mod:`runner.config.schema` while composing; 
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from typing import TYPE_CHECKING, Any
 
-from runner.config.choices import check_choices
+from omegaconf import ListConfig
+
+from runner.config.choices import allowed_values, describe
 from runner.config.errors import ConfigError
 from runner.config.model_families import FAMILIES
 from runner.config.schema import RunnerConfig, uses_split_step
@@ -21,6 +25,27 @@ if TYPE_CHECKING:
     from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
     from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, ScheduleSchema, TrainSchema
 
+
+
+def check_choices(cls: type, node: Any, prefix: str = "") -> None:
+    """Every key of ``node`` (a config of the dataclass ``cls``, and of its nested dataclasses) that the schema
+    gives a closed set of values holds one of them (each item, for a list); else :class:`ConfigError`
+    naming the key (``prefix`` + its path) and the values allowed."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        spec = allowed_values(f)
+        value = getattr(node, f.name)
+        if spec is None:
+            kind = hints.get(f.name)
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                check_choices(kind, value, f"{prefix}{f.name}.")
+            continue
+        values, null = spec
+        if value is None and null:
+            continue
+        for item in list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]:
+            if item not in values:
+                raise ConfigError(f"{prefix}{f.name}", item, describe(values, null))
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:

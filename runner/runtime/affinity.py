@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Set
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ClusterSchema
+    pass
 
 
 def allowed_cores() -> List[int]:
@@ -30,10 +29,10 @@ def allowed_cores() -> List[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def workers_on_host(cluster: ClusterSchema) -> int:
-    """Workers this host runs (``cluster`` config): all of them when nodes are emulated, else one node's."""
-    nodes = 1 if cluster.node_rank is not None else int(cluster.nodes)
-    return nodes * int(cluster.workers_per_node)
+def workers_on_host(nodes: int, workers_per_node: int, node_rank: Optional[int]) -> int:
+    """Workers this host runs (``cluster.nodes``, ``.workers_per_node``, ``.node_rank``): all of them when nodes
+    are emulated (no node rank), else one node's."""
+    return (1 if node_rank is not None else int(nodes)) * int(workers_per_node)
 
 
 def host_slot(rank: int, local_rank: int, local_world: int, host_workers: int) -> int:
@@ -59,11 +58,6 @@ def threads_per_worker(configured: Optional[int], host_workers: int, bound: Opti
     if bound:
         return len(bound)
     return max(1, len(allowed_cores()) // max(host_workers, 1))
-
-
-def agent_threads(cfg: RunnerConfig) -> int:
-    """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
-    return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(cfg.cluster))
 
 
 def gpu_local_cores(cpulist: str, allowed: List[int]) -> List[int]:

@@ -51,7 +51,7 @@ class DriverRun:
                  record: Callable[[], RunRecord], static_rendezvous: bool = False) -> None:
         self.cfg, self.run_dir, self.config, self.port = cfg, run_dir, config, port
         self._record = record
-        self.uri = store.tracking_uri(cfg)
+        self.uri = store.tracking_uri(cfg.tracking.uri)
         self.multi_host = cfg.cluster.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
         self._run = MlflowRun(run_dir, self.uri)  # open, deliver, end

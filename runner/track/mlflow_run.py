@@ -197,7 +197,7 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
 
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
-    run = MlflowRun(run_dir, store.tracking_uri(cfg))
+    run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
     config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
     run.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
     (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's

@@ -19,7 +19,7 @@ from runner.track.events import EventLog
 from runner.track.sweep_points import sweep_of
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    pass
 
 
 class _Silent:
@@ -36,8 +36,9 @@ class Reporter:
     torchrun). Training never waits for the store.
     """
 
-    def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
-        self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
+    def __init__(self, run_dir: Path, rank: int, steps: int, verbose: bool) -> None:
+        """``steps``: ``train.steps``; ``verbose``: ``sweep.verbose``."""
+        self.run_dir, self.rank, self.steps, self.verbose = run_dir, rank, steps, verbose
         self.active = rank == 0
         self.plan_metrics: Dict[str, float] = {}
         self.extra: Dict[str, Any] = {}
@@ -45,7 +46,7 @@ class Reporter:
 
     def _quiet(self) -> bool:
         """A sweep's point, at the default verbosity (``sweep.verbose=false``): details stay in its files."""
-        return not self.cfg.sweep.verbose and sweep_of(self.run_dir) is not None
+        return not self.verbose and sweep_of(self.run_dir) is not None
 
     def flush(self) -> None:
         """Every report made so far is in the event log (complete lines, for the run's owner to deliver)."""
@@ -128,7 +129,7 @@ class Reporter:
         self.extra["data_ended_at_step"] = step
         if not self.active:
             return
-        print(f"[runner] data ended after step {step} of {self.cfg.train.steps} (every rank stopped there)",
+        print(f"[runner] data ended after step {step} of {self.steps} (every rank stopped there)",
               flush=True)
         self._tags({"runner.data_ended_at_step": step})
 
@@ -160,7 +161,7 @@ class Reporter:
             m["ratio/step_measured_over_estimated"] = m["measured/step_ms"] / est_step
         if est_mem:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
-        self._log(m, self.cfg.train.steps)
+        self._log(m, self.steps)
         rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
         print(against_estimates(per_rank, self.plan_metrics), flush=True)
 
@@ -189,7 +190,7 @@ class Reporter:
         if result.losses:
             final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
                           "train/avg_step_ms": result.step_time_ms})
-        self._log(final, self.cfg.train.steps)
+        self._log(final, self.steps)
         self.flush()
         results = {
             "world_size": world,

@@ -44,10 +44,10 @@ def _store_write(fn: Any) -> Any:
     return write
 
 
-def tracking_uri(cfg: Optional[RunnerConfig]) -> str:
+def tracking_uri(configured: Optional[str]) -> str:
     """``tracking.uri``, else $MLFLOW_TRACKING_URI (its ``user:password@`` moved to MLflow's credential
     variables, so that the URI can be shown and stored), else a SQLite store in the project folder."""
-    uri = cfg.tracking.uri if cfg is not None else None
+    uri = configured
     if not uri and os.environ.get("MLFLOW_TRACKING_URI"):  # bare for MLflow's own calls and child processes too
         uri = os.environ["MLFLOW_TRACKING_URI"] = credentials_to_environment(os.environ["MLFLOW_TRACKING_URI"])
     return uri or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"

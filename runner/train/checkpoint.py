@@ -25,8 +25,9 @@ META = "meta.json"
 BEST = "best.json"
 
 
-def checkpoint_root(cfg: RunnerConfig, run_dir: Path) -> Path:
-    return Path(cfg.train.checkpoint.dir).resolve() if cfg.train.checkpoint.dir else run_dir / rundir.CHECKPOINTS
+def checkpoint_root(checkpoint_dir: Optional[str], run_dir: Path) -> Path:
+    """Where a job's checkpoints go: ``train.checkpoint.dir`` (``checkpoint_dir``), else the run folder's."""
+    return Path(checkpoint_dir).resolve() if checkpoint_dir else run_dir / rundir.CHECKPOINTS
 
 
 def complete_checkpoints(root: Path) -> List[Path]:
@@ -207,7 +208,7 @@ class Checkpointer:
 
     def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
         self.cfg = cfg.train.checkpoint
-        self.root = checkpoint_root(cfg, run_dir)
+        self.root = checkpoint_root(cfg.train.checkpoint.dir, run_dir)
         self.rank = rank
 
     def due(self, step: int) -> bool:

@@ -173,7 +173,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     marks["process_group"] = time.time()
     if joined is not None:
         joined()
-    reporter = Reporter(cfg, run_dir, env.rank)
+    reporter = Reporter(run_dir, env.rank, cfg.train.steps, cfg.sweep.verbose)
     try:
         ddr = cfg.cluster.ddr_cap_gib
         if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as

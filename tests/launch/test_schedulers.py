@@ -33,8 +33,8 @@ def test_a_slurm_scheduler_named_outside_slurm_is_refused(monkeypatch: pytest.Mo
     for key in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID", "SLURM_NNODES"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(Exception, match="cluster.scheduler=slurm but this process is not a task of a Slurm job"):
-        schedulers.task_of(cfg_for("cluster.scheduler=slurm"))
-    scheduler, task = schedulers.task_of(cfg_for())
+        schedulers.task_of("slurm")
+    scheduler, task = schedulers.task_of(cfg_for().cluster.scheduler)
     assert scheduler.name == "local" and task is None
 
 

@@ -115,7 +115,7 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     cfg = cfg_for("cluster=2node", "cluster.scheduler=slurm")
     with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
                                             r"1 attempt\(s\), so attempt 2 does not run"):
-        _attempts(cfg, tmp_path, schedulers.task_of(cfg)[1])
+        _attempts(cfg, tmp_path, schedulers.task_of(cfg.cluster.scheduler)[1])
 
 
 HANGUP = textwrap.dedent("""

@@ -31,7 +31,7 @@ from runner.launch.processes.prewarm import discard_warm, prewarm
 from runner.launch.processes.supervisor import launch, nodes_on_this_host
 from runner.launch.sweep.resume import link_point
 from runner.runtime import rundir
-from runner.runtime.affinity import agent_threads
+from runner.runtime.affinity import threads_per_worker, workers_on_host
 from runner.runtime.cores import job_cores, job_memory
 from runner.runtime.device import (
     check_autocast_before_launch,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] = None) -> Place:
     """What can be refused before any worker starts (torch is imported only when it must be asked); the job's
     place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
-    resolve(cfg.train.resume, checkpoint_root(cfg, run_dir))
+    resolve(cfg.train.resume, checkpoint_root(cfg.train.checkpoint.dir, run_dir))
     from runner.data.checks import check_data
 
     check_data(cfg)  # nothing for a generated source
@@ -77,6 +77,12 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
                 print(line, flush=True)
         return dataclasses.replace(place or Place(cfg.cluster.scheduler), ddr_cap_gib=ddr)
     return place or Place(cfg.cluster.scheduler)
+
+
+def _agent_threads(cfg: RunnerConfig) -> int:
+    """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
+    c = cfg.cluster
+    return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(c.nodes, c.workers_per_node, c.node_rank))
 
 
 _JOBS = itertools.count()
@@ -144,7 +150,7 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, chart: PlanChart,
     pre_launch_checks(cfg, run_dir, place).write(run_dir)  # the workers read it (place.json)
     try:
         launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=pump,
-               threads=agent_threads(cfg))
+               threads=_agent_threads(cfg))
         _prewarm_next(cfg, ctx)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
@@ -167,7 +173,7 @@ def _prewarm_next(cfg: RunnerConfig, ctx: HydraJob) -> None:
         return
     points = sweep_info(ctx.sweep_dir).get("points")
     if points and ctx.job_num + 1 < points:
-        prewarm(agent_threads(cfg))  # used when the next point loads torch with the same thread count
+        prewarm(_agent_threads(cfg))  # used when the next point loads torch with the same thread count
 
 
 def _job_folder(cfg: RunnerConfig) -> Tuple[HydraJob, Dict[str, Any], Optional[str]]:

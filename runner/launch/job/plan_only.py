@@ -81,7 +81,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node
     local = cfg.cluster.workers_per_node
     kind = device_type(cfg.cluster.device, planning=True)
-    reporter = Reporter(cfg, run_dir, rank=0)
+    reporter = Reporter(run_dir, 0, cfg.train.steps, cfg.sweep.verbose)
     base = {"mode": "plan", "world_size": world}
     notes: List[str] = []
     facts: PlanFacts = {}

@@ -93,7 +93,7 @@ def _take_place(job: _Job) -> bool:
     from here and validated where the pre-check did not; False where this task runs none of it."""
     from runner.launch import schedulers
 
-    scheduler, job.task = schedulers.task_of(job.cfg)
+    scheduler, job.task = schedulers.task_of(job.cfg.cluster.scheduler)
     elsewhere, job.place = False, Place(scheduler.name)
     if job.task is not None:
         job.run_dir, elsewhere, job.place = scheduler.take(job.cfg, job.run_dir, job.task)

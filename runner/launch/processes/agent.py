@@ -24,7 +24,7 @@ from runner.config.schema import load_resolved
 from runner.launch import schedulers
 from runner.launch.processes.deathwatch import DeathWatch
 from runner.runtime import rundir, signals
-from runner.runtime.affinity import agent_threads, workers_on_host
+from runner.runtime.affinity import threads_per_worker, workers_on_host
 from runner.runtime.device import device_type, node_gpus, visible_gpus
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
@@ -149,8 +149,9 @@ def main(argv: list[str]) -> int:
     run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
     cfg = load_resolved(run_dir / rundir.RESOLVED)
     c = cfg.cluster
-    _set_threads(agent_threads(cfg))  # a warm agent: already set
-    os.environ["RUNNER_HOST_WORKERS"] = str(workers_on_host(c))  # workers pick their cores from it
+    host_workers = workers_on_host(c.nodes, c.workers_per_node, c.node_rank)
+    _set_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers))  # a warm agent: already set
+    os.environ["RUNNER_HOST_WORKERS"] = str(host_workers)  # workers pick their cores from it
     _own_gpus(c, node_rank)
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException

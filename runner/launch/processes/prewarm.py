@@ -121,4 +121,5 @@ def prewarm_for(args: List[str]) -> None:
     from runner.config.schema_model import ClusterSchema
     from runner.runtime.affinity import threads_per_worker, workers_on_host
 
-    prewarm(threads_per_worker(None, workers_on_host(ClusterSchema())))  # the default cluster's count
+    c = ClusterSchema()  # the default cluster's count
+    prewarm(threads_per_worker(None, workers_on_host(c.nodes, c.workers_per_node, c.node_rank)))

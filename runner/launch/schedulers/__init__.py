@@ -133,10 +133,9 @@ def allocations() -> List[Tuple[int, str]]:
     return [m for m in (s.allocated_memory() for s in registered().values()) if m is not None]
 
 
-def task_of(cfg: RunnerConfig) -> Tuple[Scheduler, Optional[Task]]:
-    """The scheduler this job runs on and this process's task of it: ``cluster.scheduler``'s, or with
+def task_of(name: str) -> Tuple[Scheduler, Optional[Task]]:
+    """The scheduler this job runs on and this process's task of it: ``cluster.scheduler`` (``name``)'s, or with
     ``auto`` the first whose task this process is (this host's when none)."""
-    name = cfg.cluster.scheduler
     if name != "auto":
         scheduler = named(name)
         task = scheduler.task()

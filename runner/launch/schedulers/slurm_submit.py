@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -91,7 +91,7 @@ def check_submission(cfg: DictConfig) -> None:
     if all(_this_host(node_address(n)) for n in nodes):
         return
     where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
-    uri = tracking_uri(cast("RunnerConfig", cfg))
+    uri = tracking_uri(cfg.tracking.uri)
     folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
     if folder is None and "://" not in uri:
         folder = Path(uri)

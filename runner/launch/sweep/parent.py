@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -45,7 +45,7 @@ from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
 from runner.track.ui_links import compare_url
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    pass
 
 @dataclass
 class PointOutcome:
@@ -168,7 +168,7 @@ class SweepParentRun(Callback):
         self._experiment_id = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._uri = tracking_uri(cast("RunnerConfig", config))
+        self._uri = tracking_uri(config.tracking.uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:  # one owner at a time: a second run or resume of this folder is refused here, before it runs a point

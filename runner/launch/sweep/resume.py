@@ -84,10 +84,10 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
     if roles.answer(before) != roles.answer(now):
         return None
     place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
-    if place != (cfg.tracking.experiment, store.tracking_uri(cfg)):
+    if place != (cfg.tracking.experiment, store.tracking_uri(cfg.tracking.uri)):
         print(f"[runner] job {run_dir.name}: it finished with the same config, but its run is recorded in "
               f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {cfg.tracking.experiment!r} "
-              f"of {store.tracking_uri(cfg)}: it runs again", flush=True)
+              f"of {store.tracking_uri(cfg.tracking.uri)}: it runs again", flush=True)
         return None
     return status
 
@@ -96,7 +96,7 @@ def _recorded_at(config: Dict[str, Any], run_info: Any) -> Tuple[Any, Any]:
     """``(experiment, tracking URI)`` where a finished point's run is recorded (its ``run.json`` says the URI)."""
     tracking = config.get("tracking") or {}
     uri = run_info.get("tracking_uri") if isinstance(run_info, dict) else None
-    return tracking.get("experiment"), uri or store.tracking_uri(cast("RunnerConfig", OmegaConf.create(config)))
+    return tracking.get("experiment"), uri or store.tracking_uri(tracking.get("uri"))
 
 
 def _runs_again(path: Path) -> Optional[Dict[str, Any]]:
@@ -120,7 +120,7 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     ``sweep.reuse`` is on (null: plan-only)."""
     if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
         return None
-    uri = store.tracking_uri(cfg)
+    uri = store.tracking_uri(cfg.tracking.uri)
     digest = roles.config_hash(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     try:
         experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
