@@ -98,7 +98,7 @@ def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     from runner.plan.planner import build_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
-    from runner.plan.torchrec_adapter.balanced import problem_of
+    from runner.plan.torchrec_adapter.balanced.proposer import problem_of
     from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
@@ -153,8 +153,8 @@ def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
 def violations(tables: int, ranks: int, points: List[Dict]) -> Tuple[int, int]:
     """(pairs where another point's plan, valid here, rates better here; of them, pairs with more bandwidth
     and no more reserve giving a slower plan)."""
-    from runner.plan.balance import rating, valid
-    from runner.plan.torchrec_adapter.balanced import solution_of
+    from runner.plan.torchrec_adapter.balanced.problem import rating, valid
+    from runner.plan.torchrec_adapter.balanced.proposer import solution_of
 
     count = monotone = 0
     for p in points:

@@ -84,7 +84,7 @@ class PlanEstimates(Stats):
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
         self.world_size = topology.world_size
         if seam_note() is None:  # the bound reads the runner's enumeration (the TorchRec adapter)
-            from runner.plan.torchrec_adapter.bound import plan_bound
+            from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 
             self.lower_bound_ms = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
 
@@ -173,11 +173,10 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
     by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
-    (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.bound`) and, for the balanced proposer, ``compared``:
-    the
-    ratings of TorchRec's plans it started from (:func:`.torchrec_adapter.balanced.compared_metrics`);
-    ``choose_from``: a
-    sweep's plans, for a sweep planned together (:mod:`runner.launch.sweep.plan_together`).
+    (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and, for the balanced proposer,
+    ``compared``: the ratings of TorchRec's plans it started from
+    (:func:`.torchrec_adapter.balanced.proposer.compared_metrics`); ``choose_from``: a sweep's plans, for a sweep
+    planned together (:mod:`runner.launch.sweep.plan_together`).
 
     Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
@@ -227,7 +226,7 @@ def reusable_model(cfg: RunnerConfig, build: Callable[[RunnerConfig], Any]) -> A
 
 def plan_entries(best: List[ShardingOption]) -> Any:
     """A found plan's options as the balanced search's entries, for a sweep planned together to choose from."""
-    from runner.plan.torchrec_adapter.balanced import entries_of
+    from runner.plan.torchrec_adapter.balanced.proposer import entries_of
 
     return entries_of(best)
 

@@ -89,9 +89,9 @@ def plan_description(folder: Path) -> str:
 
 
 def bound_metrics(est_step_ms: Optional[float], facts: Optional[PlanFacts]) -> Dict[str, float]:
-    """``plan/lower_bound_ms`` (:mod:`.torchrec_adapter.bound`) and ``plan/gap_to_bound`` (estimated step / bound -
-    1), with
-    the ratings of TorchRec's plans the balanced proposer compared (``facts`` from ``make_plan``)."""
+    """``plan/lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and ``plan/gap_to_bound`` (estimated
+    step / bound - 1), with the ratings of TorchRec's plans the balanced proposer compared (``facts`` from
+    ``make_plan``)."""
     facts = facts or {}
     m: Dict[str, float] = dict(facts.get("compared") or {})
     bound = facts.get("lower_bound_ms")

@@ -12,7 +12,12 @@ import pytest
 from conftest import cfg_for
 
 from runner.launch.sweep import plan_together as sweep_plans
-from runner.plan.balance import (
+from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
+from runner.plan.sharders import sharders_for
+from runner.plan.topology import dense_bytes
+from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
+from runner.plan.torchrec_adapter.balanced.bound import lower_bound, simple_bound
+from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
     HOST_UNIFORM,
@@ -24,12 +29,7 @@ from runner.plan.balance import (
     rating,
     valid,
 )
-from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
-from runner.plan.sharders import sharders_for
-from runner.plan.topology import dense_bytes
-from runner.plan.torchrec_adapter import balanced
-from runner.plan.torchrec_adapter.balanced import entries_of, problem_of, search, solution_of
-from runner.plan.torchrec_adapter.bound import lower_bound, simple_bound
+from runner.plan.torchrec_adapter.balanced.proposer import entries_of, problem_of, search, solution_of
 from runner.train.models import planning_model
 
 GIB = 2**30
@@ -204,7 +204,7 @@ def _point(cfg, choose_from=None):
 
 
 def test_a_sweep_planned_together_agrees_and_is_monotone(monkeypatch: pytest.MonkeyPatch) -> None:
-    balanced._POOL.clear()
+    balanced_proposer._POOL.clear()
     monkeypatch.delenv(sweep_plans.PLAN_SET_ENV, raising=False)
     grid = [(b, r) for b in ("25", "3", "12.5", "1") for r in ("0.1", "0.5")]  # 25 first: the order that failed
     points = [[*BASE, "model.generated_tables.count=24", f"cluster.cross_node_bandwidth={b}",

@@ -11,9 +11,9 @@ functions TorchRec does not export, a patched method), imported only after the v
 - :mod:`.planning_loop`, :mod:`.record_copies`, :mod:`.shared_placements`, :mod:`.partition_helper`: TorchRec's
   planning loop without its per-improvement deep copies, its placements shared, a second partitioning process.
 - :mod:`.dp_proposer`, :mod:`.greedy_proposers`, :mod:`.grid_search`: TorchRec's proposers at scale, with
-  TorchRec's answers; :mod:`.balanced`, :mod:`.balanced_planner`, :mod:`.bound`: the runner's own proposer, its
-  planner and the lower bound; :mod:`.infeasible`: why no plan fits; :mod:`.reservations`: TorchRec's storage
-  reservations keeping host memory free on CPU workers too.
+  TorchRec's answers; :mod:`.balanced` (a package): the runner's own proposer, its search, its planner and the
+  lower bound; :mod:`.infeasible`: why no plan fits; :mod:`.reservations`: TorchRec's storage reservations keeping
+  host memory free on CPU workers too.
 
 Each speed-up is compared with TorchRec's own call at many points (``tests/plan/test_search.py``,
 ``test_greedy.py``, ``test_reuse.py``, ``test_compact_enumeration.py``); ``tests/plan/test_torchrec_seam.py``

@@ -19,8 +19,8 @@ from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.facts import PlanFacts
 from runner.plan.proposers import build_proposer, declared
 from runner.plan.topology import build_storage_reservation
-from runner.plan.torchrec_adapter.balanced import balanced_note, job_facts
-from runner.plan.torchrec_adapter.balanced_planner import BalancedPlanner
+from runner.plan.torchrec_adapter.balanced.planner import BalancedPlanner
+from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, job_facts
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
 from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.torchrec_adapter.enumeration_reuse import ReusingEnumerator, enumeration_key

@@ -1,12 +1,12 @@
 """The planner of ``sharding.proposer=balanced``: TorchRec's planner whose loop is the balanced search.
 
-TorchRec's storage reservation and enumeration, then :func:`.balanced.search` from the runner's start,
+TorchRec's storage reservation and enumeration, then :func:`.proposer.search` from the runner's start,
 TorchRec's plans for ``sharding.balanced_compare`` (found as the runner finds them for those proposers:
-:mod:`.planning_loop`, :mod:`.dp_proposer`) and earlier points' plans; or, in a sweep planned together
-(:mod:`runner.launch.sweep.plan_together`), the best of the sweep's plans. The winner's shards get their ranks on
-TorchRec's
-options, its rating is checked against TorchRec's perf model and its storage against every device, and
-TorchRec's ``to_sharding_plan`` and stats end it, as TorchRec's loop ends.
+:mod:`runner.plan.torchrec_adapter.planning_loop`, :mod:`runner.plan.torchrec_adapter.dp_proposer`) and earlier
+points' plans; or, in a sweep planned together (:mod:`runner.launch.sweep.plan_together`), the best of the sweep's
+plans. The winner's shards get their ranks on TorchRec's options, its rating is checked against TorchRec's perf
+model and its storage against every device, and TorchRec's ``to_sharding_plan`` and stats end it, as TorchRec's
+loop ends.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from torchrec.distributed.types import ShardingPlan
 from runner.config.errors import ConfigError
 from runner.config.parts import part
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
-from runner.plan.balance import Problem, Solution, rating, valid
-from runner.plan.torchrec_adapter import bound_ahead
-from runner.plan.torchrec_adapter.balanced import (
+from runner.plan.torchrec_adapter.balanced import bound_ahead
+from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
+from runner.plan.torchrec_adapter.balanced.bound import lower_bound
+from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
+from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
     from_torchrec,
@@ -37,8 +39,6 @@ from runner.plan.torchrec_adapter.balanced import (
     search,
     solution_of,
 )
-from runner.plan.torchrec_adapter.bound import known as bound_known
-from runner.plan.torchrec_adapter.bound import lower_bound
 from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
 from runner.plan.torchrec_adapter.dp_proposer import placeable_only
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
@@ -190,8 +190,9 @@ class BalancedPlanner(SearchLoopPlanner):
     def _torchrec_plan(self, name: str, space: List[ShardingOption], reserved: Topology
                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
-        found as ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`.dp_proposer`,
-        :mod:`.greedy_proposers`); None where it finds none."""
+        found as ``sharding.proposer=<name>`` finds it (the runner's loop,
+        :mod:`runner.plan.torchrec_adapter.dp_proposer`, :mod:`runner.plan.torchrec_adapter.greedy_proposers`); None
+        where it finds none."""
         world, spec = len(reserved.devices), PROPOSERS[name]
 
         def make() -> Any:

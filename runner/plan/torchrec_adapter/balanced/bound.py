@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.balance import UNIFORM, Problem
+from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem
 
 LP_MARGIN = 1e-6  # relative: HiGHS's feasibility tolerance is 1e-7
 
@@ -111,8 +111,11 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
         return None
-    from runner.plan.torchrec_adapter import bound_ahead
-    from runner.plan.torchrec_adapter.balanced import capacity_of, problem_of  # the search's problem of the options
+    from runner.plan.torchrec_adapter.balanced import bound_ahead
+    from runner.plan.torchrec_adapter.balanced.proposer import (  # the search's problem of the options
+        capacity_of,
+        problem_of,
+    )
 
     key = _key(space, reserved.local_world_size, capacity_of(reserved))
     found = _KNOWN.get(key)

@@ -15,7 +15,7 @@ shard.
 
 Here: the problem's rules (:func:`valid`), TorchRec's rating (:func:`rating`), placing one option by its
 rule on the least loaded ranks where it fits (:func:`place`), and a first plan (:func:`construct`); the
-search from it is :mod:`.balance_search`.
+search from it is :mod:`.moves`.
 """
 
 from __future__ import annotations

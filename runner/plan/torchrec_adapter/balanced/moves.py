@@ -1,4 +1,4 @@
-"""The ``balanced`` proposer's search over a :class:`.balance.Problem`.
+"""The ``balanced`` proposer's search over a :class:`.problem.Problem`.
 
 - :func:`improve`: repeatedly take the busiest rank and make the move that lowers it most while every rank
   it touches stays below the old maximum: move one of its shards, swap one with a smaller shard elsewhere,
@@ -7,7 +7,7 @@
   search ends, at a local optimum or at its time budget.
 - :func:`perturb`: ruin and recreate around that local optimum (a few tables taken off and placed again,
   then improved), keeping what rates no worse.
-- branch and bound over every option and placement, for small problems: :mod:`.balance_exact`.
+- branch and bound over every option and placement, for small problems: :mod:`.exact`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.balance import (
+from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     REL_EPS,
     UNIFORM,

@@ -1,6 +1,6 @@
 """The ``balanced`` proposer's exact search: branch and bound over every option and placement of a small
-:class:`.balance.Problem` (:func:`exact`), used before the local search (:mod:`.balance_search`) where the
-problem has few tables."""
+:class:`.problem.Problem` (:func:`exact`), used before the local search (:mod:`.moves`) where the problem has
+few tables."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.balance import DEVICE, HOST, HOST_UNIFORM, MULTI_HOST, REL_EPS, UNIFORM, Choice, Problem, Solution
+from runner.plan.torchrec_adapter.balanced.problem import (
+    DEVICE,
+    HOST,
+    HOST_UNIFORM,
+    MULTI_HOST,
+    REL_EPS,
+    UNIFORM,
+    Choice,
+    Problem,
+    Solution,
+)
 
 
 def _placements(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray) -> List[np.ndarray]:

@@ -3,7 +3,7 @@
 The bound (:mod:`.bound`) reads only the search's problem, which is known before the search starts; at 5,384
 tables on 1,024 GPUs its linear program takes about 2 s, after a 5 s search, on a machine where one core
 searches and the other waits. :func:`start_bound` forks the planning process once the problem is built (only where
-a fork is safe and there is a core to spare: :func:`.planning_loop.may_fork`); the fork computes the bound
+a fork is safe and there is a core to spare: :func:`runner.runtime.cores.may_fork`); the fork computes the bound
 with the same call and sends it back; :func:`taken` gives it to :func:`.bound.plan_bound` for the same options
 and devices. Where the fork fails or dies, the bound is computed here as before: the same number either way.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable, List, Optional
 
-from runner.plan.balance import Problem
+from runner.plan.torchrec_adapter.balanced.problem import Problem
 from runner.runtime.process_end import fork_helper, reap
 
 ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes seconds
@@ -39,7 +39,7 @@ def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Prob
 def taken(search_space: Any, reserved: Any) -> Optional[float]:
     """The bound the fork computed for these options (the same object) on devices like these (the same
     storage left), waiting for it; None where none was started for them or the fork gave none."""
-    from runner.plan.torchrec_adapter.balanced import same_devices
+    from runner.plan.torchrec_adapter.balanced.proposer import same_devices
 
     if not _AHEAD or _AHEAD[0] is not search_space or not same_devices(_AHEAD[1], reserved):
         end_bound_fork()

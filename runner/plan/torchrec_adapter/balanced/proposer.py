@@ -1,17 +1,17 @@
 """``sharding.proposer=balanced``: the best plan the runner can find, by TorchRec's own yardstick.
 
 TorchRec's options (each shard's storage and perf from its estimators) and the storage the reservation leaves
-become a :class:`runner.plan.balance.Problem` (:func:`problem_of`); :func:`search` runs
-:mod:`runner.plan.balance_search` from several starts and the plan with the lowest rating wins:
+become a :class:`.problem.Problem` (:func:`problem_of`); :func:`search` runs :mod:`.moves` from several starts
+and the plan with the lowest rating wins:
 
-1. the runner's own start (:func:`runner.plan.balance.construct`);
+1. the runner's own start (:func:`.problem.construct`);
 2. TorchRec's own plans for the same inputs, for each proposer in ``sharding.balanced_compare``
    (``dynamic_programming`` by default on GPU clusters: its plan, found as ``sharding.proposer=
    dynamic_programming`` finds it);
 3. the plans of earlier points of this process (a sweep's points), where they are still valid here
    (:func:`remember`, :func:`pooled`).
 
-The planner that runs it is :class:`.balanced_planner.BalancedPlanner`; what each start rated is kept in
+The planner that runs it is :class:`.planner.BalancedPlanner`; what each start rated is kept in
 :attr:`BalancedProposer.facts` for the report (:func:`balanced_note`, :func:`compared_metrics`).
 """
 
@@ -25,7 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
-from runner.plan.balance import (
+from runner.plan.torchrec_adapter.balanced.exact import exact
+from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
+from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
     HOST_UNIFORM,
@@ -38,8 +40,6 @@ from runner.plan.balance import (
     rating,
     valid,
 )
-from runner.plan.balance_exact import exact
-from runner.plan.balance_search import improve, perturb
 from runner.plan.torchrec_adapter.compact_enumeration import shard_arrays, shard_count
 
 _KIND = {PartitionByType.UNIFORM.value: UNIFORM, PartitionByType.DEVICE.value: DEVICE,
@@ -178,10 +178,10 @@ def remember(problem: Problem, table_options: List[List[ShardingOption]], soluti
 def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, rounds: int = ROUNDS,
            report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
-    start: small problems solved exactly first (:func:`runner.plan.balance.exact`, within :data:`EXACT_NODES`); each
-    start taken to its local optimum (:func:`runner.plan.balance.improve`) within an even share of what is left of
+    start: small problems solved exactly first (:func:`.exact.exact`, within :data:`EXACT_NODES`); each
+    start taken to its local optimum (:func:`.moves.improve`) within an even share of what is left of
     ``budget_s`` (so that the whole search keeps to it, however many starts a sweep's earlier points add); the
-    best of those searched further (:func:`runner.plan.balance.perturb`, ``rounds`` rounds) in what is left.
+    best of those searched further (:func:`.moves.perturb`, ``rounds`` rounds) in what is left.
     Returns the winner and, per start, its rating before and after. Ties keep the earlier start (the runner's
     own first). ``report`` is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:
