@@ -121,14 +121,17 @@ def plan_sweep_together(args: List[str]) -> None:
     prewarmed agent and its workers (its import costs a core for seconds)."""
     if not any(a in ("-m", "--multirun") for a in args) or not schedulers.of_command(args).points_here:
         return
-    from runner.launch.job.plan_only import PlanProgress
     from runner.launch.sweep.plan_together import applies, plan_together
     from runner.launch.sweep.precheck import grid_points
-    from runner.plan.planner import reusable_model, runners_planner
 
     points = grid_points(applies)
-    if len(points) < 2 or not runners_planner():
+    if len(points) < 2:
+        return  # before TorchRec's import: a sweep of other points does not pay it (3 s here)
+    from runner.plan.planner import reusable_model, runners_planner
+
+    if not runners_planner():
         return  # (TorchRec's stock planner: each point plans with it)
+    from runner.launch.job.plan_only import PlanProgress
     from runner.train.models import planning_model
 
     printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line

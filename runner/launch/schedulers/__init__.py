@@ -96,6 +96,11 @@ class Scheduler:
         """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
         return None
 
+    def end_pool(self) -> None:
+        """A sweep's points all answered: the pool of this host's processes that ran them (``pooled_launchers``),
+        idle now, ended at once. Left to the interpreter's exit, each worker tears down torch's and TorchRec's
+        modules while the command waits (2.2 s of a 25-point plan sweep's 25 s)."""
+
     def allocated_memory(self) -> Optional[Tuple[int, str]]:
         """The host memory its allocation gives this node, in bytes, and what says so; None where it sets none."""
         return None

@@ -236,6 +236,9 @@ class SweepParentRun(Callback):
               f"run and its points' runs are kept in {sweep_dir} for python -m runner sync {sweep_dir}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.launch import schedulers
+
+        schedulers.named(config.cluster.scheduler).end_pool()  # every point has answered
         _Running.sweep = None
         if not self._run_id and not self._kept:
             return
