@@ -20,6 +20,11 @@ from runner.runtime import rundir
 from runner.runtime.device import device_type
 from runner.track.reporter import Reporter
 
+# what a plan-only job imports as it runs (``runner.plan.planner`` reaches the TorchRec adapter only after its version
+# check): a sweep's pool of processes imports them before its first points (``Scheduler.warm_pool``)
+IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.models", "mlflow",
+           "matplotlib.backends.backend_agg", "matplotlib.figure")
+
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
     from runner.plan.facts import PlanFacts

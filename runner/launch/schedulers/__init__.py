@@ -96,6 +96,12 @@ class Scheduler:
         """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
         return None
 
+    def warm_pool(self, launcher: Any, modules: Sequence[str]) -> None:
+        """A sweep about to start whose points run in a pool of this host's processes (``launcher``: the
+        ``hydra.launcher`` config, one of ``pooled_launchers``): the pool started now, in the background, each
+        process importing ``modules``, while the sweep's own process opens its parent run (its workers would
+        otherwise start, and import, only once the first points are handed out)."""
+
     def end_pool(self) -> None:
         """A sweep's points all answered: the pool of this host's processes that ran them (``pooled_launchers``),
         idle now, ended at once. Left to the interpreter's exit, each worker tears down torch's and TorchRec's

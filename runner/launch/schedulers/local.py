@@ -5,16 +5,45 @@ run in a pool of this host's processes (joblib's launcher), which it ends once t
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
+import threading
+from typing import Any, Dict, List, Sequence
 
 from runner.launch.schedulers import Scheduler
+
+_WARMING: List[threading.Thread] = []
 
 
 class LocalScheduler(Scheduler):
     name = "local"
     pooled_launchers = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)  # hydra/launcher=joblib
 
+    def warm_pool(self, launcher: Any, modules: Sequence[str]) -> None:
+        if str(launcher.get("_target_")) not in self.pooled_launchers:
+            return
+        from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
+        from joblib import Parallel, delayed, effective_n_jobs
+        from omegaconf import OmegaConf
+
+        # the arguments joblib's launcher will give Parallel, so that it finds this pool and takes it over
+        composed: Dict[str, Any] = OmegaConf.to_container(launcher, resolve=True)  # type: ignore[assignment]
+        args = {str(k): v for k, v in composed.items() if k != "_target_"}
+        args["backend"] = "loky"
+        process_joblib_cfg(args)
+
+        def warm() -> None:
+            try:
+                Parallel(**args)(delayed(_imported)(list(modules)) for _ in range(effective_n_jobs(args.get("n_jobs"))))
+            except BaseException:  # noqa: BLE001 - a head start only: the points import what they need anyway
+                pass
+        _WARMING.append(threading.Thread(target=warm, name="runner-warm-pool", daemon=True))
+        _WARMING[-1].start()
+
     def end_pool(self) -> None:
+        while _WARMING:
+            _WARMING.pop().join(60)
         loky = sys.modules.get("joblib.externals.loky.reusable_executor")  # joblib's pool, where one ran the points
         executor = getattr(loky, "_executor", None)
         if executor is not None:
@@ -22,3 +51,13 @@ class LocalScheduler(Scheduler):
 
 
 SCHEDULER = LocalScheduler()
+
+
+def _imported(modules: List[str]) -> int:
+    """In a pool's worker: import ``modules`` (what its first point would import; one that fails is left to it)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001
+            pass
+    return os.getpid()

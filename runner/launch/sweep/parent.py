@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
+from runner.launch import schedulers
 from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.report import write_sweep_report
 from runner.runtime import rundir
@@ -178,6 +179,10 @@ class SweepParentRun(Callback):
             raise SystemExit(2) from None
         if note:
             print(note, flush=True)
+        if config.mode == "plan":  # a plan-only point's imports, in the pool's processes while the parent opens
+            from runner.launch.job.plan_only import IMPORTS
+
+            schedulers.named(config.cluster.scheduler).warm_pool(config.hydra.launcher, IMPORTS)
         sweep_stop.clear(sweep_dir)  # a resumed sweep counts its failures anew
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
@@ -236,8 +241,6 @@ class SweepParentRun(Callback):
               f"run and its points' runs are kept in {sweep_dir} for python -m runner sync {sweep_dir}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from runner.launch import schedulers
-
         schedulers.named(config.cluster.scheduler).end_pool()  # every point has answered
         _Running.sweep = None
         if not self._run_id and not self._kept:
