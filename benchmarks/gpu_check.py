@@ -37,15 +37,8 @@ SHORT = ["train.steps=200", "train.log_every=50", "data.eval_batches=8"]
 def found() -> Tuple[List[str], str]:
     """Lines describing the box: GPUs (through NVML: nothing initialised here), the driver's CUDA, versions;
     and why the runner cannot train on its GPUs ('' when it can: :func:`cuda_verdict`, as a job decides)."""
-    from runner.runtime.device import (
-        GIB,
-        cuda_text,
-        cuda_verdict,
-        driver_cuda_version,
-        has_bf16,
-        host_gpus,
-        visible_gpus,
-    )
+    from runner.config.precisions import in_hardware
+    from runner.runtime.device import GIB, cuda_text, cuda_verdict, driver_cuda_version, host_gpus, visible_gpus
 
     lines = []
     gpus = host_gpus()
@@ -63,7 +56,8 @@ def found() -> Tuple[List[str], str]:
                  f"{len(gpus)} GPU(s) listed")
     for i, ((name, cap, uuid), mem) in enumerate(zip(gpus, memory, strict=True)):
         lines.append(f"  - {i}: {name}, compute capability {cap[0]}.{cap[1]}, bf16 in hardware: "
-                     f"{'yes' if has_bf16(cap) else 'no (torch would emulate it)'}, {mem:.1f} GiB, {uuid}")
+                     f"{'yes' if in_hardware('bfloat16', cap) else 'no (torch would emulate it)'}, "
+                     f"{mem:.1f} GiB, {uuid}")
     import fbgemm_gpu
     import torch
     import torchrec
@@ -171,7 +165,8 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    from runner.runtime.device import has_bf16, host_gpus
+    from runner.config.precisions import in_hardware
+    from runner.runtime.device import host_gpus
 
     box, why = found()
     print("\n".join(box), flush=True)
@@ -193,7 +188,7 @@ def main() -> None:
     gpus = host_gpus()
     rows = []
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    planned = steps(len(gpus), bool(gpus) and has_bf16(gpus[0][1]), out)
+    planned = steps(len(gpus), bool(gpus) and in_hardware("bfloat16", gpus[0][1]), out)
     for step in on_cpu(planned) if args.cpu else planned:
         row = run_step(step, out, uri)
         rows.append(row)

@@ -119,6 +119,7 @@ OTHER_PRIVATE = {
     "_exit": "os", "_internal": "hydra (its core plugins' module path)", "_monitor_workers": "torch elastic",
     "_terminate_process_handler": "torch elastic", "_replace": "NamedTuple", "_run_exitfuncs": "atexit",
     "_shutdown": "threading", "_target_": "Hydra's instantiation key", "_to_mlflow_entity": "mlflow's datasets",
+    "_core": "Hydra's joblib launcher (the arguments it gives joblib)", "_executor": "joblib's loky pool",
 }
 
 
