@@ -40,7 +40,7 @@ def stack_key() -> str:
             except metadata.PackageNotFoundError:
                 continue
         return "none"
-    sources = [*sorted(_ADAPTER.glob("*.py")), _ROOT / "runner" / "launch" / "conformance_check.py"]
+    sources = [*sorted(_ADAPTER.rglob("*.py")), _ROOT / "runner" / "launch" / "conformance_check.py"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     return (f"torchrec-{version('torchrec')}_fbgemm-{version('fbgemm-gpu', 'fbgemm-gpu-cpu')}"
             f"_torch-{version('torch')}_adapter-{digest}")
