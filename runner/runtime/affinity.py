@@ -15,10 +15,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Set
-
-if TYPE_CHECKING:
-    pass
+from typing import List, Optional, Set
 
 
 def allowed_cores() -> List[int]:

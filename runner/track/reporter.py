@@ -11,15 +11,12 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from runner.runtime import rundir, signals
 from runner.track import ui_links
 from runner.track.events import EventLog
 from runner.track.sweep_points import sweep_of
-
-if TYPE_CHECKING:
-    pass
 
 
 class _Silent:

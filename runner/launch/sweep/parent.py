@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -45,8 +45,6 @@ from runner.track.sweep_points import SWEEP_FILE, grid_size, paired_keys, sweep_
 from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
 from runner.track.ui_links import compare_url
 
-if TYPE_CHECKING:
-    pass
 
 @dataclass
 class PointOutcome:
