@@ -21,7 +21,7 @@ On the GPU box, with the parts and this project's tree copied there, no network:
 
 checks every part's size and checksum against the manifest (a missing or damaged part is named), joins and
 unpacks them, installs the wheels with ``pip --no-index --no-deps`` and puts FBGEMM's files in place. With
-``--venv`` (the default, ``.venv``) the venv is made with ``--system-site-packages`` (the image's torch), the
+``--venv`` (the default, ``.venv``) the venv sees the image's packages (its torch, also where the image's python3 is a venv), the
 runner is put on its path, and it is marked as ``make gpu-env`` marks a CUDA venv, so ``make gpu-check`` uses it.
 """
 
@@ -164,12 +164,8 @@ def install(parts_dir: Path, target: Optional[Path], venv: Optional[Path], pytho
     with tempfile.TemporaryDirectory(prefix="gpu-bundle-") as tmp:
         manifest = unpack(parts_dir, Path(tmp))
         if venv is not None:
-            if not (venv / "bin" / "python").exists():
-                subprocess.run([python, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-            site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
-                                   "get_paths()['purelib'])"], check=True, capture_output=True, text=True)
-            dest, where = Path(site.stdout.strip()), []
-            pip_python = str(venv / "bin" / "python")
+            dest = _venv_seeing(venv, python)
+            where, pip_python = ["--target", str(dest)], python  # the image's pip: its venv module may lack one
         else:
             assert target is not None
             dest, where, pip_python = target, ["--target", str(target)], python
@@ -189,6 +185,26 @@ def install(parts_dir: Path, target: Optional[Path], venv: Optional[Path], pytho
     into = f"venv {venv} (with the image's packages)" if venv is not None else f"{target} (PYTHONPATH={target})"
     return (f"[gpu-bundle] installed {manifest.get('stack', 'the bundle')} into {into}: {len(wheels)} wheels"
             f"{' and FBGEMM' if unpacked else ''} in {time.monotonic() - start:.0f} s, no network")
+
+
+def _venv_seeing(venv: Path, python: str) -> Path:
+    """``venv`` (made if missing, without pip: an image's Python may lack ``ensurepip``) seeing ``python``'s
+    packages; returns its site-packages. ``--system-site-packages`` reaches only the base interpreter's packages,
+    and a GPU image's ``python3`` is often itself a venv (the lent images': /opt/torch/.venv) whose packages hold
+    torch, so those folders are added with ``site.addsitedir`` from a ``.pth`` file (their own ``.pth`` files
+    run too), after the venv's own packages: the bundle's versions come first."""
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([python, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    ask = ("import json, site, sysconfig; print(json.dumps([sysconfig.get_paths()['purelib'], "
+           "[*site.getsitepackages(), site.getusersitepackages()]]))")
+    dest = Path(json.loads(subprocess.run([str(venv / "bin" / "python"), "-c", ask], check=True,
+                                          capture_output=True, text=True).stdout)[0])
+    image = json.loads(subprocess.run([python, "-c", ask], check=True, capture_output=True, text=True).stdout)[1]
+    folders = [f for f in image if Path(f).is_dir() and Path(f).resolve() != dest.resolve()]
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "zz_image_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({f!r})\n" for f in folders))
+    return dest
 
 
 def _download(specs: Iterable[str], into: Path, python_version: str, binary: bool = True) -> None:

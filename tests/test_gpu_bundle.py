@@ -66,6 +66,16 @@ def test_a_bundle_in_parts_installs_offline_into_an_empty_folder(tmp_path: Path)
                            env={**os.environ, "PYTHONPATH": str(target)}, cwd=tmp_path, capture_output=True, text=True)
     assert probe.stdout.split() == [str(150 * 1024), "100000"], probe.stderr
 
+    # into a venv made by a Python that is itself a venv's (as a GPU image's python3 is: this suite's .venv here),
+    # seeing that venv's packages (torch) after the bundle's, with no pip of its own
+    venv = tmp_path / "venv"
+    line = gpu_bundle.install(out, None, venv, python=sys.executable)
+    assert "2 wheels and FBGEMM" in line and (venv / ".cuda").exists() and not (venv / "bin" / "pip").exists()
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import probe_one, fake_fbgemm, torch, runner; "
+                            "print(probe_one.__file__.startswith(%r), torch.__version__)" % str(venv)],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert probe.stdout.split() == ["True", __import__("torch").__version__], probe.stderr
+
 
 def test_the_bundle_takes_what_a_job_needs_and_not_the_images_torch() -> None:
     pins = {p.split("==")[0].lower() for p in gpu_bundle.runtime_pins()}
