@@ -21,8 +21,9 @@ On the GPU box, with the parts and this project's tree copied there, no network:
 
 checks every part's size and checksum against the manifest (a missing or damaged part is named), joins and
 unpacks them, installs the wheels with ``pip --no-index --no-deps`` and puts FBGEMM's files in place. With
-``--venv`` (the default, ``.venv``) the venv sees the image's packages (its torch, also where the image's python3 is a venv), the
-runner is put on its path, and it is marked as ``make gpu-env`` marks a CUDA venv, so ``make gpu-check`` uses it.
+``--venv`` (the default, ``.venv``) the venv sees the image's packages (its torch, also where the image's python3
+is itself a venv), the runner is put on its path, and it is marked as ``make gpu-env`` marks a CUDA venv, so
+``make gpu-check`` uses it.
 """
 
 from __future__ import annotations
