@@ -56,7 +56,8 @@ def run_plain(steps: int, batch: int, tmp: Path, bind: bool, warmup: int, device
               ranks: int = 2) -> dict:
     out = tmp / "plain.json"
     start = time.time()
-    _run([str(PY.parent / "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
+    # torch's launcher as a module: a venv that uses an image's torch (gpu_bundle install) has no torchrun script
+    _run([str(PY), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
           str(ROOT / "benchmarks" / "plain_torchrec.py"), "--steps", str(steps), "--batch", str(batch),
           "--warmup", str(warmup), "--out", str(out), "--device", device, *(["--bind-cores"] if bind else [])])
     r = json.loads(out.read_text())

@@ -26,8 +26,8 @@ def torchrun_command(overrides: list, tmp_path: Path, config: str = "") -> list:
     tmp_path.mkdir(parents=True, exist_ok=True)
     job = tmp_path / "job.yaml"
     job.write_text(config)
-    torchrun = Path(sys.executable).parent / "torchrun"
-    return [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "runner.launch.torchrun", str(job)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+            "runner.launch.torchrun", str(job)]
 
 
 def torchrun_job(overrides: list, tmp_path: Path, config: str = "") -> subprocess.CompletedProcess:
