@@ -43,7 +43,7 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
     try:
         one = [*FAST, "train.log_every=5", "cluster.workers_per_node=1"]  # a core left for the server's restart
         live = Job(tmp_path / "live", server.url, "outage", [*one, "train.steps=100000"])
-        late = Job(tmp_path / "late", server.url, "outage_end", [*one, "train.steps=200"])
+        late = Job(tmp_path / "late", server.url, "outage_end", [*one, "train.steps=1500"])  # ends after the kill
         live.wait_for("delivered.json")
         late.wait_for("delivered.json")
         server.stop(signal.SIGKILL)
