@@ -1,9 +1,9 @@
 """One node's torch elastic agent: ``python -m runner.launch.processes.agent <run_dir> <node_rank> <port>``.
 
-``python -m runner.launch.processes.agent --warm <threads>`` is the same agent started before the job's config exists
-(see :mod:`runner.launch.processes.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec and the
-runner, then reads its job from stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input:
-exits without a job).
+``python -m runner.launch.processes.agent --warm <threads>`` is the same agent started before the job's config
+exists (see :mod:`runner.launch.processes.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec (not
+on a GPU host, where the workers are spawned and import it themselves) and the runner, then reads its job from
+stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input: exits without a job).
 
 The driver starts one per node that runs on this host (all of them when nodes are emulated). The
 agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and starts
@@ -45,9 +45,13 @@ def _job_from_stdin() -> list | None:
     # list): none reach the terminal. A library that does not load is recorded once the job is known.
     logging.disable(logging.CRITICAL)
     try:
+        from torch.distributed.launcher.api import elastic_launch  # noqa: F401  (every job's launch)
+
+        from runner.runtime.device import cuda_verdict
         from runner.train.worker import preload
 
-        preload()
+        if not cuda_verdict()[0]:  # CUDA workers are spawned and import TorchRec themselves: on a GPU host its
+            preload()  # import here (10 s on the lent H200s) would only delay their launch (fork: main preloads)
     except (ImportError, OSError):
         pass
     finally:

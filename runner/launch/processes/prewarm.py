@@ -1,11 +1,11 @@
 """An agent started before the config exists, so that its imports overlap composing the config.
 
 For a single training job, ``python -m runner`` starts node 0's agent at once: it sets OpenMP's thread
-count, imports torch, TorchRec and the runner (seconds: docs/benchmarks.md) while the driver composes,
-checks and opens the MLflow run, then waits on stdin for its job. The driver hands it the job only when
-the job needs the thread count it loaded torch with; otherwise, on a refused config, or when the job
-starts no workers, it is killed. State is this driver process's own (one prewarmed agent at most) and
-reached only through the functions below.
+count, imports torch, TorchRec (where its workers are forked) and the runner (seconds: docs/benchmarks.md)
+while the driver composes, checks and opens the MLflow run, then waits on stdin for its job. The driver hands
+it the job only when the job needs the thread count it loaded torch with; otherwise, on a refused config, or
+when the job starts no workers, it is killed. State is this driver process's own (one prewarmed agent at
+most) and reached only through the functions below.
 """
 
 from __future__ import annotations
