@@ -43,7 +43,8 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
     try:
         one = [*FAST, "train.log_every=5", "cluster.workers_per_node=1"]  # a core left for the server's restart
         live = Job(tmp_path / "live", server.url, "outage", [*one, "train.steps=100000"])
-        late = Job(tmp_path / "late", server.url, "outage_end", [*one, "train.steps=1500"])  # ends after the kill
+        late_steps = 600  # enough that it cannot end (and deliver its ending) before the kill below
+        late = Job(tmp_path / "late", server.url, "outage_end", [*one, f"train.steps={late_steps}"])
         live.wait_for("delivered.json")
         late.wait_for("delivered.json")
         server.stop(signal.SIGKILL)
@@ -80,7 +81,7 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         (run,) = runs(server.url, "outage_end")
         want = kept_points(late.run_dir, "train/loss")
         got = stored_points(server.url, run.info.run_id, "train/loss")
-        assert run.info.status == "FINISHED" and got == want and len(want) == 40
+        assert run.info.status == "FINISHED" and got == want and len(want) == late_steps // 5
         assert "eval/auc" in run.data.metrics
         print(f"outage: server back after {restart_s:.0f}s, {len(kept_points(live.run_dir, 'train/loss'))} "
               f"points all stored; after the end: {before} stored before sync, {len(got)} after")
