@@ -107,6 +107,16 @@ def stderr_lines(text: str) -> List[str]:
     return [ln for ln in segments if ln.strip()]
 
 
+def to_the_background(pid: int) -> None:
+    """Every thread of ``pid`` at nice 19 (niceness is per thread on Linux: torch's and gloo's threads too): a
+    rank that only trains until the test's event (a time limit, a server back) leaves the cores to the rest."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), 19)
+        except OSError:  # a thread that ended
+            pass
+
+
 def processes_tagged(tag: str) -> List[int]:
     """Live processes whose environment carries ``RUNNER_TEST_TAG=tag`` (orphans of a job)."""
     pids = []

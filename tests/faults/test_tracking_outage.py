@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, MlflowServer, runs
+from conftest import FAST, ROOT, MlflowServer, runs, to_the_background
 from test_faults import Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -48,6 +48,7 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         live.wait_for("delivered.json")
         late.wait_for("delivered.json")
         server.stop(signal.SIGKILL)
+        to_the_background(int((live.run_dir / "pids" / "rank0.pid").read_text()))  # it trains until the server is back
         # 1. the server stays away until ``late`` ended: its ending is kept, with one sync command to deliver it
         assert late.finish(120) == 0, late.err.read_text()[-2000:]  # training finished: exit 0
         out = late.out.read_text()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs
+from conftest import FAST, ROOT, finished_run, metric_history, processes_tagged, run_cli, runs, to_the_background
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -188,6 +188,8 @@ def test_restart_inside_the_allocation_then_the_time_limit(store: str, tmp_path:
     seconds = ((int(ran[1] or 0) * 24 + int(ran[2])) * 60 + int(ran[3])) * 60 + int(ran[4])
     minutes = -(-(seconds + 30) // 60)  # the first whole minute at least 30 s away
     subprocess.run(["scontrol", "update", f"jobid={job}", f"TimeLimit={minutes}"], check=True)
+    for ranks in sweep.glob("0/node*/pids/rank*.pid"):  # from here the job trains only to reach its limit
+        to_the_background(int(ranks.read_text()))
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
     (run,) = [r for r in runs(store, "slurm-limit") if r.data.tags.get("runner.kind") == "job"]
