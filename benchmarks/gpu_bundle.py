@@ -166,15 +166,14 @@ def install(parts_dir: Path, target: Optional[Path], venv: Optional[Path], pytho
         manifest = unpack(parts_dir, Path(tmp))
         if venv is not None:
             dest = _venv_seeing(venv, python)
-            where, pip_python = ["--target", str(dest)], python  # the image's pip: its venv module may lack one
         else:
             assert target is not None
-            dest, where, pip_python = target, ["--target", str(target)], python
+            dest = target
         dest.mkdir(parents=True, exist_ok=True)
         wheels = sorted(str(p) for p in (Path(tmp) / "wheels").glob("*.whl"))
-        if wheels:
-            subprocess.run([pip_python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                            "--disable-pip-version-check", *where, *wheels], check=True,
+        if wheels:  # with the image's pip into the folder, a venv's too (it is made without pip)
+            subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                            "--disable-pip-version-check", "--target", str(dest), *wheels], check=True,
                            env={**os.environ, "PIP_NO_INDEX": "1", "PIP_CONSTRAINT": "", "PIP_FIND_LINKS": ""})
         unpacked = (Path(tmp) / "unpacked").exists()
         if unpacked:
