@@ -41,6 +41,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_holder(fd: int) -> tuple[str, Optional[int]]:
+    """The holder's line and pid. A holder that has just taken the lock writes its line a moment later (the file is
+    empty, or still names the holder before it, which is gone): read again for up to a second before giving up."""
+    import time
+
+    deadline = time.monotonic() + 1.0
+    while True:
+        text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        pid = _holder(text)
+        if (pid is not None and _alive(pid)) or time.monotonic() > deadline:
+            return text, pid if pid is not None and _alive(pid) else None
+        time.sleep(0.02)
+
+
 def _run_of(folder: Path) -> str:
     """The MLflow run a run folder's job recorded (``run.json``), as words for the refusal."""
     import json
@@ -70,9 +84,8 @@ def hold(folder: Path, kind: str = "sweep") -> Optional[str]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        text, pid = _read_holder(fd)
         os.close(fd)
-        pid = _holder(text)
         who = f"process {pid} ({text.split(maxsplit=1)[1] if ' ' in text else 'command unknown'})" if pid else \
             "another process"
         if kind == "run":
@@ -82,8 +95,9 @@ def hold(folder: Path, kind: str = "sweep") -> Optional[str]:
                          f"run again or resume it: python -m runner resume {folder}") from None
     before = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode(), 0)
+        line = f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode()
+        os.pwrite(fd, line, 0)  # written over the old line, then cut: the file never reads empty
+        os.ftruncate(fd, len(line))
     except OSError:  # a full disk: the lock holds without its holder's name
         pass
     _HELD[key] = fd

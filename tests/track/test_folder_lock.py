@@ -42,6 +42,28 @@ def test_a_live_holder_refuses_and_a_dead_one_is_taken_over(tmp_path: Path, monk
     assert hold(tmp_path) is None  # this process holds it already
 
 
+
+def test_a_holder_that_has_not_written_its_line_yet_is_still_named(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new holder takes the lock, then writes its line: a refusal in between (the file still names the holder
+    before it, which is gone) waits for the line and names the live holder, not \"another process\"."""
+    monkeypatch.setattr(folder_lock, "_HELD", {})
+    late = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(0.4); line = f'{os.getpid()} python -m runner x\\n'.encode(); "
+            "os.pwrite(fd, line, 0); os.ftruncate(fd, len(line)); time.sleep(60)")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / folder_lock.LOCK_FILE).write_text(f"{gone.stdout.strip()} python -m runner -m old\n")
+    other = subprocess.Popen([sys.executable, "-c", late, str(tmp_path / folder_lock.LOCK_FILE)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusy) as refused:
+            hold(tmp_path)
+        assert f"is in use by process {other.pid} (python -m runner x)" in str(refused.value), str(refused.value)
+    finally:
+        other.kill()
+        other.wait(10)
+
 @pytest.mark.slow
 def test_a_second_job_on_a_live_jobs_run_folder_is_refused_before_it_touches_anything(tmp_path: Path) -> None:
     """A live job holds the run folder it was given (here a process holding it as the runner does, with the
