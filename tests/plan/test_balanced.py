@@ -225,3 +225,27 @@ def test_a_sweep_planned_together_agrees_and_is_monotone(monkeypatch: pytest.Mon
             other = solution_of(options, plan)
             if other is not None and valid(problem, other) is None:  # another point's plan, valid here
                 assert rated[here] <= rating(problem, other) * (1 + 1e-9), (here, there)
+
+
+def test_a_packing_start_beats_the_least_loaded_start_where_whole_shards_and_a_uniform_sliver_bind() -> None:
+    """Shards of 3, 3, 2, 2, 2 and a table whose uniform option (0.1 on each rank) is cheaper in total than its
+    one shard of 0.25: the runner's own start (least loaded, cheapest options) rates 7.1; the packing start with
+    uniform options at twice their cost packs 3 + 3 and 2 + 2 + 2 and rates 6.25; the search keeps the best."""
+    import numpy as np
+
+    from runner.plan.torchrec_adapter.balanced.packing import packing_starts
+    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, UNIFORM, Choice, Problem, construct
+
+    mem = np.array([[1, 0]])
+    tables = [[Choice(DEVICE, np.array([size]), mem)] for size in (3.0, 3.0, 2.0, 2.0, 2.0)]
+    tables.append([Choice(UNIFORM, np.array([0.1, 0.1]), np.repeat(mem, 2, 0)), Choice(DEVICE, np.array([0.25]), mem)])
+    problem = Problem(tables, np.array([[100, 0], [100, 0]]), 1)
+    own = construct(problem)
+    assert rating(problem, own) == pytest.approx(7.1)
+    starts = packing_starts(problem, own)
+    assert set(starts) == {"packing", "packing, uniform x2"}
+    assert rating(problem, starts["packing"]) == pytest.approx(6.1)  # 3 + 3 and 2 + 2 + 2, the uniform sliver
+    assert rating(problem, starts["packing, uniform x2"]) == pytest.approx(6.25)  # the 0.25 shard on one of them
+    assert all(valid(problem, s) is None for s in starts.values())
+    best, facts = search(problem, {}, 0.5)
+    assert rating(problem, best) == pytest.approx(6.1) and {"packing", "packing, uniform x2"} <= set(facts["starts"])

@@ -23,25 +23,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem
+from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound
+
+__all__ = ["lower_bound", "lp_bound", "plan_bound", "simple_bound"]
 
 LP_MARGIN = 1e-6  # relative: HiGHS's feasibility tolerance is 1e-7
-
-
-def _placeable(problem: Problem) -> List[List[int]]:
-    cap = problem.capacity.max(0)
-    return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
-
-
-def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
-    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options (``kept``:
-    :func:`_placeable`, where the caller has it)."""
-    kept = _placeable(problem) if kept is None else kept
-    if any(not k for k in kept):
-        return float("nan")
-    total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
-    largest = max(min(problem.tables[t][o].perf.max(initial=0.0) for o in k) for t, k in enumerate(kept))
-    return max(total / problem.world, largest)
 
 
 def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
@@ -49,7 +35,7 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    kept = _placeable(problem) if kept is None else kept
+    kept = placeable(problem) if kept is None else kept
     if any(not k for k in kept):
         return float("nan")
     cols = [(t, o) for t, k in enumerate(kept) for o in k]
@@ -98,7 +84,7 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
 
 def lower_bound(problem: Problem) -> float:
     """The larger of :func:`simple_bound` and :func:`lp_bound` (nan where no option of a table fits)."""
-    kept = _placeable(problem)
+    kept = placeable(problem)
     simple = simple_bound(problem, kept)
     lp = lp_bound(problem, kept)
     return simple if lp != lp else max(simple, lp)

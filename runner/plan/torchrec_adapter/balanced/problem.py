@@ -80,6 +80,23 @@ def rating(problem: Problem, solution: Solution) -> float:
     return float(loads(problem, solution)[0].max())
 
 
+def placeable(problem: Problem) -> List[List[int]]:
+    """Per table, its options whose every shard fits on some rank (by storage alone)."""
+    cap = problem.capacity.max(0)
+    return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
+
+
+def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
+    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options (``kept``:
+    :func:`placeable`, where the caller has it)."""
+    kept = placeable(problem) if kept is None else kept
+    if any(not k for k in kept):
+        return float("nan")
+    total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
+    largest = max(min(problem.tables[t][o].perf.max(initial=0.0) for o in k) for t, k in enumerate(kept))
+    return max(total / problem.world, largest)
+
+
 def valid(problem: Problem, solution: Solution) -> Optional[str]:
     """None when every shard is placed by its option's rule and every rank's storage is within capacity;
     else what is wrong."""
@@ -111,14 +128,16 @@ def fits(used: np.ndarray, mem: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     return ((used + mem) <= capacity).all(-1)
 
 
-def place(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray) -> Optional[np.ndarray]:
+def place(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray,
+          target: Optional[float] = None) -> Optional[np.ndarray]:
     """Ranks for ``c``'s shards by its rule, on the least loaded ranks where they fit (the largest shard
-    first); None where it fits nowhere. ``load`` and ``used`` are not changed."""
+    first); None where it fits nowhere. ``load`` and ``used`` are not changed. ``target``: shards free to go to
+    any rank go to the *most* loaded rank where they stay within it (best fit), the least loaded where none does."""
     w, local, cap = problem.world, problem.local, problem.capacity
     if c.kind == UNIFORM:
         return np.arange(w) if len(c.perf) == w and fits(used, c.mem, cap).all() else None
     if c.kind == DEVICE:
-        return _place_devices(c, np.arange(w), load, used, cap)
+        return _place_devices(c, np.arange(w), load, used, cap, target)
     hosts = w // local
     if c.kind == HOST_UNIFORM:
         if len(c.perf) != local:
@@ -166,14 +185,18 @@ def loads_after(load: np.ndarray, ranks: np.ndarray, perf: np.ndarray) -> np.nda
 
 
 def _place_devices(c: Choice, pool: np.ndarray, load: np.ndarray, used: np.ndarray,
-                   cap: np.ndarray) -> Optional[np.ndarray]:
+                   cap: np.ndarray, target: Optional[float] = None) -> Optional[np.ndarray]:
     lo, us = load[pool].copy(), used[pool].copy()
     ranks = np.empty(len(c.perf), dtype=np.int64)
     for j in np.argsort(-c.perf, kind="stable"):
         ok = fits(us, c.mem[j], cap[pool])
         if not ok.any():
             return None
-        i = int(np.argmin(np.where(ok, lo, np.inf)))
+        under = ok & (lo + c.perf[j] <= target) if target is not None else None
+        if under is not None and under.any():  # best fit: the fullest rank it leaves within the target
+            i = int(np.argmax(np.where(under, lo, -np.inf)))
+        else:
+            i = int(np.argmin(np.where(ok, lo, np.inf)))
         ranks[j] = pool[i]
         lo[i] += c.perf[j]
         us[i] += c.mem[j]
@@ -209,16 +232,21 @@ def _storage_share(problem: Problem, c: Choice) -> float:
     return float((c.mem / cap).max())
 
 
-def construct(problem: Problem, by_storage: bool = False, rng: Optional[random.Random] = None) -> Optional[Solution]:
+def construct(problem: Problem, by_storage: bool = False, rng: Optional[random.Random] = None,
+              target: Optional[float] = None, uniform_weight: float = 1.0) -> Optional[Solution]:
     """A start: each table's option of least total perf (``by_storage``: of least storage share per rank,
     for memory-bound problems), uniform ones first, then the rest largest shard (or storage) first, each
     placed by :func:`place`, the next option tried where one fits nowhere; None where a table fits nowhere.
-    With ``rng``: the tables in a random order, each option tried in a random order (for tight storage)."""
+    With ``rng``: the tables in a random order, each option tried in a random order (for tight storage).
+    A packing start: ``target`` (a busiest rank to pack the ranks up to, best fit) and ``uniform_weight`` (a
+    uniform option's total counted that many times over: it loads every rank, the fullest ones included)."""
     tables = problem.tables
 
     def cost(t: int, o: int) -> Tuple[float, float]:
         c = tables[t][o]
-        return (_storage_share(problem, c), c.perf.sum()) if by_storage else (c.perf.sum(), 0.0)
+        if by_storage:
+            return _storage_share(problem, c), c.perf.sum()
+        return c.perf.sum() * (uniform_weight if c.kind == UNIFORM else 1.0), 0.0
 
     choose = [min(range(len(options)), key=functools.partial(cost, t)) for t, options in enumerate(tables)]
     load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
@@ -236,7 +264,7 @@ def construct(problem: Problem, by_storage: bool = False, rng: Optional[random.R
         if rng is not None:
             rng.shuffle(tried)
         for o in tried:
-            found = place(problem, tables[t][o], load, used)
+            found = place(problem, tables[t][o], load, used, target)
             if found is not None:
                 picks[t], ranks[t] = o, found
                 c = tables[t][o]

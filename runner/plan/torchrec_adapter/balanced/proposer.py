@@ -27,6 +27,7 @@ from torchrec.distributed.planner.types import PartitionByType, ShardingOption, 
 
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
+from runner.plan.torchrec_adapter.balanced.packing import changed, packing_starts
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
@@ -197,7 +198,7 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
         own = make()
         if own is not None:
             break
-    candidates = ({"runner": own} if own is not None else {}) | starts
+    candidates = ({"runner": own} if own is not None else {}) | packing_starts(problem, own) | starts
     facts: Dict[str, Any] = {"starts": {}, "optimal": False}
     if len(problem.tables) <= EXACT_TABLES:  # small: solved exactly where the node budget allows
         incumbent = min((rating(problem, c) for c in candidates.values()), default=float("inf"))
@@ -214,21 +215,17 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
         found, moves = (start, 0) if facts["optimal"] else improve(problem, start, share)
         improved[name] = found
         facts["starts"][name] = {"rating": rating(problem, start), "improved": rating(problem, found),
-                                 "moves": moves, "changed": _changed(start, found)}
+                                 "moves": moves, "changed": changed(start, found)}
         best_so_far = min(facts["starts"][name]["improved"], best_so_far or float("inf"))
     first = min(improved, key=lambda k: (facts["starts"][k]["improved"], list(improved).index(k)))
     rest = 0 if facts["optimal"] else rounds
     say(f"balanced search: ruin and recreate from the best start ({first})", best_so_far)
     best, done = perturb(problem, improved[first], max(budget_s - (time.perf_counter() - t0), 0.0), rest)
     facts["starts"][first].update(improved=rating(problem, best), rounds=done,
-                                  changed=_changed(candidates[first], best))
+                                  changed=changed(candidates[first], best))
     facts["winner"] = first
     facts["search_s"] = time.perf_counter() - t0
     return best, facts
-
-
-def _changed(a: Solution, b: Solution) -> bool:
-    return a.picks != b.picks or any(not np.array_equal(x, y) for x, y in zip(a.ranks, b.ranks, strict=True))
 
 
 def entries_of(best_plan: List[ShardingOption]) -> PlanEntries:
@@ -268,7 +265,8 @@ def balanced_note(facts: Dict[str, Any]) -> str:
     if winner.startswith("torchrec_") and not starts[winner]["changed"]:
         return (f"sharding.proposer=balanced kept TorchRec's {winner[len('torchrec_'):]} plan: no move lowered its "
                 f"busiest rank ({facts['rating']:.3f} ms)")
-    origin = {"runner": "the runner's own start", "exact": "a branch and bound"}.get(
+    origin = {"runner": "the runner's own start", "exact": "a branch and bound", "packing": "a packing start",
+              "packing, uniform x2": "a packing start (uniform options at twice their cost)"}.get(
         winner, f"TorchRec's {winner[len('torchrec_'):]} plan" if winner.startswith("torchrec_")
         else "an earlier point's plan")
     return (f"sharding.proposer=balanced: the runner's plan, not a TorchRec proposer's, estimated step "
