@@ -14,6 +14,7 @@ class PlanFacts(TypedDict, total=False):
     plan_source: str  # "runner" (the runner's own plan) or "torchrec" (a TorchRec proposer's); "pinned" by report
     fallback: Optional[str]  # how a plan was found where the named proposer found none: "placeable_only", a proposer
     lower_bound_ms: Optional[float]  # the bound on any plan's estimated step (torchrec_adapter/balanced/bound.py)
+    lower_bound_kind: Optional[str]  # which bound is tight: mean rank, largest shard, LP relaxation, whole shards
     compared: Dict[str, float]  # TorchRec's plans' ratings, as the balanced proposer compared them
     torchrec: Dict[str, Optional[float]]  # the same, by proposer (None: no plan)
     skipped: Dict[str, int]  # TorchRec's proposers not tried as starts at this size, with the shards that decided it

@@ -79,6 +79,7 @@ class PlanEstimates(Stats):
     best_plan: List[ShardingOption] = field(default_factory=list)
     world_size: int = 0
     lower_bound_ms: Optional[float] = None
+    lower_bound_kind: Optional[str] = None
 
     def log(self, sharding_plan: ShardingPlan, topology: Topology, *args: Any, **kwargs: Any) -> None:
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
@@ -86,7 +87,8 @@ class PlanEstimates(Stats):
         if seam_note() is None:  # the bound reads the runner's enumeration (the TorchRec adapter)
             from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 
-            self.lower_bound_ms = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
+            found = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
+            self.lower_bound_ms, self.lower_bound_kind = found if found is not None else (None, None)
 
 
 def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
@@ -198,6 +200,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
         result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
+        found["lower_bound_kind"] = estimates.lower_bound_kind
         empty = None if isinstance(result[0], PlanError) else empty_shard(result[0], device_type)
         if empty:
             result[0] = PlanError(empty)

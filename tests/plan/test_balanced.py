@@ -16,7 +16,7 @@ from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchre
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
-from runner.plan.torchrec_adapter.balanced.bound import lower_bound, simple_bound
+from runner.plan.torchrec_adapter.balanced.bound import lower_bound, lower_bound_of, lp_bound, simple_bound
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
@@ -114,7 +114,7 @@ def _optimum(problem: Problem, start: float) -> Tuple[float, Optional[Solution]]
 
 
 def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
-    found = solved = 0
+    found = solved = raised = 0
     missed = []
     for seed in range(100):
         problem = _random_problem(random.Random(seed))
@@ -137,7 +137,9 @@ def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
         bound = lower_bound(problem)
         assert bound <= (mine if better is None else optimum) * (1 + 1e-9), seed
         assert simple_bound(problem) <= bound * (1 + 1e-5), seed
+        raised += bound > max(simple_bound(problem), lp_bound(problem)) * (1 + 1e-3)  # the configuration bound's
     assert solved >= 90 and found >= 0.95 * solved, (found, solved, missed)
+    assert raised >= 5, raised  # whole shards bind in some of these: the bound above the LP's, still below the optimum
 
 
 BASE = ["model=dnn_many", "cluster=gpu_2x8", "train.batch_size=512", "sharding.compute_kernels=[fused,dense]",
@@ -183,6 +185,7 @@ def test_never_worse_than_torchrec_and_valid(point: Tuple[str, str, str]) -> Non
         theirs = _rated(cfg, proposer)
         assert theirs is None or mine <= theirs * (1 + 1e-9), (proposer, mine, theirs)
     assert facts["lower_bound_ms"] <= mine * (1 + 1e-9)
+    assert facts["lower_bound_kind"] in ("mean rank", "largest shard", "LP relaxation", "whole shards")
     assert "not a TorchRec proposer's" in notes[0] or "kept TorchRec's" in notes[0]
     placed = {name: p for module in plan.plan.values() for name, p in module.items()}
     assert len(placed) == int(tables)  # every table in the ShardingPlan DMP gets, with its chosen type and ranks
@@ -249,3 +252,17 @@ def test_a_packing_start_beats_the_least_loaded_start_where_whole_shards_and_a_u
     assert all(valid(problem, s) is None for s in starts.values())
     best, facts = search(problem, {}, 0.5)
     assert rating(problem, best) == pytest.approx(6.1) and {"packing", "packing, uniform x2"} <= set(facts["starts"])
+
+
+def test_the_configuration_bound_knows_shards_are_whole() -> None:
+    """Three shards of 0.6 on two ranks: the mean rank is 0.9 and the largest shard 0.6, so the LP bound is 0.9;
+    two whole shards must share a rank, so every plan's busiest rank is 1.2, and the configuration bound finds
+    it (to the bisection's 0.1%), never above."""
+    import numpy as np
+
+    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, Choice, Problem
+
+    problem = Problem([[Choice(DEVICE, np.array([0.6]), np.array([[1, 0]]))]] * 3, np.array([[9, 0], [9, 0]]), 1)
+    assert lp_bound(problem) == pytest.approx(0.9, rel=1e-5)
+    assert 1.2 * (1 - 2e-3) <= lower_bound(problem) <= 1.2
+    assert lower_bound_of(problem)[1] == "whole shards"

@@ -14,7 +14,8 @@ every shard fits on some device after the reservation):
   0/1 point of it, so its optimum (SciPy's HiGHS) is at most any plan's rating; it is taken a hair lower
   (:data:`LP_MARGIN`) so that the solver's tolerance cannot lift it above one.
 
-:func:`lower_bound` gives the larger of the two. docs/planning.md defines them for users.
+:func:`lower_bound` gives the larger of the two, raised by the configuration bound (:mod:`.config_bound`) where
+shards are whole. docs/planning.md defines them for users.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from runner.plan.torchrec_adapter.balanced.config_bound import LP_MARGIN, config_bound
 from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound
 
-__all__ = ["lower_bound", "lp_bound", "plan_bound", "simple_bound"]
+__all__ = ["lower_bound", "lower_bound_of", "lp_bound", "plan_bound", "simple_bound"]
 
-LP_MARGIN = 1e-6  # relative: HiGHS's feasibility tolerance is 1e-7
 
 
 def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
@@ -83,16 +84,33 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
 
 
 def lower_bound(problem: Problem) -> float:
-    """The larger of :func:`simple_bound` and :func:`lp_bound` (nan where no option of a table fits)."""
+    """The larger of :func:`simple_bound` and :func:`lp_bound`, raised where shards are whole by
+    :func:`.config_bound.config_bound` (nan where no option of a table fits)."""
+    return lower_bound_of(problem)[0]
+
+
+def lower_bound_of(problem: Problem) -> Tuple[float, str]:
+    """:func:`lower_bound` and which bound gave it: ``mean rank``, ``largest shard``, ``LP relaxation`` or
+    ``whole shards`` (the configuration bound), for the report."""
     kept = placeable(problem)
     simple = simple_bound(problem, kept)
     lp = lp_bound(problem, kept)
-    return simple if lp != lp else max(simple, lp)
+    start = simple if lp != lp else max(simple, lp)
+    found = config_bound(problem, kept, start)
+    if found > start:
+        return found, "whole shards"
+    if lp == lp and lp > simple * (1 + 1e-9):
+        return found, "LP relaxation"
+    if simple != simple:  # some table fits nowhere: no bound
+        return found, ""
+    mean = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept)) / problem.world
+    return found, "mean rank" if mean >= simple * (1 - 1e-12) else "largest shard"
 
 
-def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
+def plan_bound(enumerator: Any, reservation: Any) -> Optional[Tuple[float, str]]:
     """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
-    on the devices ``reservation`` reserved last; None where either is unknown."""
+    on the devices ``reservation`` reserved last, and which bound it is (:func:`lower_bound_of`); None where either is
+    unknown."""
     space = getattr(enumerator, "last_stored_search_space", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
@@ -108,14 +126,14 @@ def plan_bound(enumerator: Any, reservation: Any) -> Optional[float]:
     if found is None:
         found = bound_ahead.taken(space, reserved)  # computed beside the search, where it was
     if found is None:
-        found = float(lower_bound(problem_of(space, reserved)[0]))
+        found = lower_bound_of(problem_of(space, reserved)[0])
     _KNOWN[key] = found
-    return found if found == found else None
+    return found if found[0] == found[0] else None
 
 
 # bounds found in this process, by the options (the same object: reused options are handed out as they are) and
 # the devices' storage: a sweep planned together asks again for each point in its second pass
-_KNOWN: Dict[Tuple[int, int, bytes], float] = {}
+_KNOWN: Dict[Tuple[int, int, bytes], Tuple[float, str]] = {}
 _KEPT: List[Any] = []  # the options of those keys, kept alive so that their ids stay theirs
 
 

@@ -11,7 +11,7 @@ and devices. Where the fork fails or dies, the bound is computed here as before:
 from __future__ import annotations
 
 from multiprocessing.connection import Connection, Pipe
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from runner.plan.torchrec_adapter.balanced.problem import Problem
 from runner.runtime.process_end import fork_helper, reap
@@ -21,22 +21,23 @@ ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes second
 _AHEAD: List[Any] = []  # [search space, problem, pid, connection], the latest only
 
 
-def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], float]) -> None:
-    """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound`) for the problem of these
+def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], Tuple[float, str]]) -> None:
+    """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound_of`) for the problem of these
     options."""
     end_bound_fork()
     ours, theirs = Pipe(duplex=False)
 
     def work() -> None:  # in the fork; where it fails, the planning process computes the bound
         ours.close()
-        theirs.send(float(bound(problem)))
+        value, kind = bound(problem)
+        theirs.send((float(value), str(kind)))
 
     pid = fork_helper(work)
     theirs.close()
     _AHEAD[:] = [search_space, problem, pid, ours]
 
 
-def taken(search_space: Any, reserved: Any) -> Optional[float]:
+def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
     """The bound the fork computed for these options (the same object) on devices like these (the same
     storage left), waiting for it; None where none was started for them or the fork gave none."""
     from runner.plan.torchrec_adapter.balanced.proposer import same_devices
@@ -46,7 +47,10 @@ def taken(search_space: Any, reserved: Any) -> Optional[float]:
         return None
     conn: Connection = _AHEAD[3]
     try:
-        return float(conn.recv()) if conn.poll(ANSWER_TIMEOUT_S) else None
+        if not conn.poll(ANSWER_TIMEOUT_S):
+            return None
+        value, kind = conn.recv()
+        return float(value), str(kind)
     except (EOFError, OSError):
         return None
     finally:

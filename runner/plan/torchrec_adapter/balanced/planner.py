@@ -27,7 +27,7 @@ from runner.config.parts import part
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
-from runner.plan.torchrec_adapter.balanced.bound import lower_bound
+from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
@@ -84,7 +84,7 @@ class BalancedPlanner(SearchLoopPlanner):
             return ShardingPlan({})
         problem, table_options = problem_of(space, reserved)
         if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start_bound(space, problem, lower_bound)
+            bound_ahead.start_bound(space, problem, lower_bound_of)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.mem <= largest).all() for c in options) for options in problem.tables):
