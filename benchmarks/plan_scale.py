@@ -4,6 +4,7 @@ enumerator benchmark (6,400 tables on 2,048 GPUs) and at 1,000 tables on 128 GPU
 GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
 
     .venv/bin/python benchmarks/plan_scale.py [--sizes 5384x1024,6400x2048,1000x128] [--small 300] [--greedy]
+        [--sweep]
 
 - ``import floor``: ``python -c "import torchrec.distributed.planner, mlflow, hydra"``, what any planning
   command pays before it plans.
@@ -14,6 +15,8 @@ GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
   300-table inputs, in this process (``runner.plan.planner.torchrec_planner``); its plan and per-rank
   estimates are compared with ``sharding.proposer=dynamic_programming``'s.
 - ``--greedy``: the small case with ``sharding.proposer=greedy`` too, for its estimated step.
+- ``--sweep``: the 9-point study at 5,384 x 1,024 (cross-node 6, 12.5, 25 GiB/s x reserve 0.1, 0.15, 0.3) as one
+  ``-m`` sweep, timed whole, with every point's gap and the consistency check of ``plan_quality.py``.
 
 Ends with ``plan-scale: tables=5384 ranks=1024 s=.. peak_gib=.. gap=..% plan=found | tables=6400 ranks=2048
 ... | tables=1000 ranks=128 ...``, after a line on the 300-table comparison (``dp-identity: ...``); exits 1
@@ -100,6 +103,22 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     return seconds, (plan_to_dict(plan, table_specs(cfg.model)), per_rank_estimates(estimates.best_plan, ranks))
 
 
+def study(tmp: Path, tables: int = 5384, ranks: int = 1024) -> str:
+    """The 9-point study (cross-node 6, 12.5, 25 GiB/s x reserve 0.1, 0.15, 0.3) as one ``-m`` sweep, timed whole;
+    every point's gap, and the points whose plan another point's plan beats there (``plan_quality``'s check)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import plan_quality
+
+    seconds, points = plan_quality.sweep(tables, ranks, ([6, 12.5, 25], [0.1, 0.15, 0.3]), tmp)
+    gaps = [p["results"]["est_step_ms"] / p["results"]["lower_bound_ms"] - 1 for p in points
+            if p["results"].get("lower_bound_ms")]
+    print(f"sweep, {tables} tables x {ranks} GPUs, {len(points)} points: {seconds:.1f} s whole, gaps "
+          + ", ".join(f"{g:.2%}" for g in gaps), flush=True)
+    bad, _ = plan_quality.violations(tables, ranks, points)
+    return (f"sweep tables={tables} ranks={ranks} points={len(points)} s={seconds:.1f} answered={len(gaps)} "
+            f"max_gap={max(gaps):.2%} violations={bad}")
+
+
 def _size(text: str) -> Tuple[int, int]:
     tables, ranks = text.lower().split("x")
     return int(tables), int(ranks)
@@ -111,6 +130,7 @@ def main() -> None:
                     help="TABLESxGPUS, comma-separated: the balanced preset's whole command at each")
     ap.add_argument("--small", type=int, default=300, help="tables of the case compared with TorchRec (64 GPUs)")
     ap.add_argument("--greedy", action="store_true", help="also plan the small case with the greedy proposer")
+    ap.add_argument("--sweep", action="store_true", help="also the 9-point study at 5,384 x 1,024 as one sweep")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -143,6 +163,8 @@ def main() -> None:
         raw_s, raw = raw_plan(args.small, 64)
         print(f"TorchRec's planner, {args.small} tables x 64 GPUs: {raw_s:.1f} s, "
               f"{'plan found' if raw else 'no plan'}", flush=True)
+        if args.sweep:
+            parts.append(study(tmp))
     identical = raw is not None and small["found"] and small["plan"] == json.loads(json.dumps(raw[0])) and \
         [dict(sorted(r.items())) for r in small["per_rank"]] == [dict(sorted(r.items())) for r in raw[1]]
     print(f"dp-identity: tables={args.small} ranks=64 runner_s={small['seconds']:.1f} raw_s={raw_s:.1f} "
