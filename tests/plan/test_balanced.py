@@ -260,9 +260,12 @@ def test_the_configuration_bound_knows_shards_are_whole() -> None:
     it (to the bisection's 0.1%), never above."""
     import numpy as np
 
-    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, Choice, Problem
+    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, UNIFORM, Choice, Problem
 
     problem = Problem([[Choice(DEVICE, np.array([0.6]), np.array([[1, 0]]))]] * 3, np.array([[9, 0], [9, 0]]), 1)
     assert lp_bound(problem) == pytest.approx(0.9, rel=1e-5)
     assert 1.2 * (1 - 2e-3) <= lower_bound(problem) <= 1.2
     assert lower_bound_of(problem)[1] == "whole shards"
+    spread = Problem([[Choice(UNIFORM, np.array([0.1, 0.1]), np.array([[1, 0], [1, 0]]))]] * 20,
+                     np.array([[99, 0], [99, 0]]), 1)  # no shard of T/16 or more, to be placed whole: volume alone
+    assert lower_bound_of(spread) == (pytest.approx(2.0, rel=1e-5), "mean rank")

@@ -102,7 +102,8 @@ def feasible(problem: Problem, options: Tuple[np.ndarray, np.ndarray, np.ndarray
             break
     else:
         return None
-    rounded = np.where(items > 0, reps[np.searchsorted(sizes, items).clip(0, max(len(sizes) - 1, 0))], 0.0)
+    rounded = np.where(items > 0, reps[np.searchsorted(sizes, items).clip(0, len(sizes) - 1)], 0.0) if len(
+        sizes) else np.zeros_like(items)  # no shard large enough to be an item: volume alone
     volume = total - rounded.sum(1)
     n_opt, n_pat, k = len(table), len(patterns), len(classes)
     counts = np.zeros((n_opt, k))
