@@ -214,6 +214,7 @@ def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_p
         wait_for(sweep / "0" / "events.jsonl")
         job = json.loads((sweep / "scheduler.json").read_text())["job_ids"][0]
         subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=lost-by-a-test"], check=True)
+        downed = time.monotonic()
         until(lambda: job_state(job) == "PENDING", 60, "the job was not requeued")
         # One machine emulates both nodes, so attempt 1 still runs on the "lost" n2: end it there as a lost node
         # would, before n2 returns (else Slurm's clean-up of the job on the returning n2 can kill attempt 2's task)
@@ -228,6 +229,10 @@ def test_a_job_that_lost_a_node_runs_again_as_its_next_attempt(store: str, tmp_p
         until(lambda: node_state("n2").split("+")[0] == "IDLE" and not any(
             flag in node_state("n2") for flag in ("COMPLETING", "NOT_RESPONDING", "DOWN", "DRAIN")), 60,
             "n2 did not come back idle")
+        # n2's slurmd ends the lost job's processes with SIGTERM, then SIGKILL after KillWait (10 s, cluster.sh) to
+        # every process of that job id; the requeued attempt has the same id, so it starts only after that (n2 may be
+        # back at once, ReturnToService=2: that SIGKILL then ended attempt 2's task on n2)
+        time.sleep(max(0.0, 10 + 2 - (time.monotonic() - downed)))
         subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
         out, err = proc.communicate(timeout=240)
     finally:
