@@ -50,8 +50,9 @@ def _read_holder(fd: int) -> tuple[str, Optional[int]]:
     while True:
         text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         pid = _holder(text)
-        if (pid is not None and _alive(pid)) or time.monotonic() > deadline:
-            return text, pid if pid is not None and _alive(pid) else None
+        live = pid is not None and _alive(pid)
+        if live or time.monotonic() > deadline:
+            return text, pid if live else None
         time.sleep(0.02)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.config_bound import LP_MARGIN, config_bound
-from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound
+from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound, simple_parts
 
 __all__ = ["lower_bound", "lower_bound_of", "lp_bound", "plan_bound", "simple_bound"]
 
@@ -93,7 +93,8 @@ def lower_bound_of(problem: Problem) -> Tuple[float, str]:
     """:func:`lower_bound` and which bound gave it: ``mean rank``, ``largest shard``, ``LP relaxation`` or
     ``whole shards`` (the configuration bound), for the report."""
     kept = placeable(problem)
-    simple = simple_bound(problem, kept)
+    mean, largest = simple_parts(problem, kept)
+    simple = max(mean, largest)  # simple_bound's, from its parts (nan where some table fits nowhere)
     lp = lp_bound(problem, kept)
     start = simple if lp != lp else max(simple, lp)
     found = config_bound(problem, kept, start)
@@ -103,8 +104,7 @@ def lower_bound_of(problem: Problem) -> Tuple[float, str]:
         return found, "LP relaxation"
     if simple != simple:  # some table fits nowhere: no bound
         return found, ""
-    mean = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept)) / problem.world
-    return found, "mean rank" if mean >= simple * (1 - 1e-12) else "largest shard"
+    return found, "mean rank" if mean >= largest else "largest shard"
 
 
 def plan_bound(enumerator: Any, reservation: Any) -> Optional[Tuple[float, str]]:

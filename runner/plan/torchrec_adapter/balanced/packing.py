@@ -1,39 +1,39 @@
-"""Packing starts for the ``balanced`` search: ranks filled up to a target, best fit.
+"""A packing start for the ``balanced`` search: ranks filled up to a target, best fit.
 
 The runner's own start (:func:`.problem.construct`) places each table's cheapest option on the least loaded
 ranks, as TorchRec's greedy partitioner does. Where the tables' shards are large and few sizes (a rank holds
 two or three whole shards), that leaves the busiest ranks a few per cent above what a packing reaches, and
 where uniform (data-parallel) options are cheapest their sliver on every rank lands on the fullest ranks too,
-which the search's moves (:mod:`.moves`) cannot take back one table at a time. These starts pack instead: the
+which the search's moves (:mod:`.moves`) cannot take back one table at a time. This start packs instead: the
 largest shards first, each on the fullest rank where it stays within a target (halfway between the simple
-lower bound and the runner's own start), and, in the second, uniform options counted at twice their cost.
-They are starts like the others: the search keeps the best of all (docs/planning.md).
+lower bound and the runner's own start), with uniform options at their cost or at twice it, whichever packs
+better. It is a start like the others: the search keeps the best of all (docs/planning.md).
 """
 
 from __future__ import annotations
 
 from typing import Dict, Optional
 
-import numpy as np
-
-from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, construct, rating, simple_bound, valid
+from runner.plan.torchrec_adapter.balanced.problem import (
+    Problem,
+    Solution,
+    changed,
+    construct,
+    rating,
+    simple_bound,
+    valid,
+)
 
 PACKING_AT = 0.5  # the target: this far from the simple lower bound to the runner's own start's rating
 PACKING_ABOVE = 0.01  # tried only where the runner's own start is this far above the simple lower bound
 
 
-def changed(a: Solution, b: Solution) -> bool:
-    """Whether two solutions differ in an option or a rank."""
-    return a.picks != b.picks or any(not np.array_equal(x, y) for x, y in zip(a.ranks, b.ranks, strict=True))
-
-
 def packing_starts(problem: Problem, own: Optional[Solution]) -> Dict[str, Solution]:
     """A start that packs ranks up to a target halfway between the runner's own start and the simple lower bound
-    (best fit, :func:`.problem.construct`): the better of one with uniform options at their cost and one at
-    twice it, where
-    the runner's own start is more than :data:`PACKING_ABOVE` above that bound: where
-    the busiest ranks are full of whole shards, a uniform option's sliver on every rank is what the moves cannot
-    take back (6,400 tables on 2,048 GPUs: 258.236 ms from the runner's start, 250.086 ms from the second)."""
+    (best fit, :func:`.problem.construct`), where the runner's own start is more than :data:`PACKING_ABOVE` above
+    that bound: the better of one with uniform options at their cost and one at twice it. Where the busiest ranks
+    are full of whole shards, a uniform option's sliver on every rank is what the moves cannot take back (6,400
+    tables on 2,048 GPUs: 258.236 ms from the runner's start, 250.086 ms from the second)."""
     if own is None:
         return {}
     top, floor = rating(problem, own), simple_bound(problem)

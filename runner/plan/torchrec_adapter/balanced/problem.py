@@ -64,6 +64,11 @@ class Solution:
         return Solution(list(self.picks), [r.copy() for r in self.ranks])
 
 
+def changed(a: Solution, b: Solution) -> bool:
+    """Whether two solutions differ in an option or a rank."""
+    return a.picks != b.picks or any(not np.array_equal(x, y) for x, y in zip(a.ranks, b.ranks, strict=True))
+
+
 def loads(problem: Problem, solution: Solution) -> Tuple[np.ndarray, np.ndarray]:
     """Each rank's summed shard perf and storage under ``solution``."""
     load = np.zeros(problem.world)
@@ -86,15 +91,20 @@ def placeable(problem: Problem) -> List[List[int]]:
     return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
 
 
-def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
-    """max(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options (``kept``:
-    :func:`placeable`, where the caller has it)."""
+def simple_parts(problem: Problem, kept: Optional[List[List[int]]] = None) -> Tuple[float, float]:
+    """(sum of cheapest totals / ranks, max of cheapest largest shards), over placeable options (``kept``:
+    :func:`placeable`, where the caller has it); nan for both where some table has none."""
     kept = placeable(problem) if kept is None else kept
     if any(not k for k in kept):
-        return float("nan")
+        return float("nan"), float("nan")
     total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
     largest = max(min(problem.tables[t][o].perf.max(initial=0.0) for o in k) for t, k in enumerate(kept))
-    return max(total / problem.world, largest)
+    return total / problem.world, largest
+
+
+def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
+    """The larger of :func:`simple_parts` (the mean rank, the largest shard); nan where some table fits nowhere."""
+    return max(simple_parts(problem, kept))  # nan, nan: nan
 
 
 def valid(problem: Problem, solution: Solution) -> Optional[str]:

@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import PartitionByType, ShardingOption, 
 
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
-from runner.plan.torchrec_adapter.balanced.packing import changed, packing_starts
+from runner.plan.torchrec_adapter.balanced.packing import packing_starts
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
@@ -37,6 +37,7 @@ from runner.plan.torchrec_adapter.balanced.problem import (
     Choice,
     Problem,
     Solution,
+    changed,
     construct,
     rating,
     valid,
