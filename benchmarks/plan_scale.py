@@ -20,7 +20,8 @@ GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
 
 Ends with ``plan-scale: tables=5384 ranks=1024 s=.. peak_gib=.. gap=..% plan=found | tables=6400 ranks=2048
 ... | tables=1000 ranks=128 ...``, after a line on the 300-table comparison (``dp-identity: ...``); exits 1
-when the dynamic-programming plan differs from TorchRec's or a size finds no plan.
+when the dynamic-programming plan differs from TorchRec's, a size finds no plan, or (``--sweep``) a point of
+the study is unanswered or beaten at its own values by another point's plan.
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     return seconds, (plan_to_dict(plan, table_specs(cfg.model)), per_rank_estimates(estimates.best_plan, ranks))
 
 
-def study(tmp: Path, tables: int = 5384, ranks: int = 1024) -> str:
+def study(tmp: Path, tables: int = 5384, ranks: int = 1024) -> Tuple[str, bool]:
     """The 9-point study (cross-node 6, 12.5, 25 GiB/s x reserve 0.1, 0.15, 0.3) as one ``-m`` sweep, timed whole;
-    every point's gap, and the points whose plan another point's plan beats there (``plan_quality``'s check)."""
+    every point's gap, and the points whose plan another point's plan beats there (``plan_quality``'s check).
+    Returns the summary's part and whether every point was answered with no violation."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import plan_quality
 
@@ -115,8 +117,9 @@ def study(tmp: Path, tables: int = 5384, ranks: int = 1024) -> str:
     print(f"sweep, {tables} tables x {ranks} GPUs, {len(points)} points: {seconds:.1f} s whole, gaps "
           + ", ".join(f"{g:.2%}" for g in gaps), flush=True)
     bad, _ = plan_quality.violations(tables, ranks, points)
+    ok = len(gaps) == len(points) == 9 and not bad
     return (f"sweep tables={tables} ranks={ranks} points={len(points)} s={seconds:.1f} answered={len(gaps)} "
-            f"max_gap={max(gaps):.2%} violations={bad}")
+            f"max_gap={max(gaps, default=float('nan')):.2%} violations={bad}"), ok
 
 
 def _size(text: str) -> Tuple[int, int]:
@@ -163,15 +166,18 @@ def main() -> None:
         raw_s, raw = raw_plan(args.small, 64)
         print(f"TorchRec's planner, {args.small} tables x 64 GPUs: {raw_s:.1f} s, "
               f"{'plan found' if raw else 'no plan'}", flush=True)
+        swept = True
         if args.sweep:
-            parts.append(study(tmp))
+            part, swept = study(tmp)
+            parts.append(part)
     identical = raw is not None and small["found"] and small["plan"] == json.loads(json.dumps(raw[0])) and \
         [dict(sorted(r.items())) for r in small["per_rank"]] == [dict(sorted(r.items())) for r in raw[1]]
     print(f"dp-identity: tables={args.small} ranks=64 runner_s={small['seconds']:.1f} raw_s={raw_s:.1f} "
           f"raw={'found' if raw else 'none'} identical={'yes' if identical else 'no'}")
     print("plan-scale: " + " | ".join(parts))
-    if not identical or any("plan=none" in part for part in parts):
+    if not identical or any("plan=none" in part for part in parts) or not swept:
         sys.exit("plan-scale: " + ("the dynamic-programming plan is not TorchRec's" if not identical
+                                   else "the sweep left a point unanswered or inconsistent" if not swept
                                    else "a size found no plan"))
 
 
