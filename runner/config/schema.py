@@ -73,10 +73,30 @@ class SweepSchema:
 
 
 @dataclass
+class CalibrateSchema:
+    """``mode=calibrate``: how the hardware is measured (docs/calibration.md)."""
+
+    repeats: int = 7
+    """Timed repeats of each measurement, after one warm-up (at least 3: the spread needs them)."""
+    max_spread: float = 0.25
+    """The repeats' largest allowed scatter (median absolute deviation over the median, a fraction): a part
+    measured more unevenly (a busy machine) is said, and the calibration is written to the run folder only,
+    not kept for ``cluster.calibration=auto``."""
+    grid: str = one_of("full", ("full", "small"))
+    """``full``: every kernel shape and message size | ``small``: a few of each (seconds; a quick check)."""
+    max_message_mib: Optional[float] = None
+    """The largest collective message per rank, MiB (null: 16 on CPU, 256 on a GPU)."""
+    keep: bool = True
+    """Keep a trusted calibration in ``cluster.calibration_dir`` for ``cluster.calibration=auto``."""
+
+
+@dataclass
 class RunnerConfig:
-    mode: str = one_of("train", ("train", "plan", "write_data"))
-    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) |
-    ``write_data`` (write the synthetic source for this model as Parquet to ``data.path``)."""
+    mode: str = one_of("train", ("train", "plan", "calibrate", "write_data"))
+    """``train`` (launch workers) | ``plan`` (plan and log in this process only; any cluster) | ``calibrate``
+    (measure this cluster's kernels, collectives and dense part on the job's workers; write a calibration for
+    ``cluster.calibration``: docs/calibration.md) | ``write_data`` (write the synthetic source for this model as
+    Parquet to ``data.path``)."""
     model: ModelSchema = field(default_factory=ModelSchema)
     sharding: ShardingSchema = field(default_factory=ShardingSchema)
     optimizer: OptimizerSchema = field(default_factory=OptimizerSchema)
@@ -86,6 +106,10 @@ class RunnerConfig:
     train: TrainSchema = field(default_factory=TrainSchema)
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
     sweep: SweepSchema = field(default_factory=SweepSchema)
+    calibrate: CalibrateSchema = field(default_factory=CalibrateSchema)
+
+
+WORKER_MODES = ("train", "calibrate")  # the modes whose job runs on workers (the others run in the driver)
 
 
 def samples_per_step(cfg: RunnerConfig) -> int:

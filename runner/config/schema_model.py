@@ -147,6 +147,16 @@ class ClusterSchema:
     """Bandwidth between workers of one node, GiB/s (TorchRec's default 600)."""
     cross_node_bandwidth: float = 12.5
     """Bandwidth between nodes, GiB/s per worker (TorchRec's default 12.5)."""
+    calibration: str = "auto"
+    """The cost model's constants a plan is made with: ``auto`` (the newest calibration in
+    ``cluster.calibration_dir`` made on this hardware, by ``python -m runner mode=calibrate``; none there:
+    TorchRec's defaults) | ``none`` (TorchRec's default constants, unchanged) | a calibration file's path (one
+    made on another machine too: plan for the cluster you are about to rent). A calibration's measured
+    bandwidths replace ``intra_node_bandwidth``/``cross_node_bandwidth`` only where those keep TorchRec's
+    defaults (docs/calibration.md)."""
+    calibration_dir: Optional[str] = None
+    """Where ``mode=calibrate`` keeps calibrations and ``auto`` looks for them (null: ``$RUNNER_CALIBRATION_DIR``,
+    else ``~/.cache/runner/calibrations``)."""
     master_addr: str = "127.0.0.1"
     """Rendezvous host (node 0's address on a real cluster)."""
     master_port: Optional[int] = None

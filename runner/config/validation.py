@@ -222,6 +222,10 @@ def validate(cfg: RunnerConfig) -> None:
     _check(cfg.tracking.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s",
            cfg.tracking.system_metrics_interval_s, "> 0")
     _check(cfg.sweep.retries >= 0, "sweep.retries", cfg.sweep.retries, "an integer >= 0")
+    _check(cfg.calibrate.repeats >= 3, "calibrate.repeats", cfg.calibrate.repeats, "an integer >= 3")
+    _check(0 < cfg.calibrate.max_spread < 1, "calibrate.max_spread", cfg.calibrate.max_spread, "a fraction in (0, 1)")
+    _check(cfg.calibrate.max_message_mib is None or cfg.calibrate.max_message_mib >= 0.0625,
+           "calibrate.max_message_mib", cfg.calibrate.max_message_mib, "null or a size >= 0.0625 MiB (64 KiB)")
     _check(cfg.sweep.max_failures is None or cfg.sweep.max_failures >= 1, "sweep.max_failures",
            cfg.sweep.max_failures, "null (never stop) or an integer >= 1")
     if cfg.tracking.uri and split_credentials(cfg.tracking.uri)[1:] != (None, None):

@@ -3,7 +3,7 @@ message's text), and what it compares with."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, TypedDict
+from typing import Any, Dict, Optional, TypedDict
 
 
 class PlanFacts(TypedDict, total=False):
@@ -18,3 +18,6 @@ class PlanFacts(TypedDict, total=False):
     compared: Dict[str, float]  # TorchRec's plans' ratings, as the balanced proposer compared them
     torchrec: Dict[str, Optional[float]]  # the same, by proposer (None: no plan)
     skipped: Dict[str, int]  # TorchRec's proposers not tried as starts at this size, with the shards that decided it
+    calibration: str  # the calibration file the plan's constants came from, or "none" (TorchRec's defaults)
+    calibration_note: str  # the line that says which constants, and why
+    step: Dict[str, Any]  # the whole step, per rank and its parts (step_estimate.whole_step); with a calibration

@@ -22,10 +22,12 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
+from runner.plan.calibration import Chosen, for_job
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
+from runner.plan.step_estimate import dense_facts, input_dist_ms, rank_kernels, whole_step
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
@@ -112,10 +114,24 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                           world_size, estimates, dense_tensor_bytes, reuse, search_space, progress, choose_from)
 
 
+def chosen_calibration(cfg: RunnerConfig, device_type: str) -> Chosen:
+    """The calibration ``cfg.cluster.calibration`` chooses (:mod:`.calibration`): a training job's hardware is
+    this process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
+    here = cfg.mode == "train"
+    device = None
+    if here and device_type == "cuda":
+        import torch
+
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return for_job(cfg.cluster, device_type, here, device)
+
+
 def _inputs(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
-    """The topology, batch and constraints every planner of ``cfg`` plans with."""
-    return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap),
+    """The topology (with the calibration's constants), batch and constraints every planner of ``cfg`` plans
+    with."""
+    calibration = chosen_calibration(cfg, device_type).calibration
+    return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
             cfg.sharding.planner_batch_size or samples_per_step(cfg),
             build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], float(cfg.data.ids_per_feature),
                               ("data_parallel",) if uses_split_step(cfg) else ()))
@@ -201,6 +217,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
         found["lower_bound_kind"] = estimates.lower_bound_kind
+        _whole_step(cfg, model, world, local_world, device_type, estimates.best_plan, found)
         empty = None if isinstance(result[0], PlanError) else empty_shard(result[0], device_type)
         if empty:
             result[0] = PlanError(empty)
@@ -209,6 +226,21 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     if isinstance(result[0], PlanError):
         raise result[0]
     return result[0], estimates.best_plan, time.perf_counter() - t0, sharders
+
+
+def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
+                best_plan: List[ShardingOption], facts: PlanFacts) -> None:
+    """``facts`` gets which constants the plan was made with and, with a calibration, the whole step
+    (:mod:`.step_estimate`)."""
+    from runner.plan.analysis import per_rank_estimates
+
+    chosen = chosen_calibration(cfg, device_type)
+    facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
+    if chosen.calibration is None or not best_plan:
+        return
+    facts["step"] = whole_step(per_rank_estimates(best_plan, world), rank_kernels(best_plan, world),
+                               input_dist_ms(best_plan, world), chosen.calibration,
+                               dense_facts(model, samples_per_step(cfg)), world, local_world, device_type)
 
 
 def runners_planner() -> bool:

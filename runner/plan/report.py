@@ -12,6 +12,7 @@ from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
+from runner.plan.step_estimate import step_markdown, step_metrics, step_phrase
 from runner.plan.summary import summary_markdown, summary_metrics
 from runner.runtime import rundir
 
@@ -131,6 +132,9 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type), **summary_metrics(ranks, local)}
     metrics.update(bound_metrics(metrics.get("plan/est_step_ms"), facts))
+    step = (facts or {}).get("step")
+    if step:
+        metrics.update(step_metrics(step))
     bound = bound_text(metrics, (facts or {}).get("lower_bound_kind"))
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
@@ -143,11 +147,12 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
+                                   + (step_markdown(dict(facts or {})) if best_plan else "")
                                    + (f"\nNote: {note}.\n" if note else ""))
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
-        head += (f"; estimated step {metrics['plan/est_step_ms']:.3f} ms, "
+        head += (f"; {step_phrase(dict(facts or {}), metrics['plan/est_step_ms'])}, "
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank"
                  + (f", {bound}" if bound else ""))
     if note:
@@ -161,6 +166,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
             **({"runner.plan_fallback": str(facts["fallback"])} if facts and facts.get("fallback") else {}),
             **({"runner.lower_bound": str(facts["lower_bound_kind"])} if facts and facts.get("lower_bound_kind")
                else {}),
-            **({"runner.plan_note": note} if note else {})}
+            **({"runner.plan_note": note} if note else {}),
+            **({"runner.calibration": facts["calibration"]} if facts and facts.get("calibration") else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 

@@ -15,8 +15,11 @@ from torchrec.distributed.planner.storage_reservations import (
     HeuristicalStorageReservation,
 )
 
+from runner.plan.calibration import topology_knobs
+
 if TYPE_CHECKING:
     from runner.config.schema_model import ClusterSchema, ShardingSchema
+    from runner.plan.calibration import Calibration
 
 
 GIB = 1024**3
@@ -29,15 +32,19 @@ def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
 
 
 def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: int, device_type: str,
-                   hbm_cap: Optional[int] = None) -> Topology:
+                   hbm_cap: Optional[int] = None, calibration: Optional[Calibration] = None) -> Topology:
     """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
-    (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``."""
+    (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``; ``calibration``: the
+    constants it sets (:func:`runner.plan.calibration.topology_knobs`; None: TorchRec's defaults, untouched)."""
+    knobs, bandwidths = topology_knobs(calibration, device_type, cluster.intra_node_bandwidth,
+                                       cluster.cross_node_bandwidth)
     kwargs: Dict[str, Any] = dict(
         world_size=world_size,
         local_world_size=local_world_size,
         compute_device=device_type,
-        intra_host_bw=gibps_to_bytes_per_ms(cluster.intra_node_bandwidth),
-        inter_host_bw=gibps_to_bytes_per_ms(cluster.cross_node_bandwidth),
+        intra_host_bw=gibps_to_bytes_per_ms(bandwidths["intra"]),
+        inter_host_bw=gibps_to_bytes_per_ms(bandwidths["cross"]),
+        **knobs,
     )
     if hbm_cap is not None:
         kwargs["hbm_cap"] = int(hbm_cap)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from runner.runtime import rundir, signals
 from runner.track import ui_links
+from runner.track.estimate_error import against_estimates, estimate_errors
 from runner.track.events import EventLog
 from runner.track.sweep_points import sweep_of
 
@@ -79,6 +80,18 @@ class Reporter:
         assert self._sink is not None  # active: the sink is open
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
         self.plan_metrics = report.metrics
+
+    def calibrated(self, report: Any) -> Dict[str, Any]:
+        """``mode=calibrate``'s answer (its ``console`` text, ``metrics``, ``tags``, the files in its ``folder``,
+        its ``results``): printed, logged, and written to ``results.json``; the results."""
+        print(report.console, flush=True)
+        self._log(report.metrics, 0)
+        self._tags(report.tags)
+        assert self._sink is not None  # only rank 0 reports a calibration
+        self._sink.artifacts(sorted(report.folder.iterdir()), report.folder.name)
+        self.flush()
+        rundir.write_json(self.run_dir / rundir.RESULTS, report.results)
+        return dict(report.results)
 
     def hbm_cap(self, cap: Optional[int], ddr: Optional[float] = None) -> None:
         """The HBM per GPU the planner was given (CUDA: the job's GPUs' least free memory, or
@@ -153,11 +166,13 @@ class Reporter:
                 m[f"measured/rank{r}/embedding_fwd_ms"] = x["embedding_fwd_ms"]
         m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
         m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
-        est_step, est_mem = self.plan_metrics.get("plan/est_step_ms"), self.plan_metrics.get("plan/max_mem_bytes")
+        est_step = self.plan_metrics.get("plan/est_whole_step_ms") or self.plan_metrics.get("plan/est_step_ms")
+        est_mem = self.plan_metrics.get("plan/max_mem_bytes")
         if est_step:
             m["ratio/step_measured_over_estimated"] = m["measured/step_ms"] / est_step
         if est_mem:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
+        m.update(estimate_errors(per_rank, self.plan_metrics))
         self._log(m, self.steps)
         rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
         print(against_estimates(per_rank, self.plan_metrics), flush=True)
@@ -208,9 +223,14 @@ def summary_line(results: Dict[str, Any]) -> str:
         view = ui_links.view_hint(results["tracking_uri"], results.get("run_id"))
     if results.get("plan_status") == "infeasible":
         return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {run}; {view}"
+    if results.get("mode") == "calibrate":
+        kept = (f"kept for cluster.calibration=auto as {results['kept']}" if results.get("kept")
+                else "not kept for cluster.calibration=auto")
+        return (f"[runner] calibration done in {results['seconds']:.0f}s: {results['headline']}; written to "
+                f"{results['file']}, {kept}; MLflow run {run}; {view}")
     if results.get("mode") == "plan":
         types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
-        est = (f"estimated step {results['est_step_ms']:.3f} ms, max memory "
+        est = (f"{results.get('step_phrase') or 'estimated step %.3f ms' % results['est_step_ms']}, max memory "
                f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
         if results.get("lower_bound_ms") and results.get("gap_to_bound") is not None:
             est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
@@ -220,22 +240,4 @@ def summary_line(results: Dict[str, Any]) -> str:
         f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
         f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}"
     )
-
-
-def against_estimates(per_rank: List[Dict[str, Any]], plan: Dict[str, float], shown: int = 8) -> str:
-    """Each rank's measured step and embedding forward beside the plan's estimates (which cover the embeddings
-    only: lookups and their all-to-alls, forward and backward), the busiest ``shown`` ranks by measured step."""
-    def ms(value: Any) -> str:
-        return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
-    order = sorted(range(len(per_rank)), key=lambda r: -per_rank[r]["step_ms"])[:shown]
-    lines = ["[runner] measured vs the plan's estimate, ms per step (the estimate covers the embeddings only; "
-             "the rest of the measured step is the dense part, the optimizer and the input):",
-             "  rank   step  emb fwd | est fwd  est step"]
-    for r in sorted(order):
-        fwd = [plan.get(f"plan/rank{r}/{k}") for k in ("fwd_compute_ms", "fwd_comms_ms")]
-        lines.append(f"  {r:>4} {ms(per_rank[r]['step_ms']):>7} {ms(per_rank[r].get('embedding_fwd_ms')):>8} | "
-                     f"{ms(None if None in fwd else sum(fwd)):>7} {ms(plan.get(f'plan/rank{r}/total_ms')):>9}")
-    if len(per_rank) > shown:
-        lines.append(f"  ({shown} busiest of {len(per_rank)} ranks; every rank in measured.json and the MLflow run)")
-    return "\n".join(lines)
 

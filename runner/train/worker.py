@@ -182,7 +182,15 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
                 ddr = place.ddr_cap_gib
             else:
                 ddr = ddr_cap_for_host(ddr, env.host_workers, *job_memory(allocated))[0]
-        results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device), ddr).run(cores)
+        if cfg.mode == "calibrate":
+            from runner.runtime.hardware import fingerprint
+            from runner.train import calibrate
+
+            results = calibrate.run(cfg, run_dir, env, device, reporter, lambda: fingerprint(
+                device.type, env.world // env.local_world, env.local_world, device))
+        else:
+            results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device),
+                              ddr).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
         end_process_group(failed=True)

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from runner import STARTED
 from runner.config.errors import TrackingError
 from runner.config.place import Place
+from runner.config.schema import WORKER_MODES
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_job_run, finish_run
@@ -213,7 +214,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
 def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = None) -> Dict[str, Any]:
     """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``attempt``: which
     run of this job it is (``sweep.retries``); ``place``: where it runs (:mod:`runner.config.place`)."""
-    if cfg.mode != "train":
+    if cfg.mode not in WORKER_MODES:
         discard_warm()  # no workers: free the core the prewarmed agent would hold
     if cfg.mode == "write_data":
         from runner.data.writer import write_data
@@ -222,7 +223,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     _mark_start()
     ctx, config, earlier_run = _job_folder(cfg)
     port = cfg.cluster.master_port or free_port()
-    if cfg.cluster.master_port and cfg.mode == "train" and cfg.cluster.node_rank in (None, 0):
+    if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
     run = driver_run(cfg, ctx, config, port, attempt)
@@ -233,7 +234,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
         # opened beside the planner's imports and model, checked before the run opens (:func:`_plan`)
         (store_open.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
-    if cfg.mode == "train" and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
+    if cfg.mode in WORKER_MODES and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _plan_or_train(cfg, ctx, run, place or Place(cfg.cluster.scheduler))

@@ -81,6 +81,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     the results. ``choose_from``: the plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
+    from runner.plan.step_estimate import step_phrase
 
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # the planner's INFO lines, per proposal
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node
@@ -109,6 +110,9 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     results = {
         **base, "plan_status": "feasible",
         "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
+        "est_whole_step_ms": m.get("plan/est_whole_step_ms"),
+        "step_phrase": (step_phrase(dict(facts), m["plan/est_step_ms"]) if m.get("plan/est_step_ms") is not None
+                        else None),
         "max_mem_bytes": m.get("plan/max_mem_bytes"),
         "lower_bound_ms": m.get("plan/lower_bound_ms"), "gap_to_bound": m.get("plan/gap_to_bound"),
         "compared_ms": {k: v for k, v in m.items() if k.startswith("plan/torchrec_")},

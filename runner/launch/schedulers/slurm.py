@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from runner.config.place import Place
+from runner.config.schema import WORKER_MODES
 from runner.launch.schedulers import Scheduler, Task
 from runner.launch.schedulers.slurm_commands import LABEL, SlurmError, _scontrol, hostnames, node_address, slurm_command
 from runner.runtime import rundir
@@ -149,10 +150,10 @@ class SlurmScheduler(Scheduler):
         assert isinstance(task, SlurmTask)
         signals.install()
         on_time_limit_warning()
-        if cfg.mode != "train" and task.node_rank > 0:
+        if cfg.mode not in WORKER_MODES and task.node_rank > 0:
             print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
             return run_dir, True, Place(self.name)
-        if cfg.mode == "train":
+        if cfg.mode in WORKER_MODES:
             place, run_dir = adopt(cfg, task, run_dir)
             return run_dir, False, place
         return run_dir, False, Place(self.name)  # the run's tags say where it ran

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import PLUGINS
 from runner.config.errors import first_line
+from runner.config.schema import WORKER_MODES
 from runner.launch.schedulers.slurm_commands import SlurmError, node_address, slurm_command
 from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
@@ -84,7 +85,7 @@ def check_submission(cfg: DictConfig) -> None:
     (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
     partition = cfg.hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
-    if cfg.mode == "train" and cfg.cluster.nodes > len(nodes):
+    if cfg.mode in WORKER_MODES and cfg.cluster.nodes > len(nodes):
         raise SlurmError(f"cluster.nodes={cfg.cluster.nodes} but the Slurm partition {partition or '(default)'} "
                              f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
                              "partition with hydra.launcher.partition")
@@ -150,7 +151,7 @@ def job_shape(cfg: RunnerConfig, params: Dict[str, Any], node_cpus: int, node_gp
     """Nodes, CPUs per task and GPUs per node of a point's job. Workers use CUDA with ``cluster.device=cuda``,
     or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
-    train, c = cfg.mode == "train", cfg.cluster
+    train, c = cfg.mode in WORKER_MODES, cfg.cluster
     nodes, workers = (int(c.nodes) if train else 1), int(c.workers_per_node)
     gpus = params.get("gpus_per_node")
     if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):

@@ -17,6 +17,7 @@ from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
 from runner.launch import schedulers
 from runner.launch.sweep.overrides import combinations, file_sweeps, split_args, sweep_axes
+from runner.plan.calibration import check_file
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: A
                 first = first or (combo, cfg)
             validate(cast("RunnerConfig", cfg))
             schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
+            check_file(cfg.cluster.calibration)  # a calibration file that cannot be used: one line, nothing starts
             _CHECKED.add(tuple(combo))
             if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
                 _GRID[2] = (combo, cfg)

@@ -68,6 +68,13 @@ def reused_model(cfg: RunnerConfig, build: Any) -> Any:
     return _MODELS[key]
 
 
+def perf_knobs(topology: Any) -> Tuple[Any, ...]:
+    """The topology's values that TorchRec's perf estimator reads and its enumeration does not: the bandwidths
+    (a sweep's points) and the constants a calibration sets (:mod:`runner.plan.calibration`)."""
+    return (topology.intra_host_bw, topology.inter_host_bw, topology.hbm_mem_bw, topology.ddr_mem_bw,
+            topology.hbm_to_ddr_mem_bw, topology.bwd_compute_multiplier)
+
+
 class ReusingEnumerator(CompactEnumerator):
     """TorchRec's enumerator (compact or not, :mod:`.compact_enumeration`), whose options and estimates are
     reused by later calls with its key: all of them for the same bandwidths, all but the perf estimate
@@ -78,7 +85,7 @@ class ReusingEnumerator(CompactEnumerator):
         topology = kwargs["topology"]
         key = f"{key}|compact={self.compact}"
         self._key = key
-        self._bw_key = f"{key}|{topology.intra_host_bw!r}|{topology.inter_host_bw!r}"
+        self._bw_key = f"{key}|{perf_knobs(topology)!r}"
 
     def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
         exact = _OPTIONS.get(self._bw_key)

@@ -1,0 +1,201 @@
+"""A calibration: the planner's cost model fitted to one machine, as a file.
+
+``python -m runner mode=calibrate`` measures the job's own workers (:mod:`runner.train.calibrate`), fits the
+measurements (:mod:`runner.plan.cost_fit`) and writes a :class:`Calibration`: a versioned YAML file with the
+hardware's fingerprint (:mod:`runner.runtime.hardware`), the fitted constants, the spread of the repeats and the
+measurements themselves. ``cluster.calibration`` chooses the one a plan uses (:func:`for_job`): ``auto`` the newest
+in the cache folder whose fingerprint matches, ``none`` TorchRec's default constants, byte for byte, or a file.
+
+What a calibration sets, and where: TorchRec's own knobs where it has them (:func:`topology_knobs`: the device's
+memory bandwidth that FBGEMM's fused kernel reaches, the backward-to-forward ratio, and the bandwidths between
+workers when the config keeps TorchRec's defaults), so TorchRec's estimators, its planner and the runner's rate
+plans with them; the runner's own terms where TorchRec has none (a fixed cost per kernel call and per collective,
+the dense part, the optimizer and the input), in the whole step (:mod:`runner.plan.step_estimate`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+from runner.config.errors import config_error_line, first_line
+from runner.runtime.hardware import fingerprint, mismatch
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ClusterSchema
+
+FORMAT = 1  # the file format this runner writes and reads; a newer one is refused in one line
+SUFFIX = ".calibration.yaml"
+KEY = "cluster.calibration"
+TORCHREC_INTRA_GIBPS, TORCHREC_CROSS_GIBPS = 600.0, 12.5  # TorchRec's defaults, the cluster keys' defaults too
+GIB = 1024**3
+
+
+@dataclass
+class Calibration:
+    """One machine's fitted cost model (see the module doc). ``constants``: ``device_bw_gibps``,
+    ``bwd_compute_multiplier``, ``kernel_call_fwd_ms``, ``kernel_call_bwd_ms``, ``intra_node_bandwidth`` and
+    ``cross_node_bandwidth`` (GiB/s, None where not measured), ``collectives`` (``{name: {scope: {latency_ms,
+    bandwidth_gibps}}}``), ``dense_fwd``/``dense_bwd`` (``fixed_ms``, ``ms_per_gflop``), ``optimizer``
+    (``fixed_ms``, ``ms_per_mparam``), ``input`` (``fixed_ms``, ``ms_per_ksample``)."""
+
+    fingerprint: Dict[str, Any]
+    constants: Dict[str, Any]
+    spread: Dict[str, float] = field(default_factory=dict)
+    trusted: bool = True
+    measurements: Dict[str, Any] = field(default_factory=dict)
+    made: str = ""
+    format: int = FORMAT
+    path: Optional[str] = None  # where it was read from (not written)
+
+    def label(self) -> str:
+        fp = self.fingerprint
+        return (f"calibration {self.path or '(in memory)'} ({fp.get('device_name')}, {fp.get('nodes')} x "
+                f"{fp.get('workers_per_node')} workers, made {self.made})")
+
+
+def save(cal: Calibration, path: Path) -> Path:
+    """Write ``cal`` as YAML (whole: written aside, then moved into place)."""
+    import yaml
+
+    data = asdict(cal)
+    data.pop("path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(yaml.safe_dump(data, sort_keys=False))
+    os.replace(part, path)
+    return path
+
+
+def _refused(path: Any, why: str) -> Exception:
+    return config_error_line(f"{KEY}={str(path)!r} cannot be used: {why}; make one on this machine with "
+                             "python -m runner mode=calibrate, or plan with cluster.calibration=none", KEY)
+
+
+def load(path: Any) -> Calibration:
+    """The calibration at ``path``; a missing, damaged or newer-format file is a one-line ``ConfigError``."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise _refused(path, f"it cannot be read ({first_line(exc)})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("format"), int):
+        raise _refused(path, "it is not a calibration file (no format number)")
+    if data["format"] > FORMAT:
+        raise _refused(path, f"its format {data['format']} is newer than this runner's ({FORMAT}): update the runner")
+    if not isinstance(data.get("fingerprint"), dict) or not isinstance(data.get("constants"), dict):
+        raise _refused(path, "it is damaged (no fingerprint or constants)")
+    missing = [k for k in ("device_bw_gibps", "bwd_compute_multiplier", "kernel_call_fwd_ms", "kernel_call_bwd_ms")
+               if not isinstance(data["constants"].get(k), (int, float))]
+    if missing:
+        raise _refused(path, f"it is damaged (no {', '.join(missing)})")
+    known = {k: data[k] for k in ("fingerprint", "constants", "spread", "trusted", "measurements", "made", "format")
+             if k in data}
+    return Calibration(**known, path=str(path))
+
+
+def check_file(setting: str) -> None:
+    """``cluster.calibration`` naming a file: refused in one line (``ConfigError``) when it cannot be used as a
+    calibration (whether it fits the hardware is asked where the job's hardware is known, :func:`for_job`)."""
+    if str(setting) not in ("auto", "none"):
+        load(setting)
+
+
+def cache_dir(configured: Optional[str] = None) -> Path:
+    """Where calibrations are kept: ``cluster.calibration_dir``, else ``$RUNNER_CALIBRATION_DIR``, else
+    ``$XDG_CACHE_HOME/runner/calibrations`` (``~/.cache/...``)."""
+    if configured:
+        return Path(configured).expanduser().absolute()
+    if os.environ.get("RUNNER_CALIBRATION_DIR"):
+        return Path(os.environ["RUNNER_CALIBRATION_DIR"]).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "runner" / "calibrations"
+
+
+def file_name(fp: Dict[str, Any]) -> str:
+    """A calibration's file name in the cache: its device, world and time (newest sorts last)."""
+    name = "".join(c if c.isalnum() else "-" for c in str(fp.get("device_name", "device")))[:40].strip("-")
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{fp.get('device_kind')}-{name}-{fp.get('nodes')}x" \
+           f"{fp.get('workers_per_node')}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The calibration a job plans with (None: TorchRec's default constants) and the line that says so."""
+
+    calibration: Optional[Calibration]
+    note: str
+
+    @property
+    def tag(self) -> str:
+        return self.calibration.path or "in memory" if self.calibration is not None else "none"
+
+
+def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> Optional[Calibration]:
+    """The newest trusted calibration in ``folder`` whose fingerprint matches ``here`` (files that cannot be read
+    are passed over: ``auto`` only takes what fits)."""
+    for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True):
+        try:
+            cal = load(path)
+        except ValueError:
+            continue
+        if cal.trusted and mismatch(cal.fingerprint, here, world_matters) is None:
+            return cal
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _chosen(setting: str, folder: Optional[str], device_kind: str, nodes: int, workers: int, here_is_job: bool,
+            device: Any = None) -> Chosen:
+    default = "TorchRec's default constants"
+    if setting == "none":
+        return Chosen(None, f"{default} (cluster.calibration=none)")
+    # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
+    here = fingerprint(device_kind, nodes, workers, device) if here_is_job or device_kind == "cpu" else None
+    if setting == "auto":
+        where = cache_dir(folder)
+        found = newest_matching(where, here, here_is_job) if here is not None and where.is_dir() else None
+        if found is None:
+            return Chosen(None, f"{default}: no calibration of this hardware in {where} (python -m runner "
+                                "mode=calibrate makes one)")
+        return Chosen(found, f"this machine's {found.label()}")
+    cal = load(setting)
+    if here is not None:
+        differs = mismatch(cal.fingerprint, here, here_is_job)
+        if differs is not None:
+            raise _refused(setting, f"it was made on other hardware ({differs})")
+    elif cal.fingerprint.get("device_kind") != device_kind:
+        raise _refused(setting, f"it was made on {cal.fingerprint.get('device_kind')}, the plan is for {device_kind}")
+    return Chosen(cal, cal.label())
+
+
+def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device: Any = None) -> Chosen:
+    """The calibration ``cluster.calibration`` chooses for a plan on ``device_kind``; ``here_is_job``: the job runs
+    on this machine (training: the fingerprint, world shape included, must match), else a plan for a cluster that
+    may not be here (a file made elsewhere is taken when its device kind is the plan's). Remembered per process."""
+    return _chosen(str(cluster.calibration), cluster.calibration_dir, device_kind, int(cluster.nodes),
+                   int(cluster.workers_per_node), here_is_job, device)
+
+
+def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: float,
+                   cross_gibps: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """TorchRec ``Topology`` arguments (its units: bytes per ms) that ``cal`` sets, and the bandwidths (GiB/s) in
+    effect. The config's bandwidths win where the user set them (anything but TorchRec's defaults): a sweep over
+    them with a calibration asks "what if"; at the defaults the calibration's measured ones are taken."""
+    bandwidths = {"intra": intra_gibps, "cross": cross_gibps}
+    if cal is None:
+        return {}, bandwidths
+    c = cal.constants
+    per_ms = c["device_bw_gibps"] * GIB / 1000.0
+    knobs = {"hbm_mem_bw" if device_kind == "cuda" else "ddr_mem_bw": per_ms,
+             "bwd_compute_multiplier": float(c["bwd_compute_multiplier"])}
+    if intra_gibps == TORCHREC_INTRA_GIBPS and c.get("intra_node_bandwidth"):
+        bandwidths["intra"] = float(c["intra_node_bandwidth"])
+    if cross_gibps == TORCHREC_CROSS_GIBPS and c.get("cross_node_bandwidth"):
+        bandwidths["cross"] = float(c["cross_node_bandwidth"])
+    return knobs, bandwidths

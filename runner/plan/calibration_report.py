@@ -1,0 +1,152 @@
+"""A calibration's results: the fit of every rank's measurements (:mod:`.cost_fit`), the file (:mod:`.calibration`),
+kept for ``cluster.calibration=auto`` when its repeats agree, and its report beside TorchRec's default constants
+(``calibration/report.md``, a chart of measured against fitted times, metrics and tags for the MLflow run)."""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from runner.plan.calibration import Calibration, cache_dir, file_name, save
+from runner.plan.cost_fit import fit_all, kernel_bytes
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+FOLDER = "calibration"  # in the run folder, and the artifacts' path in the MLflow run
+# TorchRec's default constants (torchrec/distributed/planner/constants.py), GiB/s and its multiplier
+TORCHREC = {"ddr": 51.0, "hbm": 897.0, "bwd_compute_multiplier": 2.0, "intra": 600.0, "cross": 12.5}
+
+
+@dataclass
+class CalibrationReport:
+    """What rank 0's reporter logs (:meth:`runner.track.reporter.Reporter.calibrated`)."""
+
+    folder: Path
+    metrics: Dict[str, float]
+    tags: Dict[str, Any]
+    console: str
+    results: Dict[str, Any]
+
+
+def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
+    """The measurements as the file keeps them: each point's median over ranks and repeats, ms."""
+    def med(per_rank: List[List[float]]) -> float:
+        return round(statistics.median(s for rank in per_rank for s in rank), 6)
+    return {"collectives": {n: {sc: {int(b): med(v) for b, v in by.items()} for sc, by in s.items()}
+                            for n, s in measured["collectives"].items()},
+            "kernels": [{**k["shape"], "fwd_ms": med(k["fwd"]), "bwd_ms": med(k["bwd"])} for k in measured["kernels"]],
+            "dense": {int(r): {p: med(v) for p, v in m.items()} for r, m in measured["dense"].items()},
+            "optimizer": {int(n): med(v) for n, v in measured["optimizer"].items()},
+            "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"]}
+
+
+def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: float) -> str:
+    c, fp = cal.constants, cal.fingerprint
+    memory = "hbm" if fp["device_kind"] == "cuda" else "ddr"
+
+    def gib(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, (int, float)) else "not measured"
+    lines = [f"# Calibration: {fp['device_name']}, {fp['nodes']} x {fp['workers_per_node']} workers", "",
+             f"torch {fp['torch']}, FBGEMM {fp['fbgemm']}, TorchRec {fp['torchrec']}, CUDA {fp['cuda']}; "
+             f"made {cal.made}. File: `{where}`" + (f"; kept for `cluster.calibration=auto`: `{kept}`" if kept else
+                                                   "; not kept for `cluster.calibration=auto`") + ".", "",
+             "| constant | measured here | TorchRec's default |", "|---|---|---|",
+             f"| device bandwidth of the fused kernel (`{memory}_mem_bw`), GiB/s | {c['device_bw_gibps']:.3f} | "
+             f"{TORCHREC[memory]:g} |",
+             f"| backward / forward (`bwd_compute_multiplier`) | {c['bwd_compute_multiplier']:.3f} | 2 |",
+             f"| fixed cost per kernel call, forward / backward, ms | {c['kernel_call_fwd_ms']:.4f} / "
+             f"{c['kernel_call_bwd_ms']:.4f} | not modelled (0) |",
+             f"| all-to-all within a node (`intra_host_bw`), GiB/s | {gib(c.get('intra_node_bandwidth'))} | 600 |",
+             f"| all-to-all across nodes (`inter_host_bw`), GiB/s | {gib(c.get('cross_node_bandwidth'))} | 12.5 |", "",
+             "| collective | scope | latency ms | bandwidth GiB/s | largest fit error |", "|---|---|---|---|---|"]
+    for name, by_scope in c["collectives"].items():
+        for scope, f in by_scope.items():
+            lines.append(f"| {name} | {scope} | {f['latency_ms']:.4f} | {f['bandwidth_gibps']:.3f} | "
+                         f"{f['fit_error']:.1%} |")
+    lines += ["", "| part | fixed ms | slope | largest fit error |", "|---|---|---|---|"]
+    for key, unit in (("dense_fwd", "ms per GFLOP"), ("dense_bwd", "ms per GFLOP"), ("optimizer", "ms per M params"),
+                      ("input", "ms per 1,000 samples")):
+        f = c[key]
+        lines.append(f"| {key} | {f['fixed_ms']:.4f} | {f['ms_per_unit']:.4f} {unit} | {f['fit_error']:.1%} |")
+    lines += ["", f"Kernel fit: largest error forward {c['fit_error_fwd']:.1%}, backward {c['fit_error_bwd']:.1%}.",
+              "", "Spread of the repeats (median absolute deviation over the median), allowed "
+              f"{max_spread:.0%}: " + ", ".join(f"{k} {v:.1%}" for k, v in cal.spread.items())
+              + ("." if cal.trusted else ": **too wide to trust** (a busy machine?): measure again when it is "
+                 "quieter.")]
+    return "\n".join(lines) + "\n"
+
+
+def _chart(cal: Calibration, path: Path) -> None:
+    """Measured against fitted: the kernel's forward and backward by bytes, each collective by message size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c, m = cal.constants, cal.measurements
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = [kernel_bytes(k["batch"], k["pooling"], k["dim"]) for k in m["kernels"]]
+    per_byte = 1000.0 / (c["device_bw_gibps"] * 2**30)
+    left.scatter(x, [k["fwd_ms"] for k in m["kernels"]], s=12, label="forward, measured")
+    left.scatter(x, [k["bwd_ms"] for k in m["kernels"]], s=12, label="backward, measured")
+    xs = sorted(x)
+    left.plot(xs, [c["kernel_call_fwd_ms"] + v * per_byte for v in xs], label="forward, fitted")
+    left.plot(xs, [c["kernel_call_bwd_ms"] + c["bwd_compute_multiplier"] * v * per_byte for v in xs],
+              label="backward, fitted")
+    left.plot(xs, [v / (TORCHREC["hbm" if cal.fingerprint["device_kind"] == "cuda" else "ddr"] * 2**30) * 1000
+                   for v in xs], "k--", label="forward, TorchRec's default")
+    left.set(xscale="log", yscale="log", xlabel="bytes (TorchRec's table-wise estimate)", ylabel="ms",
+             title="embedding kernel")
+    for name, by_scope in m["collectives"].items():
+        for scope, points in by_scope.items():
+            sizes = sorted(points)
+            fit = c["collectives"][name][scope]
+            right.scatter(sizes, [points[s] for s in sizes], s=12, label=f"{name} ({scope})")
+            right.plot(sizes, [fit["latency_ms"] + s / (fit["bandwidth_gibps"] * 2**30) * 1000 for s in sizes])
+    right.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="ms", title="collectives")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def calibrate_results(cfg: RunnerConfig, run_dir: Path, measured: Dict[str, Any], fingerprint: Dict[str, Any],
+                      seconds: float, reporter: Any) -> Dict[str, Any]:
+    """Fit, write (and keep, when trusted), report and log; the job's results."""
+    constants, spreads = fit_all(measured)
+    trusted = all(v <= cfg.calibrate.max_spread for v in spreads.values())
+    cal = Calibration(fingerprint, constants, spreads, trusted, _summary(measured),
+                      datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    folder = run_dir / FOLDER
+    where = save(cal, folder / "calibration.yaml")
+    kept = save(cal, cache_dir(cfg.cluster.calibration_dir) / file_name(fingerprint)) \
+        if trusted and cfg.calibrate.keep else None
+    (folder / "report.md").write_text(_markdown(cal, where, kept, cfg.calibrate.max_spread))
+    _chart(cal, folder / "calibration.png")
+    c = constants
+    metrics = {f"calibration/{k}": float(c[k]) for k in ("device_bw_gibps", "bwd_compute_multiplier",
+                                                         "kernel_call_fwd_ms", "kernel_call_bwd_ms")}
+    metrics.update({f"calibration/{k}_gibps": float(c[k]) for k in ("intra_node_bandwidth", "cross_node_bandwidth")
+                    if c.get(k) is not None})
+    metrics.update({f"calibration/spread/{k}": v for k, v in spreads.items()})
+    metrics["calibration/seconds"] = seconds
+    a2a = c["collectives"].get("all_to_all", {}).get("intra") or next(iter(c["collectives"]["all_reduce"].values()))
+    head = (f"device {c['device_bw_gibps']:.2f} GiB/s (TorchRec's default "
+            f"{TORCHREC['hbm' if fingerprint['device_kind'] == 'cuda' else 'ddr']:g}), backward x"
+            f"{c['bwd_compute_multiplier']:.2f} (2), kernel call {c['kernel_call_fwd_ms']:.3f} + "
+            f"{c['kernel_call_bwd_ms']:.3f} ms, all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + "
+            f"{a2a['latency_ms']:.3f} ms")
+    trust = "" if trusted else (f"; the repeats scatter more than calibrate.max_spread={cfg.calibrate.max_spread:g} "
+                                "(a busy machine?): not kept for cluster.calibration=auto, measure again")
+    results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": trusted,
+               "spread": spreads, "seconds": seconds, "headline": head + trust}
+    tags = {"runner.calibration_file": str(where), "runner.calibration_trusted": str(trusted).lower(),
+            "runner.device_name": fingerprint["device_name"], "runner.world_size": fingerprint["nodes"]
+            * fingerprint["workers_per_node"]}
+    console = f"[runner] calibration: {head}{trust}\n[runner] calibration report: {folder / 'report.md'}"
+    return reporter.calibrated(CalibrationReport(folder, metrics, tags, console, results))

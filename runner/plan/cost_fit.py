@@ -1,0 +1,157 @@
+"""Fitting a calibration's constants from measurements (:mod:`runner.train.calibrate` measures).
+
+Every part is fitted to the same shape, ``time = fixed + size / rate``: a fixed cost per call (a kernel launch and
+its bookkeeping, a collective's latency), which TorchRec's model leaves out and which dominates small tables, and a
+bandwidth term. The sizes are TorchRec's own where its model has the term: an embedding kernel's bytes are those of
+TorchRec's table-wise forward estimate on one rank (:func:`kernel_bytes`), so the fitted rate is the device
+bandwidth that TorchRec's estimator divides by. Fits weigh relative error (each point's time counts alike, so the
+small calls that set the fixed cost are not drowned by the large ones).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Dict, List, Sequence, Tuple
+
+GIB = 1024**3
+ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
+FULL_BLOCK_DIM, MIN_LOOKUP_DIM = 128, 32  # TorchRec's block penalty threshold and its smallest looked-up width
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float]:
+    """``(a, b)`` with ``y ~ a + b x``, least squares on relative error (weights ``1 / y**2``)."""
+    if len(x) < 2 or len(set(x)) < 2:
+        raise ValueError("a fit needs at least two distinct sizes")
+    w = [1.0 / max(v, 1e-12) ** 2 for v in y]
+    sw = sum(w)
+    mx = sum(wi * xi for wi, xi in zip(w, x, strict=True)) / sw
+    my = sum(wi * yi for wi, yi in zip(w, y, strict=True)) / sw
+    sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x, strict=True))
+    sxy = sum(wi * (xi - mx) * (yi - my) for wi, xi, yi in zip(w, x, y, strict=True))
+    b = sxy / sxx
+    return my - b * mx, b
+
+
+def block_penalty(dim: int) -> float:
+    """TorchRec's penalty for table-wise lookups narrower than a full block (1, 1.15, 1.75)."""
+    return 1.0 if dim >= FULL_BLOCK_DIM else 1.15 if dim >= FULL_BLOCK_DIM // 2 else 1.75
+
+
+def kernel_bytes(batch: int, pooling: int, dim: int, elem: int = 4) -> float:
+    """The bytes TorchRec's estimator charges a table-wise lookup on one rank (ids read, rows looked up, pooled
+    rows written), its block penalty included: the size a kernel call's time is fitted against."""
+    lookups = batch * pooling
+    return (math.ceil(lookups * ID_BYTES) + lookups * max(dim, MIN_LOOKUP_DIM) * elem + batch * dim * elem) \
+        * block_penalty(dim)
+
+
+def spread(samples: Sequence[float]) -> float:
+    """How far repeats of one measurement scatter: the median absolute deviation over the median (a relative
+    standard deviation that one stray repeat does not move)."""
+    med = statistics.median(samples)
+    return 1.4826 * statistics.median(abs(s - med) for s in samples) / med if med > 0 else 0.0
+
+
+def _errors(points: List[Tuple[float, float]], a: float, b: float) -> float:
+    """The largest relative error of the fit ``a + b x`` over ``points`` (x, y)."""
+    return max(abs(a + b * x - y) / y for x, y in points) if points else 0.0
+
+
+def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Kernel constants from ``points`` (``batch``, ``pooling``, ``dim``, ``fwd_ms``, ``bwd_ms``): the device
+    bandwidth (GiB/s, TorchRec's ``hbm_mem_bw``/``ddr_mem_bw`` for the fused kernel), the fixed forward and
+    backward cost per call (ms), and the backward's multiple of the forward's bandwidth term (TorchRec's
+    ``bwd_compute_multiplier``)."""
+    x = [kernel_bytes(p["batch"], p["pooling"], p["dim"]) for p in points]
+    fixed_f, per_byte = fit_line(x, [p["fwd_ms"] for p in points])
+    if per_byte <= 0:
+        raise ValueError("the forward's time does not grow with its bytes: measure larger lookups")
+    fwd_term = [xi * per_byte for xi in x]  # TorchRec's forward compute, ms, with the fitted bandwidth
+    fixed_b, multiplier = fit_line(fwd_term, [p["bwd_ms"] for p in points])
+    return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": max(fixed_f, 0.0),
+            "kernel_call_bwd_ms": max(fixed_b, 0.0), "bwd_compute_multiplier": max(multiplier, 0.0),
+            "fit_error_fwd": _errors(list(zip(x, [p["fwd_ms"] for p in points], strict=True)), fixed_f, per_byte),
+            "fit_error_bwd": _errors(list(zip(fwd_term, [p["bwd_ms"] for p in points], strict=True)), fixed_b,
+                                     multiplier)}
+
+
+def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dict[str, float]:
+    """``fixed_ms`` and ``ms_per_unit`` of ``ms ~ fixed + points[size] / scale * ms_per_unit``, and the fit's
+    largest relative error."""
+    x = [p[size] / scale for p in points]
+    a, b = fit_line(x, [p["ms"] for p in points])
+    return {"fixed_ms": max(a, 0.0), "ms_per_unit": max(b, 0.0),
+            "fit_error": _errors(list(zip(x, [p["ms"] for p in points], strict=True)), a, b)}
+
+
+def fit_collective(points: List[Dict[str, Any]]) -> Dict[str, float]:
+    """A collective's latency (ms) and bandwidth (GiB/s, bytes each rank puts in per ms, as TorchRec's comms
+    terms divide by) from ``points`` (``bytes``, ``ms``)."""
+    fit = fit_rate(points, "bytes")
+    rate = 1.0 / fit["ms_per_unit"] * 1000.0 / GIB if fit["ms_per_unit"] > 0 else float("inf")
+    return {"latency_ms": fit["fixed_ms"], "bandwidth_gibps": rate, "fit_error": fit["fit_error"]}
+
+
+def median_ms(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+def _worst(samples_by_rank: List[List[float]]) -> List[float]:
+    """Per repeat, the slowest rank's time (a collective ends when its last rank does)."""
+    return [max(run) for run in zip(*samples_by_rank, strict=True)]
+
+
+def _pooled(samples_by_rank: List[List[float]]) -> List[float]:
+    return [s for rank in samples_by_rank for s in rank]
+
+
+def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """The calibration's constants and each part's spread from every rank's measurements (``measured``:
+    ``collectives`` ``{name: {scope: {bytes: [per-rank samples]}}}``, ``kernels`` ``[{shape, fwd, bwd}]`` with
+    per-rank samples, ``dense`` ``{rows: {fwd, bwd, optimizer}}``, ``optimizer`` ``{params: samples}``, ``input``
+    ``{rows: samples}``, ``params``: the dense parameters)."""
+    constants: Dict[str, Any] = {"collectives": {}}
+    spreads: Dict[str, List[float]] = {"collectives": [], "kernels": [], "dense": []}
+    for name, by_scope in measured["collectives"].items():
+        for scope, by_size in by_scope.items():
+            points = []
+            for size, per_rank in by_size.items():
+                worst = _worst(per_rank)
+                spreads["collectives"].append(spread(worst))
+                points.append({"bytes": float(size), "ms": median_ms(worst)})
+            constants["collectives"].setdefault(name, {})[scope] = fit_collective(points)
+    a2a = constants["collectives"].get("all_to_all", {})
+    constants["intra_node_bandwidth"] = a2a.get("intra", {}).get("bandwidth_gibps")
+    constants["cross_node_bandwidth"] = a2a.get("cross", {}).get("bandwidth_gibps")
+    kernel_points = []
+    for k in measured["kernels"]:
+        fwd, bwd = _pooled(k["fwd"]), _pooled(k["bwd"])
+        spreads["kernels"] += [spread(fwd), spread(bwd)]
+        kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
+    constants.update(fit_kernels(kernel_points))
+    constants["sharded"] = {}
+    for kind, by_batch in measured.get("sharded", {}).items():
+        fits = {}
+        for part in ("fwd", "bwd"):
+            by_size = {int(b): _worst(m[part]) for b, m in by_batch.items()}
+            spreads.setdefault("sharded", []).extend(spread(w) for w in by_size.values())
+            points = [{"ksamples": b / 1000.0, "ms": median_ms(w)} for b, w in by_size.items()]
+            fits[part] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+        constants["sharded"][kind] = fits
+    params = measured["params"]
+    for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
+        points = [{"gflops": 2.0 * params * int(rows) / 1e9, "ms": median_ms(_pooled(m[part]))}
+                  for rows, m in measured["dense"].items()]
+        spreads["dense"] += [spread(_pooled(m[part])) for m in measured["dense"].values()]
+        constants[key] = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
+    points = [{"mparams": int(n) / 1e6, "ms": median_ms(_pooled(s))} for n, s in measured["optimizer"].items()]
+    constants["optimizer"] = _per_unit(fit_rate(points, "mparams"), "ms_per_mparam")
+    points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
+    constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+    return constants, {part: float(statistics.median(s)) for part, s in spreads.items() if s}
+
+
+def _per_unit(fit: Dict[str, float], unit: str) -> Dict[str, float]:
+    """A fit with its slope named by its unit (kept as ``ms_per_unit`` too, which the step estimate reads)."""
+    return {**fit, unit: fit["ms_per_unit"]}

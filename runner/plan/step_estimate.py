@@ -1,0 +1,156 @@
+"""The step a user will see, estimated: TorchRec's embedding estimate (with the calibration's constants) plus the
+parts TorchRec does not model, from a calibration (:mod:`runner.plan.calibration`).
+
+Per rank, in ms: ``embeddings`` (TorchRec's perf of the rank's shards: lookups forward and backward and their
+all-to-alls, plus the ids' all-to-all that its total leaves out), ``sharded_lookups`` (what a sharded lookup costs
+whatever its tables' size, forward and backward, once per family of sharding types the plan uses: the kernel
+calls, the input and output distributions' collectives and TorchRec's bookkeeping between; every rank takes part
+in each family's collectives, holding a shard of it or not), ``dense_forward`` and
+``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
+optimizer over the dense parameters), ``dense_allreduce`` (the dense gradients' all-reduce) and ``input`` (a batch
+from the data source: on CPU its prefetch thread shares the worker's cores, so it counts; on a GPU it overlaps the
+step and is shown, not added). The step is the busiest rank's sum: ranks wait for each other at every collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:
+    from runner.plan.calibration import Calibration
+
+PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input")
+# the family of sharded lookup whose fixed cost each sharding type pays (its distribution's shape)
+FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column_wise": "table_wise",
+          "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
+          "data_parallel": "data_parallel"}
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DenseFacts:
+    """What the dense part's cost is computed from: its parameters (count and bytes) and the per-rank batch."""
+
+    params: int
+    bytes: int
+    batch: int
+
+    @property
+    def gflops(self) -> float:
+        """Forward GFLOPs per step: each dense weight is one multiply-add per sample."""
+        return 2.0 * self.params * self.batch / 1e9
+
+
+def dense_facts(model: Any, batch: int) -> DenseFacts:
+    """``model``'s dense parameters (everything but the embedding tables; sizes are known on meta too)."""
+    params = [p for n, p in model.named_parameters() if "embedding_bag_collection" not in n]
+    return DenseFacts(sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params), int(batch))
+
+
+def rank_kernels(best_plan: List[Any], world: int) -> List[Set[Tuple[str, str]]]:
+    """The embedding kernels each rank runs: its shards' distinct (sharding type, compute kernel)."""
+    kernels: List[Set[Tuple[str, str]]] = [set() for _ in range(world)]
+    for option in best_plan:
+        for shard in option.shards:
+            if shard.rank is not None:
+                kernels[shard.rank].add((option.sharding_type, option.compute_kernel))
+    return kernels
+
+
+def input_dist_ms(best_plan: List[Any], world: int) -> List[float]:
+    """Each rank's ids all-to-all, as TorchRec estimates it (``Perf.input_dist_comms``; not in its total)."""
+    out = [0.0] * world
+    for option in best_plan:
+        for shard in option.shards:
+            if shard.rank is not None and shard.perf is not None:
+                out[shard.rank] += float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0)
+    return out
+
+
+def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
+    found = cal.constants.get("collectives", {}).get(name, {})
+    return found.get("cross" if cross and "cross" in found else "intra") or {"latency_ms": 0.0,
+                                                                              "bandwidth_gibps": float("inf")}
+
+
+def _rate(fit: Optional[Dict[str, float]], size: float) -> float:
+    return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
+
+
+def whole_step(ranks: List[Dict[str, float]], kernels: List[Set[Tuple[str, str]]], ids_ms: List[float],
+               cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str) -> Dict[str, Any]:
+    """The estimated step per rank and its parts (see the module doc), and the busiest rank's."""
+    c, cross = cal.constants, world > local
+    reduce = _collective(cal, "all_reduce", cross)
+    shared = {
+        "dense_forward": _rate(c.get("dense_fwd"), dense.gflops),
+        "dense_backward": _rate(c.get("dense_bwd"), dense.gflops),
+        "optimizer": _rate(c.get("optimizer"), dense.params / 1e6),
+        "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
+                            if world > 1 else 0.0),
+        "input": _rate(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
+    }
+    families = sorted({FAMILY.get(t, "table_wise") for held in kernels for t, _ in held})
+    lookups = {p: sum(_rate(c.get("sharded", {}).get(f, {}).get(p), dense.batch / 1000.0) for f in families)
+               for p in ("fwd", "bwd")}
+    per_rank = []
+    for r, est in enumerate(ranks):
+        parts = {"embeddings": est["total_ms"] + ids_ms[r], "sharded_lookups": lookups["fwd"] + lookups["bwd"],
+                 **shared}
+        forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + lookups["fwd"]
+        per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward})
+    busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
+    return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
+            "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
+            "input_ms": _rate(c.get("input"), dense.batch / 1000.0)}
+
+
+def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
+    """The whole step as MLflow metrics: ``plan/est_whole_step_ms``, its parts on the busiest rank
+    (``plan/step/<part>_ms``), and each rank's (``plan/rank<r>/whole_step_ms``, ``.../est_embedding_fwd_ms``)."""
+    m = {"plan/est_whole_step_ms": step["step_ms"], "plan/step/critical_rank": float(step["critical_rank"])}
+    m.update({f"plan/step/{p}_ms": v for p, v in step["parts"].items()})
+    for r, x in enumerate(step["per_rank"]):
+        m[f"plan/rank{r}/whole_step_ms"] = x["step_ms"]
+        m[f"plan/rank{r}/est_embedding_fwd_ms"] = x["embedding_fwd_ms"]
+    return m
+
+
+def step_text(step: Dict[str, Any]) -> str:
+    """``12.345 ms (embeddings 1.2, kernel calls 0.3, ...)`` for the report, the plan line and the summary."""
+    parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
+    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']})"
+
+
+def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:
+    """What the estimated step covers, for the plan line and the summary: the whole step and its parts with a
+    calibration; else the embeddings' estimate, said to be only that."""
+    step = facts.get("step")
+    if step:
+        return f"estimated step {step_text(step)}, embeddings rated {embeddings_ms:.3f} ms"
+    return f"estimated step {embeddings_ms:.3f} ms (the embeddings only: {uncalibrated(facts)})"
+
+
+def uncalibrated(facts: Dict[str, Any]) -> str:
+    """Why only the embeddings are estimated."""
+    if facts.get("calibration", "none") == "none" and "=none" in facts.get("calibration_note", ""):
+        return "cluster.calibration=none, TorchRec's default constants"
+    return "no calibration of this hardware, TorchRec's default constants; python -m runner mode=calibrate"
+
+
+def step_markdown(facts: Dict[str, Any]) -> str:
+    """The report's section on what the estimate covers and which constants it was made with."""
+    lines = ["", "## The step", "", f"Cost model: {facts.get('calibration_note') or 'TorchRec’s default constants'}."]
+    step = facts.get("step")
+    if not step:
+        return "\n".join(lines + ["", "Only the embeddings are estimated (TorchRec's model: lookups and their "
+                                      "collectives); the dense part, the optimizer and the input are not, so the "
+                                      "measured step is longer. A calibration (`python -m runner mode=calibrate`) "
+                                      "estimates the whole step."]) + "\n"
+    lines += ["", f"Estimated step {step_text(step)}.", "", "| part | ms (rank " f"{step['critical_rank']}) |",
+              "|---|---|"]
+    lines += [f"| {p.replace('_', ' ')} | {v:.4f} |" for p, v in step["parts"].items()]
+    if step.get("input_ms") and not step["parts"].get("input"):
+        lines.append(f"| input (prefetched, overlaps the step: not added) | {step['input_ms']:.4f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,62 @@
+"""What hardware and software a job runs on, as a fingerprint a calibration is matched by.
+
+A calibration (:mod:`runner.plan.calibration`) is only valid for the devices, collectives and library builds it
+was measured on: the fingerprint names them. :func:`MATCHED` lists the keys that must be equal for a calibration
+to be used; the world's shape (nodes, workers per node) is recorded beside them and matched where it matters.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any, Dict, Optional
+
+# keys that must be equal: the device, what runs on it, and the kernels' and collectives' builds
+MATCHED = ("device_kind", "device_name", "torch", "fbgemm", "torchrec", "cuda")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``), else the platform's processor."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """torch, FBGEMM, TorchRec and CUDA (None on a CPU build) as installed here."""
+    import fbgemm_gpu
+    import torch
+    import torchrec
+
+    def text(v: Any) -> Optional[str]:
+        return None if v is None else str(v)  # torch's version is a str subclass that YAML does not write
+    return {"torch": text(torch.__version__), "fbgemm": text(getattr(fbgemm_gpu, "__version__", None)),
+            "torchrec": text(getattr(torchrec, "__version__", None)), "cuda": text(torch.version.cuda)}
+
+
+def fingerprint(device_kind: str, nodes: int, workers_per_node: int, device: Any = None) -> Dict[str, Any]:
+    """This machine's fingerprint for a job of ``nodes`` x ``workers_per_node`` on ``device_kind``; ``device``: the
+    worker's torch device (its GPU's name; no CUDA is touched without it)."""
+    name = cpu_model()
+    if device_kind == "cuda" and device is not None:
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+    return {"device_kind": device_kind, "device_name": name, **library_versions(), "cpu": cpu_model(),
+            "host_cores": os.cpu_count(), "nodes": int(nodes), "workers_per_node": int(workers_per_node)}
+
+
+def mismatch(theirs: Dict[str, Any], ours: Dict[str, Any], world_matters: bool) -> Optional[str]:
+    """The first way a calibration's fingerprint ``theirs`` differs from ``ours`` that makes it unusable, as
+    words (``device_name 'X' here, 'Y' in the calibration``); None when it can be used. ``world_matters``: the
+    world's shape must match too (a job that runs here; a plan for another cluster takes any shape)."""
+    keys = MATCHED + (("nodes", "workers_per_node") if world_matters else ())
+    for key in keys:
+        if theirs.get(key) != ours.get(key):
+            return f"{key} {ours.get(key)!r} here, {theirs.get(key)!r} in the calibration"
+    return None

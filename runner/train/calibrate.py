@@ -1,0 +1,149 @@
+"""``mode=calibrate``: one rank's part. Every rank measures (:mod:`.calibrate_parts`) at once, as a job runs;
+rank 0 gathers the measurements, fits them (:mod:`runner.plan.cost_fit`), writes the calibration file
+(:mod:`runner.plan.calibration`) and its report (:mod:`runner.plan.calibration_report`), and logs them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, cast
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from runner.config.schema import samples_per_step
+from runner.train.calibrate_parts import (
+    COLLECTIVES,
+    SHARDED,
+    collective_samples,
+    dense_samples,
+    input_samples,
+    kernel_samples,
+    kernel_shapes,
+    message_sizes,
+    optimizer_samples,
+    scopes,
+    sharded_samples,
+)
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+
+class _Progress:
+    """Rank 0's progress line, at most every ``every_s`` seconds and at each phase's start."""
+
+    def __init__(self, active: bool, every_s: float = 5.0) -> None:
+        self.active, self.every_s, self.last, self.t0 = active, every_s, 0.0, time.perf_counter()
+
+    def __call__(self, phase: str, done: int, of: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.active and (force or now - self.last >= self.every_s):
+            self.last = now
+            print(f"[runner] calibrate: {phase} {done} of {of} ({now - self.t0:.0f} s)", flush=True)
+
+
+def _collectives(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+    """Every collective at every size, in each scope; this rank's samples (ranks outside a group: none)."""
+    sizes = message_sizes(device.type, cfg.calibrate.grid, cfg.calibrate.max_message_mib)
+    out: Dict[str, Any] = {name: {} for name in COLLECTIVES}
+    for scope, groups in scopes(env.world, env.local_world).items():
+        made = [(members, dist.new_group(members)) for members in groups]  # every rank makes every group
+        members, group = next((m, g) for m, g in made if env.rank in m)
+        for i, name in enumerate(COLLECTIVES):
+            say(f"collectives ({scope}-node)", i, len(COLLECTIVES), force=i == 0)
+            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, cfg.calibrate.repeats)
+                                for n in sizes}
+        dist.barrier()
+    return out
+
+
+def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Dict[str, Any]]:
+    from runner.train.optimizers import sparse_optimizer
+
+    shapes, out = kernel_shapes(cfg.calibrate.grid), []
+    for i, shape in enumerate(shapes):
+        say("embedding kernels", i, len(shapes), force=i == 0)
+        fwd, bwd = kernel_samples(shape, device, sparse_optimizer(cfg.optimizer), cfg.calibrate.repeats)
+        out.append({"shape": shape, "fwd": fwd, "bwd": bwd})
+    return out
+
+
+def _sharded(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+    """Each family of sharded lookup, one tiny table over every rank, at a small batch and the job's."""
+    batches = (64, max(cfg.train.batch_size, 128))
+    out = {}
+    for i, kind in enumerate(SHARDED):
+        say("sharded lookups", i, len(SHARDED), force=i == 0)
+        out[kind] = sharded_samples(cfg, kind, env.world, env.local_world, device, batches, cfg.calibrate.repeats)
+    return out
+
+
+def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+    """The dense part at the job's batch, a half and a quarter of it; the optimizer over the dense parameters,
+    4x and 16x as many; a batch from the source at the job's batch and a quarter of it."""
+    from runner.data.pipeline import source
+    from runner.plan.step_estimate import dense_facts
+
+    rows = samples_per_step(cfg)
+    say("dense part", 0, 3, force=True)
+    data = next(iter(source(cfg, env.rank, env.world, False, 0, 1)))
+    dense = {r: dense_samples(cfg, data, r, device, cfg.calibrate.repeats)
+             for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
+    from runner.train.models import build_model
+
+    params = dense_facts(build_model(cfg, torch.device("meta")), rows).params
+    say("dense optimizer", 1, 3, force=True)
+    optimizer = {n: optimizer_samples(cfg, n, device, cfg.calibrate.repeats) for n in (params, 4 * params, 16 * params)}
+    say("input", 2, 3, force=True)
+    quarter = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(cfg.train.batch_size // 4, 1)},
+                                                         "data": {"prefetch_batches": 0}}))
+    inputs = {rows: input_samples(cfg, env.rank, env.world, cfg.calibrate.repeats),
+              samples_per_step(quarter): input_samples(quarter, env.rank, env.world, cfg.calibrate.repeats)}
+    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params}
+
+
+def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
+    """Every rank's measurements, gathered: each sample list becomes a list of per-rank sample lists."""
+    everyone: List[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+
+    def merge(values: List[Any]) -> Any:
+        if isinstance(values[0], dict):
+            keys = [k for k in values[0] if all(k in v for v in values)]
+            return {k: merge([v[k] for v in values]) for k in keys}
+        if isinstance(values[0], list) and values[0] and isinstance(values[0][0], dict):
+            return [merge([v[i] for v in values]) for i in range(len(values[0]))]
+        if isinstance(values[0], list):
+            return values
+        return values[0]
+    return merge(everyone)
+
+
+def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> Dict[str, Any]:
+    """Every rank's measurements (collectives, kernels, dense part), gathered on every rank."""
+    say = _Progress(active)
+    mine: Dict[str, Any] = {"collectives": _collectives(cfg, env, device, say)}
+    mine["kernels"] = _kernels(cfg, device, say)
+    mine["sharded"] = _sharded(cfg, env, device, say)
+    mine.update(_dense(cfg, env, device, say))
+    # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
+    gathered = _by_rank(mine, env.world)
+    for name, by_scope in gathered["collectives"].items():
+        for scope, by_size in by_scope.items():
+            gathered["collectives"][name][scope] = {n: [s for s in per_rank if s] for n, per_rank in by_size.items()}
+    return gathered
+
+
+def run(cfg: RunnerConfig, run_dir: Path, env: Any, device: torch.device, reporter: Any,
+        fingerprint: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Measure on every rank; rank 0 fits, writes and logs the calibration and returns the results."""
+    from runner.plan.calibration_report import calibrate_results
+
+    started = time.perf_counter()
+    measured = measure(cfg, env, device, reporter.active)
+    if not reporter.active:
+        return {}
+    return calibrate_results(cfg, run_dir, measured, fingerprint(), time.perf_counter() - started, reporter)

@@ -1,0 +1,246 @@
+"""What ``mode=calibrate`` times on each worker (:mod:`.calibrate` runs them and fits the results): collectives,
+FBGEMM's embedding kernel and the configured model's dense part, optimizer and input.
+
+Every measurement is one warm-up and ``repeats`` timed runs, each synchronised with the device, as lists of ms.
+Every rank measures at once, as in a job (the ranks share the host's cores and links as training does).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runner.train.loop import device_sync
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+KIB, MIB = 1024, 1024**2
+COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
+
+
+def timed(run: Callable[[], Any], repeats: int, sync: Callable[[], None], before: Callable[[], None] = lambda: None
+          ) -> List[float]:
+    """``run()`` once to warm up, then ``repeats`` times: ms each (``before`` runs untimed ahead of each)."""
+    out = []
+    for i in range(repeats + 1):
+        before()
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        if i:
+            out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def forward_backward(forward: Callable[[], Any], backward: Callable[[Any], None], repeats: int,
+                     sync: Callable[[], None], before: Callable[[], None] = lambda: None
+                     ) -> Tuple[List[float], List[float]]:
+    """``forward()`` timed, then ``backward(its output)`` timed (each after a fresh untimed forward), ms."""
+    held: List[Any] = [None]
+
+    def run_forward() -> None:
+        held[0] = forward()
+    def again() -> None:
+        before()
+        run_forward()
+    fwd = timed(run_forward, repeats, sync, before)
+    bwd = timed(lambda: backward(held[0]), repeats, sync, again)
+    return fwd, bwd
+
+
+def message_sizes(device_kind: str, grid: str, max_mib: Any) -> List[int]:
+    """Bytes per rank: 4 KiB, then x4 up to the largest (16 MiB on CPU, 256 MiB on a GPU; ``grid=small``: 3)."""
+    top = int((max_mib if max_mib else (16 if device_kind == "cpu" else 256)) * MIB)
+    sizes = [4 * KIB]
+    while sizes[-1] * 4 <= top:
+        sizes.append(sizes[-1] * 4)
+    return [sizes[0], sizes[len(sizes) // 2], sizes[-1]] if grid == "small" else sizes
+
+
+def scopes(world: int, local: int) -> Dict[str, List[List[int]]]:
+    """The groups each scope measures at once: the workers of each node (``intra``), and with several nodes the
+    workers of one local rank across nodes (``cross``)."""
+    nodes = world // local
+    out = {"intra": [list(range(n * local, (n + 1) * local)) for n in range(nodes)]} if local > 1 else {}
+    if nodes > 1:
+        out["cross"] = [list(range(lr, world, local)) for lr in range(local)]
+    return out
+
+
+def collective_samples(name: str, group: Any, size: int, nbytes: int, device: torch.device, repeats: int
+                       ) -> List[float]:
+    """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count)."""
+    n = max(nbytes // 4 // size * size, size)
+    data = torch.ones(n, device=device)
+    if name == "all_to_all":
+        out = torch.empty_like(data)
+
+        def run() -> None:
+            dist.all_to_all_single(out, data, group=group)
+    elif name == "all_reduce":
+        def run() -> None:
+            dist.all_reduce(data, group=group)
+    else:
+        out = torch.empty(n // size, device=device)
+
+        def run() -> None:
+            dist.reduce_scatter_tensor(out, data, group=group)
+    return timed(run, repeats, device_sync(device), lambda: dist.barrier(group=group))
+
+
+def kernel_shapes(grid: str) -> List[Dict[str, int]]:
+    """Table shapes x lookups the kernel is timed at (rows, dim, ids per sample, batch)."""
+    dims: Tuple[int, ...] = (16, 128) if grid == "small" else (16, 64, 256)
+    rows: Tuple[int, ...] = (20_000,) if grid == "small" else (20_000, 200_000)
+    poolings, batches = (1, 8), (256, 2048)
+    return [{"rows": r, "dim": d, "pooling": p, "batch": b}
+            for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
+
+
+def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer: Any, repeats: int
+                   ) -> Tuple[List[float], List[float]]:
+    """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel) with the job's sparse optimizer fused
+    into its backward: forward and backward ms."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice, EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+    from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+
+    cls, kwargs = sparse_optimizer
+    on_gpu = device.type == "cuda"
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(shape["rows"], shape["dim"], EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
+          ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU)],
+        optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
+        eps=kwargs.get("eps", 1e-8), device=device)
+    lookups = shape["batch"] * shape["pooling"]
+    ids = torch.randint(shape["rows"], (lookups,), device=device)
+    offsets = torch.arange(0, lookups + 1, shape["pooling"], device=device)
+    grad = torch.ones(shape["batch"], shape["dim"], device=device)
+    return forward_backward(lambda: tbe(ids, offsets), lambda out: out.backward(grad), repeats, device_sync(device))
+
+
+class FixedEmbeddings(nn.Module):
+    """Stands in for the model's embedding collection: the same pooled widths, given, so that only the dense part
+    is timed (its gradient still flows back to the pooled embeddings, as in training)."""
+
+    def __init__(self, ebc: Any, batch: int, device: torch.device) -> None:
+        super().__init__()
+        self.keys = [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
+        self.dims = [c.embedding_dim for c in ebc.embedding_bag_configs() for _ in c.feature_names]
+        self.values = torch.randn(batch, sum(self.dims), device=device, requires_grad=True)
+
+    def forward(self, features: Any) -> Any:
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        return KeyedTensor(keys=self.keys, length_per_key=self.dims, values=self.values)
+
+
+def dense_model(cfg: RunnerConfig, device: torch.device, batch: int) -> nn.Module:
+    """The configured model with its embedding collection replaced by :class:`FixedEmbeddings`."""
+    from torchrec import EmbeddingBagCollection
+
+    from runner.train.models import build_model
+
+    model = build_model(cfg, device)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, EmbeddingBagCollection):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], FixedEmbeddings(module, batch, device))
+    return model
+
+
+def dense_samples(cfg: RunnerConfig, batch_data: Any, rows: int, device: torch.device, repeats: int
+                  ) -> Dict[str, List[float]]:
+    """The dense part's forward, backward and the dense optimizer's step at ``rows`` samples, ms."""
+    from torchrec.datasets.utils import Batch
+
+    from runner.train.models import autocast_forward
+    from runner.train.optimizers import dense_optimizer
+
+    model = dense_model(cfg, device, rows)
+    autocast_forward(model, device.type, cfg.precision.autocast)
+    optimizer = dense_optimizer(model, cfg.optimizer)
+    b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
+              labels=batch_data.labels[:rows]).to(device)
+    sync = device_sync(device)
+    fwd, bwd = forward_backward(lambda: model(b)[0], lambda loss: loss.backward(), repeats, sync)
+    step = timed(optimizer.step, repeats, sync)
+    return {"fwd": fwd, "bwd": bwd, "optimizer": step}
+
+
+def optimizer_samples(cfg: RunnerConfig, params: int, device: torch.device, repeats: int) -> List[float]:
+    """The dense optimizer's step over ``params`` parameters (in tensors of at most 1 M), ms."""
+    from runner.train.optimizers import dense_optimizer
+
+    holder = nn.Module()
+    chunks = [min(1 << 20, params - i) for i in range(0, params, 1 << 20)]
+    holder.weights = nn.ParameterList([nn.Parameter(torch.randn(n, device=device)) for n in chunks])
+    for p in holder.parameters():
+        p.grad = torch.randn_like(p)
+    return timed(dense_optimizer(holder, cfg.optimizer).step, repeats, device_sync(device))
+
+
+def input_samples(cfg: RunnerConfig, rank: int, world: int, repeats: int) -> List[float]:
+    """A training batch from the data source, built in this thread (no prefetch), ms each."""
+    from runner.data.pipeline import source
+
+    batches = iter(source(cfg, rank, world, False, 0, repeats + 1))
+    return timed(lambda: next(batches), repeats, lambda: None)
+
+
+SHARDED = ("table_wise", "row_wise", "data_parallel")  # one of each family of TorchRec's sharded lookups
+
+
+class _Lookup(nn.Module):
+    def __init__(self, ebc: Any) -> None:
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, features: Any) -> torch.Tensor:
+        return self.ebc(features).values()
+
+
+def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: int, device: torch.device,
+                    batches: Tuple[int, ...], repeats: int) -> Dict[int, Dict[str, List[float]]]:
+    """A one-table embedding collection sharded ``sharding_type`` over the job's ranks by TorchRec (its input and
+    output distribution, the kernel with the job's fused optimizer, the bookkeeping between): forward and
+    backward ms at each per-rank batch of ``batches``. The table is tiny, so its time is what a sharded lookup
+    costs whatever its size, which TorchRec's model leaves out."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, row_wise, table_wise
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from runner.plan.sharders import sharders_for
+    from runner.train.optimizers import sparse_optimizer
+
+    rows = 64 * world
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=rows,
+                                                            feature_names=["f"])], device=torch.device("meta"))
+    cls, kwargs = sparse_optimizer(cfg.optimizer)
+    if sharding_type != "data_parallel":
+        apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
+    spec = {"table_wise": lambda: table_wise(rank=0), "row_wise": row_wise, "data_parallel": data_parallel}
+    sharder = sharders_for(cfg.precision)[0]
+    plan = construct_module_sharding_plan(ebc, {"t": spec[sharding_type]()}, sharder=sharder, local_size=local,
+                                          world_size=world, device_type=device.type)
+    model = DistributedModelParallel(_Lookup(ebc), device=device, plan=ShardingPlan({"ebc": plan}), sharders=[sharder])
+    sync, out = device_sync(device), {}
+    for batch in batches:
+        features = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f"], values=torch.randint(rows, (batch,), device=device),
+            lengths=torch.ones(batch, dtype=torch.int64, device=device))
+        fwd, bwd = forward_backward(functools.partial(model, features), lambda y: y.sum().backward(), repeats, sync,
+                                    dist.barrier)
+        out[batch] = {"fwd": fwd, "bwd": bwd}
+    return out
