@@ -19,6 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["TMPDIR"] = str(_tmp)
     tempfile.tempdir = None
 
+# Calibrations (cluster.calibration=auto) are looked for in a folder of the suite's own, empty unless a test makes
+# one: a calibration the developer made on this machine never changes what the suite's plans are compared with.
+os.environ["RUNNER_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="runner-calibrations-")
+
 import pytest  # noqa: E402
 
 from runner.runtime.device import cuda_present  # noqa: E402

@@ -44,6 +44,7 @@ ROLES: Dict[str, str] = {
     "tracking": RECORD,
     "tracking.objective": SWEEP,
     "sweep": SWEEP,
+    "calibrate": ANSWER,
 }
 
 NOT_ENUMERATED = (

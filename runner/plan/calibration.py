@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 FORMAT = 1  # the file format this runner writes and reads; a newer one is refused in one line
 SUFFIX = ".calibration.yaml"
 KEY = "cluster.calibration"
+AUTO, NONE = "auto", "none"  # cluster.calibration's two words; anything else is a file
 TORCHREC_INTRA_GIBPS, TORCHREC_CROSS_GIBPS = 600.0, 12.5  # TorchRec's defaults, the cluster keys' defaults too
 GIB = 1024**3
 
@@ -76,7 +77,7 @@ def _refused(path: Any, why: str) -> Exception:
                              "python -m runner mode=calibrate, or plan with cluster.calibration=none", KEY)
 
 
-def load(path: Any) -> Calibration:
+def load_calibration(path: Any) -> Calibration:
     """The calibration at ``path``; a missing, damaged or newer-format file is a one-line ``ConfigError``."""
     import yaml
 
@@ -102,8 +103,8 @@ def load(path: Any) -> Calibration:
 def check_file(setting: str) -> None:
     """``cluster.calibration`` naming a file: refused in one line (``ConfigError``) when it cannot be used as a
     calibration (whether it fits the hardware is asked where the job's hardware is known, :func:`for_job`)."""
-    if str(setting) not in ("auto", "none"):
-        load(setting)
+    if str(setting) not in (AUTO, NONE):
+        load_calibration(setting)
 
 
 def cache_dir(configured: Optional[str] = None) -> Path:
@@ -133,7 +134,7 @@ class Chosen:
 
     @property
     def tag(self) -> str:
-        return self.calibration.path or "in memory" if self.calibration is not None else "none"
+        return (self.calibration.path or "in memory") if self.calibration is not None else NONE
 
 
 def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> Optional[Calibration]:
@@ -141,7 +142,7 @@ def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> 
     are passed over: ``auto`` only takes what fits)."""
     for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True):
         try:
-            cal = load(path)
+            cal = load_calibration(path)
         except ValueError:
             continue
         if cal.trusted and mismatch(cal.fingerprint, here, world_matters) is None:
@@ -153,18 +154,18 @@ def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> 
 def _chosen(setting: str, folder: Optional[str], device_kind: str, nodes: int, workers: int, here_is_job: bool,
             device: Any = None) -> Chosen:
     default = "TorchRec's default constants"
-    if setting == "none":
+    if setting == NONE:
         return Chosen(None, f"{default} (cluster.calibration=none)")
     # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
     here = fingerprint(device_kind, nodes, workers, device) if here_is_job or device_kind == "cpu" else None
-    if setting == "auto":
+    if setting == AUTO:
         where = cache_dir(folder)
         found = newest_matching(where, here, here_is_job) if here is not None and where.is_dir() else None
         if found is None:
             return Chosen(None, f"{default}: no calibration of this hardware in {where} (python -m runner "
                                 "mode=calibrate makes one)")
         return Chosen(found, f"this machine's {found.label()}")
-    cal = load(setting)
+    cal = load_calibration(setting)
     if here is not None:
         differs = mismatch(cal.fingerprint, here, here_is_job)
         if differs is not None:

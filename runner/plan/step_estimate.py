@@ -129,14 +129,8 @@ def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:
     step = facts.get("step")
     if step:
         return f"estimated step {step_text(step)}, embeddings rated {embeddings_ms:.3f} ms"
-    return f"estimated step {embeddings_ms:.3f} ms (the embeddings only: {uncalibrated(facts)})"
-
-
-def uncalibrated(facts: Dict[str, Any]) -> str:
-    """Why only the embeddings are estimated."""
-    if facts.get("calibration", "none") == "none" and "=none" in facts.get("calibration_note", ""):
-        return "cluster.calibration=none, TorchRec's default constants"
-    return "no calibration of this hardware, TorchRec's default constants; python -m runner mode=calibrate"
+    why = facts.get("calibration_note") or "TorchRec's default constants"
+    return f"estimated step {embeddings_ms:.3f} ms (the embeddings only; {why})"
 
 
 def step_markdown(facts: Dict[str, Any]) -> str:

@@ -137,7 +137,7 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     return gathered
 
 
-def run(cfg: RunnerConfig, run_dir: Path, env: Any, device: torch.device, reporter: Any,
+def run_calibration(cfg: RunnerConfig, run_dir: Path, env: Any, device: torch.device, reporter: Any,
         fingerprint: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
     """Measure on every rank; rank 0 fits, writes and logs the calibration and returns the results."""
     from runner.plan.calibration_report import calibrate_results

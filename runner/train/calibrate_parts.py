@@ -109,15 +109,13 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
                    ) -> Tuple[List[float], List[float]]:
     """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel) with the job's sparse optimizer fused
     into its backward: forward and backward ms."""
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice, EmbeddingLocation
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
+    from runner.plan.torchrec_adapter.moved import fused_tbe_class, tbe_placement
+
     cls, kwargs = sparse_optimizer
-    on_gpu = device.type == "cuda"
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(shape["rows"], shape["dim"], EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
-          ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU)],
+    tbe = fused_tbe_class()(
+        [(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda"))],
         optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
         eps=kwargs.get("eps", 1e-8), device=device)
     lookups = shape["batch"] * shape["pooling"]

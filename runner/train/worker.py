@@ -186,7 +186,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
             from runner.runtime.hardware import fingerprint
             from runner.train import calibrate
 
-            results = calibrate.run(cfg, run_dir, env, device, reporter, lambda: fingerprint(
+            results = calibrate.run_calibration(cfg, run_dir, env, device, reporter, lambda: fingerprint(
                 device.type, env.world // env.local_world, env.local_world, device))
         else:
             results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device),

@@ -21,6 +21,10 @@ PLACES: Dict[str, Tuple[str, ...]] = {
                                 "fbgemm_gpu.split_table_batched_embeddings_ops_common"),
     "WeightDecayMode": ("fbgemm_gpu.tbe.config.optimizer_config",
                         "fbgemm_gpu.split_table_batched_embeddings_ops_training"),
+    "EmbeddingLocation": ("fbgemm_gpu.tbe.config.embedding_config",
+                          "fbgemm_gpu.split_table_batched_embeddings_ops_common"),
+    "ComputeDevice": ("fbgemm_gpu.tbe.config.embedding_config", "fbgemm_gpu.split_table_batched_embeddings_ops_common"),
+    "SplitTableBatchedEmbeddingBagsCodegen": ("fbgemm_gpu.split_table_batched_embeddings_ops_training",),
 }
 VERSIONED = ("fbgemm_gpu.tbe.cache.cache_config", "fbgemm_gpu.tbe.config.optimizer_config",
              "fbgemm_gpu.tbe.config.embedding_config", "fbgemm_gpu.tbe.cache.uvm")
@@ -52,3 +56,15 @@ def multipass_prefetch_config() -> Any:
 def weight_decay_mode() -> Any:
     """FBGEMM's ``WeightDecayMode`` enum (the fused optimizers' weight decay)."""
     return _find("WeightDecayMode")
+
+
+def fused_tbe_class() -> Any:
+    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen``: TorchRec's ``fused`` kernel (``mode=calibrate`` times it)."""
+    return _find("SplitTableBatchedEmbeddingBagsCodegen")
+
+
+def tbe_placement(on_gpu: bool) -> Tuple[Any, Any]:
+    """FBGEMM's ``EmbeddingLocation`` and ``ComputeDevice`` of a table held on the GPU (``DEVICE``, ``CUDA``) or in host
+    memory and computed there (``HOST``, ``CPU``)."""
+    location, device = _find("EmbeddingLocation"), _find("ComputeDevice")
+    return (location.DEVICE, device.CUDA) if on_gpu else (location.HOST, device.CPU)
