@@ -1,0 +1,200 @@
+"""Calibration: the fits recover known constants, the file round-trips and is refused in one line when it cannot be
+used, ``auto`` takes only this hardware's, ``none`` is TorchRec's model unchanged, and a plan made with a
+calibration uses its constants (TorchRec's estimator with the same topology gives the same numbers) and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+from conftest import cfg_for
+from torchrec.distributed.planner import Topology
+
+import runner.cli  # noqa: F401  (schema and resolvers)
+from runner.config.errors import ConfigError
+from runner.launch.sweep.precheck import precheck
+from runner.plan import calibration as cal_mod
+from runner.plan.calibration import Calibration, for_job, load_calibration, save, topology_knobs
+from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.topology import build_topology, gibps_to_bytes_per_ms
+from runner.runtime.hardware import fingerprint
+
+KNOWN = {"device_bw_gibps": 17.5, "kernel_call_fwd_ms": 0.21, "kernel_call_bwd_ms": 0.13, "bwd_compute_multiplier": 6.4}
+
+
+def _kernel_points() -> List[Dict[str, Any]]:
+    per_byte = 1000.0 / (KNOWN["device_bw_gibps"] * GIB)
+    out = []
+    for dim in (16, 64, 256):
+        for pooling in (1, 8):
+            for batch in (256, 2048):
+                x = kernel_bytes(batch, pooling, dim) * per_byte
+                out.append({"batch": batch, "pooling": pooling, "dim": dim, "rows": 1000,
+                            "fwd_ms": KNOWN["kernel_call_fwd_ms"] + x,
+                            "bwd_ms": KNOWN["kernel_call_bwd_ms"] + KNOWN["bwd_compute_multiplier"] * x})
+    return out
+
+
+def test_the_fits_recover_the_constants_the_measurements_were_made_from() -> None:
+    got = fit_kernels(_kernel_points())
+    for key, value in KNOWN.items():
+        assert got[key] == pytest.approx(value, rel=0.02), key
+    sizes = [4096 * 4**k for k in range(7)]
+    coll = fit_collective([{"bytes": s, "ms": 0.15 + s / (2.5 * GIB) * 1000} for s in sizes])
+    assert coll["latency_ms"] == pytest.approx(0.15, rel=0.02)
+    assert coll["bandwidth_gibps"] == pytest.approx(2.5, rel=0.02)
+    dense = fit_rate([{"gflops": g, "ms": 0.4 + 20 * g} for g in (0.01, 0.02, 0.04)], "gflops")
+    assert dense["fixed_ms"] == pytest.approx(0.4, rel=0.02) and dense["ms_per_unit"] == pytest.approx(20, rel=0.02)
+
+
+def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str, Any]:
+    """Measurements as every rank gathers them, made from known constants (``noise``: relative jitter)."""
+    rnd = random.Random(7)
+
+    def samples(ms: float) -> List[List[float]]:
+        return [[ms * (1 + rnd.uniform(-noise, noise)) for _ in range(repeats)] for _ in range(ranks)]
+    sizes = [4096 * 4**k for k in range(5)]
+    coll = {n: {"intra": {s: samples(0.1 + s / (2 * GIB) * 1000) for s in sizes}}
+            for n in ("all_to_all", "all_reduce", "reduce_scatter")}
+    kernels = [{"shape": {k: p[k] for k in ("rows", "dim", "pooling", "batch")}, "fwd": samples(p["fwd_ms"]),
+                "bwd": samples(p["bwd_ms"])} for p in _kernel_points()]
+    params = 30_000
+    dense = {r: {"fwd": samples(0.3 + 25 * 2 * params * r / 1e9), "bwd": samples(0.4 + 80 * 2 * params * r / 1e9),
+                 "optimizer": samples(0.15)} for r in (64, 128, 256)}
+    sharded = {k: {b: {"fwd": samples(2.0 + b / 1000), "bwd": samples(0.6 + b / 2000)} for b in (64, 512)}
+               for k in ("table_wise", "row_wise", "data_parallel")}
+    return {"collectives": coll, "kernels": kernels, "sharded": sharded, "dense": dense, "params": params,
+            "optimizer": {n: samples(0.1 + 0.5 * n / 1e6) for n in (params, 4 * params, 16 * params)},
+            "input": {r: samples(0.01 + r / 100_000) for r in (64, 256)}}
+
+
+def _calibration(**fp: Any) -> Calibration:
+    constants, spreads = fit_all(_measured())
+    return Calibration({**fingerprint("cpu", 1, 2), **fp}, constants, spreads, True, {}, "2026-11-27T00:00:00Z")
+
+
+def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
+    constants, spreads = fit_all(_measured())
+    assert constants["device_bw_gibps"] == pytest.approx(KNOWN["device_bw_gibps"], rel=0.02)
+    assert constants["intra_node_bandwidth"] == pytest.approx(2.0, rel=0.02)
+    assert constants["cross_node_bandwidth"] is None  # one node: not measured
+    assert constants["dense_fwd"]["ms_per_gflop"] == pytest.approx(25, rel=0.02)
+    assert constants["optimizer"]["ms_per_mparam"] == pytest.approx(0.5, rel=0.02)
+    assert constants["sharded"]["row_wise"]["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
+    assert max(spreads.values()) == 0.0
+    _, noisy = fit_all(_measured(noise=0.6))
+    assert max(noisy.values()) > 0.25  # a busy machine's repeats scatter: calibrate.max_spread says so
+
+
+def test_a_calibration_round_trips_and_a_damaged_or_newer_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    cal = _calibration()
+    path = save(cal, tmp_path / "x.calibration.yaml")
+    back = load_calibration(path)
+    assert dataclasses.replace(back, path=None) == cal
+    cases = {"garbage": ": : [", "notmapping": "[1, 2]", "noformat": "{a: 1}",
+             "newer": yaml.safe_dump({**yaml.safe_load(path.read_text()), "format": cal_mod.FORMAT + 1}),
+             "noconstants": yaml.safe_dump({"format": 1, "fingerprint": {}, "constants": {"device_bw_gibps": 1}})}
+    for name, text in cases.items():
+        bad = tmp_path / f"{name}.yaml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load_calibration(bad)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(f"cluster.calibration='{bad}' cannot be used"), line
+    assert "newer than this runner's" in _refusal(tmp_path / "newer.yaml")
+    # the pre-check refuses it before anything starts
+    error, _ = precheck([f"cluster.calibration={tmp_path / 'garbage.yaml'}"])
+    assert error is not None and "cluster.calibration=" in error and "cannot be used" in error
+
+
+def _refusal(path: Path) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_calibration(path)
+    return str(err.value)
+
+
+def test_auto_takes_the_newest_of_this_hardware_and_a_mismatched_file_is_refused(tmp_path: Path) -> None:
+    cfg = cfg_for(f"cluster.calibration_dir={tmp_path}")
+    cal_mod._chosen.cache_clear()
+    assert for_job(cfg.cluster, "cpu", True).calibration is None  # an empty folder: TorchRec's constants, said
+    assert "no calibration of this hardware" in for_job(cfg.cluster, "cpu", True).note
+    save(_calibration(device_name="another CPU"), tmp_path / f"20260101-000000-other{cal_mod.SUFFIX}")
+    save(dataclasses.replace(_calibration(), trusted=False), tmp_path / f"20270101-000000-busy{cal_mod.SUFFIX}")
+    mine = save(_calibration(), tmp_path / f"20260601-000000-mine{cal_mod.SUFFIX}")
+    save(_calibration(workers_per_node=4), tmp_path / f"20260701-000000-other-world{cal_mod.SUFFIX}")
+    cal_mod._chosen.cache_clear()
+    chosen = for_job(cfg.cluster, "cpu", True)
+    assert chosen.calibration is not None and chosen.calibration.path == str(mine), chosen.note
+    # a plan for a cluster that is not here takes any world's calibration of this hardware: the newest
+    assert for_job(cfg.cluster, "cpu", False).calibration.path.endswith(f"other-world{cal_mod.SUFFIX}")
+    other = cfg_for(f"cluster.calibration={tmp_path}/20260101-000000-other{cal_mod.SUFFIX}")
+    with pytest.raises(ConfigError, match="made on other hardware \\(device_name"):
+        for_job(other.cluster, "cpu", True)
+    # planning a GPU cluster here: a CPU calibration is refused, a GPU one taken
+    with pytest.raises(ConfigError, match="made on cpu, the plan is for cuda"):
+        for_job(other.cluster, "cuda", False)
+    gpu = save(_calibration(device_kind="cuda", device_name="NVIDIA H200"), tmp_path / "h200.yaml")
+    assert for_job(cfg_for(f"cluster.calibration={gpu}").cluster, "cuda", False).calibration is not None
+    cal_mod._chosen.cache_clear()
+
+
+def test_none_is_torchrec_s_topology_and_a_calibration_sets_its_knobs() -> None:
+    cfg = cfg_for("cluster.calibration=none")
+    plain = build_topology(cfg.cluster, 2, 2, "cpu")
+    stock = Topology(world_size=2, local_world_size=2, compute_device="cpu",
+                     intra_host_bw=gibps_to_bytes_per_ms(600), inter_host_bw=gibps_to_bytes_per_ms(12.5))
+    for knob in ("ddr_mem_bw", "hbm_mem_bw", "bwd_compute_multiplier", "intra_host_bw", "inter_host_bw"):
+        assert getattr(plain, knob) == getattr(stock, knob), knob
+    cal = _calibration()
+    calibrated = build_topology(cfg.cluster, 2, 2, "cpu", calibration=cal)
+    assert calibrated.ddr_mem_bw == pytest.approx(gibps_to_bytes_per_ms(cal.constants["device_bw_gibps"]))
+    assert calibrated.bwd_compute_multiplier == pytest.approx(cal.constants["bwd_compute_multiplier"])
+    assert calibrated.intra_host_bw == pytest.approx(gibps_to_bytes_per_ms(cal.constants["intra_node_bandwidth"]))
+    # a bandwidth the user set wins over the measured one (a sweep over it asks "what if")
+    assert topology_knobs(cal, "cpu", 100.0, 12.5)[1]["intra"] == 100.0
+
+
+def _plan(cfg: Any, out: Path) -> Any:
+    from runner.plan.planner import make_plan
+    from runner.plan.report import write_plan_report
+    from runner.train.models import planning_model
+
+    facts: Dict[str, Any] = {}
+    plan, best, seconds, _ = make_plan(cfg, planning_model(cfg), 2, 2, "cpu", facts=facts)
+    return best, write_plan_report(cfg, plan, best, 2, 2, "cpu", out, seconds, "", facts)
+
+
+def test_a_plan_made_with_a_calibration_says_so_and_estimates_the_whole_step(tmp_path: Path) -> None:
+    from runner.plan.planner import PlanEstimates, torchrec_planner
+    from runner.plan.sharders import sharders_for
+    from runner.train.models import planning_model
+
+    cal = _calibration()
+    path = save(cal, tmp_path / "c.yaml")
+    cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "sharding=rowwise")
+    best, report = _plan(cfg, tmp_path / "with")
+    m, text = report.metrics, (tmp_path / "with" / "report.md").read_text()
+    assert report.tags["runner.calibration"] == str(path)
+    parts = [v for k, v in m.items() if k.startswith("plan/step/") and k.endswith("_ms")]
+    assert m["plan/est_whole_step_ms"] == pytest.approx(sum(parts)) and len(parts) == 7
+    assert m["plan/est_whole_step_ms"] > m["plan/est_step_ms"] > 0
+    # the dense part from the calibration's rate and the model's dense parameters at the job's batch
+    assert m["plan/step/dense_forward_ms"] > cal.constants["dense_fwd"]["fixed_ms"]
+    assert f"Cost model: calibration {path}" in text
+    assert "Estimated step" in text and "| sharded lookups |" in text
+    assert "estimated step" in report.console and "embeddings rated" in report.console
+    # TorchRec's own planner, given the same config, plans with the same constants: the same shard estimates
+    theirs = PlanEstimates()
+    torchrec_planner(cfg, 2, 2, "cpu", theirs).plan(planning_model(cfg), sharders_for(cfg.precision))
+    ours_perf = sorted(round(s.perf.total, 9) for o in best for s in o.shards)
+    assert ours_perf == sorted(round(s.perf.total, 9) for o in theirs.best_plan for s in o.shards)
+    # TorchRec's constants: a different estimate, and the report says only the embeddings are estimated
+    _, plain = _plan(cfg_for("mode=plan", "cluster.calibration=none", "sharding=rowwise"), tmp_path / "none")
+    assert plain.tags["runner.calibration"] == "none" and "plan/est_whole_step_ms" not in plain.metrics
+    assert plain.metrics["plan/est_step_ms"] < m["plan/est_step_ms"]  # this machine is slower than TorchRec assumes
+    assert "Only the embeddings are estimated" in (tmp_path / "none" / "report.md").read_text()
+    assert "the embeddings only; TorchRec's default constants (cluster.calibration=none)" in plain.console

@@ -1,0 +1,69 @@
+"""``mode=calibrate`` on 2 CPU ranks with the small grid, in this test's own process tree (as
+``test_in_process.py`` runs a training job): every rank measures, rank 0 writes a calibration that loads, matches
+this machine, is kept for ``cluster.calibration=auto`` and is logged to a real MLflow store."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from conftest import cfg_for
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+import runner.cli  # noqa: F401  (schema and resolvers)
+from runner.launch.processes.ports import free_port
+from runner.plan import calibration as cal_mod
+from runner.runtime import rundir
+from runner.runtime.hardware import fingerprint, mismatch
+from runner.track.mlflow_run import MlflowRun
+from runner.track.reporter import summary_line
+from runner.train.worker import elastic_entry
+
+
+def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    keep = tmp_path / "calibrations"
+    cfg = cfg_for("mode=calibrate", "calibrate.grid=small", "calibrate.repeats=3", "calibrate.max_spread=0.99",
+                  "calibrate.max_message_mib=1", "train.batch_size=128", f"cluster.calibration_dir={keep}",
+                  f"tracking.uri={uri}", "tracking.experiment=calibrate", "tracking.system_metrics=false",
+                  "cluster.cpu_affinity=none", "train.threads_per_worker=1")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="calibrate", rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
+                          start_method="fork")
+    mlflow_run = MlflowRun(run_dir, uri)
+    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), "calibrate", None, {})
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        results = elastic_launch(launch, elastic_entry)(str(run_dir))[0]
+    finally:  # torch elastic installs its own stop handlers in this process
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert mlflow_run.end("FINISHED")
+    assert results["mode"] == "calibrate" and results["trusted"] and results["kept"], results
+    cal = cal_mod.load_calibration(results["file"])
+    assert mismatch(cal.fingerprint, fingerprint("cpu", 1, 2), world_matters=True) is None
+    c = cal.constants
+    assert c["device_bw_gibps"] > 0 and c["bwd_compute_multiplier"] > 0 and c["intra_node_bandwidth"] > 0
+    assert set(c["collectives"]) == {"all_to_all", "all_reduce", "reduce_scatter"}
+    assert set(c["sharded"]) == {"table_wise", "row_wise", "data_parallel"}
+    assert c["sharded"]["table_wise"]["fwd"]["fixed_ms"] > 0 and c["dense_bwd"]["ms_per_gflop"] > 0
+    assert len(cal.measurements["kernels"]) == 8 and len(cal.measurements["collectives"]["all_to_all"]["intra"]) == 3
+    # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
+    cal_mod._chosen.cache_clear()
+    chosen = cal_mod.for_job(cfg.cluster, "cpu", True)
+    assert chosen.calibration is not None and chosen.calibration.path == results["kept"]
+    cal_mod._chosen.cache_clear()
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.metrics["calibration/device_bw_gibps"] == c["device_bw_gibps"]
+    assert run.data.tags["runner.calibration_file"] == results["file"]
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "calibration")}
+    assert {"calibration/calibration.yaml", "calibration/report.md", "calibration/calibration.png"} <= artifacts
+    report = (run_dir / "calibration" / "report.md").read_text()
+    assert "| constant | measured here | TorchRec's default |" in report
+    line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
+    assert line.startswith("[runner] calibration done") and results["kept"] in line
