@@ -16,7 +16,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat fuzz-config gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ bench-plan-scale: $(STAMP)
 
 bench-plan-quality: $(STAMP)
 	$(PY) benchmarks/plan_quality.py $(ARGS)
+
+# Estimated against measured steps on held-out training configs, with TorchRec's constants and this machine's
+# calibration, and a plan study trained both ways (docs/calibration.md). Not part of `make test`.
+bench-estimates: $(STAMP)
+	$(PY) benchmarks/estimates.py $(ARGS)
 
 bench-tracking: $(STAMP)
 	$(PY) benchmarks/tracking_rate.py $(ARGS)

@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from runner.config.errors import config_error_line, first_line
+from runner.config.schema import WORKER_MODES
 from runner.runtime.hardware import fingerprint, mismatch
 
 if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ClusterSchema
 
 FORMAT = 1  # the file format this runner writes and reads; a newer one is refused in one line
@@ -181,6 +183,18 @@ def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device:
     may not be here (a file made elsewhere is taken when its device kind is the plan's). Remembered per process."""
     return _chosen(str(cluster.calibration), cluster.calibration_dir, device_kind, int(cluster.nodes),
                    int(cluster.workers_per_node), here_is_job, device)
+
+
+def for_config(cfg: RunnerConfig, device_type: str) -> Chosen:
+    """The calibration ``cfg.cluster.calibration`` chooses (:func:`for_job`): a training job's hardware is this
+    process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
+    here = cfg.mode in WORKER_MODES
+    device = None
+    if here and device_type == "cuda":
+        import torch
+
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return for_job(cfg.cluster, device_type, here, device)
 
 
 def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: float,

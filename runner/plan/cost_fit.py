@@ -102,6 +102,11 @@ def _worst(samples_by_rank: List[List[float]]) -> List[float]:
     return [max(run) for run in zip(*samples_by_rank, strict=True)]
 
 
+def _rank_spread(samples_by_rank: List[List[float]]) -> float:
+    """The median over ranks of each rank's own spread (ranks that differ from each other are not a busy machine)."""
+    return float(statistics.median(spread(s) for s in samples_by_rank))
+
+
 def _pooled(samples_by_rank: List[List[float]]) -> List[float]:
     return [s for rank in samples_by_rank for s in rank]
 
@@ -127,7 +132,7 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
     kernel_points = []
     for k in measured["kernels"]:
         fwd, bwd = _pooled(k["fwd"]), _pooled(k["bwd"])
-        spreads["kernels"] += [spread(fwd), spread(bwd)]
+        spreads["kernels"] += [_rank_spread(k["fwd"]), _rank_spread(k["bwd"])]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
     constants["sharded"] = {}
@@ -143,13 +148,40 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
     for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
         points = [{"gflops": 2.0 * params * int(rows) / 1e9, "ms": median_ms(_pooled(m[part]))}
                   for rows, m in measured["dense"].items()]
-        spreads["dense"] += [spread(_pooled(m[part])) for m in measured["dense"].values()]
+        spreads["dense"] += [_rank_spread(m[part]) for m in measured["dense"].values()]
         constants[key] = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
     points = [{"mparams": int(n) / 1e6, "ms": median_ms(_pooled(s))} for n, s in measured["optimizer"].items()]
     constants["optimizer"] = _per_unit(fit_rate(points, "mparams"), "ms_per_mparam")
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+    if measured.get("step"):
+        constants["step_overhead"] = step_overhead(constants, measured)
     return constants, {part: float(statistics.median(s)) for part, s in spreads.items() if s}
+
+
+def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
+    """What the job's step with tiny tables took beyond every part measured alone (the loop, the pipeline, the
+    model's wrappers): its measured step less the fitted parts at the job's batch (the embeddings' bytes by
+    TorchRec's terms, the table-wise lookups' fixed cost, dense, optimizer, dense all-reduce, input), at least 0."""
+    job, params = measured["job"], measured["params"]
+    batch, world = job["batch"], job["world"]
+    per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
+    a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
+    reduce = c["collectives"].get("all_reduce", {}).get("intra") or {"latency_ms": 0.0,
+                                                                    "bandwidth_gibps": float("inf")}
+    lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
+                  + 2 * batch * world * d * 4 * 1000.0 / (a2a["bandwidth_gibps"] * GIB) for d in job["dims"]) / world
+    gflops = 2.0 * params * batch / 1e9
+
+    def rate(fit: Dict[str, float], size: float) -> float:
+        return fit["fixed_ms"] + fit["ms_per_unit"] * size
+    tw = c.get("sharded", {}).get("table_wise", {})
+    parts = (lookups + sum(rate(tw[p], batch / 1000.0) for p in ("fwd", "bwd") if p in tw)
+             + rate(c["dense_fwd"], gflops) + rate(c["dense_bwd"], gflops) + rate(c["optimizer"], params / 1e6)
+             + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
+             + rate(c["input"], batch / 1000.0))
+    measured_ms = median_ms([s for rank in measured["step"] for s in rank])
+    return {"fixed_ms": max(measured_ms - parts, 0.0), "measured_ms": measured_ms, "parts_ms": parts}
 
 
 def _per_unit(fit: Dict[str, float], unit: str) -> Dict[str, float]:

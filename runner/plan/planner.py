@@ -22,12 +22,12 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
-from runner.plan.calibration import Chosen, for_job
+from runner.plan.calibration import for_config
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
-from runner.plan.step_estimate import dense_facts, input_dist_ms, rank_kernels, whole_step
+from runner.plan.step_estimate import dense_facts, input_dist_ms, rank_kernels, step_perf_model, whole_step
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
@@ -114,23 +114,11 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                           world_size, estimates, dense_tensor_bytes, reuse, search_space, progress, choose_from)
 
 
-def chosen_calibration(cfg: RunnerConfig, device_type: str) -> Chosen:
-    """The calibration ``cfg.cluster.calibration`` chooses (:mod:`.calibration`): a training job's hardware is
-    this process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
-    here = cfg.mode == "train"
-    device = None
-    if here and device_type == "cuda":
-        import torch
-
-        device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    return for_job(cfg.cluster, device_type, here, device)
-
-
 def _inputs(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
     """The topology (with the calibration's constants), batch and constraints every planner of ``cfg`` plans
     with."""
-    calibration = chosen_calibration(cfg, device_type).calibration
+    calibration = for_config(cfg, device_type).calibration
     return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
             cfg.sharding.planner_batch_size or samples_per_step(cfg),
             build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], float(cfg.data.ids_per_feature),
@@ -147,6 +135,7 @@ def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, 
     topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
     proposer = stock_proposer(cfg.sharding)
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
+                                    performance_model=step_perf_model(cfg, device_type, world_size),
                                     storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
                                     proposer=proposer, constraints=constraints,
                                     stats=[estimates] if estimates is not None else None, debug=False,
@@ -234,7 +223,7 @@ def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, dev
     (:mod:`.step_estimate`)."""
     from runner.plan.analysis import per_rank_estimates
 
-    chosen = chosen_calibration(cfg, device_type)
+    chosen = for_config(cfg, device_type)
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
     if chosen.calibration is None or not best_plan:
         return

@@ -143,7 +143,8 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
              + ", ".join(f"{n} {t}" for t, n in types.items()))
     rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan),
-                                        "local_world_size": local})  # whole: the driver reads it
+                                        "local_world_size": local, "step": step,
+                                        "calibration": (facts or {}).get("calibration")})  # whole: the driver reads it
     (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")

@@ -9,7 +9,9 @@ in each family's collectives, holding a shard of it or not), ``dense_forward`` a
 ``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
 optimizer over the dense parameters), ``dense_allreduce`` (the dense gradients' all-reduce) and ``input`` (a batch
 from the data source: on CPU its prefetch thread shares the worker's cores, so it counts; on a GPU it overlaps the
-step and is shown, not added). The step is the busiest rank's sum: ranks wait for each other at every collective.
+step and is shown, not added) and ``step_overhead`` (what the job's step with tiny tables took beyond all of
+those, measured alone: the loop, the pipeline, the model's wrappers). The step is the busiest rank's sum: ranks
+wait for each other at every collective.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
+from torchrec.distributed.planner.types import PerfModel
+
+from runner.config.schema import samples_per_step
+
 if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
     from runner.plan.calibration import Calibration
 
-PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input")
+PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
+         "step_overhead")
 # the family of sharded lookup whose fixed cost each sharding type pays (its distribution's shape)
 FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column_wise": "table_wise",
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
@@ -90,10 +98,9 @@ def whole_step(ranks: List[Dict[str, float]], kernels: List[Set[Tuple[str, str]]
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
         "input": _rate(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
+        "step_overhead": (c.get("step_overhead") or {}).get("fixed_ms", 0.0),
     }
-    families = sorted({FAMILY.get(t, "table_wise") for held in kernels for t, _ in held})
-    lookups = {p: sum(_rate(c.get("sharded", {}).get(f, {}).get(p), dense.batch / 1000.0) for f in families)
-               for p in ("fwd", "bwd")}
+    lookups = lookups_ms(cal, {t for held in kernels for t, _ in held}, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
         parts = {"embeddings": est["total_ms"] + ids_ms[r], "sharded_lookups": lookups["fwd"] + lookups["bwd"],
@@ -148,3 +155,45 @@ def step_markdown(facts: Dict[str, Any]) -> str:
     if step.get("input_ms") and not step["parts"].get("input"):
         lines.append(f"| input (prefetched, overlaps the step: not added) | {step['input_ms']:.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def lookups_ms(cal: Calibration, types: Set[str], batch: int) -> Dict[str, float]:
+    """The fixed cost of the sharded lookups a plan with sharding ``types`` runs, forward and backward (ms)."""
+    families = sorted({FAMILY.get(t, "table_wise") for t in types})
+    return {p: sum(_rate(cal.constants.get("sharded", {}).get(f, {}).get(p), batch / 1000.0) for f in families)
+            for p in ("fwd", "bwd")}
+
+
+class StepPerfModel(PerfModel):
+    """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
+    busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all) plus the
+    fixed cost of each family of sharded lookup the plan uses. The dense part, optimizer and input are the same for
+    every plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
+    (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
+
+    def __init__(self, cal: Calibration, world: int, batch: int) -> None:
+        self.cal, self.world, self.batch = cal, world, batch
+
+    def rate(self, plan: List[Any]) -> float:
+        busiest = [0.0] * self.world
+        types = set()
+        for option in plan:
+            types.add(option.sharding_type)
+            for shard in option.shards:
+                if shard.rank is not None and shard.perf is not None:
+                    busiest[shard.rank] += shard.perf.total + float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0)
+        fixed = lookups_ms(self.cal, types, self.batch)
+        return max(busiest) + fixed["fwd"] + fixed["bwd"]
+
+
+def step_perf_model(cfg: RunnerConfig, device_type: str, world: int) -> Optional[StepPerfModel]:
+    """The perf model a planner of ``cfg`` rates plans with: :class:`StepPerfModel` with a calibration, else None
+    (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
+    comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
+    from runner.plan.calibration import for_config
+    from runner.plan.proposers import declared
+
+    cal = for_config(cfg, device_type).calibration
+    if cal is None or declared(cfg.sharding).own_planner:
+        return None
+    return StepPerfModel(cal, world, samples_per_step(cfg))

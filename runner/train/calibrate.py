@@ -26,10 +26,14 @@ from runner.train.calibrate_parts import (
     optimizer_samples,
     scopes,
     sharded_samples,
+    step_samples,
 )
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+
+
+STEP_STEPS = 40  # steps of the tiny-table job (the loop times those after its warm-up)
 
 
 class _Progress:
@@ -102,7 +106,11 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
                                                          "data": {"prefetch_batches": 0}}))
     inputs = {rows: input_samples(cfg, env.rank, env.world, cfg.calibrate.repeats),
               samples_per_step(quarter): input_samples(quarter, env.rank, env.world, cfg.calibrate.repeats)}
-    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params}
+    from runner.config.tables import table_specs
+
+    job = {"batch": rows, "world": env.world, "pooling": int(cfg.data.ids_per_feature),
+           "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
+    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job}
 
 
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
@@ -129,6 +137,8 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     mine["kernels"] = _kernels(cfg, device, say)
     mine["sharded"] = _sharded(cfg, env, device, say)
     mine.update(_dense(cfg, env, device, say))
+    say("the job's step with tiny tables", 0, 1, force=True)
+    mine["step"] = step_samples(cfg, env.rank, env.world, env.local_world, device, STEP_STEPS)
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)
     for name, by_scope in gathered["collectives"].items():

@@ -18,6 +18,7 @@ from torchrec.distributed.types import ShardingPlan
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.facts import PlanFacts
 from runner.plan.proposers import build_proposer, declared
+from runner.plan.step_estimate import step_perf_model
 from runner.plan.topology import build_storage_reservation
 from runner.plan.torchrec_adapter.balanced.planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, job_facts
@@ -62,6 +63,7 @@ def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_si
         proposer = None  # the planner's own loop: TorchRec's default list is never run
     return planner_class(
         topology=topology,
+        performance_model=step_perf_model(cfg, device_type, world_size),
         batch_size=batch,
         enumerator=enumerator,
         storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes, RESERVATIONS),

@@ -1,0 +1,213 @@
+"""How close the plan's estimated step is to the step a job measures, with TorchRec's default constants and with
+this machine's calibration, on training configs the calibration never saw; and a plan study where the calibrated
+planner chooses another plan than the default one, both trained.
+
+    .venv/bin/python benchmarks/estimates.py [--steps 60] [--only 1,4] [--device cpu|cuda] [--no-study]
+
+1. ``python -m runner mode=calibrate`` for each world shape the configs use (1 x 2, 2 x 2, 1 x 4 on CPU; 1 x 1 on a
+   GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread).
+2. Each held-out config (:data:`CONFIGS`: DLRM, DCN, DeepFM, MMoE, Criteo-DLRM and generated models of 6 to 300
+   tables; table-, row-, column-wise, data-parallel and the planner's choice; batch 256 to 8192; 2 and 4 workers on 1
+   and 2 emulated nodes) trains ``--steps`` steps with its shape's calibration. Per config: the measured step and
+   embedding forward (the slowest rank's, ``measured.json``), the calibrated estimate of the same plan (the whole
+   step and the embedding forward, ``plan/estimates.json``), and TorchRec's default-constant estimate (what the
+   runner shows without a calibration: the embeddings only), planned here with ``cluster.calibration=none``;
+   ``same`` says whether that plan is the trained one.
+3. The plan study: ``cluster=2node`` DLRM planned and trained with ``cluster.calibration=none`` and with the
+   calibration; each plan's sharding types and measured step, and the calibrated plan's gain.
+
+Ends with ``estimates: configs=.. median_error calibrated=..% default=..% | largest calibrated=..% default=..% |
+study gain=..%`` and the import floor (``python -c "import torchrec.distributed.planner, mlflow, hydra"``) beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GEN = "model=dnn_many model.generated_tables.max_rows=20000"
+CONFIGS: List[Tuple[str, str]] = [  # (name, overrides): none of them is the calibration's own job
+    ("dlrm tw b256", "sharding=tablewise train.batch_size=256"),
+    ("dlrm rw b1024", "sharding=rowwise train.batch_size=1024"),
+    ("dlrm dp b512", "sharding=dataparallel train.batch_size=512"),
+    ("dnn6x256 cw b512", f"{GEN} model.generated_tables.count=6 model.generated_tables.dims=[256] "
+                         "sharding=columnwise train.batch_size=512"),
+    ("dcn tw b2048", "model=dcn sharding=tablewise train.batch_size=2048"),
+    ("deepfm rw b4096", "model=deepfm sharding=rowwise train.batch_size=4096"),
+    ("mmoe tw b512", "model=mmoe sharding=tablewise train.batch_size=512"),
+    ("dlrm tw b8192", "sharding=tablewise train.batch_size=8192"),
+    ("dnn300 tw b256", f"{GEN} model.generated_tables.count=300 sharding=tablewise train.batch_size=256"),
+    ("criteo auto b1024", "model=dlrm_criteo train.batch_size=1024"),
+    ("2node dlrm rw b256", "cluster=2node sharding=rowwise train.batch_size=256"),
+    ("2node dlrm tw b1024", "cluster=2node sharding=tablewise train.batch_size=1024"),
+    ("2node dcn dp b512", "cluster=2node model=dcn sharding=dataparallel train.batch_size=512"),
+    ("1x4 dlrm tw b512", "cluster.workers_per_node=4 sharding=tablewise train.batch_size=512"),
+]
+STUDY = "cluster=2node train.batch_size=512"
+
+
+def floor_s() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torchrec.distributed.planner, mlflow, hydra"], check=True)
+    return time.perf_counter() - t0
+
+
+def runner(args: List[str], store: str) -> Tuple[Path, str]:
+    """``python -m runner ARGS`` (its own experiment in ``store``); its run folder and output."""
+    done = subprocess.run([sys.executable, "-m", "runner", *args, f"tracking.uri={store}",
+                           "tracking.experiment=bench-estimates", "tracking.system_metrics=false"],
+                          cwd=ROOT, text=True, capture_output=True)
+    out = done.stdout + done.stderr
+    found = re.search(r"run folder (\S+)", out)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"failed: python -m runner {' '.join(args)}\n{out[-3000:]}")
+    return Path(found.group(1)), out
+
+
+def shape_of(overrides: str, device: str) -> Tuple[int, int]:
+    if device == "cuda":
+        return 1, 1
+    nodes = 2 if "cluster=2node" in overrides else 1
+    found = re.search(r"cluster.workers_per_node=(\d+)", overrides)
+    return nodes, int(found.group(1)) if found else 2
+
+
+def shape_args(shape: Tuple[int, int], device: str) -> List[str]:
+    return [f"cluster.nodes={shape[0]}", f"cluster.workers_per_node={shape[1]}", f"cluster.device={device}"]
+
+
+def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> Path:
+    run_dir, out = runner(["mode=calibrate", *shape_args(shape, device), f"cluster.calibration_dir={folder}"], store)
+    line = next((ln for ln in out.splitlines() if ln.startswith("[runner] calibration:")), "")
+    print(f"calibration {shape[0]} x {shape[1]}: {line[len('[runner] calibration: '):]}", flush=True)
+    return run_dir / "calibration" / "calibration.yaml"
+
+
+def default_estimate(overrides: List[str], world: int, local: int, device: str) -> Tuple[float, float, Any]:
+    """TorchRec's default constants: the plan's estimated step (embeddings only, the busiest rank) and embedding
+    forward, and the plan, planned here as the runner plans it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import cfg_for
+
+    from runner.plan.analysis import per_rank_estimates
+    from runner.plan.plan_file import plan_to_dict
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+    from runner.config.tables import table_specs
+
+    cfg = cfg_for(*overrides, "cluster.calibration=none")
+    plan, best, _, _ = make_plan(cfg, planning_model(cfg), world, local, device)
+    ranks = per_rank_estimates(best, world)
+    return (max(r["total_ms"] for r in ranks), max(r["fwd_compute_ms"] + r["fwd_comms_ms"] for r in ranks),
+            plan_to_dict(plan, table_specs(cfg.model)))
+
+
+def measure(name: str, overrides: str, calibration: Path, steps: int, device: str, store: str) -> Dict[str, Any]:
+    args = [*overrides.split(), f"cluster.calibration={calibration}", f"train.steps={steps}",
+            f"cluster.device={device}", "train.checkpoint.enabled=false"]
+    if device == "cuda":
+        args += ["cluster.workers_per_node=1"]
+    run_dir, _ = runner(args, store)
+    measured = json.loads((run_dir / "measured.json").read_text())
+    est = json.loads((run_dir / "plan" / "estimates.json").read_text())
+    step = est.get("step") or {}
+    slowest = max(range(len(measured["per_rank"])), key=lambda r: measured["per_rank"][r]["step_ms"])
+    fwd = [x.get("embedding_fwd_ms") or 0.0 for x in measured["per_rank"]]
+    world, local = len(measured["per_rank"]), est["local_world_size"]
+    d_step, d_fwd, d_plan = default_estimate([a for a in args if not a.startswith("cluster.calibration=")], world,
+                                             local, device)
+    trained = json.loads((run_dir / "plan" / "plan.json").read_text())
+    return {"name": name, "measured": measured["per_rank"][slowest]["step_ms"], "measured_fwd": max(fwd),
+            "calibrated": step.get("step_ms"), "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"])
+            if step else None, "default": d_step, "default_fwd": d_fwd, "same": d_plan == trained}
+
+
+def error(est: Optional[float], measured: float) -> Optional[float]:
+    return None if est is None or not measured else est / measured - 1
+
+
+def pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:+.0%}"
+
+
+def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
+    print(f"\n{'config':<20} {'step ms':>8} {'calib.':>8} {'err':>6} {'default':>8} {'err':>6} | {'emb fwd':>8} "
+          f"{'calib.':>7} {'err':>6} {'default':>7} {'err':>6} same plan")
+    errors: Dict[str, List[float]] = {"calibrated": [], "default": [], "calibrated_fwd": [], "default_fwd": []}
+    for r in rows:
+        e = {k: error(r[k], r["measured_fwd" if k.endswith("fwd") else "measured"]) for k in errors}
+        for k, v in e.items():
+            if v is not None:
+                errors[k].append(v)
+        print(f"{r['name']:<20} {r['measured']:>8.2f} {r['calibrated'] or 0:>8.2f} {pct(e['calibrated']):>6} "
+              f"{r['default']:>8.3f} {pct(e['default']):>6} | {r['measured_fwd']:>8.2f} {r['calibrated_fwd'] or 0:>7.2f} "
+              f"{pct(e['calibrated_fwd']):>6} {r['default_fwd']:>7.3f} {pct(e['default_fwd']):>6} "
+              f"{'yes' if r['same'] else 'no'}")
+    for k, v in errors.items():
+        if v:
+            print(f"{k:<15} median |error| {statistics.median(map(abs, v)):.1%}, largest {max(map(abs, v)):.1%}")
+    return errors
+
+
+def study(calibration: Path, steps: int, device: str, store: str) -> float:
+    """The same job planned and trained with TorchRec's constants and with the calibration: the gain (fraction)."""
+    got = {}
+    for label, cal in (("TorchRec's constants", "none"), ("calibrated", str(calibration))):
+        run_dir, out = runner([*STUDY.split(), f"cluster.calibration={cal}", f"train.steps={steps}",
+                               "train.checkpoint.enabled=false"], store)
+        measured = json.loads((run_dir / "measured.json").read_text())
+        plan = next(ln for ln in out.splitlines() if ln.startswith("[runner] sharding plan:"))
+        got[label] = measured["measured/step_ms"]
+        print(f"study ({STUDY}), {label}: measured step {got[label]:.2f} ms; {plan[len('[runner] '):][:110]}")
+    gain = 1 - got["calibrated"] / got["TorchRec's constants"]
+    print(f"study: the calibrated plan's measured step is {gain:+.1%} faster than the default plan's")
+    return gain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--only", default="", help="comma-separated config numbers (1-based) to run")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--no-study", action="store_true")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    floor = floor_s()
+    print(f"import floor {floor:.1f} s", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-estimates-", dir=ROOT / "outputs"))
+    store = f"sqlite:///{work / 'mlflow.db'}"
+    picked = [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
+    t0 = time.perf_counter()
+    calibrations = {s: calibrate(s, args.device, work / "calibrations", store)
+                    for s in sorted({shape_of(o, args.device) for _, o in picked} | {(2, 2)})}
+    rows = []
+    for name, overrides in picked:
+        rows.append(measure(name, overrides, calibrations[shape_of(overrides, args.device)], args.steps, args.device,
+                            store))
+        print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
+              flush=True)
+    errors = table(rows)
+    gain = float("nan") if args.no_study or args.device == "cuda" else study(calibrations[(2, 2)], args.steps,
+                                                                               args.device, store)
+    med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
+    top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
+    print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "
+          f"default={med['default']:.1%} | largest calibrated={top['calibrated']:.1%} default={top['default']:.1%} | "
+          f"embedding fwd median calibrated={med['calibrated_fwd']:.1%} default={med['default_fwd']:.1%} | "
+          f"study gain={gain:+.1%} | {time.perf_counter() - t0:.0f} s, import floor {floor:.1f} s ({work})")
+
+
+if __name__ == "__main__":
+    main()
