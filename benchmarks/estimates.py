@@ -101,11 +101,11 @@ def default_estimate(overrides: List[str], world: int, local: int, device: str) 
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import cfg_for
 
+    from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
-    from runner.config.tables import table_specs
 
     cfg = cfg_for(*overrides, "cluster.calibration=none")
     plan, best, _, _ = make_plan(cfg, planning_model(cfg), world, local, device)
@@ -152,7 +152,8 @@ def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
             if v is not None:
                 errors[k].append(v)
         print(f"{r['name']:<20} {r['measured']:>8.2f} {r['calibrated'] or 0:>8.2f} {pct(e['calibrated']):>6} "
-              f"{r['default']:>8.3f} {pct(e['default']):>6} | {r['measured_fwd']:>8.2f} {r['calibrated_fwd'] or 0:>7.2f} "
+              f"{r['default']:>8.3f} {pct(e['default']):>6} | {r['measured_fwd']:>8.2f} "
+              f"{r['calibrated_fwd'] or 0:>7.2f} "
               f"{pct(e['calibrated_fwd']):>6} {r['default_fwd']:>7.3f} {pct(e['default_fwd']):>6} "
               f"{'yes' if r['same'] else 'no'}")
     for k, v in errors.items():

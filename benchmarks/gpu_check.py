@@ -136,6 +136,9 @@ def steps(gpus: int, bf16: bool, out: Path) -> List[Step]:
     uvm_plan = out / "uvm_caching" / "plan" / "plan.json"
     return [
         Step("one_gpu", [*one, *SHORT]),
+        Step("calibrate", [*one, "mode=calibrate", f"cluster.calibration_dir={out / 'calibrations'}",
+                           "calibrate.max_spread=0.99"], says="calibration done"),
+        Step("calibrated", [*one, *SHORT, f"cluster.calibration_dir={out / 'calibrations'}"], says="embeddings rated"),
         Step("hbm_cap_above_device", [*one, *SHORT, "cluster.hbm_cap_gib=100000"], expect_ok=False,
              says="cluster.hbm_cap_gib=100000"),
         Step("bf16_checkpoint" if bf16 else "fp32_checkpoint",

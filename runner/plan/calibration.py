@@ -197,11 +197,13 @@ def for_config(cfg: RunnerConfig, device_type: str) -> Chosen:
     return for_job(cfg.cluster, device_type, here, device)
 
 
-def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: float,
-                   cross_gibps: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: float, cross_gibps: float,
+                   world: int = 1, local: int = 1) -> Tuple[Dict[str, float], Dict[str, float]]:
     """TorchRec ``Topology`` arguments (its units: bytes per ms) that ``cal`` sets, and the bandwidths (GiB/s) in
     effect. The config's bandwidths win where the user set them (anything but TorchRec's defaults): a sweep over
-    them with a calibration asks "what if"; at the defaults the calibration's measured ones are taken."""
+    them with a calibration asks "what if"; at the defaults the calibration's measured ones are taken. On one node
+    TorchRec reads ``inter_host_bw`` only for all-reduces (as ``inter_host_bw`` x workers per node): it is set so
+    that those take the measured all-reduce's bandwidth."""
     bandwidths = {"intra": intra_gibps, "cross": cross_gibps}
     if cal is None:
         return {}, bandwidths
@@ -213,4 +215,7 @@ def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: fl
         bandwidths["intra"] = float(c["intra_node_bandwidth"])
     if cross_gibps == TORCHREC_CROSS_GIBPS and c.get("cross_node_bandwidth"):
         bandwidths["cross"] = float(c["cross_node_bandwidth"])
+    reduce = c.get("collectives", {}).get("all_reduce", {}).get("intra")
+    if cross_gibps == TORCHREC_CROSS_GIBPS and world <= local and reduce:
+        bandwidths["cross"] = float(reduce["bandwidth_gibps"]) / max(local, 1)
     return knobs, bandwidths

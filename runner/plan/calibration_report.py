@@ -135,12 +135,13 @@ def calibrate_results(cfg: RunnerConfig, run_dir: Path, measured: Dict[str, Any]
                     if c.get(k) is not None})
     metrics.update({f"calibration/spread/{k}": v for k, v in spreads.items()})
     metrics["calibration/seconds"] = seconds
-    a2a = c["collectives"].get("all_to_all", {}).get("intra") or next(iter(c["collectives"]["all_reduce"].values()))
+    a2a = next(iter(c["collectives"].get("all_to_all", {}).values()), None)  # within a node, else across
     head = (f"device {c['device_bw_gibps']:.2f} GiB/s (TorchRec's default "
             f"{TORCHREC['hbm' if fingerprint['device_kind'] == 'cuda' else 'ddr']:g}), backward x"
             f"{c['bwd_compute_multiplier']:.2f} (2), kernel call {c['kernel_call_fwd_ms']:.3f} + "
-            f"{c['kernel_call_bwd_ms']:.3f} ms, all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + "
-            f"{a2a['latency_ms']:.3f} ms")
+            f"{c['kernel_call_bwd_ms']:.3f} ms, "
+            + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms" if a2a
+               else "no collectives (1 rank)"))
     trust = "" if trusted else (f"; the repeats scatter more than calibrate.max_spread={cfg.calibrate.max_spread:g} "
                                 "(a busy machine?): not kept for cluster.calibration=auto, measure again")
     results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": trusted,

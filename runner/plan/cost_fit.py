@@ -136,20 +136,16 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
     constants["sharded"] = {}
-    for kind, by_batch in measured.get("sharded", {}).items():
-        fits = {}
-        for part in ("fwd", "bwd"):
-            by_size = {int(b): _worst(m[part]) for b, m in by_batch.items()}
-            spreads.setdefault("sharded", []).extend(spread(w) for w in by_size.values())
-            points = [{"ksamples": b / 1000.0, "ms": median_ms(w)} for b, w in by_size.items()]
-            fits[part] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
-        constants["sharded"][kind] = fits
+    for kind, by_tables in measured.get("sharded", {}).items():
+        constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads) for part in ("fwd", "bwd")}
     params = measured["params"]
     for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
         points = [{"gflops": 2.0 * params * int(rows) / 1e9, "ms": median_ms(_pooled(m[part]))}
                   for rows, m in measured["dense"].items()]
         spreads["dense"] += [_rank_spread(m[part]) for m in measured["dense"].values()]
         constants[key] = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
+    if measured.get("linear"):
+        fit_linear(constants, measured)
     points = [{"mparams": int(n) / 1e6, "ms": median_ms(_pooled(s))} for n, s in measured["optimizer"].items()]
     constants["optimizer"] = _per_unit(fit_rate(points, "mparams"), "ms_per_mparam")
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
@@ -171,17 +167,56 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, floa
                                                                     "bandwidth_gibps": float("inf")}
     lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
                   + 2 * batch * world * d * 4 * 1000.0 / (a2a["bandwidth_gibps"] * GIB) for d in job["dims"]) / world
-    gflops = 2.0 * params * batch / 1e9
+    from runner.plan.step_estimate import DenseFacts, dense_ms
+
+    dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
+                       job.get("other_params", 0))
 
     def rate(fit: Dict[str, float], size: float) -> float:
         return fit["fixed_ms"] + fit["ms_per_unit"] * size
     tw = c.get("sharded", {}).get("table_wise", {})
-    parts = (lookups + sum(rate(tw[p], batch / 1000.0) for p in ("fwd", "bwd") if p in tw)
-             + rate(c["dense_fwd"], gflops) + rate(c["dense_bwd"], gflops) + rate(c["optimizer"], params / 1e6)
+    parts = (lookups + sum(rate(tw[p], batch / 1000.0) + tw[p].get("per_table_ms", 0.0) * len(job["dims"])
+                           for p in ("fwd", "bwd") if p in tw)
+             + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
              + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
              + rate(c["input"], batch / 1000.0))
     measured_ms = median_ms([s for rank in measured["step"] for s in rank])
     return {"fixed_ms": max(measured_ms - parts, 0.0), "measured_ms": measured_ms, "parts_ms": parts}
+
+
+def fit_linear(constants: Dict[str, Any], measured: Dict[str, Any]) -> None:
+    """``linear_fwd``/``linear_bwd`` (a linear layer's fixed cost and ms per GFLOP, from square layers of several
+    widths and batches) and ``dense_rest_fwd_ms``/``dense_rest_bwd_ms`` (what the calibrated model's dense part took
+    at the job's batch beyond its own layers at that rate, at least 0)."""
+    job = measured["job"]
+    for part in ("fwd", "bwd"):
+        points = [{"gflops": 2.0 * int(w) * int(w) * int(r) / 1e9, "ms": median_ms(_pooled(m[part]))}
+                  for w, by_rows in measured["linear"].items() for r, m in by_rows.items()]
+        fit = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
+        constants[f"linear_{part}"] = fit
+        batch = job["batch"]
+        layers = sum(fit["fixed_ms"] + fit["ms_per_unit"] * 2.0 * i * o * batch / 1e9 for i, o in job["layers"])
+        layers += fit["ms_per_unit"] * 2.0 * job["other_params"] * batch / 1e9
+        model = median_ms(_pooled(measured["dense"][batch][part])) if batch in measured["dense"] else layers
+        constants[f"dense_rest_{part}_ms"] = max(model - layers, 0.0)
+
+
+def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]]
+                ) -> Dict[str, float]:
+    """A family of sharded lookup's ``part`` (``fwd``/``bwd``) from ``{tables: {batch: {part: per-rank samples}}}``
+    (one table at two batches, several at the small one): the fixed cost (ms), the cost per table (ms) and per
+    1,000 samples (``ms_per_ksample``), none below 0."""
+    times = {(int(n), int(b)): median_ms(_worst(m[part])) for n, by_batch in by_tables.items()
+             for b, m in by_batch.items()}
+    spreads.setdefault("sharded", []).extend(spread(_worst(m[part])) for by_batch in by_tables.values()
+                                            for m in by_batch.values())
+    small = min(b for _, b in times)
+    many = max(n for n, _ in times)
+    per_table = max((times[(many, small)] - times[(1, small)]) / (many - 1), 0.0) if many > 1 else 0.0
+    big = max(b for n, b in times if n == 1)
+    slope = max((times[(1, big)] - times[(1, small)]) / ((big - small) / 1000.0), 0.0) if big > small else 0.0
+    fixed = max(times[(1, small)] - per_table - slope * small / 1000.0, 0.0)
+    return {"fixed_ms": fixed, "per_table_ms": per_table, "ms_per_ksample": slope, "ms_per_unit": slope}
 
 
 def _per_unit(fit: Dict[str, float], unit: str) -> Dict[str, float]:

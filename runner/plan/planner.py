@@ -27,7 +27,7 @@ from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
-from runner.plan.step_estimate import dense_facts, input_dist_ms, rank_kernels, step_perf_model, whole_step
+from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
@@ -227,7 +227,7 @@ def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, dev
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
     if chosen.calibration is None or not best_plan:
         return
-    facts["step"] = whole_step(per_rank_estimates(best_plan, world), rank_kernels(best_plan, world),
+    facts["step"] = whole_step(per_rank_estimates(best_plan, world), family_tables(best_plan),
                                input_dist_ms(best_plan, world), chosen.calibration,
                                dense_facts(model, samples_per_step(cfg)), world, local_world, device_type)
 

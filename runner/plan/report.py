@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
+from runner.plan.calibration import NONE
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.plan.step_estimate import step_markdown, step_metrics, step_phrase
@@ -139,8 +140,11 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
+    constants = (facts or {}).get("calibration")
     title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
-             + ", ".join(f"{n} {t}" for t, n in types.items()))
+             + ", ".join(f"{n} {t}" for t, n in types.items())
+             + ("" if constants is None else "; TorchRec's default constants" if constants == NONE
+                else f"; calibrated ({Path(constants).name})"))
     rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,

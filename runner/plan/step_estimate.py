@@ -17,7 +17,7 @@ wait for each other at every collective.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner.types import PerfModel
 
@@ -38,11 +38,14 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class DenseFacts:
-    """What the dense part's cost is computed from: its parameters (count and bytes) and the per-rank batch."""
+    """What the dense part's cost is computed from: its parameters (count and bytes), the per-rank batch, its linear
+    layers (in, out) and its parameters outside them (cross layers, gates, ...)."""
 
     params: int
     bytes: int
     batch: int
+    layers: Tuple[Tuple[int, int], ...] = ()
+    other_params: int = 0
 
     @property
     def gflops(self) -> float:
@@ -51,19 +54,30 @@ class DenseFacts:
 
 
 def dense_facts(model: Any, batch: int) -> DenseFacts:
-    """``model``'s dense parameters (everything but the embedding tables; sizes are known on meta too)."""
+    """``model``'s dense parameters (everything but the embedding tables; sizes are known on meta too) and its
+    linear layers."""
+    from torch import nn
+
     params = [p for n, p in model.named_parameters() if "embedding_bag_collection" not in n]
-    return DenseFacts(sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params), int(batch))
+    linear = [m for n, m in model.named_modules() if isinstance(m, nn.Linear) and "embedding_bag_collection" not in n]
+    in_layers = sum(p.numel() for m in linear for p in m.parameters())
+    total = sum(p.numel() for p in params)
+    return DenseFacts(total, sum(p.numel() * p.element_size() for p in params), int(batch),
+                      tuple((int(m.in_features), int(m.out_features)) for m in linear), max(total - in_layers, 0))
 
 
-def rank_kernels(best_plan: List[Any], world: int) -> List[Set[Tuple[str, str]]]:
-    """The embedding kernels each rank runs: its shards' distinct (sharding type, compute kernel)."""
-    kernels: List[Set[Tuple[str, str]]] = [set() for _ in range(world)]
-    for option in best_plan:
-        for shard in option.shards:
-            if shard.rank is not None:
-                kernels[shard.rank].add((option.sharding_type, option.compute_kernel))
-    return kernels
+def dense_ms(c: Dict[str, Any], part: str, dense: DenseFacts) -> float:
+    """The dense part's ``part`` (``fwd``/``bwd``) at ``dense.batch``, ms: each linear layer by the measured linear
+    rate (a fixed cost per layer and ms per GFLOP), the other parameters at the same rate, and what the calibrated
+    model took beyond its own layers (its interaction, loss, activations). Without the layer fit (a calibration of
+    an earlier format): the calibrated model's rate per GFLOP."""
+    layer = c.get(f"linear_{part}")
+    if not layer:
+        return _rate(c.get(f"dense_{part}"), dense.gflops)
+    flops = [2.0 * i * o * dense.batch / 1e9 for i, o in dense.layers]
+    other = 2.0 * dense.other_params * dense.batch / 1e9
+    return (sum(layer["fixed_ms"] + layer["ms_per_unit"] * f for f in flops) + layer["ms_per_unit"] * other
+            + c.get(f"dense_rest_{part}_ms", 0.0))
 
 
 def input_dist_ms(best_plan: List[Any], world: int) -> List[float]:
@@ -86,21 +100,21 @@ def _rate(fit: Optional[Dict[str, float]], size: float) -> float:
     return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
 
 
-def whole_step(ranks: List[Dict[str, float]], kernels: List[Set[Tuple[str, str]]], ids_ms: List[float],
+def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str) -> Dict[str, Any]:
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's."""
     c, cross = cal.constants, world > local
     reduce = _collective(cal, "all_reduce", cross)
     shared = {
-        "dense_forward": _rate(c.get("dense_fwd"), dense.gflops),
-        "dense_backward": _rate(c.get("dense_bwd"), dense.gflops),
+        "dense_forward": dense_ms(c, "fwd", dense),
+        "dense_backward": dense_ms(c, "bwd", dense),
         "optimizer": _rate(c.get("optimizer"), dense.params / 1e6),
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
         "input": _rate(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
         "step_overhead": (c.get("step_overhead") or {}).get("fixed_ms", 0.0),
     }
-    lookups = lookups_ms(cal, {t for held in kernels for t, _ in held}, dense.batch)
+    lookups = lookups_ms(cal, families, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
         parts = {"embeddings": est["total_ms"] + ids_ms[r], "sharded_lookups": lookups["fwd"] + lookups["bwd"],
@@ -157,11 +171,22 @@ def step_markdown(facts: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lookups_ms(cal: Calibration, types: Set[str], batch: int) -> Dict[str, float]:
-    """The fixed cost of the sharded lookups a plan with sharding ``types`` runs, forward and backward (ms)."""
-    families = sorted({FAMILY.get(t, "table_wise") for t in types})
-    return {p: sum(_rate(cal.constants.get("sharded", {}).get(f, {}).get(p), batch / 1000.0) for f in families)
-            for p in ("fwd", "bwd")}
+def family_tables(best_plan: List[Any]) -> Dict[str, int]:
+    """How many tables each family of sharded lookup holds in a plan."""
+    out: Dict[str, int] = {}
+    for option in best_plan:
+        family = FAMILY.get(option.sharding_type, "table_wise")
+        out[family] = out.get(family, 0) + 1
+    return out
+
+
+def lookups_ms(cal: Calibration, families: Dict[str, int], batch: int) -> Dict[str, float]:
+    """What the sharded lookups of a plan whose families hold ``families`` tables cost beyond TorchRec's estimate,
+    forward and backward (ms): each family's fixed cost, its cost per table and per sample."""
+    def cost(fit: Optional[Dict[str, float]], tables: int) -> float:
+        return 0.0 if not fit else _rate(fit, batch / 1000.0) + fit.get("per_table_ms", 0.0) * tables
+    sharded = cal.constants.get("sharded", {})
+    return {p: sum(cost(sharded.get(f, {}).get(p), n) for f, n in families.items()) for p in ("fwd", "bwd")}
 
 
 class StepPerfModel(PerfModel):
@@ -176,13 +201,11 @@ class StepPerfModel(PerfModel):
 
     def rate(self, plan: List[Any]) -> float:
         busiest = [0.0] * self.world
-        types = set()
         for option in plan:
-            types.add(option.sharding_type)
             for shard in option.shards:
                 if shard.rank is not None and shard.perf is not None:
                     busiest[shard.rank] += shard.perf.total + float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0)
-        fixed = lookups_ms(self.cal, types, self.batch)
+        fixed = lookups_ms(self.cal, family_tables(plan), self.batch)
         return max(busiest) + fixed["fwd"] + fixed["bwd"]
 
 

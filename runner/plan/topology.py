@@ -37,7 +37,7 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
     (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``; ``calibration``: the
     constants it sets (:func:`runner.plan.calibration.topology_knobs`; None: TorchRec's defaults, untouched)."""
     knobs, bandwidths = topology_knobs(calibration, device_type, cluster.intra_node_bandwidth,
-                                       cluster.cross_node_bandwidth)
+                                       cluster.cross_node_bandwidth, world_size, local_world_size)
     kwargs: Dict[str, Any] = dict(
         world_size=world_size,
         local_world_size=local_world_size,

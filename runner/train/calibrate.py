@@ -16,12 +16,14 @@ from omegaconf import OmegaConf
 from runner.config.schema import samples_per_step
 from runner.train.calibrate_parts import (
     COLLECTIVES,
+    LINEAR_WIDTHS,
     SHARDED,
     collective_samples,
     dense_samples,
     input_samples,
     kernel_samples,
     kernel_shapes,
+    linear_samples,
     message_sizes,
     optimizer_samples,
     scopes,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
+SMALL_BATCH, MANY_TABLES = 64, 8  # the sharded lookups' small batch, and their second table count
 STEP_STEPS = 40  # steps of the tiny-table job (the loop times those after its warm-up)
 
 
@@ -76,12 +79,15 @@ def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Di
 
 
 def _sharded(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
-    """Each family of sharded lookup, one tiny table over every rank, at a small batch and the job's."""
-    batches = (64, max(cfg.train.batch_size, 128))
+    """Each family of sharded lookup over every rank: one tiny table at a small batch and the job's, and
+    :data:`MANY_TABLES` tiny tables at the small batch (the cost per table)."""
+    small, job = SMALL_BATCH, max(cfg.train.batch_size, 2 * SMALL_BATCH)
     out = {}
     for i, kind in enumerate(SHARDED):
         say("sharded lookups", i, len(SHARDED), force=i == 0)
-        out[kind] = sharded_samples(cfg, kind, env.world, env.local_world, device, batches, cfg.calibrate.repeats)
+        out[kind] = {n: sharded_samples(cfg, kind, env.world, env.local_world, device, n, batches,
+                                        cfg.calibrate.repeats) for n, batches in ((1, (small, job)),
+                                                                                    (MANY_TABLES, (small,)))}
     return out
 
 
@@ -98,7 +104,10 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
              for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
     from runner.train.models import build_model
 
-    params = dense_facts(build_model(cfg, torch.device("meta")), rows).params
+    facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
+    params = facts.params
+    linear = {w: {r: linear_samples(w, r, device, cfg.calibrate.repeats) for r in (max(rows // 4, 1), rows)}
+              for w in LINEAR_WIDTHS}
     say("dense optimizer", 1, 3, force=True)
     optimizer = {n: optimizer_samples(cfg, n, device, cfg.calibrate.repeats) for n in (params, 4 * params, 16 * params)}
     say("input", 2, 3, force=True)
@@ -108,9 +117,10 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
               samples_per_step(quarter): input_samples(quarter, env.rank, env.world, cfg.calibrate.repeats)}
     from runner.config.tables import table_specs
 
-    job = {"batch": rows, "world": env.world, "pooling": int(cfg.data.ids_per_feature),
+    job = {"batch": rows, "world": env.world, "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers,
+           "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
-    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job}
+    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
 
 
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:

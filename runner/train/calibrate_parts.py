@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 KIB, MIB = 1024, 1024**2
 COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
+BACK_TO_BACK = 4  # calls timed together for messages up to 1 MiB
 
 
 def timed(run: Callable[[], Any], repeats: int, sync: Callable[[], None], before: Callable[[], None] = lambda: None
@@ -77,23 +78,29 @@ def scopes(world: int, local: int) -> Dict[str, List[List[int]]]:
 
 def collective_samples(name: str, group: Any, size: int, nbytes: int, device: torch.device, repeats: int
                        ) -> List[float]:
-    """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count)."""
+    """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count), ms
+    per call: messages up to 1 MiB are timed :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that
+    when the ranks leave the barrier is not most of what is timed."""
     n = max(nbytes // 4 // size * size, size)
+    calls = BACK_TO_BACK if nbytes <= MIB else 1
     data = torch.ones(n, device=device)
     if name == "all_to_all":
         out = torch.empty_like(data)
 
         def run() -> None:
-            dist.all_to_all_single(out, data, group=group)
+            for _ in range(calls):
+                dist.all_to_all_single(out, data, group=group)
     elif name == "all_reduce":
         def run() -> None:
-            dist.all_reduce(data, group=group)
+            for _ in range(calls):
+                dist.all_reduce(data, group=group)
     else:
         out = torch.empty(n // size, device=device)
 
         def run() -> None:
-            dist.reduce_scatter_tensor(out, data, group=group)
-    return timed(run, repeats, device_sync(device), lambda: dist.barrier(group=group))
+            for _ in range(calls):
+                dist.reduce_scatter_tensor(out, data, group=group)
+    return [t / calls for t in timed(run, repeats, device_sync(device), lambda: dist.barrier(group=group))]
 
 
 def kernel_shapes(grid: str) -> List[Dict[str, int]]:
@@ -207,11 +214,11 @@ class _Lookup(nn.Module):
 
 
 def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: int, device: torch.device,
-                    batches: Tuple[int, ...], repeats: int) -> Dict[int, Dict[str, List[float]]]:
-    """A one-table embedding collection sharded ``sharding_type`` over the job's ranks by TorchRec (its input and
-    output distribution, the kernel with the job's fused optimizer, the bookkeeping between): forward and
-    backward ms at each per-rank batch of ``batches``. The table is tiny, so its time is what a sharded lookup
-    costs whatever its size, which TorchRec's model leaves out."""
+                    tables: int, batches: Tuple[int, ...], repeats: int) -> Dict[int, Dict[str, List[float]]]:
+    """An embedding collection of ``tables`` tiny tables sharded ``sharding_type`` over the job's ranks by TorchRec
+    (its input and output distribution, the kernel with the job's fused optimizer, the bookkeeping between):
+    forward and backward ms at each per-rank batch of ``batches``. The tables are tiny, so their time is what a
+    sharded lookup costs whatever the tables' size (per call and per table), which TorchRec's model leaves out."""
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, row_wise, table_wise
@@ -222,22 +229,25 @@ def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: in
     from runner.plan.sharders import sharders_for
     from runner.train.optimizers import sparse_optimizer
 
-    rows = 64 * world
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=rows,
-                                                            feature_names=["f"])], device=torch.device("meta"))
+    rows, names = 64 * world, [f"t{i}" for i in range(tables)]
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=rows,
+                                                            feature_names=[n]) for n in names],
+                                 device=torch.device("meta"))
     cls, kwargs = sparse_optimizer(cfg.optimizer)
     if sharding_type != "data_parallel":
         apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
-    spec = {"table_wise": lambda: table_wise(rank=0), "row_wise": row_wise, "data_parallel": data_parallel}
+    spec = {"table_wise": lambda i: table_wise(rank=i % world), "row_wise": lambda i: row_wise(),
+            "data_parallel": lambda i: data_parallel()}
     sharder = sharders_for(cfg.precision)[0]
-    plan = construct_module_sharding_plan(ebc, {"t": spec[sharding_type]()}, sharder=sharder, local_size=local,
-                                          world_size=world, device_type=device.type)
+    plan = construct_module_sharding_plan(ebc, {n: spec[sharding_type](i) for i, n in enumerate(names)},
+                                          sharder=sharder, local_size=local, world_size=world,
+                                          device_type=device.type)
     model = DistributedModelParallel(_Lookup(ebc), device=device, plan=ShardingPlan({"ebc": plan}), sharders=[sharder])
     sync, out = device_sync(device), {}
     for batch in batches:
         features = KeyedJaggedTensor.from_lengths_sync(
-            keys=["f"], values=torch.randint(rows, (batch,), device=device),
-            lengths=torch.ones(batch, dtype=torch.int64, device=device))
+            keys=names, values=torch.randint(rows, (batch * tables,), device=device),
+            lengths=torch.ones(batch * tables, dtype=torch.int64, device=device))
         fwd, bwd = forward_backward(functools.partial(model, features), lambda y: y.sum().backward(), repeats, sync,
                                     dist.barrier)
         out[batch] = {"fwd": fwd, "bwd": bwd}
@@ -291,3 +301,15 @@ class _NoBar:
 
     def set_postfix(self, **kwargs: Any) -> None:
         pass
+
+
+LINEAR_WIDTHS = (64, 256, 1024)  # square layers whose forward and backward give the dense rate by layer size
+
+
+def linear_samples(width: int, rows: int, device: torch.device, repeats: int) -> Dict[str, List[float]]:
+    """One ``width`` x ``width`` linear layer (with bias and ReLU, as an MLP's) at ``rows`` samples: forward and
+    backward ms."""
+    layer = nn.Sequential(nn.Linear(width, width, device=device), nn.ReLU())
+    x = torch.randn(rows, width, device=device, requires_grad=True)
+    fwd, bwd = forward_backward(lambda: layer(x), lambda y: y.sum().backward(), repeats, device_sync(device))
+    return {"fwd": fwd, "bwd": bwd}

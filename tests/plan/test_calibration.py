@@ -20,6 +20,7 @@ from runner.launch.sweep.precheck import precheck
 from runner.plan import calibration as cal_mod
 from runner.plan.calibration import Calibration, for_job, load_calibration, save, topology_knobs
 from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.step_estimate import PARTS
 from runner.plan.topology import build_topology, gibps_to_bytes_per_ms
 from runner.runtime.hardware import fingerprint
 
@@ -65,7 +66,9 @@ def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str,
     params = 30_000
     dense = {r: {"fwd": samples(0.3 + 25 * 2 * params * r / 1e9), "bwd": samples(0.4 + 80 * 2 * params * r / 1e9),
                  "optimizer": samples(0.15)} for r in (64, 128, 256)}
-    sharded = {k: {b: {"fwd": samples(2.0 + b / 1000), "bwd": samples(0.6 + b / 2000)} for b in (64, 512)}
+    def lookup(n: int, b: int) -> Dict[str, Any]:  # fixed 2.0 (0.6) + 0.3 (0.1) per table + 1 (0.5) per 1,000 samples
+        return {"fwd": samples(2.0 + 0.3 * n + b / 1000), "bwd": samples(0.6 + 0.1 * n + b / 2000)}
+    sharded = {k: {1: {b: lookup(1, b) for b in (64, 512)}, 8: {64: lookup(8, 64)}}
                for k in ("table_wise", "row_wise", "data_parallel")}
     return {"collectives": coll, "kernels": kernels, "sharded": sharded, "dense": dense, "params": params,
             "optimizer": {n: samples(0.1 + 0.5 * n / 1e6) for n in (params, 4 * params, 16 * params)},
@@ -84,7 +87,10 @@ def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
     assert constants["cross_node_bandwidth"] is None  # one node: not measured
     assert constants["dense_fwd"]["ms_per_gflop"] == pytest.approx(25, rel=0.02)
     assert constants["optimizer"]["ms_per_mparam"] == pytest.approx(0.5, rel=0.02)
-    assert constants["sharded"]["row_wise"]["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
+    lookups = constants["sharded"]["row_wise"]
+    assert lookups["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
+    assert lookups["fwd"]["per_table_ms"] == pytest.approx(0.3, rel=0.02)
+    assert lookups["bwd"]["ms_per_ksample"] == pytest.approx(0.5, rel=0.02)
     assert max(spreads.values()) == 0.0
     _, noisy = fit_all(_measured(noise=0.6))
     assert max(noisy.values()) > 0.25  # a busy machine's repeats scatter: calibrate.max_spread says so
@@ -180,7 +186,7 @@ def test_a_plan_made_with_a_calibration_says_so_and_estimates_the_whole_step(tmp
     m, text = report.metrics, (tmp_path / "with" / "report.md").read_text()
     assert report.tags["runner.calibration"] == str(path)
     parts = [v for k, v in m.items() if k.startswith("plan/step/") and k.endswith("_ms")]
-    assert m["plan/est_whole_step_ms"] == pytest.approx(sum(parts)) and len(parts) == 7
+    assert m["plan/est_whole_step_ms"] == pytest.approx(sum(parts)) and len(parts) == len(PARTS)
     assert m["plan/est_whole_step_ms"] > m["plan/est_step_ms"] > 0
     # the dense part from the calibration's rate and the model's dense parameters at the job's batch
     assert m["plan/step/dense_forward_ms"] > cal.constants["dense_fwd"]["fixed_ms"]

@@ -30,7 +30,8 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
              "run_id": run.get("run_id"), "status": results.get("plan_status", "feasible"),
              "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
              "types": {}, "shapes": {},
-             "est_step_ms": float("nan"), "max_mem_gib": float("nan"),
+             "est_step_ms": float("nan"), "max_mem_gib": float("nan"), "est_whole_step_ms": float("nan"),
+             "measured_step_ms": float("nan"),
              "lower_bound_ms": float(results.get("lower_bound_ms") or "nan")}
     if point["status"] == "infeasible":
         return point
@@ -43,8 +44,17 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
         types={t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()},
         shapes={t: f"{p.get('rows')} x {p.get('dim')}" for tables in plan.values() for t, p in tables.items()},
         est_step_ms=max((r["total_ms"] for r in ranks), default=float("nan")),
-        max_mem_gib=max((r[mem_key] for r in ranks), default=float("nan")) / 2**30)
+        max_mem_gib=max((r[mem_key] for r in ranks), default=float("nan")) / 2**30,
+        est_whole_step_ms=float((estimates.get("step") or {}).get("step_ms") or "nan"),
+        measured_step_ms=float((rundir.read_json(job_dir / rundir.MEASURED) or {}).get("measured/step_ms") or "nan"))
     return point
+
+
+def estimate_error(p: Dict[str, Any]) -> float:
+    """A trained point's estimated step (the whole step with a calibration, else the embeddings') over its
+    measured step, less one (nan where it did not train)."""
+    est = p["est_whole_step_ms"] if p["est_whole_step_ms"] == p["est_whole_step_ms"] else p["est_step_ms"]
+    return est / p["measured_step_ms"] - 1 if p["measured_step_ms"] > 0 else float("nan")
 
 
 def load_points(sweep_dir: Path) -> List[Dict[str, Any]]:
@@ -143,10 +153,12 @@ def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> Non
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job", *keys, "plan_status", "est_step_ms", "lower_bound_ms", "gap_to_bound", "max_mem_gib",
-                    *tables, "run_id", "reason", "reused_from", "vs_first"])
+                    "est_whole_step_ms", "measured_step_ms", "estimate_error", *tables, "run_id", "reason",
+                    "reused_from", "vs_first"])
         for p in points:
             w.writerow([p["job"], *(p["params"].get(k) for k in keys), p["status"], f"{p['est_step_ms']:.6f}",
                         f"{p['lower_bound_ms']:.6f}", f"{gap(p):.6f}", f"{p['max_mem_gib']:.6f}",
+                        f"{p['est_whole_step_ms']:.6f}", f"{p['measured_step_ms']:.6f}", f"{estimate_error(p):.6f}",
                         *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"], p["reused_from"],
                         vs_first(p, points[0], keys)])
 
@@ -154,6 +166,14 @@ def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> Non
 def gap(p: Dict[str, Any]) -> float:
     """A point's estimated step over its lower bound, less one (nan where either is unknown)."""
     return p["est_step_ms"] / p["lower_bound_ms"] - 1 if p["lower_bound_ms"] > 0 else float("nan")
+
+
+def _ms(v: float) -> str:
+    return "-" if v != v else f"{v:.3f}"
+
+
+def _pct(v: float) -> str:
+    return "-" if v != v else f"{v:+.0%}"
 
 
 def _summary(p: Dict[str, Any]) -> str:
@@ -172,12 +192,13 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
     lines = [f"# Sweep report: {len(points)} points ({infeasible} infeasible)", "",
              "Swept: " + (", ".join(moved) or ", ".join(keys) or "(nothing)"), "",
              "| job | " + " | ".join(keys) + " | est. step ms | lower bound ms | gap | max memory GiB "
-             "| sharding types | vs the first point |",
-             "|---" * (len(keys) + 7) + "|"]
+             "| est. whole step ms | measured step ms | estimate error | sharding types | vs the first point |",
+             "|---" * (len(keys) + 10) + "|"]
     for p in points:
         vals = " | ".join(str(p["params"].get(k)) for k in keys)
         lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['lower_bound_ms']:.4f} | {gap(p):+.2%} | "
-                     f"{p['max_mem_gib']:.3f} | {_summary(p)} | {vs_first(p, points[0], keys)} |")
+                     f"{p['max_mem_gib']:.3f} | {_ms(p['est_whole_step_ms'])} | {_ms(p['measured_step_ms'])} | "
+                     f"{_pct(estimate_error(p))} | {_summary(p)} | {vs_first(p, points[0], keys)} |")
     for key, found in moved.items():
         lines += ["", f"## What changes with {key} ({len(found)})", ""]
         lines += [f"- {line}" for line in found[:60]] or ["Nothing: the plan is the same at every value."]
