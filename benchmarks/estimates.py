@@ -118,7 +118,7 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
     args = [*overrides.split(), f"cluster.calibration={calibration}", f"train.steps={steps}",
             f"cluster.device={device}", "train.checkpoint.enabled=false"]
     if device == "cuda":
-        args += ["cluster.workers_per_node=1"]
+        args += ["cluster.nodes=1", "cluster.workers_per_node=1"]  # one GPU: every config as 1 x 1
     run_dir, _ = runner(args, store)
     measured = json.loads((run_dir / "measured.json").read_text())
     est = json.loads((run_dir / "plan" / "estimates.json").read_text())
@@ -191,8 +191,9 @@ def main() -> None:
     store = f"sqlite:///{work / 'mlflow.db'}"
     picked = [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
     t0 = time.perf_counter()
-    calibrations = {s: calibrate(s, args.device, work / "calibrations", store)
-                    for s in sorted({shape_of(o, args.device) for _, o in picked} | {(2, 2)})}
+    study_here = not args.no_study and args.device == "cpu"
+    shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
+    calibrations = {s: calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
     rows = []
     for name, overrides in picked:
         rows.append(measure(name, overrides, calibrations[shape_of(overrides, args.device)], args.steps, args.device,
@@ -200,8 +201,7 @@ def main() -> None:
         print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
               flush=True)
     errors = table(rows)
-    gain = float("nan") if args.no_study or args.device == "cuda" else study(calibrations[(2, 2)], args.steps,
-                                                                               args.device, store)
+    gain = study(calibrations[(2, 2)], args.steps, args.device, store) if study_here else float("nan")
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "

@@ -186,19 +186,25 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, floa
 
 def fit_linear(constants: Dict[str, Any], measured: Dict[str, Any]) -> None:
     """``linear_fwd``/``linear_bwd`` (a linear layer's fixed cost and ms per GFLOP, from square layers of several
-    widths and batches) and ``dense_rest_fwd_ms``/``dense_rest_bwd_ms`` (what the calibrated model's dense part took
-    at the job's batch beyond its own layers at that rate, at least 0)."""
+    widths and batches) and ``dense_rest_fwd``/``dense_rest_bwd``: what the calibrated model's dense part took beyond
+    its own layers at that rate (its interaction, loss, activations), fitted to its batch (fixed + ms per 1,000
+    samples)."""
     job = measured["job"]
     for part in ("fwd", "bwd"):
         points = [{"gflops": 2.0 * int(w) * int(w) * int(r) / 1e9, "ms": median_ms(_pooled(m[part]))}
                   for w, by_rows in measured["linear"].items() for r, m in by_rows.items()]
         fit = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
         constants[f"linear_{part}"] = fit
-        batch = job["batch"]
-        layers = sum(fit["fixed_ms"] + fit["ms_per_unit"] * 2.0 * i * o * batch / 1e9 for i, o in job["layers"])
-        layers += fit["ms_per_unit"] * 2.0 * job["other_params"] * batch / 1e9
-        model = median_ms(_pooled(measured["dense"][batch][part])) if batch in measured["dense"] else layers
-        constants[f"dense_rest_{part}_ms"] = max(model - layers, 0.0)
+
+        rest = [{"ksamples": int(r) / 1000.0, "ms": max(median_ms(_pooled(m[part])) - _layers_ms(fit, job, int(r)),
+                                                        1e-3)} for r, m in measured["dense"].items()]
+        constants[f"dense_rest_{part}"] = _per_unit(fit_rate(rest, "ksamples"), "ms_per_ksample")
+
+
+def _layers_ms(fit: Dict[str, float], job: Dict[str, Any], batch: int) -> float:
+    """The calibrated model's linear layers (and its other parameters) at ``batch`` by the linear fit ``fit``."""
+    flops = [2.0 * i * o * batch / 1e9 for i, o in job["layers"]] + [2.0 * job["other_params"] * batch / 1e9]
+    return sum(fit["ms_per_unit"] * f for f in flops) + fit["fixed_ms"] * len(job["layers"])
 
 
 def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]]

@@ -77,7 +77,7 @@ def dense_ms(c: Dict[str, Any], part: str, dense: DenseFacts) -> float:
     flops = [2.0 * i * o * dense.batch / 1e9 for i, o in dense.layers]
     other = 2.0 * dense.other_params * dense.batch / 1e9
     return (sum(layer["fixed_ms"] + layer["ms_per_unit"] * f for f in flops) + layer["ms_per_unit"] * other
-            + c.get(f"dense_rest_{part}_ms", 0.0))
+            + max(_rate(c.get(f"dense_rest_{part}"), dense.batch / 1000.0), 0.0))
 
 
 def input_dist_ms(best_plan: List[Any], world: int) -> List[float]:
