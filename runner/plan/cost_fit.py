@@ -175,8 +175,9 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, floa
     def rate(fit: Dict[str, float], size: float) -> float:
         return fit["fixed_ms"] + fit["ms_per_unit"] * size
     tw = c.get("sharded", {}).get("table_wise", {})
-    parts = (lookups + sum(rate(tw[p], batch / 1000.0) + tw[p].get("per_table_ms", 0.0) * len(job["dims"])
-                           for p in ("fwd", "bwd") if p in tw)
+    tables = len(job["dims"])
+    parts = (lookups + sum(tw[p]["fixed_ms"] + tw[p]["per_table_ms"] * tables
+                           + tw[p]["ms_per_table_ksample"] * tables * batch / 1000.0 for p in ("fwd", "bwd") if p in tw)
              + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
              + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
              + rate(c["input"], batch / 1000.0))
@@ -210,19 +211,20 @@ def _layers_ms(fit: Dict[str, float], job: Dict[str, Any], batch: int) -> float:
 def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]]
                 ) -> Dict[str, float]:
     """A family of sharded lookup's ``part`` (``fwd``/``bwd``) from ``{tables: {batch: {part: per-rank samples}}}``
-    (one table at two batches, several at the small one): the fixed cost (ms), the cost per table (ms) and per
-    1,000 samples (``ms_per_ksample``), none below 0."""
-    times = {(int(n), int(b)): median_ms(_worst(m[part])) for n, by_batch in by_tables.items()
-             for b, m in by_batch.items()}
+    (one and several tables, each at two batches): ``ms ~ fixed + per table x tables + per 1,000 samples of each
+    table x tables x batch / 1000`` (least squares on relative error; none below 0)."""
+    import numpy as np
+
+    points = [(int(n), int(b), median_ms(_worst(m[part]))) for n, by_batch in by_tables.items()
+              for b, m in by_batch.items()]
     spreads.setdefault("sharded", []).extend(spread(_worst(m[part])) for by_batch in by_tables.values()
                                             for m in by_batch.values())
-    small = min(b for _, b in times)
-    many = max(n for n, _ in times)
-    per_table = max((times[(many, small)] - times[(1, small)]) / (many - 1), 0.0) if many > 1 else 0.0
-    big = max(b for n, b in times if n == 1)
-    slope = max((times[(1, big)] - times[(1, small)]) / ((big - small) / 1000.0), 0.0) if big > small else 0.0
-    fixed = max(times[(1, small)] - per_table - slope * small / 1000.0, 0.0)
-    return {"fixed_ms": fixed, "per_table_ms": per_table, "ms_per_ksample": slope, "ms_per_unit": slope}
+    a = np.array([[1.0, n, n * b / 1000.0] for n, b, _ in points])
+    y = np.array([t for _, _, t in points])
+    w = 1.0 / np.maximum(y, 1e-9)
+    coef = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0]
+    fixed, per_table, per_ksample = (max(float(v), 0.0) for v in coef)
+    return {"fixed_ms": fixed, "per_table_ms": per_table, "ms_per_table_ksample": per_ksample}
 
 
 def _per_unit(fit: Dict[str, float], unit: str) -> Dict[str, float]:

@@ -184,7 +184,10 @@ def lookups_ms(cal: Calibration, families: Dict[str, int], batch: int) -> Dict[s
     """What the sharded lookups of a plan whose families hold ``families`` tables cost beyond TorchRec's estimate,
     forward and backward (ms): each family's fixed cost, its cost per table and per sample."""
     def cost(fit: Optional[Dict[str, float]], tables: int) -> float:
-        return 0.0 if not fit else _rate(fit, batch / 1000.0) + fit.get("per_table_ms", 0.0) * tables
+        if not fit:
+            return 0.0
+        return (fit["fixed_ms"] + fit.get("per_table_ms", 0.0) * tables
+                + fit.get("ms_per_table_ksample", 0.0) * tables * batch / 1000.0)
     sharded = cal.constants.get("sharded", {})
     return {p: sum(cost(sharded.get(f, {}).get(p), n) for f, n in families.items()) for p in ("fwd", "bwd")}
 

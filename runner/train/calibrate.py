@@ -79,15 +79,15 @@ def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Di
 
 
 def _sharded(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
-    """Each family of sharded lookup over every rank: one tiny table at a small batch and the job's, and
-    :data:`MANY_TABLES` tiny tables at the small batch (the cost per table)."""
+    """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
+    batch and the job's (the cost per call, per table and per table and sample)."""
     small, job = SMALL_BATCH, max(cfg.train.batch_size, 2 * SMALL_BATCH)
     out = {}
     for i, kind in enumerate(SHARDED):
         say("sharded lookups", i, len(SHARDED), force=i == 0)
         out[kind] = {n: sharded_samples(cfg, kind, env.world, env.local_world, device, n, batches,
                                         cfg.calibrate.repeats) for n, batches in ((1, (small, job)),
-                                                                                    (MANY_TABLES, (small,)))}
+                                                                                    (MANY_TABLES, (small, job)))}
     return out
 
 

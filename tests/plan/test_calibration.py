@@ -66,9 +66,9 @@ def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str,
     params = 30_000
     dense = {r: {"fwd": samples(0.3 + 25 * 2 * params * r / 1e9), "bwd": samples(0.4 + 80 * 2 * params * r / 1e9),
                  "optimizer": samples(0.15)} for r in (64, 128, 256)}
-    def lookup(n: int, b: int) -> Dict[str, Any]:  # fixed 2.0 (0.6) + 0.3 (0.1) per table + 1 (0.5) per 1,000 samples
-        return {"fwd": samples(2.0 + 0.3 * n + b / 1000), "bwd": samples(0.6 + 0.1 * n + b / 2000)}
-    sharded = {k: {1: {b: lookup(1, b) for b in (64, 512)}, 8: {64: lookup(8, 64)}}
+    def lookup(n: int, b: int) -> Dict[str, Any]:  # 2.0 (0.6) + 0.3 (0.1) per table + 1 (0.5) per table x 1,000 samples
+        return {"fwd": samples(2.0 + 0.3 * n + n * b / 1000), "bwd": samples(0.6 + 0.1 * n + n * b / 2000)}
+    sharded = {k: {n: {b: lookup(n, b) for b in (64, 512)} for n in (1, 8)}
                for k in ("table_wise", "row_wise", "data_parallel")}
     return {"collectives": coll, "kernels": kernels, "sharded": sharded, "dense": dense, "params": params,
             "optimizer": {n: samples(0.1 + 0.5 * n / 1e6) for n in (params, 4 * params, 16 * params)},
@@ -90,7 +90,7 @@ def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
     lookups = constants["sharded"]["row_wise"]
     assert lookups["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
     assert lookups["fwd"]["per_table_ms"] == pytest.approx(0.3, rel=0.02)
-    assert lookups["bwd"]["ms_per_ksample"] == pytest.approx(0.5, rel=0.02)
+    assert lookups["bwd"]["ms_per_table_ksample"] == pytest.approx(0.5, rel=0.02)
     assert max(spreads.values()) == 0.0
     _, noisy = fit_all(_measured(noise=0.6))
     assert max(noisy.values()) > 0.25  # a busy machine's repeats scatter: calibrate.max_spread says so
