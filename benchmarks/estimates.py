@@ -2,7 +2,8 @@
 this machine's calibration, on training configs the calibration never saw; and a plan study where the calibrated
 planner chooses another plan than the default one, both trained.
 
-    .venv/bin/python benchmarks/estimates.py [--steps 60] [--only 1,4] [--device cpu|cuda] [--no-study]
+    .venv/bin/python benchmarks/estimates.py [--steps 100] [--only 1,4] [--device cpu|cuda] [--no-study]
+                                             [--study-repeats 3]
 
 1. ``python -m runner mode=calibrate`` for each world shape the configs use (1 x 2, 2 x 2, 1 x 4 on CPU; 1 x 1 on a
    GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread).
@@ -14,7 +15,8 @@ planner chooses another plan than the default one, both trained.
    runner shows without a calibration: the embeddings only), planned here with ``cluster.calibration=none``;
    ``same`` says whether that plan is the trained one.
 3. The plan study: ``cluster=2node`` DLRM planned and trained with ``cluster.calibration=none`` and with the
-   calibration; each plan's sharding types and measured step, and the calibrated plan's gain.
+   calibration, ``--study-repeats`` times each, alternating; each plan's sharding types and median measured step, and
+   the calibrated plan's gain.
 
 Ends with ``estimates: configs=.. median_error calibrated=..% default=..% | largest calibrated=..% default=..% |
 study gain=..%`` and the import floor (``python -c "import torchrec.distributed.planner, mlflow, hydra"``) beside it.
@@ -162,27 +164,35 @@ def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
     return errors
 
 
-def study(calibration: Path, steps: int, device: str, store: str) -> float:
-    """The same job planned and trained with TorchRec's constants and with the calibration: the gain (fraction)."""
-    got = {}
-    for label, cal in (("TorchRec's constants", "none"), ("calibrated", str(calibration))):
-        run_dir, out = runner([*STUDY.split(), f"cluster.calibration={cal}", f"train.steps={steps}",
-                               "train.checkpoint.enabled=false"], store)
-        measured = json.loads((run_dir / "measured.json").read_text())
-        plan = next(ln for ln in out.splitlines() if ln.startswith("[runner] sharding plan:"))
-        got[label] = measured["measured/step_ms"]
-        print(f"study ({STUDY}), {label}: measured step {got[label]:.2f} ms; {plan[len('[runner] '):][:110]}")
-    gain = 1 - got["calibrated"] / got["TorchRec's constants"]
-    print(f"study: the calibrated plan's measured step is {gain:+.1%} faster than the default plan's")
+def study(calibration: Path, steps: int, device: str, store: str, repeats: int) -> float:
+    """The same job planned and trained with TorchRec's constants and with the calibration, ``repeats`` times each,
+    alternating: the calibrated plan's gain in the median measured step (a fraction)."""
+    got: Dict[str, List[float]] = {"TorchRec's constants": [], "calibrated": []}
+    plans = {}
+    for i in range(repeats):
+        pair = [("TorchRec's constants", "none"), ("calibrated", str(calibration))]
+        for label, cal in pair if i % 2 == 0 else pair[::-1]:
+            run_dir, out = runner([*STUDY.split(), f"cluster.calibration={cal}", f"train.steps={steps}",
+                                   "train.checkpoint.enabled=false"], store)
+            got[label].append(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+            plans[label] = next(ln for ln in out.splitlines() if ln.startswith("[runner] sharding plan:"))
+    for label, steps_ms in got.items():
+        print(f"study ({STUDY}), {label}: measured step {statistics.median(steps_ms):.2f} ms (median of "
+              f"{', '.join(f'{v:.1f}' for v in steps_ms)}); {plans[label][len('[runner] '):][:100]}")
+    gain = 1 - statistics.median(got["calibrated"]) / statistics.median(got["TorchRec's constants"])
+    print(f"study: the calibrated plan's measured step is {gain:+.1%} faster than the default plan's "
+          f"(faster in {sum(c < d for c, d in zip(got['calibrated'], got["TorchRec's constants"], strict=True))} "
+          f"of {repeats} pairs)")
     return gain
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--only", default="", help="comma-separated config numbers (1-based) to run")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--no-study", action="store_true")
+    ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     floor = floor_s()
@@ -201,7 +211,8 @@ def main() -> None:
         print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
               flush=True)
     errors = table(rows)
-    gain = study(calibrations[(2, 2)], args.steps, args.device, store) if study_here else float("nan")
+    gain = study(calibrations[(2, 2)], args.steps, args.device, store, args.study_repeats) if study_here \
+        else float("nan")
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "

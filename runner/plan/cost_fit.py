@@ -157,18 +157,29 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
 
 def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
     """What the job's step with tiny tables took beyond every part measured alone (the loop, the pipeline, the
-    model's wrappers): its measured step less the fitted parts at the job's batch (the embeddings' bytes by
-    TorchRec's terms, the table-wise lookups' fixed cost, dense, optimizer, dense all-reduce, input), at least 0."""
-    job, params = measured["job"], measured["params"]
-    batch, world = job["batch"], job["world"]
+    model's wrappers), at two batches: its measured step less the fitted parts at that batch (the embeddings' bytes
+    by TorchRec's terms, the table-wise lookups, dense, optimizer, dense all-reduce, input), fitted to the batch
+    (fixed + ms per 1,000 samples; the difference at least 0)."""
+    job = measured["job"]
+    points = [{"ksamples": int(rows) / 1000.0, "ms": max(median_ms([s for rank in per_rank for s in rank])
+                                                           - _parts_ms(c, job, measured["params"], int(rows)), 1e-3)}
+              for rows, per_rank in measured["step"].items()]
+    if len(points) < 2:
+        return {"fixed_ms": points[0]["ms"], "ms_per_unit": 0.0, "ms_per_ksample": 0.0}
+    return _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+
+
+def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -> float:
+    """Every fitted part of the tiny-table job's step at ``batch`` (see :func:`step_overhead`)."""
+    from runner.plan.step_estimate import DenseFacts, dense_ms
+
+    world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
     a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
     reduce = c["collectives"].get("all_reduce", {}).get("intra") or {"latency_ms": 0.0,
                                                                     "bandwidth_gibps": float("inf")}
     lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
                   + 2 * batch * world * d * 4 * 1000.0 / (a2a["bandwidth_gibps"] * GIB) for d in job["dims"]) / world
-    from runner.plan.step_estimate import DenseFacts, dense_ms
-
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
 
@@ -176,13 +187,11 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, floa
         return fit["fixed_ms"] + fit["ms_per_unit"] * size
     tw = c.get("sharded", {}).get("table_wise", {})
     tables = len(job["dims"])
-    parts = (lookups + sum(tw[p]["fixed_ms"] + tw[p]["per_table_ms"] * tables
-                           + tw[p]["ms_per_table_ksample"] * tables * batch / 1000.0 for p in ("fwd", "bwd") if p in tw)
-             + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
-             + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
-             + rate(c["input"], batch / 1000.0))
-    measured_ms = median_ms([s for rank in measured["step"] for s in rank])
-    return {"fixed_ms": max(measured_ms - parts, 0.0), "measured_ms": measured_ms, "parts_ms": parts}
+    return (lookups + sum(tw[p]["fixed_ms"] + tw[p]["per_table_ms"] * tables
+                          + tw[p]["ms_per_table_ksample"] * tables * batch / 1000.0 for p in ("fwd", "bwd") if p in tw)
+            + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
+            + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
+            + rate(c["input"], batch / 1000.0))
 
 
 def fit_linear(constants: Dict[str, Any], measured: Dict[str, Any]) -> None:

@@ -112,7 +112,7 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
         "input": _rate(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
-        "step_overhead": (c.get("step_overhead") or {}).get("fixed_ms", 0.0),
+        "step_overhead": _rate(c.get("step_overhead"), dense.batch / 1000.0),
     }
     lookups = lookups_ms(cal, families, dense.batch)
     per_rank = []

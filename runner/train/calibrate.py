@@ -123,6 +123,10 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
 
 
+def _with_batch(cfg: RunnerConfig, rows: int) -> RunnerConfig:
+    return cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": rows}}))
+
+
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
     """Every rank's measurements, gathered: each sample list becomes a list of per-rank sample lists."""
     everyone: List[Any] = [None] * world
@@ -148,7 +152,9 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     mine["sharded"] = _sharded(cfg, env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
-    mine["step"] = step_samples(cfg, env.rank, env.world, env.local_world, device, STEP_STEPS)
+    rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)
+    mine["step"] = {r: step_samples(_with_batch(cfg, r), env.rank, env.world, env.local_world, device, STEP_STEPS)
+                    for r in rows}
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)
     for name, by_scope in gathered["collectives"].items():
