@@ -143,17 +143,18 @@ class ClusterSchema:
     memory a training job's GPUs have."""
     ddr_cap_gib: Optional[float] = None
     """Host memory per worker, GiB, that the planner may use (default: TorchRec's 128 GiB)."""
-    intra_node_bandwidth: float = 600.0
-    """Bandwidth between workers of one node, GiB/s (TorchRec's default 600)."""
-    cross_node_bandwidth: float = 12.5
-    """Bandwidth between nodes, GiB/s per worker (TorchRec's default 12.5)."""
+    intra_node_bandwidth: Optional[float] = None
+    """Bandwidth between workers of one node, GiB/s (null: the calibration's measured all-to-all, else TorchRec's
+    default 600)."""
+    cross_node_bandwidth: Optional[float] = None
+    """Bandwidth between nodes, GiB/s per worker (null: the calibration's measured all-to-all across nodes, else
+    TorchRec's default 12.5)."""
     calibration: str = "auto"
     """The cost model's constants a plan is made with: ``auto`` (the newest calibration in
     ``cluster.calibration_dir`` made on this hardware, by ``python -m runner mode=calibrate``; none there:
     TorchRec's defaults) | ``none`` (TorchRec's default constants, unchanged) | a calibration file's path (one
     made on another machine too: plan for the cluster you are about to rent). A calibration's measured
-    bandwidths replace ``intra_node_bandwidth``/``cross_node_bandwidth`` only where those keep TorchRec's
-    defaults (docs/calibration.md)."""
+    bandwidths are used where ``intra_node_bandwidth``/``cross_node_bandwidth`` are null (docs/calibration.md)."""
     calibration_dir: Optional[str] = None
     """Where ``mode=calibrate`` keeps calibrations and ``auto`` looks for them (null: ``$RUNNER_CALIBRATION_DIR``,
     else ``~/.cache/runner/calibrations``)."""

@@ -174,7 +174,9 @@ def _validate_cluster(c: ClusterSchema) -> None:
     _check(c.nodes >= 1, "cluster.nodes", c.nodes, "an integer >= 1")
     _check(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "an integer >= 1")
     for key in ("intra_node_bandwidth", "cross_node_bandwidth"):
-        _check(getattr(c, key) > 0, f"cluster.{key}", getattr(c, key), "a positive bandwidth in GiB/s")
+        v = getattr(c, key)
+        _check(v is None or v > 0, f"cluster.{key}", v, "null (measured, or TorchRec's default) or a positive "
+               "bandwidth in GiB/s")
     for key in ("hbm_cap_gib", "ddr_cap_gib"):
         v = getattr(c, key)
         _check(v is None or v > 0, f"cluster.{key}", v, "null or a positive size in GiB")

@@ -8,9 +8,11 @@ in the cache folder whose fingerprint matches, ``none`` TorchRec's default const
 
 What a calibration sets, and where: TorchRec's own knobs where it has them (:func:`topology_knobs`: the device's
 memory bandwidth that FBGEMM's fused kernel reaches, the backward-to-forward ratio, and the bandwidths between
-workers when the config keeps TorchRec's defaults), so TorchRec's estimators, its planner and the runner's rate
-plans with them; the runner's own terms where TorchRec has none (a fixed cost per kernel call and per collective,
-the dense part, the optimizer and the input), in the whole step (:mod:`runner.plan.step_estimate`).
+workers where the config leaves them null), so TorchRec's estimators, its planner and the runner's rate plans
+with them; the runner's own terms where TorchRec has none (what a sharded lookup costs per call, per table and per
+sample beyond TorchRec's bytes, the dense part, the optimizer, the input and the step's overhead), in the whole step
+(:mod:`runner.plan.step_estimate`) and the plans' rating. FBGEMM's kernel's own fixed cost per call
+(``kernel_call_*_ms``) is recorded beside them.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def load_calibration(path: Any) -> Calibration:
         raise _refused(path, "it is damaged (no fingerprint or constants)")
     missing = [k for k in ("device_bw_gibps", "bwd_compute_multiplier", "kernel_call_fwd_ms", "kernel_call_bwd_ms")
                if not isinstance(data["constants"].get(k), (int, float))]
+    missing += [k for k in FITS if not _is_fit(data["constants"].get(k), ("fixed_ms", "ms_per_unit"))]
+    missing += [f"sharded.{k}" for k, fits in (data["constants"].get("sharded") or {}).items()
+                if not all(_is_fit((fits or {}).get(p), LOOKUP_TERMS) for p in ("fwd", "bwd"))]
     if missing:
         raise _refused(path, f"it is damaged (no {', '.join(missing)})")
     known = {k: data[k] for k in ("fingerprint", "constants", "spread", "trusted", "measurements", "made", "format")
@@ -107,6 +112,14 @@ def check_file(setting: str) -> None:
     calibration (whether it fits the hardware is asked where the job's hardware is known, :func:`for_job`)."""
     if str(setting) not in (AUTO, NONE):
         load_calibration(setting)
+
+
+FITS = ("dense_fwd", "dense_bwd", "optimizer", "input")  # each ``fixed_ms`` + ``ms_per_unit`` x size
+LOOKUP_TERMS = ("fixed_ms", "per_table_ms", "ms_per_table_ksample")  # a family of sharded lookup's, per direction
+
+
+def _is_fit(fit: Any, keys: Tuple[str, ...]) -> bool:
+    return isinstance(fit, dict) and all(isinstance(fit.get(k), (int, float)) for k in keys)
 
 
 def cache_dir(configured: Optional[str] = None) -> Path:
@@ -141,35 +154,52 @@ class Chosen:
 
 def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> Optional[Calibration]:
     """The newest trusted calibration in ``folder`` whose fingerprint matches ``here`` (files that cannot be read
-    are passed over: ``auto`` only takes what fits)."""
+    are passed over: ``auto`` only takes what fits); where the world does not have to match, one of the same world
+    first."""
+    fits = []
     for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True):
         try:
-            cal = load_calibration(path)
-        except ValueError:
+            cal = _cached_load(str(path), path.stat().st_mtime_ns)
+        except (ValueError, OSError):
             continue
         if cal.trusted and mismatch(cal.fingerprint, here, world_matters) is None:
-            return cal
-    return None
+            fits.append(cal)
+    same = [c for c in fits if mismatch(c.fingerprint, here, True) is None]
+    return (same or fits)[0] if fits else None
 
 
-@functools.lru_cache(maxsize=32)
-def _chosen(setting: str, folder: Optional[str], device_kind: str, nodes: int, workers: int, here_is_job: bool,
-            device: Any = None) -> Chosen:
-    default = "TorchRec's default constants"
+@functools.lru_cache(maxsize=64)
+def _cached_load(path: str, mtime_ns: int) -> Calibration:
+    return load_calibration(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(device_kind: str, nodes: int, workers: int, device: Any) -> Dict[str, Any]:
+    return fingerprint(device_kind, nodes, workers, device)
+
+
+def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device: Any = None) -> Chosen:
+    """The calibration ``cluster.calibration`` chooses for a plan on ``device_kind``; ``here_is_job``: the job runs
+    on this machine (training: the fingerprint, world shape included, must match), else a plan for a cluster that
+    may not be here (a file is taken when its device kind is the plan's; ``auto`` takes this machine's when the plan
+    is for its kind of device, one of the plan's world first). Files are read again when they change."""
+    setting, default = str(cluster.calibration), "TorchRec's default constants"
     if setting == NONE:
         return Chosen(None, f"{default} (cluster.calibration=none)")
-    # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
-    here = fingerprint(device_kind, nodes, workers, device) if here_is_job or device_kind == "cpu" else None
+    nodes, workers = int(cluster.nodes), int(cluster.workers_per_node)
     if setting == AUTO:
-        where = cache_dir(folder)
+        # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
+        here = _fingerprint(device_kind, nodes, workers, device) if here_is_job or device_kind == "cpu" else None
+        where = cache_dir(cluster.calibration_dir)
         found = newest_matching(where, here, here_is_job) if here is not None and where.is_dir() else None
         if found is None:
             return Chosen(None, f"{default}: no calibration of this hardware in {where} (python -m runner "
                                 "mode=calibrate makes one)")
         return Chosen(found, f"this machine's {found.label()}")
-    cal = load_calibration(setting)
-    if here is not None:
-        differs = mismatch(cal.fingerprint, here, here_is_job)
+    path = Path(setting)
+    cal = _cached_load(str(path), path.stat().st_mtime_ns) if path.is_file() else load_calibration(setting)
+    if here_is_job:
+        differs = mismatch(cal.fingerprint, _fingerprint(device_kind, nodes, workers, device), True)
         if differs is not None:
             raise _refused(setting, f"it was made on other hardware ({differs})")
     elif cal.fingerprint.get("device_kind") != device_kind:
@@ -177,45 +207,39 @@ def _chosen(setting: str, folder: Optional[str], device_kind: str, nodes: int, w
     return Chosen(cal, cal.label())
 
 
-def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device: Any = None) -> Chosen:
-    """The calibration ``cluster.calibration`` chooses for a plan on ``device_kind``; ``here_is_job``: the job runs
-    on this machine (training: the fingerprint, world shape included, must match), else a plan for a cluster that
-    may not be here (a file made elsewhere is taken when its device kind is the plan's). Remembered per process."""
-    return _chosen(str(cluster.calibration), cluster.calibration_dir, device_kind, int(cluster.nodes),
-                   int(cluster.workers_per_node), here_is_job, device)
-
-
 def for_config(cfg: RunnerConfig, device_type: str) -> Chosen:
     """The calibration ``cfg.cluster.calibration`` chooses (:func:`for_job`): a training job's hardware is this
     process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
     here = cfg.mode in WORKER_MODES
     device = None
-    if here and device_type == "cuda":
+    if here and device_type == "cuda" and str(cfg.cluster.calibration) != NONE:
         import torch
 
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
     return for_job(cfg.cluster, device_type, here, device)
 
 
-def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: float, cross_gibps: float,
-                   world: int = 1, local: int = 1) -> Tuple[Dict[str, float], Dict[str, float]]:
+def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Optional[float],
+                   cross_gibps: Optional[float], world: int = 1, local: int = 1
+                   ) -> Tuple[Dict[str, float], Dict[str, float]]:
     """TorchRec ``Topology`` arguments (its units: bytes per ms) that ``cal`` sets, and the bandwidths (GiB/s) in
-    effect. The config's bandwidths win where the user set them (anything but TorchRec's defaults): a sweep over
-    them with a calibration asks "what if"; at the defaults the calibration's measured ones are taken. On one node
-    TorchRec reads ``inter_host_bw`` only for all-reduces (as ``inter_host_bw`` x workers per node): it is set so
-    that those take the measured all-reduce's bandwidth."""
-    bandwidths = {"intra": intra_gibps, "cross": cross_gibps}
+    effect. A bandwidth the config sets wins (a sweep over it with a calibration asks "what if"); null is the
+    calibration's measured one, else TorchRec's default. On one node TorchRec reads ``inter_host_bw`` only for
+    all-reduces (as ``inter_host_bw`` x workers per node): it is set so that those take the measured all-reduce's
+    bandwidth."""
+    bandwidths = {"intra": TORCHREC_INTRA_GIBPS if intra_gibps is None else float(intra_gibps),
+                  "cross": TORCHREC_CROSS_GIBPS if cross_gibps is None else float(cross_gibps)}
     if cal is None:
         return {}, bandwidths
     c = cal.constants
     per_ms = c["device_bw_gibps"] * GIB / 1000.0
     knobs = {"hbm_mem_bw" if device_kind == "cuda" else "ddr_mem_bw": per_ms,
              "bwd_compute_multiplier": float(c["bwd_compute_multiplier"])}
-    if intra_gibps == TORCHREC_INTRA_GIBPS and c.get("intra_node_bandwidth"):
+    if intra_gibps is None and c.get("intra_node_bandwidth"):
         bandwidths["intra"] = float(c["intra_node_bandwidth"])
-    if cross_gibps == TORCHREC_CROSS_GIBPS and c.get("cross_node_bandwidth"):
+    if cross_gibps is None and c.get("cross_node_bandwidth"):
         bandwidths["cross"] = float(c["cross_node_bandwidth"])
     reduce = c.get("collectives", {}).get("all_reduce", {}).get("intra")
-    if cross_gibps == TORCHREC_CROSS_GIBPS and world <= local and reduce:
+    if cross_gibps is None and world <= local and reduce:
         bandwidths["cross"] = float(reduce["bandwidth_gibps"]) / max(local, 1)
     return knobs, bandwidths

@@ -119,7 +119,7 @@ def calibrate_results(cfg: RunnerConfig, run_dir: Path, measured: Dict[str, Any]
                       seconds: float, reporter: Any) -> Dict[str, Any]:
     """Fit, write (and keep, when trusted), report and log; the job's results."""
     constants, spreads = fit_all(measured)
-    trusted = all(v <= cfg.calibrate.max_spread for v in spreads.values())
+    trusted = all(v <= cfg.calibrate.max_spread for v in spreads.values()) and not constants.get("kernel_fit_failed")
     cal = Calibration(fingerprint, constants, spreads, trusted, _summary(measured),
                       datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     folder = run_dir / FOLDER

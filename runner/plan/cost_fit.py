@@ -65,8 +65,10 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
     ``bwd_compute_multiplier``)."""
     x = [kernel_bytes(p["batch"], p["pooling"], p["dim"]) for p in points]
     fixed_f, per_byte = fit_line(x, [p["fwd_ms"] for p in points])
-    if per_byte <= 0:
-        raise ValueError("the forward's time does not grow with its bytes: measure larger lookups")
+    if per_byte <= 0:  # the launch, not the bytes, set every call's time: no bandwidth to read off
+        return {"device_bw_gibps": float("nan"), "kernel_call_fwd_ms": max(fixed_f, 0.0),
+                "kernel_call_bwd_ms": 0.0, "bwd_compute_multiplier": float("nan"), "fit_error_fwd": float("inf"),
+                "fit_error_bwd": float("inf")}
     fwd_term = [xi * per_byte for xi in x]  # TorchRec's forward compute, ms, with the fitted bandwidth
     fixed_b, multiplier = fit_line(fwd_term, [p["bwd_ms"] for p in points])
     return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": max(fixed_f, 0.0),
@@ -135,6 +137,9 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
         spreads["kernels"] += [_rank_spread(k["fwd"]), _rank_spread(k["bwd"])]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
+    if not math.isfinite(constants["device_bw_gibps"]):  # no bandwidth to read off: TorchRec's, and not trusted
+        cuda = measured.get("job", {}).get("device") == "cuda"
+        constants.update(device_bw_gibps=897.0 if cuda else 51.0, bwd_compute_multiplier=2.0, kernel_fit_failed=True)
     constants["sharded"] = {}
     for kind, by_tables in measured.get("sharded", {}).items():
         constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads) for part in ("fwd", "bwd")}
@@ -191,7 +196,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -
                           + tw[p]["ms_per_table_ksample"] * tables * batch / 1000.0 for p in ("fwd", "bwd") if p in tw)
             + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
             + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
-            + rate(c["input"], batch / 1000.0))
+            + (rate(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
 
 
 def fit_linear(constants: Dict[str, Any], measured: Dict[str, Any]) -> None:

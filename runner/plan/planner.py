@@ -22,7 +22,7 @@ from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
-from runner.plan.calibration import for_config
+from runner.plan.calibration import for_config, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.proposers import stock_proposer
@@ -192,6 +192,7 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
 
     sharders = sharders_for(cfg.precision)
     t0 = time.perf_counter()
+    for_config(cfg, device_type)  # every rank: a calibration that cannot be used is every rank's one line
     if cfg.sharding.plan:
         plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)
         empty = empty_shard(plan, device_type)
@@ -225,6 +226,8 @@ def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, dev
 
     chosen = for_config(cfg, device_type)
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
+    facts["bandwidths"] = topology_knobs(chosen.calibration, device_type, cfg.cluster.intra_node_bandwidth,
+                                         cfg.cluster.cross_node_bandwidth, world, local_world)[1]
     if chosen.calibration is None or not best_plan:
         return
     facts["step"] = whole_step(per_rank_estimates(best_plan, world), family_tables(best_plan),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from runner.config.schema import samples_per_step
 from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
-from runner.plan.calibration import NONE
+from runner.plan.calibration import NONE, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.plan.step_estimate import step_markdown, step_metrics, step_phrase
@@ -51,12 +51,11 @@ class PlanReport:
 
 def _markdown(cfg: RunnerConfig, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
               comms: Dict[str, List[float]], types: Dict[str, int], world: int, local: int,
-              device_type: str) -> str:
-    c = cfg.cluster
+              device_type: str, bandwidths: Dict[str, float]) -> str:
     lines = [
         f"# Sharding plan: {world} ranks ({world // local} nodes x {local}), {device_type}",
         "",
-        f"intra-node {c.intra_node_bandwidth:g} GiB/s, cross-node {c.cross_node_bandwidth:g} GiB/s, "
+        f"intra-node {bandwidths['intra']:g} GiB/s, cross-node {bandwidths['cross']:g} GiB/s, "
         f"storage reserve {cfg.sharding.storage_reserve_percent:g} ({cfg.sharding.storage_reserve_policy}), "
         f"proposer {cfg.sharding.proposer}",
         "",
@@ -136,6 +135,9 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     step = (facts or {}).get("step")
     if step:
         metrics.update(step_metrics(step))
+    bandwidths = (facts or {}).get("bandwidths") or topology_knobs(None, device_type, cfg.cluster.intra_node_bandwidth,
+                                                                   cfg.cluster.cross_node_bandwidth)[1]
+    metrics.update({f"plan/{k}_node_bandwidth_gibps": v for k, v in bandwidths.items()})
     bound = bound_text(metrics, (facts or {}).get("lower_bound_kind"))
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
@@ -149,7 +151,8 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,
                                         "calibration": (facts or {}).get("calibration")})  # whole: the driver reads it
-    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type)
+    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type,
+                                             bandwidths)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
                                    + (step_markdown(dict(facts or {})) if best_plan else "")

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner.config.schema import samples_per_step
+from runner.train.calibrate_job import step_samples
 from runner.train.calibrate_parts import (
     COLLECTIVES,
     LINEAR_WIDTHS,
@@ -28,7 +29,6 @@ from runner.train.calibrate_parts import (
     optimizer_samples,
     scopes,
     sharded_samples,
-    step_samples,
 )
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def _collectives(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progre
 def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Dict[str, Any]]:
     from runner.train.optimizers import sparse_optimizer
 
-    shapes, out = kernel_shapes(cfg.calibrate.grid), []
+    shapes, out = kernel_shapes(cfg.calibrate.grid, device.type), []
     for i, shape in enumerate(shapes):
         say("embedding kernels", i, len(shapes), force=i == 0)
         fwd, bwd = kernel_samples(shape, device, sparse_optimizer(cfg.optimizer), cfg.calibrate.repeats)
@@ -106,8 +106,9 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
 
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
+    widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
     linear = {w: {r: linear_samples(w, r, device, cfg.calibrate.repeats) for r in (max(rows // 4, 1), rows)}
-              for w in LINEAR_WIDTHS}
+              for w in widths}
     say("dense optimizer", 1, 3, force=True)
     optimizer = {n: optimizer_samples(cfg, n, device, cfg.calibrate.repeats) for n in (params, 4 * params, 16 * params)}
     say("input", 2, 3, force=True)
@@ -117,8 +118,8 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
               samples_per_step(quarter): input_samples(quarter, env.rank, env.world, cfg.calibrate.repeats)}
     from runner.config.tables import table_specs
 
-    job = {"batch": rows, "world": env.world, "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers,
-           "other_params": facts.other_params,
+    job = {"batch": rows, "world": env.world, "device": device.type, "pooling": int(cfg.data.ids_per_feature),
+           "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
 
@@ -153,7 +154,8 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
     rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)
-    mine["step"] = {r: step_samples(_with_batch(cfg, r), env.rank, env.world, env.local_world, device, STEP_STEPS)
+    steps = STEP_STEPS // 2 if cfg.calibrate.grid == "small" else STEP_STEPS
+    mine["step"] = {r: step_samples(_with_batch(cfg, r), env.rank, env.world, env.local_world, device, steps)
                     for r in rows}
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)

@@ -103,11 +103,14 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
     return [t / calls for t in timed(run, repeats, device_sync(device), lambda: dist.barrier(group=group))]
 
 
-def kernel_shapes(grid: str) -> List[Dict[str, int]]:
-    """Table shapes x lookups the kernel is timed at (rows, dim, ids per sample, batch)."""
+def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
+    """Table shapes x lookups the kernel is timed at (rows, dim, ids per sample, batch); on a GPU large enough
+    that the bytes, not the launch, set the larger calls' time."""
     dims: Tuple[int, ...] = (16, 128) if grid == "small" else (16, 64, 256)
     rows: Tuple[int, ...] = (20_000,) if grid == "small" else (20_000, 200_000)
     poolings, batches = (1, 8), (256, 2048)
+    if device_kind == "cuda":
+        rows, poolings, batches = (1_000_000,) if grid == "small" else (100_000, 1_000_000), (1, 32), (2048, 65536)
     return [{"rows": r, "dim": d, "pooling": p, "batch": b}
             for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
 
@@ -252,55 +255,6 @@ def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: in
                                     dist.barrier)
         out[batch] = {"fwd": fwd, "bwd": bwd}
     return out
-
-
-def tiny_tables(cfg: RunnerConfig, rows: int) -> RunnerConfig:
-    """``cfg`` with every table cut to ``rows`` rows, all table-wise, planned with TorchRec's constants: a job
-    whose embeddings cost next to nothing, so that its step is the rest of the step."""
-    from omegaconf import OmegaConf
-
-    tables = [{"name": t.name, "num_embeddings": min(int(t.num_embeddings), rows), "embedding_dim": t.embedding_dim}
-              for t in cfg.model.tables]
-    small = {"model": {"tables": tables, "generated_tables": {"min_rows": rows, "max_rows": rows}},
-             "sharding": {"types": ["table_wise"], "constraints": {}, "plan": None},
-             "cluster": {"calibration": "none"}, "train": {"checkpoint": {"enabled": False}}}
-    return OmegaConf.merge(cfg, small)  # type: ignore[return-value]
-
-
-def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: torch.device, steps: int
-                 ) -> List[float]:
-    """The configured job with tiny tables (:func:`tiny_tables`), trained ``steps`` steps by the runner's own loop:
-    its step time, ms (one value: the loop's timed window)."""
-    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
-
-    from runner.data.pipeline import batches_for
-    from runner.plan.planner import make_plan
-    from runner.train.loop import LoopHooks, train
-    from runner.train.models import autocast_forward, build_model
-    from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
-
-    tiny = tiny_tables(cfg, 64 * world)
-    model = build_model(tiny, device)
-    autocast_forward(model, device.type, tiny.precision.autocast)
-    apply_sparse_optimizer(model, tiny.optimizer)
-    plan, _, _, sharders = make_plan(tiny, model, world, local, device.type, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
-                                   data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=True))
-    batches = batches_for(tiny, rank, world, False, 0, steps)
-    try:
-        result = train(dmp, combined_optimizer(dmp, tiny.optimizer), batches, 0, steps, device, tiny,
-                       LoopHooks(lambda step, metrics: None, _NoBar()), None)
-    finally:
-        getattr(batches, "close", lambda: None)()
-    return [result.step_time_ms]
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
 
 
 LINEAR_WIDTHS = (64, 256, 1024)  # square layers whose forward and backward give the dense rate by layer size

@@ -125,18 +125,18 @@ def _refusal(path: Path) -> str:
 
 def test_auto_takes_the_newest_of_this_hardware_and_a_mismatched_file_is_refused(tmp_path: Path) -> None:
     cfg = cfg_for(f"cluster.calibration_dir={tmp_path}")
-    cal_mod._chosen.cache_clear()
     assert for_job(cfg.cluster, "cpu", True).calibration is None  # an empty folder: TorchRec's constants, said
     assert "no calibration of this hardware" in for_job(cfg.cluster, "cpu", True).note
     save(_calibration(device_name="another CPU"), tmp_path / f"20260101-000000-other{cal_mod.SUFFIX}")
     save(dataclasses.replace(_calibration(), trusted=False), tmp_path / f"20270101-000000-busy{cal_mod.SUFFIX}")
     mine = save(_calibration(), tmp_path / f"20260601-000000-mine{cal_mod.SUFFIX}")
     save(_calibration(workers_per_node=4), tmp_path / f"20260701-000000-other-world{cal_mod.SUFFIX}")
-    cal_mod._chosen.cache_clear()
     chosen = for_job(cfg.cluster, "cpu", True)
     assert chosen.calibration is not None and chosen.calibration.path == str(mine), chosen.note
-    # a plan for a cluster that is not here takes any world's calibration of this hardware: the newest
-    assert for_job(cfg.cluster, "cpu", False).calibration.path.endswith(f"other-world{cal_mod.SUFFIX}")
+    # a plan for a cluster that is not here takes one of the same world first, else another world's
+    assert for_job(cfg.cluster, "cpu", False).calibration.path == str(mine)
+    assert for_job(cfg_for(f"cluster.calibration_dir={tmp_path}", "cluster.workers_per_node=8").cluster, "cpu",
+                   False).calibration.path.endswith(f"other-world{cal_mod.SUFFIX}")
     other = cfg_for(f"cluster.calibration={tmp_path}/20260101-000000-other{cal_mod.SUFFIX}")
     with pytest.raises(ConfigError, match="made on other hardware \\(device_name"):
         for_job(other.cluster, "cpu", True)
@@ -145,7 +145,6 @@ def test_auto_takes_the_newest_of_this_hardware_and_a_mismatched_file_is_refused
         for_job(other.cluster, "cuda", False)
     gpu = save(_calibration(device_kind="cuda", device_name="NVIDIA H200"), tmp_path / "h200.yaml")
     assert for_job(cfg_for(f"cluster.calibration={gpu}").cluster, "cuda", False).calibration is not None
-    cal_mod._chosen.cache_clear()
 
 
 def test_none_is_torchrec_s_topology_and_a_calibration_sets_its_knobs() -> None:
@@ -160,8 +159,9 @@ def test_none_is_torchrec_s_topology_and_a_calibration_sets_its_knobs() -> None:
     assert calibrated.ddr_mem_bw == pytest.approx(gibps_to_bytes_per_ms(cal.constants["device_bw_gibps"]))
     assert calibrated.bwd_compute_multiplier == pytest.approx(cal.constants["bwd_compute_multiplier"])
     assert calibrated.intra_host_bw == pytest.approx(gibps_to_bytes_per_ms(cal.constants["intra_node_bandwidth"]))
-    # a bandwidth the user set wins over the measured one (a sweep over it asks "what if")
-    assert topology_knobs(cal, "cpu", 100.0, 12.5)[1]["intra"] == 100.0
+    # a bandwidth the user set wins over the measured one (a sweep over it asks "what if"), TorchRec's value too
+    assert topology_knobs(cal, "cpu", 100.0, None)[1]["intra"] == 100.0
+    assert topology_knobs(cal, "cpu", 600.0, None)[1]["intra"] == 600.0
 
 
 def _plan(cfg: Any, out: Path) -> Any:
