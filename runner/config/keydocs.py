@@ -57,3 +57,46 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
                 doc = f"{doc} (read by sharding.proposer={', '.join(readers)})"
             out.append((f"{prefix}{f.name}", _default(f), doc))
     return out
+
+
+def nearest_keys(key: str, limit: int = 3) -> List[str]:
+    """The schema's keys nearest to ``key`` (a typo's likely meaning): close matches of the whole dotted key, else
+    of its last part among the keys of its group."""
+    import difflib
+
+    from runner.config.schema import RunnerConfig
+
+    keys = [k for k, _, _ in key_docs(RunnerConfig)]
+    keys += sorted({k.split(".")[0] for k in keys if "." in k})  # the groups, for a mistyped group name
+    found = difflib.get_close_matches(key, keys, limit, cutoff=0.75)
+    if not found and "." in key:
+        group, last = key.rsplit(".", 1)
+        siblings = {k.rsplit(".", 1)[1]: k for k in keys if "." in k and k.rsplit(".", 1)[0] == group}
+        found = [siblings[s] for s in difflib.get_close_matches(last, list(siblings), limit, cutoff=0.6)]
+    return found
+
+
+def unknown_key_line(key: str, where: str) -> str:
+    """One line for a key the schema does not have: where it came from and the nearest real keys."""
+    near = nearest_keys(key)
+    hint = f"did you mean {' or '.join(near)}?" if near else "python -m runner --help lists every key"
+    return f"{key}: no such key ({where}); {hint}"
+
+
+def check_known_keys(cfg: Any, combo: List[str]) -> None:
+    """Every key of the composed config is the schema's: one added with ``+`` or by an experiment or config-dir
+    file that the schema does not have is one line naming it, where it came from and the nearest real keys."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError
+
+    from runner.config.errors import config_error_line
+    from runner.config.schema import RunnerConfig
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(RunnerConfig), OmegaConf.to_container(cfg, resolve=False))
+    except ConfigKeyError as exc:
+        key = str(exc.full_key)
+        added = next((o for o in combo if o.lstrip("+").split("=", 1)[0] == key and o.startswith("+")), None)
+        where = (f"added with {added.split('=', 1)[0]}" if added
+                 else "in a config file: an experiment or --config-dir file")
+        raise config_error_line(unknown_key_line(key, where), key) from None

@@ -28,6 +28,10 @@ PRECHECK = [
     (["train.steps=abc"], "expected an integer"),
     (["sharding.types=[diagonal]"], "row_wise"),
     (["train.no_such_key=1"], "train.no_such_key"),
+    (["+train.stepz=4"], "train.stepz: no such key (added with +train.stepz); did you mean train.steps"),
+    (["trian.steps=4"], "trian: no such key (given on the command line); did you mean train?"),
+    (["cluster.calibration=/nonexistent/x.calibration.yaml"], "cluster.calibration='/nonexistent/x.calibration.yaml'"
+                                                             " cannot be used: it cannot be read"),
     (["experiment=nope"], "experiment='nope' is not an option"),
     (["sharding.constraints.t0.sharding_types=[row_wise]"], "+sharding.constraints.t0.sharding_types"),
     (["+sharding.constraints.t99.sharding_types=[row_wise]"], "sharding.constraints.t99"),

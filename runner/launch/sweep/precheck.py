@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, 
 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line, wrong_type
+from runner.config.keydocs import check_known_keys, unknown_key_line
 from runner.config.paired import point
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
@@ -49,6 +50,8 @@ def _format(exc: BaseException, override_text: List[str]) -> str:
                       or o.startswith(f"{full_key}.")), f"{full_key}=...")
         return (f"{full_key}: no such key yet; a new entry of a dict-valued setting is added with a leading +, "
                 f"e.g. +{given.lstrip('+')}")
+    if full_key and "not in '" in msg and str(full_key).split(".")[0] != "hydra":  # a key the schema does not have
+        return unknown_key_line(str(full_key), "given on the command line")
     if full_key:
         return f"{full_key}: {msg}"
     return f"{msg} (in: {' '.join(override_text)})"
@@ -196,6 +199,7 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: A
             if cfg is None:
                 cfg = compose(config_name=config_name or "config", overrides=combo)
                 first = first or (combo, cfg)
+            check_known_keys(cfg, combo)
             validate(cast("RunnerConfig", cfg))
             schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
             check_file(cfg.cluster.calibration)  # a calibration file that cannot be used: one line, nothing starts
