@@ -137,7 +137,8 @@ def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int
             raise CheckpointError(
                 f"checkpoint {path}: its optimizer state does not fit this sharding ({detail}); set "
                 "train.resume_optimizer=false to load the weights and start optimizer state fresh") from None
-        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({detail})") from None
+        said = table_mismatch(detail) or f"cannot be loaded ({detail})"
+        raise CheckpointError(f"checkpoint {path}: {said}") from None
     dmp.load_state_dict(state["model"])
     if resume_optimizer:
         optimizer.load_state_dict(state["optim"])
@@ -145,6 +146,24 @@ def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int
         print(f"[runner] warning: {path}: weights loaded, optimizer state starts fresh "
               "(train.resume_optimizer=false)", flush=True)
     return meta
+
+
+_SIZES = re.compile(r"saved torch\.Size\(\[(\d+), (\d+)\]\) and current: torch\.Size\(\[(\d+), (\d+)\]\) "
+                    r"for (\S*embedding_bags\.([^.\s]+)\.weight)")
+
+
+def table_mismatch(detail: str) -> Optional[str]:
+    """DCP's size mismatch of an embedding table's weight, said in the model's terms (which table, its rows and
+    width in the checkpoint and in this model, what loads it); None for any other failure."""
+    found = _SIZES.search(detail)
+    if found is None:
+        return None
+    rows, dim, now_rows, now_dim, _, table = found.groups()
+    what = (f"model.tables' {table}: num_embeddings={int(rows)}" if rows != now_rows else "")
+    what += (" and " if what and dim != now_dim else "") + (f"embedding_dim={int(dim)}" if dim != now_dim else "")
+    return (f"table {table} has {int(rows):,} rows x {dim} in the checkpoint but {int(now_rows):,} x {now_dim} in "
+            f"this model; a checkpoint loads into the model it was saved from ({what}), resharded as needed: "
+            "resume with that model, or train this one without train.resume")
 
 
 def _mib(n: float) -> str:
