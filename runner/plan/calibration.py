@@ -188,10 +188,11 @@ def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device:
         return Chosen(None, f"{default} (cluster.calibration=none)")
     nodes, workers = int(cluster.nodes), int(cluster.workers_per_node)
     if setting == AUTO:
-        # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
-        here = _fingerprint(device_kind, nodes, workers, device) if here_is_job or device_kind == "cpu" else None
         where = cache_dir(cluster.calibration_dir)
-        found = newest_matching(where, here, here_is_job) if here is not None and where.is_dir() else None
+        found = None
+        if (here_is_job or device_kind == "cpu") and where.is_dir() and any(where.glob(f"*{SUFFIX}")):
+            # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
+            found = newest_matching(where, _fingerprint(device_kind, nodes, workers, device), here_is_job)
         if found is None:
             return Chosen(None, f"{default}: no calibration of this hardware in {where} (python -m runner "
                                 "mode=calibrate makes one)")
@@ -217,6 +218,19 @@ def for_config(cfg: RunnerConfig, device_type: str) -> Chosen:
 
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
     return for_job(cfg.cluster, device_type, here, device)
+
+
+def hashed(cfg: RunnerConfig, config: Dict[str, Any]) -> Dict[str, Any]:
+    """``config`` (``cfg`` resolved, as a dict) as ``runner.config_hash`` and ``sweep.reuse`` compare it: for a
+    plan-only job, ``cluster.calibration`` is the calibration it plans with (its file and when it was made), not the
+    word, so that a new calibration is another answer. Other jobs: as it is."""
+    if cfg.mode != "plan":
+        return config
+    from runner.runtime.device import device_type
+
+    chosen = for_config(cfg, device_type(cfg.cluster.device, planning=True))
+    made = chosen.calibration.made if chosen.calibration is not None else ""
+    return {**config, "cluster": {**config["cluster"], "calibration": f"{chosen.tag}@{made}"}}
 
 
 def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Optional[float],

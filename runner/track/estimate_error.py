@@ -27,8 +27,9 @@ def estimate_errors(per_rank: List[Dict[str, Any]], plan: Dict[str, float]) -> D
         if fwd and x.get("embedding_fwd_ms"):
             out[f"error/rank{r}/embedding_fwd"] = fwd / x["embedding_fwd_ms"] - 1
     est = plan.get("plan/est_whole_step_ms") or plan.get("plan/est_step_ms")
-    if est and per_rank:
-        out["error/step"] = est / max(x["step_ms"] for x in per_rank) - 1
+    slowest = max((x["step_ms"] or 0.0 for x in per_rank), default=0.0)
+    if est and slowest > 0:  # a job that trained no step (resumed at its end) measured none
+        out["error/step"] = est / slowest - 1
     return out
 
 

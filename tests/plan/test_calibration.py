@@ -204,3 +204,19 @@ def test_a_plan_made_with_a_calibration_says_so_and_estimates_the_whole_step(tmp
     assert plain.metrics["plan/est_step_ms"] < m["plan/est_step_ms"]  # this machine is slower than TorchRec assumes
     assert "Only the embeddings are estimated" in (tmp_path / "none" / "report.md").read_text()
     assert "the embeddings only; TorchRec's default constants (cluster.calibration=none)" in plain.console
+
+
+def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from runner.config.roles import config_hash
+    from runner.plan.calibration import hashed
+
+    cfg = cfg_for("mode=plan", f"cluster.calibration_dir={tmp_path}")
+    config = OmegaConf.to_container(cfg, resolve=True)
+    before = config_hash(hashed(cfg, config))
+    save(_calibration(), tmp_path / f"20260101-000000-mine{cal_mod.SUFFIX}")
+    after = config_hash(hashed(cfg, config))
+    assert before != after and hashed(cfg, config)["cluster"]["calibration"].endswith("@2026-11-27T00:00:00Z")
+    training = cfg_for(f"cluster.calibration_dir={tmp_path}")  # a training job's hash keeps the word
+    assert hashed(training, OmegaConf.to_container(training, resolve=True))["cluster"]["calibration"] == "auto"

@@ -31,3 +31,9 @@ def test_without_a_calibration_the_table_says_the_estimate_is_the_embeddings_onl
     assert errors["error/rank0/step"] == pytest.approx(-0.95) and errors["error/rank1/embedding_fwd"] == pytest.approx(
         0.15 / 4.0 - 1)
     assert "the embeddings only, with TorchRec's default constants" in against_estimates(MEASURED, plan)
+
+
+def test_a_job_that_trained_no_step_has_no_error() -> None:
+    idle = [{"step_ms": 0.0, "embedding_fwd_ms": None}, {"step_ms": 0.0, "embedding_fwd_ms": None}]
+    assert estimate_errors(idle, {"plan/est_step_ms": 0.5, "plan/rank0/total_ms": 0.5}) == {}
+    assert "  0" in against_estimates(idle, {"plan/est_step_ms": 0.5})

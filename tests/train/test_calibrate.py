@@ -22,8 +22,8 @@ from runner.track.reporter import summary_line
 from runner.train.worker import elastic_entry
 
 
-def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, tmp_path: Path) -> None:
+    uri = store  # the session's store (a new SQLite store's migrations cost seconds)
     keep = tmp_path / "calibrations"
     cfg = cfg_for("mode=calibrate", "calibrate.grid=small", "calibrate.repeats=3", "calibrate.max_spread=0.99",
                   "calibrate.max_message_mib=1", "train.batch_size=128", f"cluster.calibration_dir={keep}",

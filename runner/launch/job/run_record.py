@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 from runner.config.roles import config_hash
 from runner.launch import schedulers
 from runner.launch.processes.prewarm import took_warm
+from runner.plan.calibration import hashed
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
@@ -71,7 +72,7 @@ def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt
     if ctx.job_num is not None:
         tags["runner.job"] = str(ctx.job_num)
     tags["runner.attempt"] = str(attempt)
-    tags["runner.config_hash"] = config_hash(config)  # what sweep.reuse looks for
+    tags["runner.config_hash"] = config_hash(hashed(cfg, dict(config)))  # what sweep.reuse looks for
     return RunRecord(name, sweep.get("parent_run_id"), tags, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"],
                      _datasets(cfg) if cfg.mode == "train" else [])
 

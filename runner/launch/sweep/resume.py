@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 from omegaconf import OmegaConf
 
 from runner.config import roles
+from runner.plan.calibration import hashed
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
@@ -121,7 +122,7 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
         return None
     uri = store.tracking_uri(cfg.tracking.uri)
-    digest = roles.config_hash(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    digest = roles.config_hash(hashed(cfg, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
     try:
         experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
         found = [] if experiment is None else store.client(uri).search_runs(
