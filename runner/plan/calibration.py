@@ -249,6 +249,9 @@ def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Op
     per_ms = c["device_bw_gibps"] * GIB / 1000.0
     knobs = {"hbm_mem_bw" if device_kind == "cuda" else "ddr_mem_bw": per_ms,
              "bwd_compute_multiplier": float(c["bwd_compute_multiplier"])}
+    h2d = (c.get("uvm_caching") or {}).get("hbm_to_ddr_gibps")
+    if device_kind == "cuda" and h2d:  # the UVM-caching kernel, measured on a GPU
+        knobs["hbm_to_ddr_mem_bw"] = float(h2d) * GIB / 1000.0
     if intra_gibps is None and c.get("intra_node_bandwidth"):
         bandwidths["intra"] = float(c["intra_node_bandwidth"])
     if cross_gibps is None and c.get("cross_node_bandwidth"):

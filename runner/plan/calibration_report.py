@@ -60,6 +60,8 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
              f"| backward / forward (`bwd_compute_multiplier`) | {c['bwd_compute_multiplier']:.3f} | 2 |",
              f"| fixed cost per kernel call, forward / backward, ms | {c['kernel_call_fwd_ms']:.4f} / "
              f"{c['kernel_call_bwd_ms']:.4f} | not modelled (0) |",
+             f"| host to GPU for UVM-caching tables (`hbm_to_ddr_mem_bw`), GiB/s | "
+             f"{gib((c.get('uvm_caching') or {}).get('hbm_to_ddr_gibps'))} | 32 |",
              f"| all-to-all within a node (`intra_host_bw`), GiB/s | {gib(c.get('intra_node_bandwidth'))} | 600 |",
              f"| all-to-all across nodes (`inter_host_bw`), GiB/s | {gib(c.get('cross_node_bandwidth'))} | 12.5 |", "",
              "| collective | scope | latency ms | bandwidth GiB/s | largest fit error |", "|---|---|---|---|---|"]

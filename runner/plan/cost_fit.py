@@ -78,6 +78,20 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
                                      multiplier)}
 
 
+UVM_CACHE_RATIO = 0.2  # TorchRec's UVM_CACHING_RATIO: the share of a UVM-caching table's rows its GPU cache holds
+
+
+def fit_uvm(points: List[Dict[str, Any]], hbm_gibps: float) -> Dict[str, Any]:
+    """The UVM-caching kernel's fit (``points`` as :func:`fit_kernels`' ) and the host-to-GPU bandwidth that makes
+    TorchRec's ``(ratio x HBM + (1 - ratio) x host-to-GPU) / 10`` equal its measured bandwidth
+    (``hbm_to_ddr_gibps``, TorchRec's ``hbm_to_ddr_mem_bw``; None where no positive one does)."""
+    fit = fit_kernels(points)
+    measured = fit["device_bw_gibps"]
+    h2d = (10 * measured - UVM_CACHE_RATIO * hbm_gibps) / (1 - UVM_CACHE_RATIO) if math.isfinite(measured) else 0.0
+    return {"device_bw_gibps": measured, "kernel_call_fwd_ms": fit["kernel_call_fwd_ms"],
+            "hbm_to_ddr_gibps": h2d if h2d > 0 else None}
+
+
 def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dict[str, float]:
     """``fixed_ms`` and ``ms_per_unit`` of ``ms ~ fixed + points[size] / scale * ms_per_unit``, and the fit's
     largest relative error."""
@@ -137,6 +151,10 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
         spreads["kernels"] += [_rank_spread(k["fwd"]), _rank_spread(k["bwd"])]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
+    uvm = [{**k["shape"], "fwd_ms": median_ms(_pooled(k["fwd"])), "bwd_ms": median_ms(_pooled(k["bwd"]))}
+           for k in measured.get("uvm_kernels") or []]
+    if uvm:
+        constants["uvm_caching"] = fit_uvm(uvm, constants["device_bw_gibps"])
     if not math.isfinite(constants["device_bw_gibps"]):  # no bandwidth to read off: TorchRec's, and not trusted
         cuda = measured.get("job", {}).get("device") == "cuda"
         constants.update(device_bw_gibps=897.0 if cuda else 51.0, bwd_compute_multiplier=2.0, kernel_fit_failed=True)

@@ -42,13 +42,29 @@ def library_versions() -> Dict[str, Optional[str]]:
 def fingerprint(device_kind: str, nodes: int, workers_per_node: int, device: Any = None) -> Dict[str, Any]:
     """This machine's fingerprint for a job of ``nodes`` x ``workers_per_node`` on ``device_kind``; ``device``: the
     worker's torch device (its GPU's name; no CUDA is touched without it)."""
-    name = cpu_model()
+    name, driver = cpu_model(), None
     if device_kind == "cuda" and device is not None:
         import torch
 
-        name = torch.cuda.get_device_name(device)
-    return {"device_kind": device_kind, "device_name": name, **library_versions(), "cpu": cpu_model(),
-            "host_cores": os.cpu_count(), "nodes": int(nodes), "workers_per_node": int(workers_per_node)}
+        name, driver = torch.cuda.get_device_name(device), nvidia_driver()
+    return {"device_kind": device_kind, "device_name": name, **library_versions(), "driver": driver,
+            "cpu": cpu_model(), "host_cores": os.cpu_count(), "nodes": int(nodes),
+            "workers_per_node": int(workers_per_node)}
+
+
+def nvidia_driver() -> Optional[str]:
+    """The NVIDIA driver's version (NVML), recorded beside a GPU calibration; None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def mismatch(theirs: Dict[str, Any], ours: Dict[str, Any], world_matters: bool) -> Optional[str]:

@@ -78,6 +78,26 @@ def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Di
     return out
 
 
+def _uvm_kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Dict[str, Any]]:
+    """On a GPU, the UVM-caching kernel over the same shapes (none where FBGEMM's build cannot run it here: the
+    calibration then keeps TorchRec's host-to-GPU bandwidth, and its report says so)."""
+    from runner.train.optimizers import sparse_optimizer
+
+    if device.type != "cuda":
+        return []
+    shapes, out = kernel_shapes(cfg.calibrate.grid, device.type), []
+    for i, shape in enumerate(shapes):
+        say("UVM-caching kernels", i, len(shapes), force=i == 0)
+        try:
+            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(cfg.optimizer), cfg.calibrate.repeats, True)
+        except Exception as exc:  # noqa: BLE001 - a build without UVM: the rest of the calibration stands
+            print(f"[runner] calibrate: the UVM-caching kernel did not run here ({type(exc).__name__}): TorchRec's "
+                  "host-to-GPU bandwidth is kept", flush=True)
+            return []
+        out.append({"shape": shape, "fwd": fwd, "bwd": bwd})
+    return out
+
+
 def _sharded(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
     batch and the job's (the cost per call, per table and per table and sample)."""
@@ -150,6 +170,7 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     say = _Progress(active)
     mine: Dict[str, Any] = {"collectives": _collectives(cfg, env, device, say)}
     mine["kernels"] = _kernels(cfg, device, say)
+    mine["uvm_kernels"] = _uvm_kernels(cfg, device, say)
     mine["sharded"] = _sharded(cfg, env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)

@@ -115,17 +115,22 @@ def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
             for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
 
 
-def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer: Any, repeats: int
-                   ) -> Tuple[List[float], List[float]]:
-    """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel) with the job's sparse optimizer fused
-    into its backward: forward and backward ms."""
+UVM_CACHE_RATIO = 0.2  # the GPU cache's share of a UVM-caching table's rows (TorchRec's UVM_CACHING_RATIO)
+
+
+def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer: Any, repeats: int,
+                   uvm_caching: bool = False) -> Tuple[List[float], List[float]]:
+    """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel; with ``uvm_caching``, its
+    ``fused_uvm_caching`` one: rows in host memory, :data:`UVM_CACHE_RATIO` of them cached on the GPU) with the job's
+    sparse optimizer fused into its backward: forward and backward ms."""
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
     from runner.plan.torchrec_adapter.moved import fused_tbe_class, tbe_placement
 
     cls, kwargs = sparse_optimizer
     tbe = fused_tbe_class()(
-        [(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda"))],
+        [(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda", uvm_caching))],
+        **({"cache_load_factor": UVM_CACHE_RATIO} if uvm_caching else {}),
         optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
         eps=kwargs.get("eps", 1e-8), device=device)
     lookups = shape["batch"] * shape["pooling"]

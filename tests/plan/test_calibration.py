@@ -220,3 +220,19 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
     assert before != after and hashed(cfg, config)["cluster"]["calibration"].endswith("@2026-11-27T00:00:00Z")
     training = cfg_for(f"cluster.calibration_dir={tmp_path}")  # a training job's hash keeps the word
     assert hashed(training, OmegaConf.to_container(training, resolve=True))["cluster"]["calibration"] == "auto"
+
+
+def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None:
+    from runner.plan.cost_fit import fit_uvm
+
+    hbm, h2d = 900.0, 40.0  # GiB/s; TorchRec's UVM-caching bandwidth is (0.2 x HBM + 0.8 x host-to-GPU) / 10
+    per_byte = 1000.0 / ((0.2 * hbm + 0.8 * h2d) / 10 * GIB)
+    points = [{"batch": b, "pooling": p, "dim": d, "fwd_ms": 0.05 + kernel_bytes(b, p, d) * per_byte,
+               "bwd_ms": 0.1 + 3 * kernel_bytes(b, p, d) * per_byte}
+              for b in (2048, 65536) for p in (1, 32) for d in (64, 256)]
+    assert fit_uvm(points, hbm)["hbm_to_ddr_gibps"] == pytest.approx(h2d, rel=0.02)
+    cal = _calibration(device_kind="cuda")
+    cal.constants["uvm_caching"] = fit_uvm(points, hbm)
+    knobs, _ = topology_knobs(cal, "cuda", None, None)
+    assert knobs["hbm_to_ddr_mem_bw"] == pytest.approx(gibps_to_bytes_per_ms(h2d), rel=0.02)
+    assert "hbm_to_ddr_mem_bw" not in topology_knobs(cal, "cpu", None, None)[0]

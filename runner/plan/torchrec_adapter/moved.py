@@ -63,8 +63,11 @@ def fused_tbe_class() -> Any:
     return _find("SplitTableBatchedEmbeddingBagsCodegen")
 
 
-def tbe_placement(on_gpu: bool) -> Tuple[Any, Any]:
-    """FBGEMM's ``EmbeddingLocation`` and ``ComputeDevice`` of a table held on the GPU (``DEVICE``, ``CUDA``) or in host
-    memory and computed there (``HOST``, ``CPU``)."""
+def tbe_placement(on_gpu: bool, uvm_caching: bool = False) -> Tuple[Any, Any]:
+    """FBGEMM's ``EmbeddingLocation`` and ``ComputeDevice`` of a table held on the GPU (``DEVICE``, ``CUDA``), in host
+    memory with a GPU cache (``MANAGED_CACHING``: TorchRec's ``fused_uvm_caching``), or in host memory and computed
+    there (``HOST``, ``CPU``)."""
     location, device = _find("EmbeddingLocation"), _find("ComputeDevice")
+    if uvm_caching:
+        return location.MANAGED_CACHING, device.CUDA
     return (location.DEVICE, device.CUDA) if on_gpu else (location.HOST, device.CPU)
