@@ -152,7 +152,7 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
     uvm = [{**k["shape"], "fwd_ms": median_ms(_pooled(k["fwd"])), "bwd_ms": median_ms(_pooled(k["bwd"]))}
-           for k in measured.get("uvm_kernels") or []]
+           for k in measured.get("uvm_kernels") or [] if isinstance(k, dict) and k.get("shape")]
     if uvm:
         constants["uvm_caching"] = fit_uvm(uvm, constants["device_bw_gibps"])
     if not math.isfinite(constants["device_bw_gibps"]):  # no bandwidth to read off: TorchRec's, and not trusted

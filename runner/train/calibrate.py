@@ -170,7 +170,8 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     say = _Progress(active)
     mine: Dict[str, Any] = {"collectives": _collectives(cfg, env, device, say)}
     mine["kernels"] = _kernels(cfg, device, say)
-    mine["uvm_kernels"] = _uvm_kernels(cfg, device, say)
+    if device.type == "cuda":  # (an empty list would gather as every rank's empty list)
+        mine["uvm_kernels"] = _uvm_kernels(cfg, device, say)
     mine["sharded"] = _sharded(cfg, env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
