@@ -227,3 +227,33 @@ def ui_text(url: str) -> str:
                            "--dump-dom", url], capture_output=True, text=True, timeout=120)
     html = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", proc.stdout, flags=re.S)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def launch_in_process(cfg, run_dir: Path, uri: str, name: str):
+    """A 2-rank job of ``cfg`` in this test's own process tree, as TorchRec's golden example tests itself: its
+    resolved config written to ``run_dir``, its MLflow run opened here (as the driver does), torch elastic's
+    ``elastic_launch`` forking two gloo workers on the runner's worker entry. Returns ``({rank: results}, run id,
+    the MlflowRun)``; the caller ends the run."""
+    import signal
+
+    from omegaconf import OmegaConf
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from runner.launch.processes.ports import free_port
+    from runner.runtime import rundir
+    from runner.track.mlflow_run import MlflowRun
+    from runner.train.worker import elastic_entry
+
+    run_dir.mkdir()
+    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=name, rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
+                          start_method="fork")
+    mlflow_run = MlflowRun(run_dir, uri)
+    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), name, None, {})
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        return elastic_launch(launch, elastic_entry)(str(run_dir)), run_id, mlflow_run
+    finally:  # torch elastic installs its own stop handlers in this process
+        for s, h in handlers.items():
+            signal.signal(s, h)

@@ -4,22 +4,15 @@ this machine, is kept for ``cluster.calibration=auto`` and is logged to a real M
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-from conftest import cfg_for
+from conftest import cfg_for, launch_in_process
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.processes.ports import free_port
 from runner.plan import calibration as cal_mod
-from runner.runtime import rundir
 from runner.runtime.hardware import fingerprint, mismatch
-from runner.track.mlflow_run import MlflowRun
 from runner.track.reporter import summary_line
-from runner.train.worker import elastic_entry
 
 
 def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, tmp_path: Path) -> None:
@@ -30,19 +23,8 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
                   f"tracking.uri={uri}", "tracking.experiment=calibrate", "tracking.system_metrics=false",
                   "cluster.cpu_affinity=none", "train.threads_per_worker=1")
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="calibrate", rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
-                          start_method="fork")
-    mlflow_run = MlflowRun(run_dir, uri)
-    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), "calibrate", None, {})
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    try:
-        results = elastic_launch(launch, elastic_entry)(str(run_dir))[0]
-    finally:  # torch elastic installs its own stop handlers in this process
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    launched, run_id, mlflow_run = launch_in_process(cfg, run_dir, uri, "calibrate")
+    results = launched[0]
     assert mlflow_run.end("FINISHED")
     assert results["mode"] == "calibrate" and results["trusted"] and results["kept"], results
     cal = cal_mod.load_calibration(results["file"])

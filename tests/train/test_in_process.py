@@ -6,19 +6,13 @@ store, and rank 0 reports to it through the run folder's event log. The fast tie
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-from conftest import cfg_for
+from conftest import cfg_for, launch_in_process
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.processes.ports import free_port
 from runner.runtime import rundir
-from runner.track.mlflow_run import MlflowRun
-from runner.train.worker import elastic_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,19 +25,8 @@ def test_two_ranks_train_plan_and_track_in_process(tmp_path: Path) -> None:
                   f"tracking.uri={uri}",
                   "tracking.experiment=in_process", "tracking.system_metrics=false", "cluster.cpu_affinity=none")
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="in-process", rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
-                          start_method="fork")
-    mlflow_run = MlflowRun(run_dir, uri)
-    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), "in-process", None, {})
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    try:
-        results = elastic_launch(launch, elastic_entry)(str(run_dir))
-    finally:  # torch elastic installs its own stop handlers in this process
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    launched, run_id, mlflow_run = launch_in_process(cfg, run_dir, uri, "in-process")
+    results = launched
     assert mlflow_run.end("FINISHED")  # rank 0's reports delivered, the run ended
     rank0 = results[0]
     assert rank0["world_size"] == 2 and rank0["losses"][-1] < rank0["losses"][0], rank0["losses"]
