@@ -100,16 +100,23 @@ def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> 
 def default_estimate(overrides: List[str], world: int, local: int, device: str) -> Tuple[float, float, Any]:
     """TorchRec's default constants: the plan's estimated step (embeddings only, the busiest rank) and embedding
     forward, and the plan, planned here as the runner plans it."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import cfg_for
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    import runner.cli  # noqa: F401  (schema and resolvers)
     from runner.config.tables import table_specs
+    from runner.config.validation import validate
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
 
-    cfg = cfg_for(*overrides, "cluster.calibration=none")
+    # composed here as the runner composes it (not through the tests' conftest, which hides the GPUs from every
+    # process started after its import)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, "cluster.calibration=none"])
+    validate(cfg)
     plan, best, _, _ = make_plan(cfg, planning_model(cfg), world, local, device)
     ranks = per_rank_estimates(best, world)
     return (max(r["total_ms"] for r in ranks), max(r["fwd_compute_ms"] + r["fwd_comms_ms"] for r in ranks),

@@ -1,7 +1,7 @@
 """``make gpu-check``: one command that checks a GPU box end to end, and a report to send us.
 
     make gpu-check                       # builds the CUDA environment first (make gpu-env), then this
-    .venv/bin/python benchmarks/gpu_check.py [--out outputs/gpu-check] [--skip-tests] [--cpu]
+    .venv/bin/python benchmarks/gpu_check.py [--out outputs/gpu-check] [--skip-tests] [--cpu] [--only a,b]
 
 1. What it found: every GPU (name, compute capability, bf16 in hardware, memory), the CUDA build of torch,
    FBGEMM, TorchRec and NCCL versions, and which GPUs the runner sees.
@@ -162,6 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu-check"))
     ap.add_argument("--skip-tests", action="store_true", help="leave out the suite's GPU tests")
+    ap.add_argument("--only", default="", help="comma-separated step names to run (default: every step)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: run the steps that also run on CPU, on CPU (a "
                     "check of this script itself; no GPU tests)")
     args = ap.parse_args()
@@ -192,6 +193,13 @@ def main() -> None:
     rows = []
     uri = f"sqlite:///{out / 'mlflow.db'}"
     planned = steps(len(gpus), bool(gpus) and in_hardware("bfloat16", gpus[0][1]), out)
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - {s.name for s in planned})
+        if unknown:
+            raise SystemExit(f"gpu-check: --only: no step {', '.join(unknown)}; the steps: "
+                             f"{', '.join(s.name for s in planned)}")
+        planned = [s for s in planned if s.name in wanted]
     for step in on_cpu(planned) if args.cpu else planned:
         row = run_step(step, out, uri)
         rows.append(row)
