@@ -144,7 +144,7 @@ def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
     from runner.train.models import planning_model
 
     cfg.sharding.balanced_compare = ["dynamic_programming"]
-    cfg.sharding.balanced_budget_s = 0.001
+    cfg.sharding.balanced_work = 1
     facts: Dict[str, Any] = {}
     make_plan(cfg, reused_model(cfg, planning_model), ranks, 8, "cuda", reuse=True, facts=facts)
     return facts.get("compared", {}).get("plan/torchrec_dynamic_programming_ms")

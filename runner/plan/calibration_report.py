@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.plan.calibration import Calibration, cache_dir, file_name, save
-from runner.plan.cost_fit import fit_all, kernel_bytes
+from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -44,6 +44,17 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
             "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"]}
 
 
+def uvm_text(uvm: Dict[str, Any]) -> str:
+    """The host-to-GPU bandwidth the UVM-caching kernel's fit gave: used, not used (above any host link), or none."""
+    if uvm.get("hbm_to_ddr_gibps") is not None:
+        return f"{uvm['hbm_to_ddr_gibps']:.3f}"
+    fitted = uvm.get("fitted_hbm_to_ddr_gibps")
+    if isinstance(fitted, (int, float)) and fitted > 0:
+        return (f"not used: the fit gave {fitted:.0f}, above any host link ({HOST_LINK_MAX_GIBPS:g}): the table's "
+                "managed pages moved to the GPU, so TorchRec's default stays")
+    return "not measured"
+
+
 def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: float) -> str:
     c, fp = cal.constants, cal.fingerprint
     memory = "hbm" if fp["device_kind"] == "cuda" else "ddr"
@@ -61,7 +72,7 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
              f"| fixed cost per kernel call, forward / backward, ms | {c['kernel_call_fwd_ms']:.4f} / "
              f"{c['kernel_call_bwd_ms']:.4f} | not modelled (0) |",
              f"| host to GPU for UVM-caching tables (`hbm_to_ddr_mem_bw`), GiB/s | "
-             f"{gib((c.get('uvm_caching') or {}).get('hbm_to_ddr_gibps'))} | 32 |",
+             f"{uvm_text(c.get('uvm_caching') or {})} | 32 |",
              f"| all-to-all within a node (`intra_host_bw`), GiB/s | {gib(c.get('intra_node_bandwidth'))} | 600 |",
              f"| all-to-all across nodes (`inter_host_bw`), GiB/s | {gib(c.get('cross_node_bandwidth'))} | 12.5 |", "",
              "| collective | scope | latency ms | bandwidth GiB/s | largest fit error |", "|---|---|---|---|---|"]

@@ -79,6 +79,10 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 UVM_CACHE_RATIO = 0.2  # TorchRec's UVM_CACHING_RATIO: the share of a UVM-caching table's rows its GPU cache holds
+HOST_LINK_MAX_GIBPS = 420.0
+"""The fastest host-to-GPU link shipped (NVLink-C2C of a GH200, 450 GB/s a direction). A fitted host-to-GPU bandwidth
+above it measured no host link: on an H100 (2026-11-27) the fit gave 716 GiB/s, the managed pages of a table that
+small having moved to the GPU; such a fit is reported and not used."""
 
 
 def fit_uvm(points: List[Dict[str, Any]], hbm_gibps: float) -> Dict[str, Any]:
@@ -89,7 +93,8 @@ def fit_uvm(points: List[Dict[str, Any]], hbm_gibps: float) -> Dict[str, Any]:
     measured = fit["device_bw_gibps"]
     h2d = (10 * measured - UVM_CACHE_RATIO * hbm_gibps) / (1 - UVM_CACHE_RATIO) if math.isfinite(measured) else 0.0
     return {"device_bw_gibps": measured, "kernel_call_fwd_ms": fit["kernel_call_fwd_ms"],
-            "hbm_to_ddr_gibps": h2d if h2d > 0 else None}
+            "hbm_to_ddr_gibps": h2d if 0 < h2d <= HOST_LINK_MAX_GIBPS else None,
+            "fitted_hbm_to_ddr_gibps": h2d}
 
 
 def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dict[str, float]:

@@ -236,3 +236,10 @@ def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None
     knobs, _ = topology_knobs(cal, "cuda", None, None)
     assert knobs["hbm_to_ddr_mem_bw"] == pytest.approx(gibps_to_bytes_per_ms(h2d), rel=0.02)
     assert "hbm_to_ddr_mem_bw" not in topology_knobs(cal, "cpu", None, None)[0]
+    # a fit above any host link (an H100's UVM test table migrated to the GPU: 716 GiB/s) is reported, not used
+    fast = 1000.0 / ((0.2 * hbm + 0.8 * 716.0) / 10 * GIB)
+    migrated = fit_uvm([{**p, "fwd_ms": 0.05 + kernel_bytes(p["batch"], p["pooling"], p["dim"]) * fast}
+                        for p in points], hbm)
+    assert migrated["hbm_to_ddr_gibps"] is None and migrated["fitted_hbm_to_ddr_gibps"] == pytest.approx(716, rel=0.02)
+    cal.constants["uvm_caching"] = migrated
+    assert "hbm_to_ddr_mem_bw" not in topology_knobs(cal, "cuda", None, None)[0]
