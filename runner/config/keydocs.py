@@ -76,8 +76,19 @@ def nearest_keys(key: str, limit: int = 3) -> List[str]:
     return found
 
 
+RETIRED = {
+    "sharding.balanced_budget_s": "the balanced search is counted in work, not seconds, so that a config gives the "
+    "same plan on any machine: sharding.balanced_work (evaluations), sharding.balanced_patience, "
+    "sharding.balanced_gap; sharding.planner_timeout_s is the wall-clock safety stop",
+}
+"""Keys the runner had and has no more: what replaces each."""
+
+
 def unknown_key_line(key: str, where: str) -> str:
-    """One line for a key the schema does not have: where it came from and the nearest real keys."""
+    """One line for a key the schema does not have: where it came from and the nearest real keys (or, for a
+    retired key, what replaces it)."""
+    if key in RETIRED:
+        return f"{key}: no longer a key ({where}): {RETIRED[key]}"
     near = nearest_keys(key)
     hint = f"did you mean {' or '.join(near)}?" if near else "python -m runner --help lists every key"
     return f"{key}: no such key ({where}); {hint}"

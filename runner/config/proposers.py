@@ -58,7 +58,8 @@ PROPOSERS: Dict[str, Proposer] = {p.name: p for p in (
     Proposer("default", "TorchRec's default list: grid search, greedy, uniform"),
     Proposer("balanced", "the runner's search for the plan with the least loaded busiest rank, never worse than "
              "its starts (docs/planning.md)", builds=_ADAPTER + "balanced.planner:build", torchrecs_answer=False,
-             knobs=("balanced_budget_s", "balanced_compare", "dp_hbm_bins"), plans_sweeps_together=True,
+             knobs=("balanced_work", "balanced_patience", "balanced_gap", "balanced_compare", "dp_hbm_bins"),
+             plans_sweeps_together=True,
              own_planner=True),
     Proposer("dynamic_programming", "TorchRec's dynamic-programming proposer, vectorised",
              builds=_ADAPTER + "dp_proposer:build", stock=_STOCK + "stock_dynamic_programming", cpu=False,

@@ -49,7 +49,8 @@ ROLES: Dict[str, str] = {
 
 NOT_ENUMERATED = (
     "sharding.storage_reserve_percent", "sharding.storage_reserve_policy", "sharding.proposer",
-    "sharding.balanced_budget_s", "sharding.balanced_compare", "sharding.dp_hbm_bins", "sharding.grid_max_proposals",
+    "sharding.balanced_work", "sharding.balanced_patience", "sharding.balanced_gap", "sharding.balanced_compare",
+    "sharding.dp_hbm_bins", "sharding.grid_max_proposals",
     "sharding.planner_timeout_s", "sharding.plan",
     "cluster.intra_node_bandwidth", "cluster.cross_node_bandwidth", "cluster.master_addr", "cluster.master_port",
     "cluster.node_rank", "cluster.pg_timeout_s", "cluster.max_restarts", "cluster.start_method",

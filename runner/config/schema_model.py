@@ -111,8 +111,15 @@ class ShardingSchema:
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
     proposer: str = one_of("default", tuple(PROPOSERS), said={n: p.summary for n, p in PROPOSERS.items()})
     """The proposer of the sharding planner (``runner/config/proposers.py``; docs/planning.md)."""
-    balanced_budget_s: float = 5.0
-    """Seconds the ``balanced`` proposer's search may take after TorchRec's plans it starts from (> 0)."""
+    balanced_work: int = 4_000_000
+    """Work the ``balanced`` proposer's search may do, in evaluations (a sharding option placed, a shard moved;
+    docs/planning.md), counted rather than timed so that a config gives the same plan on any machine (> 0)."""
+    balanced_patience: int = 20
+    """The ``balanced`` search stops after this many ruin-and-recreate rounds in a row that improved nothing
+    (>= 0)."""
+    balanced_gap: float = 0.005
+    """The ``balanced`` search stops once its plan is within this fraction of the simple lower bound (>= 0; the
+    estimates themselves are rarely closer than a few percent to a measured step: docs/calibration.md)."""
     balanced_compare: Optional[List[str]] = some_of(BALANCED_STARTS, null=True)
     """TorchRec's proposers whose plans the ``balanced`` proposer also starts from and reports (null:
     ``[dynamic_programming]`` on GPU clusters, none on CPU, where that proposer does not run; ``greedy``
@@ -121,8 +128,10 @@ class ShardingSchema:
     """HBM bins per device of the dynamic-programming proposer (its precision)."""
     grid_max_proposals: int = 10000
     """Proposals the grid-search proposer may try before it gives up."""
-    planner_timeout_s: Optional[int] = None
-    """Stop proposing after this many seconds and keep the best plan so far (null: no limit)."""
+    planner_timeout_s: Optional[float] = None
+    """A safety stop: stop searching after this many seconds of wall clock and keep the best plan so far (null:
+    no limit). Where it fires, the plan may differ by machine and load, and the run says so (tag
+    ``runner.plan_cut_short``)."""
     plan: Optional[str] = None
     """Path of a ``plan.json`` written by an earlier run: reuse that plan exactly instead of planning."""
 

@@ -21,4 +21,6 @@ class PlanFacts(TypedDict, total=False):
     calibration: str  # the calibration file the plan's constants came from, or "none" (TorchRec's defaults)
     calibration_note: str  # the line that says which constants, and why
     step: Dict[str, Any]  # the whole step, per rank and its parts (step_estimate.whole_step); with a calibration
+    cut_short: Optional[str]  # where the safety stop (sharding.planner_timeout_s) cut the search: what it did
+    search: Dict[str, Any]  # the balanced search's work, rounds and why it stopped (torchrec_adapter/balanced/effort)
     bandwidths: Dict[str, float]  # the intra- and cross-node bandwidths (GiB/s) the plan was made with

@@ -175,6 +175,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
             **({"runner.lower_bound": str(facts["lower_bound_kind"])} if facts and facts.get("lower_bound_kind")
                else {}),
             **({"runner.plan_note": note} if note else {}),
+            **({"runner.plan_cut_short": facts["cut_short"]} if facts and facts.get("cut_short") else {}),
             **({"runner.calibration": facts["calibration"]} if facts and facts.get("calibration") else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 

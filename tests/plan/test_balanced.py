@@ -17,6 +17,7 @@ from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound, lower_bound_of, lp_bound, simple_bound
+from runner.plan.torchrec_adapter.balanced.effort import Effort
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
@@ -119,7 +120,7 @@ def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
     for seed in range(100):
         problem = _random_problem(random.Random(seed))
         try:
-            ours, _ = search(problem, {}, 1.0)
+            ours, _ = search(problem, {}, Effort(200_000))
         except ValueError:  # no start fits: a miss where some plan does
             optimum, plan = _optimum(problem, float("inf"))
             solved += plan is not None
@@ -143,7 +144,7 @@ def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
 
 
 BASE = ["model=dnn_many", "cluster=gpu_2x8", "train.batch_size=512", "sharding.compute_kernels=[fused,dense]",
-        "sharding.proposer=balanced", "sharding.balanced_budget_s=2"]
+        "sharding.proposer=balanced"]
 
 
 def _rated(cfg, proposer: str) -> Optional[float]:
@@ -249,7 +250,7 @@ def test_a_packing_start_beats_the_least_loaded_start_where_whole_shards_and_a_u
     starts = packing_starts(problem, own)  # the better of the two: 3 + 3 and 2 + 2 + 2, the uniform sliver on both
     assert list(starts) == ["packing"] and rating(problem, starts["packing"]) == pytest.approx(6.1)
     assert valid(problem, starts["packing"]) is None
-    best, facts = search(problem, {}, 0.5)
+    best, facts = search(problem, {}, Effort(100_000))
     assert rating(problem, best) == pytest.approx(6.1) and "packing" in facts["starts"]
 
 

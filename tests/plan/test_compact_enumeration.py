@@ -100,7 +100,7 @@ def test_a_mid_size_plan_holds_little_memory_and_is_valid(tmp_path: Path) -> Non
     balanced planner holds the distinct ones, and its plan loads as a pinned plan would (every table, every
     shard's rank and size checked against the tables)."""
     cfg = cfg_for(*MANY, "model.generated_tables.count=300", "cluster=gpu_4x8", "cluster.nodes=32",
-                  "sharding.balanced_budget_s=1")
+                  "sharding.balanced_work=500000")
     model = planning_model(cfg)
     before = _rss_bytes()
     notes: List[str] = []

@@ -53,6 +53,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         super().__init__(*args, **kwargs)
         self._progress = progress
         self._counts: Dict[str, Any] = {}
+        self.cut_short: Optional[str] = None  # the words of a search the safety stop cut (planner_timeout_s)
 
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         proposers = self._proposers
@@ -143,6 +144,9 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
             while proposal:
                 now = time.time()
                 if self._timeout_seconds and now - start > self._timeout_seconds:
+                    self.cut_short = (f"the search was cut short by sharding.planner_timeout_s="
+                                      f"{self._timeout_seconds:g} after {self._num_proposals:,} proposals: another "
+                                      "machine or load may give another plan")
                     break
                 if self._progress is not None and now - last_report >= 1.0:
                     last_report = now

@@ -152,11 +152,17 @@ def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int
         planner = job.planner(cfg, reuse=reuse, progress=progress, choose_from=choose_from)
         plan = planner.plan(model, sharders)
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
+        cut = getattr(planner, "cut_short", None)
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
             searched = job_facts(planner.balanced.facts)
             facts["plan_source"], facts["compared"] = searched["plan_source"], searched["compared"]
             facts["torchrec"], facts["skipped"] = searched["torchrec"], searched["skipped"]
+            facts["search"] = searched["search"]
+            cut = cut or searched["search"].get("cut_short")
             notes.append(balanced_note(planner.balanced.facts))
+        if cut:
+            facts["cut_short"] = cut
+            notes.append(cut)
         return plan
     except (PlanError, ConfigError) as exc:  # already one line; rebuilt so that it pickles
         return PlanError(str(exc))

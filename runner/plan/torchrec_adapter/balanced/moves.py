@@ -4,21 +4,23 @@
   it touches stays below the old maximum: move one of its shards, swap one with a smaller shard elsewhere,
   or take one of its tables off and place it again with any of its options (TorchRec's row-wise,
   table-row-wise or column-wise alternatives). Each move lowers the sorted vector of rank loads, so the
-  search ends, at a local optimum or at its time budget.
+  search ends, at a local optimum or where its share of the work is spent (:mod:`.effort`: counted in
+  evaluations, not seconds, so that the same problem gives the same plan on any machine).
 - :func:`perturb`: ruin and recreate around that local optimum (a few tables taken off and placed again,
-  then improved), keeping what rates no worse.
+  then improved), keeping what rates no worse; it stops at a target rating (near the lower bound), after rounds
+  that improved nothing, or where the work is spent.
 - branch and bound over every option and placement, for small problems: :mod:`.exact`.
 """
 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from runner.plan.torchrec_adapter.balanced.effort import SWAP_SCAN, Effort
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     REL_EPS,
@@ -41,6 +43,7 @@ class _State:
     used: np.ndarray = field(init=False)
     members: List[set] = field(init=False)  # per rank, the tables with a shard there (but not on every rank)
     everywhere: set = field(init=False)  # the tables with one shard on each rank (uniform options)
+    work: int = field(default=0, init=False)  # evaluations made since last counted (:mod:`.effort`)
 
     def __post_init__(self) -> None:
         self.load, self.used = np.zeros(self.problem.world), np.zeros_like(self.problem.capacity)
@@ -94,8 +97,10 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
         floor = s.load[r] - (old.perf[r] if old.kind == UNIFORM else old.perf[old_ranks == r].sum())
         if floor > (limit if best is None else best[0]) * (1 + PRUNE_MARGIN):
             continue
+        s.work += len(tables[t])
         if old.kind == DEVICE:
             for j in np.flatnonzero(old_ranks == r):
+                s.work += 1
                 ok = fits(s.used, old.mem[j], s.problem.capacity)
                 ok[r] = False
                 after = np.where(ok, s.load + old.perf[j], np.inf)
@@ -139,7 +144,9 @@ def _best_swap(s: _State, r: int, limit: float) -> Optional[Tuple[float, int, in
     pb = np.concatenate([s.choice(t).perf for t in device])
     mb = np.concatenate([s.choice(t).mem for t in device])
     cap, best = s.problem.capacity, None
-    for k in np.flatnonzero(rb == r):
+    mine = np.flatnonzero(rb == r)
+    s.work += len(mine) * (1 + len(pb) // SWAP_SCAN)
+    for k in mine:
         pa, ma = pb[k], mb[k]
         new_r = s.load[r] - pa + pb
         new_q = s.load[rb] - pb + pa
@@ -153,13 +160,14 @@ def _best_swap(s: _State, r: int, limit: float) -> Optional[Tuple[float, int, in
     return best
 
 
-def improve(problem: Problem, start: Solution, budget_s: float, max_moves: int = 100000) -> Tuple[Solution, int]:
+def improve(problem: Problem, start: Solution, effort: Effort, until: Optional[int] = None,
+            max_moves: int = 100000) -> Tuple[Solution, int]:
     """Local search from ``start`` (see the module doc) until no move lowers the busiest rank, ``max_moves``
-    moves or ``budget_s`` seconds; the solution found and the moves made."""
+    moves, or ``effort`` has no work left (below ``until`` too, where given); the solution found and the moves
+    made."""
     s = _State(problem, start.copy())
-    deadline = time.perf_counter() + budget_s
     moves = 0
-    while moves < max_moves and time.perf_counter() < deadline:
+    while moves < max_moves and effort.left(until):
         r = int(np.argmax(s.load))
         limit = s.load[r] * (1 - REL_EPS)
         move = _best_move(s, r, limit)
@@ -177,7 +185,10 @@ def improve(problem: Problem, start: Solution, budget_s: float, max_moves: int =
             s.take(t)
             s.put(t, o, ranks)
         else:
+            effort.spend(s.work)
             break
+        effort.spend(s.work)
+        s.work = 0
         moves += 1
     return s.solution, moves
 
@@ -187,6 +198,7 @@ def _reinsert(s: _State, tables: List[int]) -> bool:
     the least load on the ranks they touch (then the least total perf); False where one fits nowhere."""
     for t in tables:
         best: Optional[Tuple[float, float, int, np.ndarray]] = None
+        s.work += len(s.problem.tables[t])
         for o, c in enumerate(s.problem.tables[t]):
             ranks = place(s.problem, c, s.load, s.used)
             if ranks is None:
@@ -200,19 +212,32 @@ def _reinsert(s: _State, tables: List[int]) -> bool:
     return True
 
 
-def perturb(problem: Problem, start: Solution, budget_s: float, rounds: int, seed: int = 0) -> Tuple[Solution, int]:
-    """Ruin and recreate around :func:`improve`'s local optimum, for ``rounds`` rounds or ``budget_s``: take
-    off one to three tables of the busiest rank and up to two others (chosen by a generator seeded with
-    ``seed``), place them again (:func:`_reinsert`, the largest first), improve; keep the result when it
-    rates no worse (so the search walks plateaus) and the best seen. The best solution and rounds run."""
+def perturb(problem: Problem, start: Solution, effort: Effort, rounds: int, patience: int, target: float,
+            seed: int = 0) -> Tuple[Solution, int]:
+    """Ruin and recreate around :func:`improve`'s local optimum: take off one to three tables of the busiest rank
+    and up to two others (chosen by a generator seeded with ``seed``), place them again (:func:`_reinsert`, the
+    largest first), improve; keep the result when it rates no worse (so the search walks plateaus) and the best
+    seen. Stops (``effort.stopped``) once the best rates at most ``target``, after ``patience`` rounds in a row
+    that did not improve the best, after ``rounds`` rounds, or where ``effort`` has no work left. The best
+    solution and the rounds run."""
     rng = random.Random(seed)
-    deadline = time.perf_counter() + budget_s
-    best, _ = improve(problem, start, budget_s)
+    best, _ = improve(problem, start, effort)
     best_rating = rating(problem, best)
     current, current_rating = best, best_rating
-    done = 0
-    while done < rounds and time.perf_counter() < deadline:
+    done = idle = 0
+    while True:
+        if best_rating <= target:
+            effort.stopped = "bound"
+        elif idle >= patience:
+            effort.stopped = "patience"
+        elif done >= rounds:
+            effort.stopped = "rounds"
+        elif not effort.left():
+            effort.stopped = "timeout" if effort.cut else "work"
+        if effort.stopped:
+            return best, done
         done += 1
+        idle += 1
         s = _State(problem, current.copy())
         r = int(np.argmax(s.load))
         mine = sorted(s.on(r))
@@ -224,12 +249,14 @@ def perturb(problem: Problem, start: Solution, budget_s: float, rounds: int, see
         for t in chosen:
             s.take(t)
         order = sorted(chosen, key=lambda t: -max(c.perf.max(initial=0.0) for c in problem.tables[t]))
-        if not _reinsert(s, order):
+        placed = _reinsert(s, order)
+        effort.spend(s.work)
+        if not placed:
             continue
-        found, _ = improve(problem, s.solution, max(deadline - time.perf_counter(), 0.0))
+        found, _ = improve(problem, s.solution, effort)
         found_rating = rating(problem, found)
         if found_rating <= current_rating * (1 + REL_EPS):
             current, current_rating = found, found_rating
         if found_rating < best_rating * (1 - REL_EPS):
             best, best_rating = found, found_rating
-    return best, done
+            idle = 0

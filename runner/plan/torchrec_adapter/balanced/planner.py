@@ -28,6 +28,7 @@ from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of
+from runner.plan.torchrec_adapter.balanced.effort import Effort
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
@@ -115,8 +116,9 @@ class BalancedPlanner(SearchLoopPlanner):
             starts[f"point_{i}"] = solution
         self._phase("balanced search")
         try:
-            solution, found_facts = search(problem, starts, self.balanced.budget_s,
-                                           report=self._phase)
+            b = self.balanced
+            solution, found_facts = search(problem, starts, Effort(b.work, b.timeout_s), patience=b.patience,
+                                           gap=b.gap, report=self._phase)
         except ValueError:
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="the balanced search found no placement that fits") from None
@@ -220,7 +222,7 @@ def build(sharding: Any, device_type: str, world_size: int) -> BalancedProposer:
     if any(n not in here for n in compare):
         raise ConfigError("sharding.balanced_compare", list(compare), f"[] or a list of {', '.join(here)} on "
                           "CPU workers (a proposer binning HBM does not run there)")
-    if not sharding.balanced_budget_s > 0:
-        raise ConfigError("sharding.balanced_budget_s", sharding.balanced_budget_s, "a number of seconds > 0")
-    return BalancedProposer(float(sharding.balanced_budget_s), list(compare), auto=sharding.balanced_compare is None,
-                            sharding=sharding, device_type=device_type)
+    timeout = sharding.planner_timeout_s
+    return BalancedProposer(int(sharding.balanced_work), list(compare), patience=int(sharding.balanced_patience),
+                            gap=float(sharding.balanced_gap), timeout_s=None if timeout is None else float(timeout),
+                            auto=sharding.balanced_compare is None, sharding=sharding, device_type=device_type)

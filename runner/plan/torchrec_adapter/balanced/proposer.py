@@ -18,13 +18,13 @@ The planner that runs it is :class:`.planner.BalancedPlanner`; what each start r
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
+from runner.plan.torchrec_adapter.balanced.effort import Effort
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
 from runner.plan.torchrec_adapter.balanced.packing import packing_starts
@@ -40,6 +40,7 @@ from runner.plan.torchrec_adapter.balanced.problem import (
     changed,
     construct,
     rating,
+    simple_bound,
     valid,
 )
 from runner.plan.torchrec_adapter.compact_enumeration import shard_arrays, shard_count
@@ -47,7 +48,7 @@ from runner.plan.torchrec_adapter.compact_enumeration import shard_arrays, shard
 _KIND = {PartitionByType.UNIFORM.value: UNIFORM, PartitionByType.DEVICE.value: DEVICE,
          PartitionByType.HOST.value: HOST, PartitionByType.MULTI_HOST.value: MULTI_HOST}
 POOL_SIZE = 32  # plans kept per problem shape for later points
-ROUNDS = 200  # ruin-and-recreate rounds per start (the time budget ends them first at a thousand tables)
+ROUNDS = 200  # ruin-and-recreate rounds at most (the patience or the work ends them first at a thousand tables)
 EXACT_TABLES, EXACT_NODES = 12, 20000  # problems this small are solved by branch and bound first
 CONSTRUCT_TRIES = 50  # random construction orders tried where the runner's two starts fit nowhere
 COMPARE_MAX_SHARDS = 100_000
@@ -60,11 +61,15 @@ _POOL: Dict[Tuple[Any, ...], List[Dict[str, Tuple[str, str, Tuple[int, ...]]]]] 
 
 @dataclass
 class BalancedProposer:
-    """The settings of one balanced plan (``budget_s``: the search's time, ``compare``: TorchRec's proposers
-    whose plans are starts too) and, after it, what it found (:attr:`facts`)."""
+    """The settings of one balanced plan (``work``, ``patience``, ``gap``: when the search stops, :mod:`.effort`;
+    ``timeout_s``: its safety stop; ``compare``: TorchRec's proposers whose plans are starts too) and, after it,
+    what it found (:attr:`facts`)."""
 
-    budget_s: float
+    work: int
     compare: List[str]
+    patience: int = 20
+    gap: float = 0.005
+    timeout_s: Optional[float] = None
     auto: bool = False
     """``compare`` is the default (``sharding.balanced_compare=null``): skipped above :data:`COMPARE_MAX_SHARDS`."""
     sharding: Any = None
@@ -177,20 +182,22 @@ def remember(problem: Problem, table_options: List[List[ShardingOption]], soluti
         del plans[:-POOL_SIZE]
 
 
-def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, rounds: int = ROUNDS,
-           report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
+def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds: int = ROUNDS, patience: int = 20,
+           gap: float = 0.005, report: Optional[Callable[[str, Optional[float]], None]] = None
+           ) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
     start: small problems solved exactly first (:func:`.exact.exact`, within :data:`EXACT_NODES`); each
-    start taken to its local optimum (:func:`.moves.improve`) within an even share of what is left of
-    ``budget_s`` (so that the whole search keeps to it, however many starts a sweep's earlier points add); the
-    best of those searched further (:func:`.moves.perturb`, ``rounds`` rounds) in what is left.
+    start taken to its local optimum (:func:`.moves.improve`) within an even share of the work ``effort`` has
+    left (so that the whole search keeps to it, however many starts a sweep's earlier points add); the best of
+    those searched further (:func:`.moves.perturb`: at most ``rounds`` rounds, ``patience`` in a row that improve
+    nothing, or until within ``gap`` of the simple lower bound). Every limit is counted in work, the safety
+    stop's clock aside (:mod:`.effort`), so the answer does not depend on the machine.
     Returns the winner and, per start, its rating before and after. Ties keep the earlier start (the runner's
     own first). ``report`` is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:
         if report is not None:
             report(text, best)
 
-    t0 = time.perf_counter()
     own = construct(problem)
     rng = random.Random(0)
     tries = [lambda: construct(problem, by_storage=True)] + [
@@ -208,24 +215,27 @@ def search(problem: Problem, starts: Dict[str, Solution], budget_s: float, round
             candidates["exact"] = found
     if not candidates:
         raise ValueError("no start")  # where no plan fits: the caller says so
+    target = simple_bound(problem) * (1 + gap)
     improved: Dict[str, Solution] = {}
     best_so_far: Optional[float] = None
     for i, (name, start) in enumerate(candidates.items()):
         say(f"balanced search: improving start {i + 1} of {len(candidates)} ({name})", best_so_far)
-        share = max(budget_s - (time.perf_counter() - t0), 0.0) / (len(candidates) - i)  # of what is left
-        found, moves = (start, 0) if facts["optimal"] else improve(problem, start, share)
+        found, moves = (start, 0) if facts["optimal"] else improve(problem, start, effort,
+                                                                    effort.share(len(candidates) - i))
         improved[name] = found
         facts["starts"][name] = {"rating": rating(problem, start), "improved": rating(problem, found),
                                  "moves": moves, "changed": changed(start, found)}
         best_so_far = min(facts["starts"][name]["improved"], best_so_far or float("inf"))
     first = min(improved, key=lambda k: (facts["starts"][k]["improved"], list(improved).index(k)))
-    rest = 0 if facts["optimal"] else rounds
-    say(f"balanced search: ruin and recreate from the best start ({first})", best_so_far)
-    best, done = perturb(problem, improved[first], max(budget_s - (time.perf_counter() - t0), 0.0), rest)
+    if facts["optimal"]:
+        best, done, effort.stopped = improved[first], 0, "optimal"
+    else:
+        say(f"balanced search: ruin and recreate from the best start ({first})", best_so_far)
+        best, done = perturb(problem, improved[first], effort, rounds, patience, target)
     facts["starts"][first].update(improved=rating(problem, best), rounds=done,
                                   changed=changed(candidates[first], best))
     facts["winner"] = first
-    facts["search_s"] = time.perf_counter() - t0
+    facts.update(effort.facts(done), simple_bound_ms=float(target / (1 + gap)))
     return best, facts
 
 
@@ -243,7 +253,9 @@ def compared_metrics(facts: Dict[str, Any]) -> Dict[str, float]:
 def job_facts(facts: Dict[str, Any]) -> Dict[str, Any]:
     """What a job reports of a balanced plan's search: its source, TorchRec's ratings compared, those skipped."""
     return {"plan_source": plan_source(facts), "compared": compared_metrics(facts),
-            "torchrec": facts.get("torchrec", {}), "skipped": facts.get("skipped", {})}
+            "torchrec": facts.get("torchrec", {}), "skipped": facts.get("skipped", {}),
+            "search": {k: facts[k] for k in ("work", "work_limit", "rounds", "stopped", "cut_short", "simple_bound_ms")
+                       if k in facts}}
 
 
 def plan_source(facts: Dict[str, Any]) -> str:
@@ -265,7 +277,7 @@ def balanced_note(facts: Dict[str, Any]) -> str:
                 + (f" ({compared})" if compared else "") + skipped_text(facts))
     if winner.startswith("torchrec_") and not starts[winner]["changed"]:
         return (f"sharding.proposer=balanced kept TorchRec's {winner[len('torchrec_'):]} plan: no move lowered its "
-                f"busiest rank ({facts['rating']:.3f} ms)")
+                f"busiest rank ({facts['rating']:.3f} ms)" + search_text(facts))
     origin = {"runner": "the runner's own start", "exact": "a branch and bound", "packing": "a packing start",
               "packing, uniform x2": "a packing start (uniform options at twice their cost)"}.get(
         winner, f"TorchRec's {winner[len('torchrec_'):]} plan" if winner.startswith("torchrec_")
@@ -274,7 +286,21 @@ def balanced_note(facts: Dict[str, Any]) -> str:
             f"{facts['rating']:.3f} ms" + (f" ({compared})" if compared else "")
             + f"; found from {origin}" + (", proved optimal" if facts.get("optimal") else "")
             + (f", {facts['pooled']} earlier points' plans tried" if facts.get("pooled") else "")
-            + skipped_text(facts))
+            + skipped_text(facts) + search_text(facts))
+
+
+STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",
+           "patience": "sharding.balanced_patience rounds in a row improved nothing",
+           "rounds": "every round done", "work": "sharding.balanced_work spent",
+           "timeout": "cut short by sharding.planner_timeout_s", "optimal": "proved optimal"}
+
+
+def search_text(facts: Dict[str, Any]) -> str:
+    """The note's words on the search's work and why it stopped (empty where no search ran)."""
+    if "work" not in facts:
+        return ""
+    return (f"; search: {facts['work']:,} of {facts['work_limit']:,} evaluations, {facts['rounds']} rounds, "
+            f"stopped: {STOPPED.get(facts['stopped'], facts['stopped'])}")
 
 
 def skipped_text(facts: Dict[str, Any]) -> str:

@@ -1,0 +1,73 @@
+"""The balanced search's budget, counted in work rather than time, so that a config gives the same plan on any
+machine and under any load.
+
+A unit of work is one evaluation: one sharding option of a table placed on the ranks' loads (a move, a
+re-placement or a ruin-and-recreate reinsertion tried), one device shard's move to its best rank, or one shard's
+swap partners scanned (a unit per 256 shards scanned). The search (:func:`.proposer.search`) stops at the first
+of:
+
+- ``bound``: the best plan is within ``sharding.balanced_gap`` of the simple lower bound (nothing left to find);
+- ``patience``: ``sharding.balanced_patience`` ruin-and-recreate rounds in a row improved nothing;
+- ``rounds``: the rounds are done (:data:`.proposer.ROUNDS`);
+- ``work``: ``sharding.balanced_work`` units are spent;
+- ``timeout``: the safety stop, ``sharding.planner_timeout_s`` seconds of wall clock (null: none). Only this one
+  depends on the machine; where it fires the plan says so (:attr:`Effort.cut_short`, the tag
+  ``runner.plan_cut_short``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+SWAP_SCAN = 256  # shards scanned per unit of work in a swap's scan
+STOPS = ("bound", "patience", "rounds", "work", "timeout", "optimal")
+
+
+@dataclass
+class Effort:
+    """Work spent against ``limit`` (units, see the module doc), and the safety stop's deadline
+    (``time.perf_counter()`` value; None: no clock)."""
+
+    limit: int
+    timeout_s: Optional[float] = None
+    spent: int = 0
+    cut: bool = False
+    """The safety stop fired: the search ended before its work was done."""
+    stopped: str = ""
+    """Why the search ended (one of :data:`STOPS`), set by the search."""
+    deadline: Optional[float] = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None:
+            self.deadline = time.perf_counter() + self.timeout_s
+
+    def spend(self, units: int) -> None:
+        self.spent += units
+
+    def left(self, until: Optional[int] = None) -> bool:
+        """Whether work is left (below ``until`` too, where given) and the safety stop has not fired."""
+        if self.spent >= (self.limit if until is None else min(until, self.limit)):
+            return False
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            self.cut = True
+            return False
+        return True
+
+    def share(self, parts: int) -> int:
+        """The ``spent`` value at which an even share (one of ``parts``) of the work left ends."""
+        return self.spent + max(self.limit - self.spent, 0) // max(parts, 1)
+
+    def facts(self, rounds: int) -> Dict[str, Any]:
+        return {"work": self.spent, "work_limit": self.limit, "rounds": rounds, "stopped": self.stopped,
+                "cut_short": self.cut_short(rounds)}
+
+    def cut_short(self, rounds: int) -> Optional[str]:
+        """The words a plan cut by the safety stop carries (None where the search ended on its own)."""
+        if not self.cut:
+            return None
+        return (f"the balanced search was cut short by sharding.planner_timeout_s={self.timeout_s:g} after "
+                f"{self.spent:,} of {self.limit:,} units of work ({rounds} ruin-and-recreate rounds): another "
+                f"machine or load may give another plan; raise or unset sharding.planner_timeout_s for the "
+                f"search's own answer")
