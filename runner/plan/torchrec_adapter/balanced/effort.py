@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 SWAP_SCAN = 256  # shards scanned per unit of work in a swap's scan
+PROGRESS_EVERY_S = 5.0  # a long search says how far it is this often (the clock decides when, never what)
 STOPS = ("bound", "patience", "rounds", "work", "timeout", "optimal")
 
 
@@ -37,11 +38,15 @@ class Effort:
     """The safety stop fired: the search ended before its work was done."""
     stopped: str = ""
     """Why the search ended (one of :data:`STOPS`), set by the search."""
+    progress: Optional[Callable[[str], None]] = None
+    """Told how far the search is, every :data:`PROGRESS_EVERY_S` seconds."""
     deadline: Optional[float] = field(default=None, init=False)
+    _said: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
+        self._said = time.perf_counter()
         if self.timeout_s is not None:
-            self.deadline = time.perf_counter() + self.timeout_s
+            self.deadline = self._said + self.timeout_s
 
     def spend(self, units: int) -> None:
         self.spent += units
@@ -50,9 +55,13 @@ class Effort:
         """Whether work is left (below ``until`` too, where given) and the safety stop has not fired."""
         if self.spent >= (self.limit if until is None else min(until, self.limit)):
             return False
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
+        now = time.perf_counter()
+        if self.deadline is not None and now >= self.deadline:
             self.cut = True
             return False
+        if self.progress is not None and now - self._said >= PROGRESS_EVERY_S:
+            self._said = now
+            self.progress(f"balanced search: {self.spent:,} of {self.limit:,} evaluations")
         return True
 
     def share(self, parts: int) -> int:

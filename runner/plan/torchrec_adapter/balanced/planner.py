@@ -117,8 +117,9 @@ class BalancedPlanner(SearchLoopPlanner):
         self._phase("balanced search")
         try:
             b = self.balanced
-            solution, found_facts = search(problem, starts, Effort(b.work, b.timeout_s), patience=b.patience,
-                                           gap=b.gap, report=self._phase)
+            effort = Effort(b.work, b.timeout_s, progress=self._phase)
+            solution, found_facts = search(problem, starts, effort, patience=b.patience, gap=b.gap,
+                                           report=self._phase)
         except ValueError:
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="the balanced search found no placement that fits") from None
