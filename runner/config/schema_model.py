@@ -111,12 +111,12 @@ class ShardingSchema:
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
     proposer: str = one_of("default", tuple(PROPOSERS), said={n: p.summary for n, p in PROPOSERS.items()})
     """The proposer of the sharding planner (``runner/config/proposers.py``; docs/planning.md)."""
-    balanced_work: int = 4_000_000
+    balanced_work: int = 400_000
     """Work the ``balanced`` proposer's search may do, in evaluations (a sharding option placed, a shard moved;
     docs/planning.md), counted rather than timed so that a config gives the same plan on any machine (> 0)."""
-    balanced_patience: int = 20
-    """The ``balanced`` search stops after this many ruin-and-recreate rounds in a row that improved nothing
-    (>= 0)."""
+    balanced_patience: int = 20_000
+    """The ``balanced`` search stops once this much work (evaluations) has gone by since its plan last improved
+    (>= 0): hundreds of ruin-and-recreate rounds on a few tables, a few at thousands of tables."""
     balanced_gap: float = 0.005
     """The ``balanced`` search stops once its plan is within this fraction of the simple lower bound (>= 0; the
     estimates themselves are rarely closer than a few percent to a measured step: docs/calibration.md)."""

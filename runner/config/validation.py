@@ -138,7 +138,7 @@ def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
     _check(s.planner_timeout_s is None or s.planner_timeout_s > 0, "sharding.planner_timeout_s",
            s.planner_timeout_s, "null or a positive number of seconds")
     _check(s.balanced_work > 0, "sharding.balanced_work", s.balanced_work, "a positive number of evaluations")
-    _check(s.balanced_patience >= 0, "sharding.balanced_patience", s.balanced_patience, "a number of rounds >= 0")
+    _check(s.balanced_patience >= 0, "sharding.balanced_patience", s.balanced_patience, "a number of evaluations >= 0")
     _check(s.balanced_gap >= 0, "sharding.balanced_gap", s.balanced_gap, "a fraction >= 0")
     _check(s.dp_hbm_bins > 0, "sharding.dp_hbm_bins", s.dp_hbm_bins, "a positive integer")
     _check(s.grid_max_proposals > 0, "sharding.grid_max_proposals", s.grid_max_proposals, "a positive integer")

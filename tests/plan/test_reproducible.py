@@ -63,18 +63,20 @@ def _device_tables(sizes: List[float]) -> List[List[Choice]]:
 def test_the_search_stops_at_once_where_the_bound_is_reached() -> None:
     problem = Problem(_device_tables([1.0] * 16), np.array([[100, 0]] * 4), 4)  # 4 a rank: the mean rank
     effort = Effort(1_000_000)
-    best, facts = search(problem, {}, effort, patience=40)
+    best, facts = search(problem, {}, effort, patience=20_000)
     assert rating(problem, best) == pytest.approx(4.0)
     assert facts["stopped"] == "bound" and facts["rounds"] == 0
 
 
-def test_the_search_stops_after_rounds_that_improve_nothing() -> None:
+def test_the_search_stops_after_work_that_improves_nothing() -> None:
     problem = Problem(_device_tables([1.0] * 13), np.array([[100, 0]] * 2), 2)  # 7 on one rank: 7.7% above the mean
     effort = Effort(1_000_000)
-    best, facts = search(problem, {}, effort, patience=25)
+    best, facts = search(problem, {}, effort, patience=300)
     assert rating(problem, best) == pytest.approx(7.0)
-    assert facts["stopped"] == "patience" and facts["rounds"] == 25
-    spent = effort.spent
-    few = Effort(spent // 3)  # less work than that: stopped by the work, the same answer or a worse one
-    worse, cut = search(problem, {}, few, patience=25)
+    assert facts["stopped"] == "patience" and 0 < facts["rounds"] < 200 and 300 <= facts["work"] < 1_000_000
+    longer = Effort(1_000_000)
+    _, more = search(problem, {}, longer, patience=600)  # more patience: more rounds, the same answer
+    assert more["stopped"] == "patience" and more["rounds"] > facts["rounds"]
+    few = Effort(effort.spent // 3)  # less work than the first search did: stopped by the work
+    worse, cut = search(problem, {}, few, patience=300)
     assert cut["stopped"] == "work" and rating(problem, worse) >= rating(problem, best)

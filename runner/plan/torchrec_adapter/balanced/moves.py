@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.torchrec_adapter.balanced.effort import SWAP_SCAN, Effort
+from runner.plan.torchrec_adapter.balanced.effort import RANKS_PER_UNIT, SWAP_SCAN, Effort
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     REL_EPS,
@@ -44,11 +44,13 @@ class _State:
     members: List[set] = field(init=False)  # per rank, the tables with a shard there (but not on every rank)
     everywhere: set = field(init=False)  # the tables with one shard on each rank (uniform options)
     work: int = field(default=0, init=False)  # evaluations made since last counted (:mod:`.effort`)
+    unit: int = field(default=1, init=False)  # what one placement costs: it reads every rank's load and storage
 
     def __post_init__(self) -> None:
         self.load, self.used = np.zeros(self.problem.world), np.zeros_like(self.problem.capacity)
         self.members = [set() for _ in range(self.problem.world)]
         self.everywhere = set()
+        self.unit = 1 + self.problem.world // RANKS_PER_UNIT
         for t in range(len(self.solution.ranks)):
             self._apply(t, 1)
 
@@ -97,7 +99,7 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
         floor = s.load[r] - (old.perf[r] if old.kind == UNIFORM else old.perf[old_ranks == r].sum())
         if floor > (limit if best is None else best[0]) * (1 + PRUNE_MARGIN):
             continue
-        s.work += len(tables[t])
+        s.work += len(tables[t]) * s.unit
         if old.kind == DEVICE:
             for j in np.flatnonzero(old_ranks == r):
                 s.work += 1
@@ -166,6 +168,7 @@ def improve(problem: Problem, start: Solution, effort: Effort, until: Optional[i
     moves, or ``effort`` has no work left (below ``until`` too, where given); the solution found and the moves
     made."""
     s = _State(problem, start.copy())
+    effort.spend(len(problem.tables))  # the state's loads, table by table
     moves = 0
     while moves < max_moves and effort.left(until):
         r = int(np.argmax(s.load))
@@ -198,7 +201,7 @@ def _reinsert(s: _State, tables: List[int]) -> bool:
     the least load on the ranks they touch (then the least total perf); False where one fits nowhere."""
     for t in tables:
         best: Optional[Tuple[float, float, int, np.ndarray]] = None
-        s.work += len(s.problem.tables[t])
+        s.work += len(s.problem.tables[t]) * s.unit
         for o, c in enumerate(s.problem.tables[t]):
             ranks = place(s.problem, c, s.load, s.used)
             if ranks is None:
@@ -217,18 +220,19 @@ def perturb(problem: Problem, start: Solution, effort: Effort, rounds: int, pati
     """Ruin and recreate around :func:`improve`'s local optimum: take off one to three tables of the busiest rank
     and up to two others (chosen by a generator seeded with ``seed``), place them again (:func:`_reinsert`, the
     largest first), improve; keep the result when it rates no worse (so the search walks plateaus) and the best
-    seen. Stops (``effort.stopped``) once the best rates at most ``target``, after ``patience`` rounds in a row
-    that did not improve the best, after ``rounds`` rounds, or where ``effort`` has no work left. The best
+    seen. Stops (``effort.stopped``) once the best rates at most ``target``, once ``patience`` units of work
+    (:mod:`.effort`) have gone by since the best last improved (rounds are cheap on small problems, where many are
+    worth trying, and dear on large ones), after ``rounds`` rounds, or where ``effort`` has no work left. The best
     solution and the rounds run."""
     rng = random.Random(seed)
     best, _ = improve(problem, start, effort)
     best_rating = rating(problem, best)
     current, current_rating = best, best_rating
-    done = idle = 0
+    done, since = 0, effort.spent
     while True:
         if best_rating <= target:
             effort.stopped = "bound"
-        elif idle >= patience:
+        elif effort.spent - since >= patience:
             effort.stopped = "patience"
         elif done >= rounds:
             effort.stopped = "rounds"
@@ -237,8 +241,8 @@ def perturb(problem: Problem, start: Solution, effort: Effort, rounds: int, pati
         if effort.stopped:
             return best, done
         done += 1
-        idle += 1
         s = _State(problem, current.copy())
+        effort.spend(len(problem.tables))  # the state's loads, table by table
         r = int(np.argmax(s.load))
         mine = sorted(s.on(r))
         chosen = set(rng.sample(mine, min(len(mine), rng.randint(1, 3))))
@@ -259,4 +263,4 @@ def perturb(problem: Problem, start: Solution, effort: Effort, rounds: int, pati
             current, current_rating = found, found_rating
         if found_rating < best_rating * (1 - REL_EPS):
             best, best_rating = found, found_rating
-            idle = 0
+            since = effort.spent

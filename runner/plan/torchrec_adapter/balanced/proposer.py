@@ -67,7 +67,7 @@ class BalancedProposer:
 
     work: int
     compare: List[str]
-    patience: int = 20
+    patience: int = 20000
     gap: float = 0.005
     timeout_s: Optional[float] = None
     auto: bool = False
@@ -182,16 +182,16 @@ def remember(problem: Problem, table_options: List[List[ShardingOption]], soluti
         del plans[:-POOL_SIZE]
 
 
-def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds: int = ROUNDS, patience: int = 20,
-           gap: float = 0.005, report: Optional[Callable[[str, Optional[float]], None]] = None
-           ) -> Tuple[Solution, Dict[str, Any]]:
+def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds: int = ROUNDS,
+           patience: int = 20000, gap: float = 0.005,
+           report: Optional[Callable[[str, Optional[float]], None]] = None) -> Tuple[Solution, Dict[str, Any]]:
     """The best plan the search finds from ``starts`` (name -> solution, each valid) and the runner's own
     start: small problems solved exactly first (:func:`.exact.exact`, within :data:`EXACT_NODES`); each
     start taken to its local optimum (:func:`.moves.improve`) within an even share of the work ``effort`` has
     left (so that the whole search keeps to it, however many starts a sweep's earlier points add); the best of
-    those searched further (:func:`.moves.perturb`: at most ``rounds`` rounds, ``patience`` in a row that improve
-    nothing, or until within ``gap`` of the simple lower bound). Every limit is counted in work, the safety
-    stop's clock aside (:mod:`.effort`), so the answer does not depend on the machine.
+    those searched further (:func:`.moves.perturb`: at most ``rounds`` rounds, until ``patience`` units of work
+    went by without improving, or until within ``gap`` of the simple lower bound). Every limit is counted in work,
+    the safety stop's clock aside (:mod:`.effort`), so the answer does not depend on the machine.
     Returns the winner and, per start, its rating before and after. Ties keep the earlier start (the runner's
     own first). ``report`` is told each step (what, the best rating so far)."""
     def say(text: str, best: Optional[float]) -> None:
@@ -290,7 +290,7 @@ def balanced_note(facts: Dict[str, Any]) -> str:
 
 
 STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",
-           "patience": "sharding.balanced_patience rounds in a row improved nothing",
+           "patience": "sharding.balanced_patience evaluations improved nothing",
            "rounds": "every round done", "work": "sharding.balanced_work spent",
            "timeout": "cut short by sharding.planner_timeout_s", "optimal": "proved optimal"}
 
