@@ -3,8 +3,9 @@
 ``outputs/runs/<date>/<time>/`` (a sweep's point: ``outputs/multirun/<date>/<time>/<n>/``) holds:
 
 - ``resolved.yaml``: the config the workers run (composed and resolved once, by the driver);
-- ``driver.json``: written by the driver before launch (the rendezvous port); its presence tells rank 0
-  that a driver owns the MLflow run;
+- ``driver.json``: written by the driver before launch (the rendezvous port, the driver's pid and start time);
+  its presence tells rank 0 that a driver owns the MLflow run, and ``python -m runner sync`` whether that driver
+  is gone (:func:`driver_gone`);
 - ``run.json``: the MLflow store and run id, published by the driver once the run exists;
 - ``events.jsonl``: what rank 0 reports for MLflow (metrics, tags, artifacts), one JSON line each;
 - ``delivered.json``: how much of it is in the store, and the final status while the store was unreachable
@@ -147,3 +148,34 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def driver_record(port: int) -> Dict[str, Any]:
+    """What ``driver.json`` holds: the rendezvous port, and this process's pid and start time (seconds since the
+    epoch, as the kernel gives it), which together name this driver even after its pid is reused."""
+    import psutil
+
+    return {"port": port, "pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def driver_gone(run_dir: Path) -> Optional[str]:
+    """Where the driver ``driver.json`` names is gone (no such process, or another one under its pid): the words
+    saying so, with when the folder last heard from the job; None where it is alive or the file names none."""
+    import datetime
+
+    import psutil
+
+    record = read_json(run_dir / DRIVER)
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return None
+    try:
+        if abs(psutil.Process(record["pid"]).create_time() - float(record.get("started") or 0.0)) < 1.0:
+            return None  # the same process, still there
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
+        return None  # another user's process: cannot tell
+    heard = max((p.stat().st_mtime for p in (run_dir / EVENTS, run_dir / DRIVER, run_dir / RUN_INFO) if p.exists()),
+                default=0.0)
+    when = datetime.datetime.fromtimestamp(heard).strftime("%Y-%m-%d %H:%M:%S")
+    return f"its driver (pid {record['pid']}) is gone, killed outright; last heard from at {when}"

@@ -131,11 +131,51 @@ def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) 
         except Exception as exc:  # noqa: BLE001
             return f"{run_dir}: the store {uri} refused the final status ({outage_reason(exc)})"
         rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=final["status"])
-    ended = f", ended {final['status']}" if final else ""
-    if before or final or created or not quiet:
+    lost = None if final else _end_lost(run_dir, uri, str(run_id))
+    if lost is not None and lost.startswith(str(run_dir)):
+        return lost  # the store refused
+    ended = f", ended {final['status']}" if final else f", ended KILLED: {lost}" if lost else ""
+    if before or final or created or lost or not quiet:
         print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}"
               f"{' (created now)' if created else ''}{ended}", flush=True)
     return None
+
+
+LOST_TAG = "runner.driver_lost"
+
+
+def end_if_lost(run_dir: Path) -> Optional[str]:
+    """The line saying that the job of ``run_dir`` (an earlier job's files, set aside for a new job in the same
+    folder) was lost and its run ended KILLED now; None where it was not lost, or the store cannot say."""
+    info = rundir.read_json(run_dir / rundir.RUN_INFO)
+    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and info.get("run_id")):
+        return None
+    state = rundir.read_json(run_dir / rundir.DELIVERED)
+    if isinstance(state, dict) and state.get("final"):
+        return None  # it ended; the store was away: runner sync delivers that ending
+    why = _end_lost(run_dir, info["tracking_uri"], str(info["run_id"]))
+    if why is None or why.startswith(str(run_dir)):
+        return None
+    return f"[runner] the earlier job in this run folder was lost ({why}): its MLflow run {info['run_id']} ended KILLED"
+
+
+def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
+    """A run the store has as RUNNING whose driver was killed outright (:func:`rundir.driver_gone`): ended KILLED,
+    tagged with why and when it was last heard from, ``status.json`` written; the words, or None where the run is
+    not such a one. A line starting with the folder where the store refused."""
+    why = rundir.driver_gone(run_dir)
+    if why is None:
+        return None
+    try:
+        if client(uri).get_run(run_id).info.status != "RUNNING":
+            return None
+        client(uri).set_tag(run_id, LOST_TAG, why)
+        end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
+    except Exception as exc:  # noqa: BLE001
+        return f"{run_dir}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
+    if rundir.read_status(run_dir) is None:
+        rundir.record_status(run_dir, "KILLED", f"the job was lost: {why}")
+    return why
 
 
 def _sweep_parent(sweep_dir: Path) -> Tuple[Optional[str], Optional[str]]:

@@ -7,6 +7,7 @@ fault (walking /proc's children links, not matching process names) and every one
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -141,6 +142,16 @@ def test_driver_killed_takes_every_process_along(store: str, tmp_path: Path) -> 
     job.finish()
     assert wait_gone(tree, 10) == [], "orphans outlived their driver"
     print(f"SIGKILL to the driver: {len(tree)} processes gone in {time.monotonic() - t0:.1f}s")
+    run = only_run(store, "fault_kill_driver")
+    assert run.info.status == "RUNNING"  # nothing could end it: its driver was killed outright
+    from runner.track.sync import LOST_TAG, sync
+
+    assert sync([str(job.run_dir)]) == 0  # finds the driver gone: the run ends KILLED, saying when it was last heard
+    run = only_run(store, "fault_kill_driver")
+    assert run.info.status == "KILLED" and run.info.end_time
+    assert f"pid {job.proc.pid}" in run.data.tags[LOST_TAG] and "last heard from at" in run.data.tags[LOST_TAG]
+    assert json.loads((job.run_dir / "status.json").read_text())["status"] == "KILLED"
+    assert sync([str(job.run_dir)]) == 0 and only_run(store, "fault_kill_driver").info.end_time == run.info.end_time
 
 
 @pytest.mark.parametrize("target", ["agent", "worker"])

@@ -49,6 +49,7 @@ from runner.runtime.device import (
 from runner.track import store, store_open
 from runner.track.driver_run import DriverRun
 from runner.track.sweep_points import sweep_info
+from runner.track.sync import end_if_lost
 from runner.train.checkpoint import checkpoint_root, resolve
 
 if TYPE_CHECKING:
@@ -189,6 +190,9 @@ def _job_folder(cfg: RunnerConfig) -> Tuple[HydraJob, Dict[str, Any], Optional[s
     if earlier is not None:
         print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
               "for train.resume=latest)", flush=True)
+        lost = end_if_lost(earlier)
+        if lost:
+            print(lost, flush=True)
     config = OmegaConf.to_container(cfg, resolve=True)
     (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
     earlier_run = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
@@ -225,7 +229,7 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
-    rundir.write_json(ctx.run_dir / rundir.DRIVER, {"port": port})
+    rundir.write_json(ctx.run_dir / rundir.DRIVER, rundir.driver_record(port))
     run = driver_run(cfg, ctx, config, port, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run

@@ -16,9 +16,9 @@ tables at all:
 Every valid plan gives a 0/1 point of it at its own busiest rank (placement rules and storage are dropped: a
 relaxation), so where the program has no solution for ``T`` no plan's busiest rank is ``T`` or less. Whether it
 does is monotone in ``T``; the bound is the largest ``T`` found infeasible by bisection (SciPy's HiGHS, at most
-:data:`MAX_SOLVES` solves: counted, not timed, so that the bound is the same on any machine), a hair lower (:data:`LP_MARGIN`). A solver status other than "feasible" or "infeasible", or
-more patterns than :data:`MAX_PATTERNS` at every item threshold tried, proves nothing: the bound is then the one
-it started from.
+:data:`MAX_SOLVES` solves: counted, not timed, so that the bound is the same on any machine), a hair lower
+(:data:`LP_MARGIN`). A solver status other than "feasible" or "infeasible", or more patterns than
+:data:`MAX_PATTERNS` at every item threshold tried, proves nothing: the bound is then the one it started from.
 """
 
 from __future__ import annotations

@@ -85,3 +85,17 @@ class Effort:
                 f"{self.spent:,} of {self.limit:,} units of work ({rounds} ruin-and-recreate rounds): another "
                 f"machine or load may give another plan; raise or unset sharding.planner_timeout_s for the "
                 f"search's own answer")
+
+
+STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",
+           "patience": "sharding.balanced_patience evaluations improved nothing",
+           "rounds": "every round done", "work": "sharding.balanced_work spent",
+           "timeout": "cut short by sharding.planner_timeout_s", "optimal": "proved optimal"}
+
+
+def search_text(facts: Dict[str, Any]) -> str:
+    """The note's words on the search's work and why it stopped (empty where no search ran)."""
+    if "work" not in facts:
+        return ""
+    return (f"; search: {facts['work']:,} of {facts['work_limit']:,} evaluations, {facts['rounds']} rounds, "
+            f"stopped: {STOPPED.get(facts['stopped'], facts['stopped'])}")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
-from runner.plan.torchrec_adapter.balanced.effort import Effort
+from runner.plan.torchrec_adapter.balanced.effort import Effort, search_text
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
 from runner.plan.torchrec_adapter.balanced.packing import packing_starts
@@ -288,19 +288,6 @@ def balanced_note(facts: Dict[str, Any]) -> str:
             + (f", {facts['pooled']} earlier points' plans tried" if facts.get("pooled") else "")
             + skipped_text(facts) + search_text(facts))
 
-
-STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",
-           "patience": "sharding.balanced_patience evaluations improved nothing",
-           "rounds": "every round done", "work": "sharding.balanced_work spent",
-           "timeout": "cut short by sharding.planner_timeout_s", "optimal": "proved optimal"}
-
-
-def search_text(facts: Dict[str, Any]) -> str:
-    """The note's words on the search's work and why it stopped (empty where no search ran)."""
-    if "work" not in facts:
-        return ""
-    return (f"; search: {facts['work']:,} of {facts['work_limit']:,} evaluations, {facts['rounds']} rounds, "
-            f"stopped: {STOPPED.get(facts['stopped'], facts['stopped'])}")
 
 
 def skipped_text(facts: Dict[str, Any]) -> str:
