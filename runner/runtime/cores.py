@@ -101,14 +101,14 @@ def plan_batch_size(cfg: Any, points: int, pooled: bool) -> Optional[int]:
 
 
 def job_memory(allocated: Sequence[Tuple[int, str]] = ()) -> Tuple[Optional[int], str]:
-    """The host memory this job may use, in bytes, and what bounds it: the host's (``/proc/meminfo``), its
-    cgroup's limit (a container, Slurm's cgroup plugin), a scheduler's allocation (``allocated``:
+    """The host memory this job may use, in bytes, and what bounds it: the host's (psutil), its cgroup's limit (a
+    container, Slurm's cgroup plugin), a scheduler's allocation (``allocated``:
     :func:`runner.launch.schedulers.allocations`); (None, '') where none can be read."""
+    import psutil
+
     found: List[Tuple[int, str]] = []
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                found.append((int(line.split()[1]) * 1024, "the host's memory"))
+    with contextlib.suppress(OSError, RuntimeError):
+        found.append((int(psutil.virtual_memory().total), "the host's memory"))
     with contextlib.suppress(OSError, ValueError):
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":

@@ -67,16 +67,18 @@ def _this_host(addr: str) -> bool:
 
 
 def filesystem_type(path: Path) -> str:
-    """The type of the filesystem ``path`` is on (its longest mount point in /proc/mounts)."""
+    """The type of the filesystem ``path`` is on (the mount, of psutil's, with the longest mount point above it)."""
+    import psutil
+
     path, best, kind = path.resolve(), "", "unknown"
     try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
+        mounts = psutil.disk_partitions(all=True)
+    except (OSError, RuntimeError):
         return kind
-    for line in mounts:
-        parts = line.split()
-        if len(parts) >= 3 and (str(path) + "/").startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(best):
-            best, kind = parts[1], parts[2]
+    for mount in mounts:
+        point = mount.mountpoint
+        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, mount.fstype
     return kind
 
 
