@@ -8,9 +8,7 @@ the port and, when this host can tell, the process holding it.
 from __future__ import annotations
 
 import errno
-import os
 import socket
-from pathlib import Path
 from typing import Optional
 
 from runner.config.errors import ConfigError
@@ -23,36 +21,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _socket_inodes(port: int) -> set:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
-                inodes.add(fields[9])
-    return inodes
-
-
 def port_holder(port: int) -> Optional[str]:
-    """``pid N (command)`` of the process listening on ``port`` on this host, when /proc shows it."""
-    inodes = _socket_inodes(port)
-    if not inodes:
+    """``pid N (command)`` of the process listening on ``port`` on this host, where psutil can tell (another
+    user's process may be hidden: then None)."""
+    import psutil
+
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    except (psutil.Error, OSError):
         return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid in sorted(pids):
         try:
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                    return f"pid {proc.name} ({cmd[:120]})"
-        except OSError:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
             continue
+        return f"pid {pid} ({cmd[:120]})"
     return None
 
 
