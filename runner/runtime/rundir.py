@@ -151,22 +151,28 @@ def exclusive(lock_file: Path) -> Iterator[None]:
 
 
 def driver_record(port: int) -> Dict[str, Any]:
-    """What ``driver.json`` holds: the rendezvous port, and this process's pid and start time (seconds since the
-    epoch, as the kernel gives it), which together name this driver even after its pid is reused."""
+    """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start time (seconds since
+    the epoch, as the kernel gives it), which together name this driver even after its pid is reused."""
+    import socket
+
     import psutil
 
-    return {"port": port, "pid": os.getpid(), "started": psutil.Process().create_time()}
+    return {"port": port, "host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
 
 
 def driver_gone(run_dir: Path) -> Optional[str]:
     """Where the driver ``driver.json`` names is gone (no such process, or another one under its pid): the words
-    saying so, with when the folder last heard from the job; None where it is alive or the file names none."""
+    saying so, with when the folder last heard from the job; None where it is alive, the file names none, or the
+    driver ran on another host (a Slurm job's folder read from a login node: this host cannot tell)."""
     import datetime
+    import socket
 
     import psutil
 
     record = read_json(run_dir / DRIVER)
     if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return None
+    if record.get("host") != socket.gethostname():
         return None
     try:
         if abs(psutil.Process(record["pid"]).create_time() - float(record.get("started") or 0.0)) < 1.0:
