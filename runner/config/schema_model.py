@@ -129,9 +129,9 @@ class ShardingSchema:
     grid_max_proposals: int = 10000
     """Proposals the grid-search proposer may try before it gives up."""
     planner_timeout_s: Optional[float] = None
-    """A safety stop: stop searching after this many seconds of wall clock and keep the best plan so far (null:
-    no limit). Where it fires, the plan may differ by machine and load, and the run says so (tag
-    ``runner.plan_cut_short``)."""
+    """A safety stop: each search (TorchRec's proposers' loop, the balanced search after its starts) stops after
+    this many seconds of wall clock and keeps the best plan so far (null: no limit). Where it fires, the plan may
+    differ by machine and load, and the run says so (tag ``runner.plan_cut_short``)."""
     plan: Optional[str] = None
     """Path of a ``plan.json`` written by an earlier run: reuse that plan exactly instead of planning."""
 

@@ -26,7 +26,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.errors import disk_full
 
@@ -150,38 +150,48 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _start_of(pid: int) -> Optional[Tuple[str, int]]:
+    """A process's identity across pid reuse: this boot's id and the process's start in clock ticks since boot
+    (the kernel's own, untouched by a step of the wall clock); None where this host cannot read them."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return boot, int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: after the command's closing ")"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def driver_record(port: int) -> Dict[str, Any]:
-    """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start time (seconds since
-    the epoch, as the kernel gives it), which together name this driver even after its pid is reused."""
+    """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start (the boot's id and
+    the start in ticks since boot), which together name this driver even after its pid is reused."""
     import socket
 
-    import psutil
-
-    return {"port": port, "host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    start = _start_of(os.getpid())
+    return {"port": port, "host": socket.gethostname(), "pid": os.getpid(),
+            **({"boot": start[0], "ticks": start[1]} if start else {})}
 
 
 def driver_gone(run_dir: Path) -> Optional[str]:
-    """Where the driver ``driver.json`` names is gone (no such process, or another one under its pid): the words
-    saying so, with when the folder last heard from the job; None where it is alive, the file names none, or the
-    driver ran on another host (a Slurm job's folder read from a login node: this host cannot tell)."""
+    """Where the driver ``driver.json`` names is gone (no such process, or another one under its pid, or the host
+    rebooted since): the words saying so, with when the folder last heard from the job; None where it is alive,
+    the file names none, this host cannot tell, or the driver ran on another host (a Slurm job's folder read
+    from a login node)."""
     import datetime
     import socket
 
     import psutil
 
     record = read_json(run_dir / DRIVER)
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or record["pid"] <= 0:
         return None
-    if record.get("host") != socket.gethostname():
+    if record.get("host") != socket.gethostname() or not isinstance(record.get("boot"), str):
         return None
-    try:
-        if abs(psutil.Process(record["pid"]).create_time() - float(record.get("started") or 0.0)) < 1.0:
-            return None  # the same process, still there
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.Error:
-        return None  # another user's process: cannot tell
+    pid = record["pid"]
+    if psutil.pid_exists(pid):  # another user's process counts as there (hidden or not)
+        now = _start_of(pid)
+        if now is None or now == (record["boot"], record.get("ticks")):
+            return None  # the same process, or one this host cannot read: not judged gone
     heard = max((p.stat().st_mtime for p in (run_dir / EVENTS, run_dir / DRIVER, run_dir / RUN_INFO) if p.exists()),
                 default=0.0)
     when = datetime.datetime.fromtimestamp(heard).strftime("%Y-%m-%d %H:%M:%S")
-    return f"its driver (pid {record['pid']}) is gone, killed outright; last heard from at {when}"
+    return f"its driver (pid {pid}) is gone, killed outright; last heard from at {when}"

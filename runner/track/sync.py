@@ -163,6 +163,8 @@ def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
     """A run the store has as RUNNING whose driver was killed outright (:func:`rundir.driver_gone`): ended KILLED,
     tagged with why and when it was last heard from, ``status.json`` written; the words, or None where the run is
     not such a one. A line starting with the folder where the store refused."""
+    if rundir.read_status(run_dir) is not None:
+        return None  # the job recorded how it ended: its driver was not killed outright
     why = rundir.driver_gone(run_dir)
     if why is None:
         return None
@@ -173,8 +175,7 @@ def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
         end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
     except Exception as exc:  # noqa: BLE001
         return f"{run_dir}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
-    if rundir.read_status(run_dir) is None:
-        rundir.record_status(run_dir, "KILLED", f"the job was lost: {why}")
+    rundir.record_status(run_dir, "KILLED", f"the job was lost: {why}")
     return why
 
 

@@ -70,16 +70,12 @@ def filesystem_type(path: Path) -> str:
     """The type of the filesystem ``path`` is on (the mount, of psutil's, with the longest mount point above it)."""
     import psutil
 
-    path, best, kind = path.resolve(), "", "unknown"
     try:
         mounts = psutil.disk_partitions(all=True)
     except (OSError, RuntimeError):
-        return kind
-    for mount in mounts:
-        point = mount.mountpoint
-        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) > len(best):
-            best, kind = point, mount.fstype
-    return kind
+        return "unknown"
+    above = [m for m in mounts if (str(path.resolve()) + "/").startswith(m.mountpoint.rstrip("/") + "/")]
+    return max(above, key=lambda m: len(m.mountpoint)).fstype if above else "unknown"
 
 
 def check_submission(cfg: DictConfig) -> None:
