@@ -51,15 +51,29 @@ def parquet_readable(cfg: RunnerConfig) -> None:
 
 
 def parquet_columns(cfg: RunnerConfig) -> None:
-    """The files have every column the model reads (labels, dense features, one per table)."""
+    """Every file has every column the model reads (labels, dense features, one per table), of a type it can
+    read (:func:`runner.data.values.schema_problem`): the first file that does not is named, with the column."""
     import pyarrow.parquet as pq
 
+    from runner.data.values import schema_problem
+
     d, lay = cfg.data, layout(cfg)
-    schema = pq.read_schema(parquet_files(str(d.path))[0].open())
-    missing = [c for c in list(lay.tasks) + lay.dense_columns + list(lay.features) if c not in schema.names]
-    if missing:
-        raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"
-                          f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
+    kinds = {**{c: "label" for c in lay.tasks}, **{c: "dense" for c in lay.dense_columns},
+             **{c: "sparse" for c in lay.features}}
+    for key, value in _paths(cfg):
+        for i, f in enumerate(parquet_files(value)):
+            schema = pq.read_schema(f.open())
+            missing = [c for c in kinds if c not in schema.names]
+            if missing and i == 0 and key == "data.path":
+                raise ConfigError("data.path", d.path, f"Parquet files with columns {', '.join(missing[:5])}"
+                                  f"{' ...' if len(missing) > 5 else ''} (missing; see README: Data)")
+            if missing:
+                raise DataError(f"{key}={value}: {f} has no column {', '.join(missing[:5])}"
+                                f"{' ...' if len(missing) > 5 else ''}, which the model reads")
+            for column, kind in kinds.items():
+                problem = schema_problem(kind, schema.field(column).type)
+                if problem:
+                    raise DataError(f"{key}={value}: {f} column {column} is {problem}")
 
 
 def criteo_layout(cfg: RunnerConfig) -> None:

@@ -16,10 +16,13 @@ from runner.config.errors import DataError
 from runner.data.files import DataFile, parquet_files
 from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
+from runner.data.values import ValueCheck, normalized
 
 
-def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: List[str]) -> Iterator[Any]:
-    """Tables holding global rows ``[lo, hi)`` of ``files`` in order, read row group by row group."""
+def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: List[str]
+               ) -> Iterator[Tuple[DataFile, int, Any]]:
+    """Tables holding global rows ``[lo, hi)`` of ``files`` in order, read row group by row group: (the file, the
+    table's first row in that file, the table)."""
     import pyarrow.parquet as pq
 
     offset = 0
@@ -28,12 +31,14 @@ def _row_range(files: List[Tuple[DataFile, int]], lo: int, hi: int, columns: Lis
             offset += n
             continue
         pf = pq.ParquetFile(path.open())
+        in_file = 0
         for g in range(pf.metadata.num_row_groups):
             size = pf.metadata.row_group(g).num_rows
             start, end = max(lo - offset, 0), min(hi - offset, size)
             if start < end:
-                yield pf.read_row_group(g, columns=columns).slice(start, end - start)
+                yield path, in_file + start, pf.read_row_group(g, columns=columns).slice(start, end - start)
             offset += size
+            in_file += size
             if offset >= hi:
                 return
 
@@ -70,8 +75,15 @@ class ParquetSource(ShardedSource):
         files = self.rows()
         lo, hi = shard_range(sum(n for _, n in files), shard, shards)
         columns = list(self.lay.tasks) + self.lay.dense_columns + list(self.lay.features)
+        self.values = ValueCheck(self.lay, self.key, self.path, self.hash_ids)
+
+        def checked() -> Iterator[Any]:
+            for path, first_row, table in _row_range(files, lo, hi, columns):
+                self.values.check(table, path, first_row)  # the first bad value stops the job, named
+                yield normalized(table, self.lay)
+
         try:
-            yield from self._rebatch(_row_range(files, lo, hi, columns))  # only the row groups of the range
+            yield from self._rebatch(checked())  # only the row groups of the range
         except FileNotFoundError as exc:
             raise self.removed(exc.filename or "a file") from None
 

@@ -11,6 +11,7 @@ import torch
 from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs, stderr_lines
 from omegaconf import OmegaConf
 
+from runner.config.errors import DataError
 from runner.config.schema import RunnerConfig
 from runner.data.criteo import CriteoSource, criteo_lines, hex_to_int
 from runner.data.layout import Layout
@@ -76,7 +77,7 @@ def test_parquet_ids_out_of_range_need_hashing(tmp_path: Path) -> None:
     lay = layout(small_cfg(rows_per_table=10))  # the files hold ids up to 999
     hashed = next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, True)))
     assert hashed.sparse_features.values().max() < 10
-    with pytest.raises(ValueError, match="outside \\[0, 10\\)"):
+    with pytest.raises(DataError, match=r"part-00000.parquet row \d+, column t\d: \d+; expected an id in \[0, 10\)"):
         next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, False)))
 
 
@@ -334,3 +335,88 @@ def test_parquet_removed_while_read_is_one_line_naming_it(tmp_path: Path) -> Non
     evaluation.rmdir()
     with pytest.raises(DataError, match=rf"^data.eval_path={evaluation}: the folder was removed while the job read"):
         list(ParquetSource(str(evaluation), lay, 16, 0, 1, 0, True, key="data.eval_path"))
+
+
+def _bad_folder(tmp_path: Path, column: str, value, rows: int = 120, at: int = 77, as_type=None) -> Path:
+    """One file of the small model's data whose ``column`` holds ``value`` at row ``at`` (``as_type``: the
+    column written with that Arrow type instead)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_parquet(small_cfg(), tmp_path, rows=rows, files=1, eval_rows=8)
+    path = tmp_path / "train" / "part-00000.parquet"
+    table = pq.read_table(path)
+    data = table.column(column).to_pylist()
+    if value is not None or as_type is None:
+        data[at] = value
+    field = table.schema.field(column)
+    col = pa.array(data, type=as_type or field.type)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, col), path)
+    return tmp_path / "train"
+
+
+@pytest.mark.parametrize("column,value,expected", [
+    ("label", 2.0, r"row 77, column label: 2\.0; expected a label in \[0, 1\]"),
+    ("label", -1.0, r"row 77, column label: -1\.0; expected a label in \[0, 1\]"),
+    ("dense_3", float("nan"), r"row 77, column dense_3: nan; expected a finite number"),
+    ("dense_0", float("inf"), r"row 77, column dense_0: inf; expected a finite number"),
+    ("t1", None, r"row 77, column t1: None; expected an id in \[0, 1000\)"),
+])
+def test_a_bad_value_stops_the_read_naming_file_row_column_and_value(tmp_path: Path, column: str, value,
+                                                                      expected: str) -> None:
+    from runner.data.layout import layout
+
+    folder = _bad_folder(tmp_path, column, value)
+    with pytest.raises(DataError, match=f"part-00000.parquet {expected}"):
+        list(ParquetSource(str(folder), layout(small_cfg()), 40, 0, 1, 0, True))
+
+
+def test_ids_of_mixed_widths_and_shapes_read_as_one(tmp_path: Path) -> None:
+    """One file with int32 scalar ids and float32 dense, one with list<int64> ids: the batches join them; ids
+    outside a table are hashed and counted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runner.data.layout import layout
+
+    cfg = small_cfg()
+    write_parquet(cfg, tmp_path, rows=100, files=2, eval_rows=8)
+    first = tmp_path / "train" / "part-00000.parquet"
+    t = pq.read_table(first)
+    for name in ("t0", "t1", "t2"):
+        ids = [v[0] if v else 0 for v in t.column(name).to_pylist()]
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(ids, type=pa.int32()))
+    t = t.set_column(t.schema.get_field_index("dense_0"), "dense_0", t.column("dense_0").cast(pa.float32()))
+    pq.write_table(t, first)
+    lay = layout(small_cfg(rows_per_table=500))  # ids up to 999 in the files: some hashed
+    source = ParquetSource(str(tmp_path / "train"), lay, 30, 0, 1, 0, True)  # the second batch spans both files
+    batches = list(source)
+    assert sum(b.labels.shape[0] for b in batches) == 90 and all(b.sparse_features.values().max() < 500
+                                                                   for b in batches)
+    assert 0 < source.values.hashed < source.values.ids and "hashed into range" in source.values.summary()
+
+
+@pytest.mark.parametrize("column,arrow,expected", [
+    ("t2", "string", "column t2 is string where an integer id, or a list of integer ids is expected"),
+    ("dense_1", "string", "column dense_1 is string where a number is expected"),
+])
+def test_a_column_of_another_type_is_refused_before_launch(tmp_path: Path, column: str, arrow: str,
+                                                           expected: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import cfg_for
+
+    from runner.data.checks import check_data
+
+    cfg = small_cfg()
+    write_parquet(cfg, tmp_path, rows=100, files=3, eval_rows=8)
+    second = tmp_path / "train" / "part-00001.parquet"
+    t = pq.read_table(second)
+    t = t.set_column(t.schema.get_field_index(column), column,
+                     pa.array([str(v) for v in t.column(column).to_pylist()], type=getattr(pa, arrow)()))
+    pq.write_table(t, second)
+    full = cfg_for("data=parquet", f"data.path={tmp_path / 'train'}", "model.tables=[{name: t0, num_embeddings: "
+                   "1000}, {name: t1, num_embeddings: 1000}, {name: t2, num_embeddings: 1000}]",
+                   "model.generated_tables.count=0")
+    with pytest.raises(DataError, match=f"part-00001.parquet {expected}"):
+        check_data(full)
