@@ -16,7 +16,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat fuzz-config gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config fuzz-data gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -117,6 +117,10 @@ bench-config-path: $(STAMP)
 # traceback or process left is printed with its replay command (docs/faults.md). Not part of `make test`.
 fuzz-config: $(STAMP)
 	$(PY) benchmarks/fuzz_config.py $(ARGS)
+
+# Parquet folders damaged as pipelines damage them, each trained briefly (docs/faults.md); not in make test
+fuzz-data: $(STAMP)
+	$(PY) benchmarks/fuzz_data.py $(ARGS)
 
 bench-speedups: $(STAMP)
 	$(PY) benchmarks/speedups.py $(ARGS)
