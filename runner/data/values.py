@@ -15,12 +15,21 @@ and the value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from runner.config.errors import DataError
 from runner.data.layout import Layout
+
+_TOTALS: Dict[str, List[int]] = {}  # data key -> [ids hashed, ids read] by this process's sources
+
+
+def hashed_ids() -> Tuple[int, int]:
+    """The ids this process's file sources hashed into range, and the ids they read (a dataloader worker's
+    counts stay in that worker)."""
+    return sum(t[0] for t in _TOTALS.values()), sum(t[1] for t in _TOTALS.values())
+
 
 EXPECTED = {"label": "a number (0 or 1, or a probability)", "dense": "a number",
             "sparse": "an integer id, or a list of integer ids"}
@@ -96,10 +105,13 @@ class ValueCheck:
             outside = (ids < 0) | (ids >= size)
             count = int(outside.sum())
             self.ids += len(ids)
+            totals = _TOTALS.setdefault(self.key, [0, 0])
+            totals[1] += len(ids)
             if not count:
                 continue
             if self.hash_ids:
                 self.hashed += count
+                totals[0] += count
                 continue
             bad = int(np.flatnonzero(outside)[0])
             row = self._row_of(col, bad) if listed else bad

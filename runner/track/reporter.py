@@ -143,6 +143,17 @@ class Reporter:
               flush=True)
         self._tags({"runner.data_ended_at_step": step})
 
+    def ids_hashed(self, hashed: int, ids: int) -> None:
+        """Ids of the data outside their tables, hashed into range (``data.hash_ids=true``): said in one line and
+        logged as ``data/ids_hashed_fraction`` (rank 0's share of the data)."""
+        if not self.active or not hashed:
+            return
+        fraction = hashed / max(ids, 1)
+        self.extra["ids_hashed_fraction"] = fraction
+        print(f"[runner] {fraction:.1%} of ids ({hashed:,} of {ids:,} read by rank 0) were outside their tables "
+              "and hashed into range (data.hash_ids=true)", flush=True)
+        self._log({"data/ids_hashed_fraction": fraction}, self.steps)
+
     def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
         self._log(metrics, step)
 

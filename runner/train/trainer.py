@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
 from runner.data.pipeline import batches_for
+from runner.data.values import hashed_ids
 from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
 from runner.runtime import rundir
@@ -125,6 +126,7 @@ class Trainer:
             reporter.startup(dict(self.marks, first_step=result.first_step_unix))
         if result.data_ended:
             reporter.data_ended(result.last_step)
+        reporter.ids_hashed(*hashed_ids())
         embedding_ms = embedding_forward_ms(self.dmp, self.data(1, True), self.device)
         reporter.measured(gather_measurements(result, self.device, cores, embedding_ms))
         eval_metrics = self.evaluate()

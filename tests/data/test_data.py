@@ -394,6 +394,9 @@ def test_ids_of_mixed_widths_and_shapes_read_as_one(tmp_path: Path) -> None:
     assert sum(b.labels.shape[0] for b in batches) == 90 and all(b.sparse_features.values().max() < 500
                                                                    for b in batches)
     assert 0 < source.values.hashed < source.values.ids and "hashed into range" in source.values.summary()
+    from runner.data.values import hashed_ids
+
+    assert hashed_ids()[0] >= source.values.hashed  # what a trainer reports at its end
 
 
 @pytest.mark.parametrize("column,arrow,expected", [
