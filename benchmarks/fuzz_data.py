@@ -38,7 +38,18 @@ Damage = Callable[[random.Random, Path, bool], bool]  # (rng, train folder, hash
 
 
 def _files(folder: Path) -> List[Path]:
-    return sorted(folder.glob("*.parquet"))
+    """The folder's Parquet files with rows (another damage may have added an empty one, or one that is not
+    Parquet)."""
+    import pyarrow.parquet as pq
+
+    found = []
+    for path in sorted(folder.glob("*.parquet")):
+        try:
+            if pq.read_metadata(path).num_rows > 0:
+                found.append(path)
+        except Exception:  # noqa: BLE001 - not Parquet
+            continue
+    return found
 
 
 def _set(path: Path, column: str, make: Callable[[Any, List[Any]], Any]) -> None:
