@@ -195,8 +195,9 @@ class Reporter:
             return
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, initial=initial, desc="train", unit="step", file=sys.stderr, mininterval=1.0,
-                   dynamic_ncols=True)
+        tty = sys.stderr.isatty()
+        bar = tqdm(total=steps, initial=initial, desc="train", unit="step", file=sys.stderr if tty else _Lines(),
+                   mininterval=1.0 if tty else 10.0, dynamic_ncols=tty, ncols=None if tty else 100)
         try:
             yield bar
         finally:
@@ -223,6 +224,20 @@ class Reporter:
         }
         rundir.write_json(self.run_dir / rundir.RESULTS, results)
         return results
+
+
+class _Lines:
+    """The progress bar's refreshes as whole lines where stderr is a file or a pipe (a log, a Slurm job's output,
+    a supervisor): no partial line is left for the next writer (another process's ``error:`` line), and the log
+    gets a line every 10 s instead of carriage returns."""
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip("\n")
+        if line.strip():
+            sys.stderr.write(line + "\n")
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def summary_line(results: Dict[str, Any]) -> str:
