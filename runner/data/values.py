@@ -31,6 +31,7 @@ def hashed_ids() -> Tuple[int, int]:
     return sum(t[0] for t in _TOTALS.values()), sum(t[1] for t in _TOTALS.values())
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 EXPECTED = {"label": "a number (0 or 1, or a probability)", "dense": "a number",
             "sparse": "an integer id, or a list of integer ids"}
 
@@ -87,10 +88,11 @@ class ValueCheck:
                 bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
                 raise self._refuse(file, first_row + bad, name, None, "a finite number")
             values = col.to_numpy(zero_copy_only=False)
-            wrong = ~np.isfinite(values)
+            wrong = ~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX)  # a batch holds float32
             if wrong.any():
                 bad = int(np.flatnonzero(wrong)[0])
-                raise self._refuse(file, first_row + bad, name, values[bad].item(), "a finite number")
+                raise self._refuse(file, first_row + bad, name, values[bad].item(), "a finite number (within "
+                                   "float32's range)")
         for name, size in zip(self.lay.features, self.lay.sizes, strict=True):
             col = table.column(name).combine_chunks()
             listed = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
@@ -136,21 +138,22 @@ class ValueCheck:
 def normalized(table: Any, lay: Layout) -> Any:
     """``table`` with one type per kind of column, whatever its file wrote (int32 or int64 ids, one id or a list
     of them, float32 or float64 or integer numbers), so that row groups of different files join into a batch:
-    labels and dense features float64, ids list<int64>."""
+    labels and dense features float32 (what a batch holds), ids list<int64>. A table already so is returned as
+    it is (the runner's own files: no copy)."""
     import pyarrow as pa
 
-    ids_type = pa.list_(pa.int64())
-    columns, names = [], []
+    ids_type, number = pa.list_(pa.int64()), pa.float32()
+    columns, changed = [], False
     for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        if name in lay.features:
-            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                col = col.cast(ids_type) if col.type != ids_type else col
-            else:
+        col = table.column(name)
+        want = ids_type if name in lay.features else number
+        if col.type != want:
+            changed = True
+            col = col.combine_chunks()
+            if want == number or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                col = col.cast(want)
+            else:  # one id per row: a list of one
                 col = pa.ListArray.from_arrays(pa.array(np.arange(len(col) + 1, dtype=np.int32)),
                                                col.cast(pa.int64()))
-        elif col.type != pa.float64():
-            col = col.cast(pa.float64())
         columns.append(col)
-        names.append(name)
-    return pa.table(columns, names=names)
+    return pa.table(columns, names=table.column_names) if changed else table
