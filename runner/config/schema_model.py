@@ -111,7 +111,7 @@ class ShardingSchema:
     ``+sharding.constraints.t0.sharding_types=[row_wise]``."""
     proposer: str = one_of("default", tuple(PROPOSERS), said={n: p.summary for n, p in PROPOSERS.items()})
     """The proposer of the sharding planner (``runner/config/proposers.py``; docs/planning.md)."""
-    balanced_work: int = 400_000
+    balanced_work: int = 2_000_000
     """Work the ``balanced`` proposer's search may do, in evaluations (a sharding option placed, a shard moved;
     docs/planning.md), counted rather than timed so that a config gives the same plan on any machine (> 0)."""
     balanced_patience: int = 20_000
