@@ -5,8 +5,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CUDA_MARK := $(VENV)/.cuda
-# Where `make gpu-env` takes the CUDA builds of torch and FBGEMM. Empty: PyPI, whose Linux wheels of torch 2.13.0
-# and fbgemm-gpu 1.8.0 are both CUDA 13.0 builds (NVIDIA driver 580 or newer). For an older driver, PyTorch's
+# The pinned stack (requirements/stacks.toml's `pinned`; a test keeps the two equal)
+TORCH_VERSION := 2.14.1
+FBGEMM_VERSION := 1.9.0
+TORCHREC_VERSION := 1.9.2
+# Where a machine without a GPU takes torch's CPU build first; where it does not answer (a quick refusal), pip's
+# other indexes (PyPI's Linux torch is the CUDA build: the environment line then says so and what it costs)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where `make gpu-env` takes the CUDA builds of torch and FBGEMM. Empty: PyPI, whose Linux wheels of torch 2.14.1
+# and fbgemm-gpu 1.9.0 are both CUDA 13.0 builds (NVIDIA driver 580 or newer). For an older driver, PyTorch's
 # index for a CUDA it runs, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cu126 (docs/gpu.md)
 TORCH_INDEX ?=
 ARGS ?=
@@ -16,31 +23,31 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat fuzz-config fuzz-data gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config fuzz-data gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-optuna bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# CPU build of torch from the machine's wheel cache, unless `make gpu-env` made this a CUDA venv (marked
-	# by $(CUDA_MARK)): installing fbgemm-gpu-cpu there would overwrite the CUDA build's fbgemm_gpu package
-	test -f $(CUDA_MARK) || $(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	# torch's CPU build (PyTorch's CPU index, else pip's own) and FBGEMM's, unless `make gpu-env` made this a CUDA
+	# venv (marked by $(CUDA_MARK)): installing fbgemm-gpu-cpu there would overwrite the CUDA build's fbgemm_gpu
+	test -f $(CUDA_MARK) || $(PY) -m pip install --quiet --retries 0 --timeout 10 --index-url $(TORCH_CPU_INDEX) \
+	torch==$(TORCH_VERSION) 2>/dev/null || $(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	test -f $(CUDA_MARK) || $(PY) -m pip install --quiet fbgemm-gpu-cpu==$(FBGEMM_VERSION)
 	# the runner and what pyproject.toml declares (and the test tools), before torchrec: pip checks declared
 	# dependencies on every resolving install, and torchrec declares the CUDA fbgemm-gpu, which the CPU stack
 	# replaces (so it goes in last, with --no-deps). A .pth left by an earlier Makefile is taken out.
 	$(PY) -m pip install --quiet -e ".[test]" -c requirements/lock.txt
-	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
 	rm -f $(VENV)/lib/python*/site-packages/runner_hydra_plugins.pth
-	$(PY) -c "import torch, fbgemm_gpu, torchrec, hydra, mlflow; print('environment ready: torch', torch.__version__, \
-	'| fbgemm', fbgemm_gpu.__version__, '| torchrec', torchrec.__version__, '| hydra', hydra.__version__, \
-	'| mlflow', mlflow.__version__, '|', 'CUDA' if torch.cuda.is_available() else 'CPU')"
+	$(PY) -c "from runner.runtime.hardware import install_line; print(install_line())"
 	touch $(STAMP)
 
 # A CUDA machine: the CUDA builds of torch and FBGEMM, then everything else as `make run` installs it. The
 # venv stays CUDA from here on (later `make` runs never install the CPU builds into it).
 gpu-env:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# a CPU build already here (torch 2.13.0+cpu satisfies ==2.13.0) would stay: take both out first
+	# a CPU build already here (torch 2.14.1+cpu satisfies ==2.14.1) would stay: take both out first
 	$(PY) -m pip uninstall --quiet --yes torch fbgemm-gpu-cpu 2>/dev/null || true
-	$(PY) -m pip install --quiet torch==2.13.0 fbgemm-gpu==1.8.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) fbgemm-gpu==$(FBGEMM_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 'gpu-env: pip installed a CPU build of torch \
 	(' + torch.__version__ + '): set TORCH_INDEX to a CUDA index (docs/gpu.md)')"
 	touch $(CUDA_MARK)
@@ -95,6 +102,10 @@ bench-plan: $(STAMP)
 
 bench-plan-scale: $(STAMP)
 	$(PY) benchmarks/plan_scale.py $(ARGS)
+
+# Asynchronous Optuna trials against Hydra's batches: the slots' idle time on trials of uneven length
+bench-optuna: $(STAMP)
+	$(PY) benchmarks/optuna_async.py $(ARGS)
 
 bench-plan-quality: $(STAMP)
 	$(PY) benchmarks/plan_quality.py $(ARGS)

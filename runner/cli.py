@@ -24,6 +24,7 @@ from runner.runtime import signals
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.track.objective import Objective
 
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
@@ -43,7 +44,7 @@ register_schemas()
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def _hydra_job(cfg: DictConfig) -> Optional[float]:
+def _hydra_job(cfg: DictConfig) -> Optional[Objective]:
     """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.run_job.run_job`."""
     from runner.launch.job.run_job import run_job
 
@@ -96,6 +97,7 @@ def _help(args: List[str]) -> bool:
     print("python -m runner [group=option ...] [key=value ...]      one job (mode=train | plan | write_data)\n"
           "python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher=joblib|slurm, "
           "hydra/sweeper=optuna)\n"
+          "python -m runner -m [key=a,b ...] --dry-run              each point's overrides and verdict; nothing runs\n"
           "python -m runner -m a=pair(1,2,3) b=pair(x,y,z) [c=...]  paired axes: 3 points (1,x) (2,y) (3,z), "
           "crossed with the others\n"
           "python -m runner --cfg job [--resolve]                   the composed config\n"
@@ -150,6 +152,8 @@ def main() -> None:
 
         args = resume_argv(args[1:])
     sys.argv = [sys.argv[0], *args]  # what Hydra reads
+    if "--dry-run" in args:
+        sys.exit(_dry_run([a for a in args if a != "--dry-run"]))
     if _answered_without_a_job(args):
         return
     try:
@@ -164,6 +168,22 @@ def main() -> None:
         if not _end_sweep(stop.name, said=False):
             say_error(f"stopped by {stop.name}")
         sys.exit(stop.exit_code)
+
+
+def _dry_run(args: List[str]) -> int:
+    """``--dry-run``: every point previewed (:mod:`runner.launch.sweep.preview`), nothing started or written."""
+    from runner.launch.sweep.preview import preview
+
+    error = _config_file_error(args)
+    if error is None:
+        try:
+            return preview(args)
+        except Exception as exc:  # noqa: BLE001 - the overrides' own syntax: Hydra's message, one line
+            from runner.config.errors import first_line
+
+            error = first_line(exc) or type(exc).__name__
+    print(f"error: {redact_text(error)}", file=sys.stderr)
+    return 2
 
 
 def _answered_without_a_job(args: List[str]) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, List, Optional, cast
 
 from hydra.core.config_store import ConfigStore
 
@@ -31,6 +31,16 @@ class ObjectiveSchema:
     direction: Optional[str] = one_of(None, ("max", "min"), null=True)
     """``max`` | ``min``; null: ``max`` for metrics named ``*auc*`` or ``*accuracy*``, else ``min``. A point
     with no value (no plan fits, a failed job) returns the worst value: -inf for max, +inf for min."""
+    more_metrics: List[str] = field(default_factory=list)
+    """Further run metrics a job returns after ``metric``, for a multi-objective study (``hydra.sweeper.direction``
+    a list, one direction per metric: e.g. ``[minimize, minimize]`` for ``plan/est_step_ms`` and
+    ``plan/max_mem_bytes``); each one's direction by its name, as ``direction``'s null says."""
+    study: Optional[str] = None
+    """Set by the Optuna sweeper on a trial's job when its study has a pruner: the file naming the study's storage,
+    name and pruner (``optuna_trial.yaml`` in the sweep folder); the job reports ``metric`` at each checkpoint's
+    evaluation and stops where the pruner says so (:mod:`runner.track.trial`)."""
+    trial: Optional[int] = None
+    """Set by the Optuna sweeper with ``study``: the number of the trial this job is."""
 
 
 @dataclass

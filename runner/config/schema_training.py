@@ -154,7 +154,7 @@ class CheckpointSchema:
     """Steps between checkpoints (null: only at the end, which is always written when enabled)."""
     keep_last: int = 2
     """Newest checkpoints kept; older ones are deleted (the best one is always kept)."""
-    best_metric: Optional[str] = one_of("eval/auc", ("eval/auc", "eval/logloss"), null=True)
+    best_metric: Optional[str] = one_of("eval/auc", ("eval/auc", "eval/logloss", "eval/ne"), null=True)
     """Eval metric that picks the best checkpoint (each checkpoint is evaluated); null: no best."""
     best_mode: str = one_of("max", ("max", "min"))
     """``max`` | ``min``: whether a larger or a smaller ``best_metric`` is better."""

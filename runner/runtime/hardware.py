@@ -76,3 +76,34 @@ def mismatch(theirs: Dict[str, Any], ours: Dict[str, Any], world_matters: bool) 
         if theirs.get(key) != ours.get(key):
             return f"{key} {ours.get(key)!r} here, {theirs.get(key)!r} in the calibration"
     return None
+
+
+def build_note(torch_cuda: Optional[str], gpus: int, nvidia_mib: float) -> str:
+    """What build of torch this environment has, for the line ``make`` ends its install with: ``CPU build``;
+    ``CUDA build`` with the GPUs it sees; or, on a machine without a GPU, the CUDA build and what it costs
+    (``nvidia_mib``: the NVIDIA libraries installed beside it) and how to get the CPU build instead."""
+    if torch_cuda is None:
+        return "CPU build"
+    if gpus:
+        return f"CUDA {torch_cuda} build, {gpus} GPU(s)"
+    return (f"CUDA {torch_cuda} build on a CPU-only machine: {nvidia_mib / 1024:.1f} GiB of NVIDIA libraries it "
+            "does not use (PyTorch's CPU index did not answer; TORCH_CPU_INDEX names another, or a wheel folder "
+            "in pip's find-links holding the CPU build)")
+
+
+def install_line() -> str:
+    """``environment ready: torch ... | fbgemm ... | torchrec ... | hydra ... | mlflow ... | <build>``."""
+    import glob
+    import sys
+
+    import hydra
+    import mlflow
+    import torch
+
+    versions = library_versions()
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    nvidia = sum(os.path.getsize(f) for s in site for f in glob.glob(f"{s}/nvidia/**/*.so*", recursive=True))
+    gpus = torch.cuda.device_count() if torch.version.cuda else 0
+    return (f"environment ready: torch {versions['torch']} | fbgemm {versions['fbgemm']} | torchrec "
+            f"{versions['torchrec']} | hydra {hydra.__version__} | mlflow {mlflow.__version__} | "
+            f"{build_note(torch.version.cuda, gpus, nvidia / 2**20)}")

@@ -8,13 +8,14 @@ no value (no plan fits, a failed job) is an answer, not a crash: it returns the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from runner.track import store
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
+Objective = Union[float, List[float]]  # one metric's value, or each metric's for a multi-objective study
 _IN_RESULTS = {"eval/auc": "eval_auc", "plan/est_step_ms": "est_step_ms", "train/loss": "final_loss"}
 
 
@@ -22,17 +23,31 @@ def objective(cfg: RunnerConfig) -> Tuple[str, str]:
     """``(metric, direction)`` of ``cfg``, defaults filled in."""
     o = cfg.tracking.objective
     metric = o.metric or ("plan/est_step_ms" if cfg.mode == "plan" else "eval/auc")
-    direction = o.direction or ("max" if "auc" in metric or "accuracy" in metric else "min")
-    return metric, direction
+    return metric, o.direction or _by_name(metric)
+
+
+def objectives(cfg: RunnerConfig) -> List[Tuple[str, str]]:
+    """Every ``(metric, direction)`` a job returns: :func:`objective`'s, then ``more_metrics``'."""
+    return [objective(cfg)] + [(m, _by_name(m)) for m in cfg.tracking.objective.more_metrics]
+
+
+def _by_name(metric: str) -> str:
+    return "max" if "auc" in metric or "accuracy" in metric else "min"
 
 
 def worst(direction: str) -> float:
     return -math.inf if direction == "max" else math.inf
 
 
-def objective_value(cfg: RunnerConfig, results: Optional[Dict[str, Any]]) -> float:
-    """The objective metric's last value in the job's run (or its results); the worst value when it has none."""
-    metric, direction = objective(cfg)
+def objective_value(cfg: RunnerConfig, results: Optional[Dict[str, Any]]) -> Objective:
+    """The objective metrics' last values in the job's run (or its results), the worst value for each it has
+    not; one number, or a list where ``more_metrics`` asks for more."""
+    wanted = objectives(cfg)
+    values = [_value(results, metric, direction) for metric, direction in wanted]
+    return values[0] if len(values) == 1 else values
+
+
+def _value(results: Optional[Dict[str, Any]], metric: str, direction: str) -> float:
     if not results or results.get("plan_status") == "infeasible":
         return worst(direction)
     value = results.get(_IN_RESULTS.get(metric, ""))

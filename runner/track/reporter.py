@@ -143,6 +143,16 @@ class Reporter:
               flush=True)
         self._tags({"runner.data_ended_at_step": step})
 
+    def pruned(self, step: int, metric: str, value: Optional[float]) -> None:
+        """An Optuna trial's pruner stopped the training after ``step`` (:mod:`runner.track.trial`)."""
+        self.extra["pruned_at_step"] = step
+        if not self.active:
+            return
+        print(f"[runner] Optuna's pruner stopped this trial after step {step} of {self.steps} ({metric} "
+              f"{'n/a' if value is None else format(value, '.4f')} at that step's evaluation); the trial is PRUNED in "
+              "its study", flush=True)
+        self._tags({"runner.pruned_at_step": step})
+
     def ids_hashed(self, hashed: int, ids: int) -> None:
         """Ids of the data outside their tables, hashed into range (``data.hash_ids=true``): said in one line and
         logged as ``data/ids_hashed_fraction`` (rank 0's share of the data)."""
@@ -220,6 +230,7 @@ class Reporter:
             "world_size": world,
             "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
             "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
+            "eval_ne": eval_metrics.get("eval/ne"),
             "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra,
         }
         rundir.write_json(self.run_dir / rundir.RESULTS, results)
@@ -263,7 +274,8 @@ def summary_line(results: Dict[str, Any]) -> str:
         return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
                 f"{results['plan_seconds']:.1f}s; MLflow run {run}; {view}")
     return (
-        f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}, "
+        f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}"
+        + (f", NE {results['eval_ne']:.4f}, " if results.get("eval_ne") is not None else ", ") +
         f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}"
     )
 

@@ -1,5 +1,5 @@
-"""Evaluation and measurement: AUC and log loss over every rank's held-out batches, and each rank's measured
-step time, peak memory and cores, gathered for the report beside the planner's estimates."""
+"""Evaluation and measurement: AUC, log loss and normalised entropy over every rank's held-out batches, and each
+rank's measured step time, peak memory and cores, gathered for the report beside the planner's estimates."""
 
 from __future__ import annotations
 
@@ -65,27 +65,27 @@ def gather_measurements(result: TrainResult, device: torch.device, cores: Option
     return out
 
 
-def binary_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """ROC AUC by the rank-sum formula (ties get their mean rank)."""
-    pos = int(labels.sum().item())
-    neg = labels.numel() - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    order = torch.argsort(scores)
-    ranks = torch.empty_like(scores, dtype=torch.float64)
-    ranks[order] = torch.arange(1, scores.numel() + 1, dtype=torch.float64)
-    uniq, inverse = torch.unique(scores, return_inverse=True)
-    if uniq.numel() < scores.numel():  # average the ranks of tied scores
-        sums = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, ranks)
-        counts = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
-        ranks = (sums / counts)[inverse]
-    return float((ranks[labels > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg))
+def binary_metrics(scores: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+    """AUC, log loss and normalised entropy (the log loss over that of always predicting the positive rate) of
+    logits ``scores`` against 0/1 ``labels``, by TorchRec's own metric functions (``torchrec.metrics``: what
+    TorchRec's RecMetrics report); AUC is NaN where the labels are all of one class."""
+    from torchrec.metrics.auc import compute_auc
+    from torchrec.metrics.ne import compute_cross_entropy, compute_ne
+
+    eta = 1e-12
+    weights = torch.ones_like(labels)
+    pos, neg = labels.sum(), (1.0 - labels).sum()
+    auc = float(compute_auc(1, [scores.view(1, -1)], [labels.view(1, -1)], [weights.view(1, -1)])[0])
+    cross_entropy = compute_cross_entropy(labels, torch.sigmoid(scores), weights, eta).sum()
+    return {"auc": auc if pos > 0 and neg > 0 else float("nan"),
+            "logloss": torch.nn.functional.binary_cross_entropy_with_logits(scores, labels).item(),
+            "ne": float(compute_ne(cross_entropy, weights.sum(), pos, neg, eta))}
 
 
 @torch.no_grad()
 def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfig) -> Dict[str, float]:
-    """AUC and log loss over every rank's held-out batches, gathered to all ranks; per task as well for
-    multi-task models (``eval/auc`` is then the mean of the tasks' AUCs)."""
+    """AUC, log loss and normalised entropy over every rank's held-out batches, gathered to all ranks; per task as
+    well for multi-task models (``eval/auc``, ``eval/logloss`` and ``eval/ne`` are then the tasks' means)."""
     dmp.eval()
     tasks = list(cfg.model.tasks)
     logits, labels = [], []
@@ -104,13 +104,12 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfi
     metrics: Dict[str, float] = {}
     for i, task in enumerate(tasks):
         scores, target = allv[:, i], allv[:, len(tasks) + i]
-        logloss = torch.nn.functional.binary_cross_entropy_with_logits(scores, target).item()
         prefix = "eval" if len(tasks) == 1 else f"eval/{task}"
-        metrics.update({f"{prefix}/auc": binary_auc(scores, target), f"{prefix}/logloss": logloss,
-                    f"{prefix}/positive_rate": float(target.mean())})
+        metrics.update({f"{prefix}/{k}": v for k, v in binary_metrics(scores, target).items()})
+        metrics[f"{prefix}/positive_rate"] = float(target.mean())
     if len(tasks) > 1:
-        metrics["eval/auc"] = sum(metrics[f"eval/{t}/auc"] for t in tasks) / len(tasks)
-        metrics["eval/logloss"] = sum(metrics[f"eval/{t}/logloss"] for t in tasks) / len(tasks)
+        for name in ("auc", "logloss", "ne"):
+            metrics[f"eval/{name}"] = sum(metrics[f"eval/{t}/{name}"] for t in tasks) / len(tasks)
     metrics["eval/samples"] = float(allv.shape[0])
     dmp.train()
     return metrics

@@ -51,6 +51,7 @@ class TrainResult:
     step_time_ms: float = 0.0
     last_step: int = 0
     data_ended: bool = False
+    stopped_at: Optional[int] = None  # where a checkpoint's evaluation stopped the training (a pruned trial)
 
 
 def device_sync(device: torch.device) -> Callable[[], None]:
@@ -129,6 +130,7 @@ class LoopHooks:
     progress: Any
     due: Callable[[int], bool] = lambda step: False
     on_checkpoint: Optional[Callable[[int], None]] = None
+    stopped: Callable[[], bool] = lambda: False  # asked after each checkpoint: stop training there
 
 
 def _stop_nonfinite(found: torch.Tensor, window_start: int, mean: float, result: TrainResult,
@@ -219,6 +221,9 @@ def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, d
             _log(window, step, step == steps, applied, tasks, samples, loss_scale, result, hooks, check)
         if hooks.on_checkpoint is not None and step < steps and hooks.due(step):
             window.paused += _pause_for_checkpoint(pipeline, dmp, step, hooks)
+            if hooks.stopped():
+                result.stopped_at = step
+                break
     if window.steps:  # the data ended inside a window: the last one (timed even when it is also the first)
         _log(window, result.last_step, True, applied, tasks, samples, loss_scale, result, hooks, check)
     pipeline.detach()  # restore the model's own forward, for evaluation outside the pipeline

@@ -22,6 +22,7 @@ from runner.data.values import hashed_ids
 from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
 from runner.runtime import rundir
+from runner.track.trial import TrialPruning
 from runner.train import checkpoint
 from runner.train.evaluate import embedding_forward_ms, evaluate, gather_measurements
 from runner.train.loop import LoopHooks, train
@@ -45,6 +46,7 @@ class Trainer:
         self.dmp, self.optimizer, self.sharding_types = self._build()
         self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
         self.loss_scale = loss_scale_for(cfg)
+        self.pruning, self.stop = TrialPruning(cfg, env.rank), False
 
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
@@ -109,6 +111,7 @@ class Trainer:
         metrics = self.evaluate()
         self.reporter.eval_metrics(step, metrics)
         self.save(step, metrics)
+        self.stop = self.pruning.should_stop(step, metrics)
 
     def run(self, cores: Optional[List[int]]) -> Dict[str, Any]:
         cfg, reporter = self.cfg, self.reporter
@@ -117,7 +120,8 @@ class Trainer:
         train_data = self.data(cfg.train.steps, False, start)
         try:
             with reporter.progress(cfg.train.steps, start) as bar:
-                hooks = LoopHooks(reporter.train_metrics, bar, self.checkpointer.due, self.evaluate_and_save)
+                hooks = LoopHooks(reporter.train_metrics, bar, self.checkpointer.due, self.evaluate_and_save,
+                                  lambda: self.stop)
                 result = train(self.dmp, self.optimizer, train_data, start, cfg.train.steps, self.device, cfg,
                                hooks, self.loss_scale)
         finally:
@@ -126,6 +130,8 @@ class Trainer:
             reporter.startup(dict(self.marks, first_step=result.first_step_unix))
         if result.data_ended:
             reporter.data_ended(result.last_step)
+        if result.stopped_at is not None:
+            reporter.pruned(result.stopped_at, self.pruning.metric, self.pruning.pruned_value)
         reporter.ids_hashed(*hashed_ids())
         embedding_ms = embedding_forward_ms(self.dmp, self.data(1, True), self.device)
         reporter.measured(gather_measurements(result, self.device, cores, embedding_ms))

@@ -16,7 +16,7 @@ import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import one_line
 from runner.data.criteo import criteo_lines
 from runner.launch.job.driver import pre_launch_checks
-from runner.launch.sweep.precheck import precheck
+from runner.launch.sweep.precheck import hydra_conf, precheck
 
 CRITEO = ["data=criteo", "model=dlrm_criteo", "train.steps=20", "data.eval_batches=1"]
 
@@ -126,9 +126,26 @@ def test_sweep_points_derived_from_the_first_are_hydras_compositions() -> None:
 
 def test_the_runner_names_its_own_sweepers() -> None:
     """The pre-check composes and validates every point of a grid sweep, then names the grid sweeper that
-    does not compose them once more; for Optuna, the sweeper whose study lives in the sweep folder."""
-    from runner.config.sweepers import CHECKED_SWEEPER, RESUMING_OPTUNA
+    does not compose them once more; ``hydra/sweeper=optuna`` is the runner's Optuna sweeper itself."""
+    from runner.config.sweepers import CHECKED_SWEEPER, OPTUNA_SWEEPER
 
     assert precheck(["-m", "mode=plan", "train.seed=1,2"]) == (None, [f"hydra.sweeper._target_={CHECKED_SWEEPER}"])
-    error, added = precheck(["-m", "experiment=optuna_plan"])
-    assert error is None and added == [f"hydra.sweeper._target_={RESUMING_OPTUNA}"], added
+    assert precheck(["-m", "experiment=optuna_plan"]) == (None, [])
+    with hydra_conf():
+        from hydra import compose
+
+        cfg = compose(config_name="config", overrides=["experiment=optuna_plan"], return_hydra_config=True)
+    assert cfg.hydra.sweeper._target_ == OPTUNA_SWEEPER
+    # a multi-objective study: one direction per metric a job returns, each the way its metric is better
+    more = ["tracking.objective.more_metrics=[plan/max_mem_bytes]"]
+    error, _ = precheck(["-m", "experiment=optuna_plan", *more])
+    assert error == ("hydra.sweeper.direction=minimize asks for 1 value(s) but each job returns 2: plan/est_step_ms "
+                     "(min), plan/max_mem_bytes (min) (tracking.objective.metric and more_metrics)"), error
+    both = "hydra.sweeper.direction=[minimize,minimize]"
+    assert precheck(["-m", "experiment=optuna_plan", *more, both]) == (None, [])
+    error, _ = precheck(["-m", "experiment=optuna_plan", "hydra.sweeper.direction=[minimize,maximize]",
+                         "tracking.objective.more_metrics=[eval/auc]"])
+    assert error is None, error
+    error, _ = precheck(["-m", "experiment=optuna_plan", "hydra.sweeper.direction=[minimize,minimize]",
+                         "tracking.objective.more_metrics=[eval/auc]"])
+    assert error is not None and error.endswith("set hydra.sweeper.direction=[minimize,maximize]"), error

@@ -141,26 +141,39 @@ def test_sync_of_a_folder_whose_run_json_is_damaged_says_so(tmp_path: Path, caps
         assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], (how, err)
 
 
-def test_a_damaged_study_file_is_one_line_and_the_sweep_ends_failed(tmp_path: Path, capsys) -> None:
+def test_a_damaged_study_journal_is_one_line_and_the_sweep_ends_failed(tmp_path: Path, capsys) -> None:
+    """The Optuna study's journal in the sweep folder: a garbled journal, one that is not Optuna's, or a study file
+    of the old format (Optuna 2.10's pickle) ends the command in one line (exit 2) with the sweep's parent run
+    FAILED; a last record cut short (a stop while it was written) is survived, said in a line, the study read
+    without it."""
+    import optuna
     import pytest
     from mlflow.tracking import MlflowClient
 
     from runner.launch.sweep import parent as sweep_module
-    from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
+    from runner.launch.sweep.study import JOURNAL_FILE, OLD_STUDY_FILE, journal_storage
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = tmp_path / STUDY_FILE
-    SweepFolderStorage(path).save()
+    folder = tmp_path / "sweep"
+    study = optuna.create_study(study_name="s", storage=journal_storage(folder))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    path = folder / JOURNAL_FILE
     good = path.read_bytes()
-    assert isinstance(SweepFolderStorage.open(path), SweepFolderStorage)
-    for how, damage in DAMAGES.items():
+    path.write_bytes(good + good.splitlines(keepends=True)[-1][:20])  # the last record cut short
+    assert len(optuna.load_study(study_name="s", storage=journal_storage(folder)).trials) == 3
+    assert "was cut short" in capsys.readouterr().err
+    damages = {"garbled": lambda: path.write_bytes(b"\x00\xff" + good[::-1]),
+               "not a record": lambda: path.write_bytes(b"[1, 2, 3]\n"),
+               "old format": lambda: (path.unlink(), (folder / OLD_STUDY_FILE).write_bytes(b"\x80\x04pickled"))}
+    for how, damage in damages.items():
         parent = start_run(uri, "state_files", "study", None, {"runner.kind": "sweep"})
-        sweep_module._Running.sweep = (uri, parent, tmp_path)  # the sweep's parent is open when the study loads
-        path.write_bytes(damage(good) if how != "cut short" else good[:100])
+        sweep_module._Running.sweep = (uri, parent, folder)  # the sweep's parent is open when the study loads
+        damage()
         with pytest.raises(SystemExit) as stopped:
-            SweepFolderStorage.open(path)
+            journal_storage(folder)
         assert stopped.value.code == 2, how
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: the Optuna study file {path} cannot be read back"), err
+        kind = "study file" if how == "old format" else "study journal"
+        assert len(err) == 1 and err[0].startswith(f"error: the Optuna {kind} "), err
         run = MlflowClient(uri).get_run(parent)
         assert run.info.status == "FAILED", how  # not left RUNNING

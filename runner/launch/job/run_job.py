@@ -27,7 +27,7 @@ from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.parent import end_failed_sweep
 from runner.launch.sweep.precheck import checked
 from runner.runtime import rundir
-from runner.track.objective import objective_value
+from runner.track.objective import Objective, objective_value
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -52,7 +52,7 @@ class _Job:
         return self.sweep_dir is not None
 
 
-def run_job(cfg: RunnerConfig) -> Optional[float]:
+def run_job(cfg: RunnerConfig) -> Optional[Objective]:
     """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
     scheduler's task, a failed or stopped job also fails the scheduler's job (node k > 0 of a Slurm job keeps its
     files in ``node<k>/``)."""
@@ -106,14 +106,14 @@ def _take_place(job: _Job) -> bool:
     return True
 
 
-def _stopped(job: _Job, reason: str) -> Optional[float]:
+def _stopped(job: _Job, reason: str) -> Optional[Objective]:
     started = (job.run_dir / rundir.RUN_INFO).exists()
     outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_dir)
     _say_progress(job.sweep_dir, job.num, "stopped" if started else "not run")
     return objective_value(job.cfg, None)
 
 
-def _failed(job: _Job, exc: Exception) -> Optional[float]:
+def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     """A failed job's outcome recorded and said; the sweep goes on (a searching sweeper gets the worst value), but
     a full disk ends it, and a single job or a scheduler's task exits 1."""
     end = outcome.of_error(exc, job.cfg, job.run_dir)

@@ -94,7 +94,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
             return first_line(exc), []
         combos = combinations(values, order)
         _GRID[:] = [values, config_name, None, order] if multirun and len(combos) > 1 else []
-        error = _check_combos(combos, config_name, loader) or next(
+        error = check_points(combos, config_name, loader) or next(
             (e for e in (_check_launcher(c, config_name) for c in combos) if e), None)
         if error:
             return error, []
@@ -182,7 +182,7 @@ def checked(overrides: List[str]) -> bool:
     return tuple(overrides) in _CHECKED
 
 
-def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: Any) -> Optional[str]:
+def check_points(combos: List[List[str]], config_name: Optional[str], loader: Any) -> Optional[str]:
     """The first combination's error (compose + validate), naming the point when it is a sweep's; points
     differing from the first only in values are derived from its config (:func:`_from_first`)."""
     from hydra import compose
@@ -214,18 +214,31 @@ def _check_combos(combos: List[List[str]], config_name: Optional[str], loader: A
 
 
 def _check_sweeper(cfg: DictConfig) -> Optional[str]:
-    """A searching sweeper must optimise the way ``tracking.objective`` says is better (``cfg``: a point
-    composed with Hydra's own config)."""
-    from runner.track.objective import objective
+    """A searching sweeper must optimise the way ``tracking.objective`` says is better, one direction per metric
+    a job returns (``cfg``: a point composed with Hydra's own config)."""
+    from runner.track.objective import objectives
 
     wanted = cfg.hydra.sweeper.get("direction")
-    if not isinstance(wanted, str) or wanted not in ("minimize", "maximize"):
+    if wanted is None:
         return None
-    metric, direction = objective(cast("RunnerConfig", cfg))
-    if wanted[:3] != direction:
-        return (f"hydra.sweeper.direction={wanted} but tracking.objective is {metric} ({direction}); set "
-                f"hydra.sweeper.direction={'maximize' if direction == 'max' else 'minimize'} or "
-                f"tracking.objective.direction={wanted[:3]}")
+    asked = [str(wanted)] if isinstance(wanted, str) else [str(w) for w in wanted]
+    returned = objectives(cast("RunnerConfig", cfg))
+    names = ", ".join(f"{m} ({d})" for m, d in returned)
+    shown = asked[0] if len(asked) == 1 else "[" + ",".join(asked) + "]"
+    if len(asked) != len(returned):
+        return (f"hydra.sweeper.direction={shown} asks for {len(asked)} value(s) "
+                f"but each job returns {len(returned)}: {names} (tracking.objective.metric and more_metrics)")
+    if len(asked) > 1 and cfg.hydra.sweeper.get("pruner"):
+        return ("hydra/sweeper/pruner stops a trial on one metric; a multi-objective study "
+                "(tracking.objective.more_metrics) cannot be pruned: leave the pruner out")
+    for w in asked:
+        if w not in ("minimize", "maximize"):
+            return f"hydra.sweeper.direction={w!r} is not allowed; expected minimize or maximize (or a list of them)"
+    if [w[:3] for w in asked] != [d for _, d in returned]:
+        better = [("maximize" if d == "max" else "minimize") for _, d in returned]
+        return (f"hydra.sweeper.direction={shown} but tracking.objective is {names}; set "
+                f"hydra.sweeper.direction={better[0] if len(better) == 1 else '[' + ','.join(better) + ']'}"
+                + (f" or tracking.objective.direction={asked[0][:3]}" if len(asked) == 1 else ""))
     return None
 
 

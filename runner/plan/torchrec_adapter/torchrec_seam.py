@@ -7,7 +7,7 @@ sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mo
 the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
 proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced.planner`). They read or override the private attributes
 below, patch one private method and import names TorchRec does not export.
-The pin ``torchrec==1.8.0`` is their first protection. This list and a conformance check are the second:
+The pin ``torchrec==1.9.2`` is their first protection. This list and a conformance check are the second:
 
 - ``tests/plan/test_torchrec_seam.py`` checks every name on the installed TorchRec;
 - where a listed name is gone, or on another version whose behaviour fails the conformance check
@@ -30,7 +30,7 @@ import inspect
 import os
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-TESTED_WITH = "1.8.0"
+TESTED_WITH = "1.9.2"
 
 _P = "torchrec.distributed.planner."
 ATTRIBUTES: Dict[str, Tuple[str, ...]] = {  # class -> private attributes and methods read, set or overridden

@@ -1,76 +1,268 @@
-"""Hydra's Optuna sweeper whose study lives in the sweep folder and resumes there (the pre-check names this
-class in ``hydra.sweeper._target_`` for ``hydra/sweeper=optuna``).
+"""``hydra/sweeper=optuna``: the runner's Optuna sweeper, on Optuna's own API (Optuna 5; conf/hydra/sweeper/).
 
-- **Its storage.** Without ``hydra.sweeper.storage`` the study is kept in ``<sweep folder>/optuna_study.pkl``
-  (:class:`runner.launch.sweep.study.SweepFolderStorage`: Optuna's in-memory storage, written again, whole and
-  atomically, at each change; study name
-  ``hydra.sweeper.study_name``, else ``runner``), so a stopped study can resume. (Optuna 2.10's SQL storage,
-  the version hydra-optuna-sweeper 1.3 allows, fails on the SQLAlchemy 2 MLflow needs.)
+- **Samplers**: ``hydra/sweeper/sampler=tpe`` (default), ``random``, ``cmaes``, ``nsgaii`` (multi-objective),
+  ``grid``; any of their keys under ``hydra.sweeper.sampler``. **Directions**: ``hydra.sweeper.direction`` is
+  ``minimize``/``maximize``, or a list of them for a multi-objective study (each job returns
+  ``tracking.objective.metric`` then ``tracking.objective.more_metrics``); its Pareto front is printed and kept.
+- **The study** lives in Optuna's journal storage in the sweep folder (:mod:`runner.launch.sweep.study`; any
+  Optuna storage URL in ``hydra.sweeper.storage`` instead); study name ``hydra.sweeper.study_name``, else
+  ``runner``.
+- **Asynchronous trials**: with ``hydra.sweeper.n_jobs`` > 1 and a launcher that runs jobs outside this process
+  (``hydra/launcher=joblib``, ``slurm``), up to ``n_jobs`` trials run at once and a new one is asked for as soon
+  as any one ends (``hydra.sweeper.batch=true``: Hydra's way, ``n_jobs`` at a time, each batch waiting for its
+  slowest). With Hydra's basic launcher trials run one after the other, in this process.
 - **Resume** (``python -m runner resume <sweep folder>``, or the same command with the same
-  ``hydra.sweep.dir``): the study is loaded with the trials it has. A trial the stop interrupted (still
-  RUNNING in the storage) runs again with its own values in its own job folder (job number = trial number)
-  and its result is told to that trial; finished trials count toward ``n_trials``, so the study runs only
-  the trials it still lacks, numbered on from the last (a seeded sampler seeded with its seed plus the
-  number of trials there, so that it does not draw its first run's values again).
+  ``hydra.sweep.dir``): the study goes on from its journal. A trial the stop interrupted (still RUNNING there)
+  runs again with its own values in its own job folder (job number = trial number) and its result is told to
+  it; finished trials count toward ``n_trials``, so the study runs only the trials it still lacks, numbered on
+  from the last (a seeded sampler seeded with its seed plus the number of trials there, so that it does not
+  draw its first run's values again).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
-from hydra.utils import instantiate
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-from omegaconf import OmegaConf
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
 
 DEFAULT_STUDY = "runner"
+IN_PROCESS = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 log = logging.getLogger(__name__)
 
 
-class ResumingOptunaSweeper(OptunaSweeper):
-    def sweep(self, arguments: List[str]) -> None:
-        import optuna  # here, not at import: Hydra imports every plugin module at each start (optuna: 2.5 s)
+class OptunaSweeper(Sweeper):
+    def __init__(self, sampler: Any, direction: Union[str, Sequence[str]], study_name: Optional[str],
+                 storage: Optional[str], n_trials: int, n_jobs: int, max_failure_rate: float,
+                 params: Optional[Dict[str, Any]], batch: bool = False, pruner: Any = None) -> None:
+        self.sampler, self.pruner = sampler, pruner
+        self.directions = [direction] if isinstance(direction, str) else [str(d) for d in direction]
+        self.study_name = study_name or DEFAULT_STUDY
+        self.storage = storage
+        self.n_trials, self.n_jobs = int(n_trials), max(int(n_jobs), 1)
+        self.max_failure_rate = float(max_failure_rate)
+        self.params = dict(params or {})
+        self.batch = bool(batch)
+        self.job_idx = 0
+        self.trial_file: Optional[Path] = None
+        self.stopped = False  # too many trials failed: none asked for any more
+        self.config: Optional[DictConfig] = None
+        self.launcher: Any = None
 
-        from runner.launch.sweep.study import STUDY_FILE, SweepFolderStorage
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
 
-        impl: Any = self.sweeper
-        if impl.storage is None:
-            folder = Path(impl.config.hydra.sweep.dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            impl.storage = SweepFolderStorage.open(folder / STUDY_FILE)
-        impl.study_name = impl.study_name or DEFAULT_STUDY
-        try:
-            study = optuna.load_study(study_name=impl.study_name, storage=impl.storage)
-        except KeyError:  # a new study: the sweeper creates it
-            return super().sweep(arguments)
-        trials = study.get_trials(deepcopy=False)
-        stale = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-        for trial in stale:
-            self._rerun(study, trial)
-        impl.n_trials = max(0, impl.n_trials - len(trials))
-        impl.job_idx = len(trials)
-        seed = OmegaConf.select(impl.config, "hydra.sweeper.sampler.seed")
-        if seed is not None and not isinstance(impl.sampler, functools.partial):  # not the grid sampler
-            # a seeded sampler would draw its first run's values again: seeded on from the trials it has
-            impl.sampler = instantiate(impl.config.hydra.sweeper.sampler, seed=int(seed) + len(trials))
-        where = impl.storage.path if isinstance(impl.storage, SweepFolderStorage) else impl.storage
-        print(f"[runner] optuna study {impl.study_name!r} resumed from {where}: {len(trials)} trial(s) "
-              f"there ({len(stale)} interrupted, run again); {impl.n_trials} more to run", flush=True)
-        return super().sweep(arguments)
+    # -- the study --------------------------------------------------------------------------------------------
+    def _study(self, space: Dict[str, Any]) -> Any:
+        import functools
 
-    def _rerun(self, study: Any, trial: Any) -> None:
-        """An interrupted trial's job again, with its values, in its folder; its result told to it."""
         import optuna
 
-        impl: Any = self.sweeper
-        overrides = tuple(f"{k}={v}" for k, v in {**trial.params, **trial.user_attrs}.items())
-        (ret,) = impl.launcher.launch([overrides], initial_job_idx=trial.number)
+        from runner.launch.sweep.study import journal_storage
+
+        assert self.config is not None
+        folder = Path(str(self.config.hydra.sweep.dir))
+        storage = self.storage or journal_storage(folder)
+        if isinstance(self.sampler, functools.partial):  # the grid sampler: its grid is the search space
+            self.sampler = self.sampler(search_space={k: list(d.choices) for k, d in space.items()})
+        study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self.sampler,
+                                    pruner=self.pruner, directions=cast(Any, self.directions), load_if_exists=True)
+        self.trial_file = self._trial_file(folder, storage)
+        trials = study.get_trials(deepcopy=False)
+        if trials:
+            seed = OmegaConf.select(self.config, "hydra.sweeper.sampler.seed")
+            if seed is not None and not isinstance(self.sampler, optuna.samplers.GridSampler):
+                from hydra.utils import instantiate
+
+                # a seeded sampler would draw its first run's values again: seeded on from the trials it has
+                study.sampler = instantiate(self.config.hydra.sweeper.sampler, seed=int(seed) + len(trials))
+        return study
+
+    def _trial_file(self, folder: Path, storage: Any) -> Optional[Path]:
+        """With a pruner: what a trial's job needs to report to its trial (:mod:`runner.track.trial`), written
+        to the sweep folder; None without one."""
+        from runner.launch.sweep.study import JOURNAL_FILE
+        from runner.track.trial import TRIAL_FILE
+
+        assert self.config is not None
+        pruner = OmegaConf.select(self.config, "hydra.sweeper.pruner")
+        if pruner is None:
+            return None
+        path = folder / TRIAL_FILE
+        where = storage if isinstance(storage, str) else str((folder / JOURNAL_FILE).resolve())
+        OmegaConf.save(OmegaConf.create({"storage": where, "study": self.study_name, "pruner": pruner}), path)
+        return path.resolve()
+
+    def sweep(self, arguments: List[str]) -> None:
+        import optuna
+
+        from runner.launch.sweep.study import search_space
+
+        space, fixed = search_space(self.params, arguments)
+        study = self._study(space)
+        trials = study.get_trials(deepcopy=False)
+        stale = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        if trials:
+            where = self.storage or Path(str(self.config.hydra.sweep.dir))  # type: ignore[union-attr]
+            print(f"[runner] optuna study {self.study_name!r} resumed from {where}: {len(trials)} trial(s) "
+                  f"there ({len(stale)} interrupted, run again); {max(0, self.n_trials - len(trials))} more to run",
+                  flush=True)
+        for trial in stale:
+            self._tell(study, trial.number, self._launch([self._overrides(trial.params, trial.user_attrs,
+                                                                        trial.number)], trial.number)[0])
+        self.job_idx = len(trials)
+        todo = max(0, self.n_trials - len(trials))
+        assert self.config is not None
+        in_process = str(OmegaConf.select(self.config, "hydra.launcher._target_")) == IN_PROCESS
+        if self.n_jobs > 1 and in_process:
+            print(f"[runner] optuna: hydra.sweeper.n_jobs={self.n_jobs} with Hydra's basic launcher runs one trial "
+                  f"at a time, in this process; hydra/launcher=joblib hydra.launcher.n_jobs={self.n_jobs} runs "
+                  f"{self.n_jobs} at once", flush=True)
+        slots = 1 if in_process else self.n_jobs
+        if self.batch:
+            self._batches(study, space, fixed, todo, slots)
+        else:
+            self._asynchronous(study, space, fixed, todo, slots)
+        self._results(study)
+
+    def _overrides(self, params: Dict[str, Any], fixed: Dict[str, Any], number: int) -> List[str]:
+        from runner.launch.sweep.study import trial_overrides
+
+        told = [] if self.trial_file is None else [f"tracking.objective.study={self.trial_file}",
+                                                   f"tracking.objective.trial={number}"]
+        return trial_overrides(params, {str(k): str(v) for k, v in fixed.items()}) + told
+
+    def _ask(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str]) -> Any:
+        trial = study.ask(fixed_distributions=space)
+        for key, value in fixed.items():  # kept with the trial, so that a resumed study reruns it as it was
+            trial.set_user_attr(key, value)
+        return trial
+
+    def _launch(self, batch: List[List[str]], first: int) -> List[Any]:
+        return list(self.launcher.launch(batch, initial_job_idx=first))
+
+    def _tell(self, study: Any, number: int, ret: Any) -> bool:
+        """Tell a trial's result (the job's return value); a job that raised fails its trial. True when it
+        completed."""
+        import optuna
+
         try:
             value = ret.return_value
             values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-            study.tell(trial.number, values=values if len(values) > 1 else values[0])
-        except Exception as exc:  # noqa: BLE001  (as the sweeper does: the trial fails, the study goes on)
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            if len(values) != len(self.directions):
+                raise ValueError(f"the job returned {len(values)} value(s) for {len(self.directions)} direction(s)")
+        except Exception as exc:  # noqa: BLE001  (the trial fails, the study goes on)
+            self._told(study, number, state=optuna.trial.TrialState.FAIL)
             log.warning(f"Failed experiment: {exc}")
+            return False
+        self._told(study, number, values=values if len(values) > 1 else values[0])
+        return True
+
+    def _told(self, study: Any, number: int, **result: Any) -> None:
+        try:
+            study.tell(number, skip_if_finished=True, **result)  # a pruned trial's job told it PRUNED itself
+        except RuntimeError as exc:  # the result is stored; the grid sampler's grid is done (it asks to stop)
+            if "Study.stop" not in str(exc):
+                raise
+            if not self.stopped:
+                print(f"[runner] optuna: every point of the grid sampler's grid has been tried ({number + 1} trials): "
+                      "no more trials", flush=True)
+            self.stopped = True
+
+    def _failed_too_often(self, told: List[bool]) -> bool:
+        failed = told.count(False)
+        if self.stopped or not failed or failed / len(told) <= self.max_failure_rate:
+            return self.stopped
+        self.stopped = True
+        print(f"[runner] optuna: {failed} of {len(told)} trials failed, above hydra.sweeper.max_failure_rate="
+              f"{self.max_failure_rate}: no more trials", flush=True)
+        return True
+
+    def _batches(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str], todo: int, slots: int) -> None:
+        """Hydra's way: ``slots`` trials asked, launched together, all waited for, then the next batch."""
+        told: List[bool] = []
+        while todo > 0 and not self._failed_too_often(told):
+            trials = [self._ask(study, space, fixed) for _ in range(min(slots, todo))]
+            rets = self._launch([self._overrides(t.params, fixed, t.number) for t in trials], self.job_idx)
+            told += [self._tell(study, t.number, r) for t, r in zip(trials, rets, strict=True)]
+            self.job_idx += len(trials)
+            todo -= len(trials)
+
+    def _asynchronous(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str], todo: int,
+                      slots: int) -> None:
+        """Up to ``slots`` trials at once, each launched alone; a new one asked for as soon as any ends (the
+        asking and telling here, in this thread; a pool thread only waits on its job)."""
+        if slots == 1:
+            return self._batches(study, space, fixed, todo, 1)
+        told: List[bool] = []
+        running: Dict[Future, Any] = {}
+        with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="runner-trial") as pool:
+            try:
+                while todo > 0 or running:
+                    while todo > 0 and len(running) < slots and not self._failed_too_often(told):
+                        trial = self._ask(study, space, fixed)
+                        batch = [self._overrides(trial.params, fixed, trial.number)]
+                        running[pool.submit(self._launch, batch, trial.number)] = trial
+                        self.job_idx, todo = trial.number + 1, todo - 1
+                    if not running:
+                        break
+                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    for future in done:
+                        trial = running.pop(future)
+                        told.append(self._tell(study, trial.number, _first(future)))
+            except BaseException:
+                for future in running:
+                    future.cancel()
+                raise
+
+    def _results(self, study: Any) -> None:
+        import optuna
+
+        assert self.config is not None
+        done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        out: Dict[str, Any] = {"name": "optuna", "study_name": self.study_name, "trials": len(study.trials),
+                               "completed": len(done), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if not done:
+            print("[runner] optuna: no trial completed", flush=True)
+        elif len(self.directions) == 1:
+            best = study.best_trial
+            out.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number)
+            log.info(f"Best parameters: {best.params}")
+            log.info(f"Best value: {best.value}")
+            print(f"[runner] optuna: best trial {best.number}: {best.params}; Best value: {best.value}", flush=True)
+        else:
+            front = [{"trial": t.number, "params": dict(t.params), "values": list(t.values)} for t in study.best_trials]
+            out["pareto_front"] = front
+            print(f"[runner] optuna: Pareto front of {len(front)} trial(s) "
+                  f"({' x '.join(self.directions)}): " + "; ".join(
+                      f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
+        folder = Path(str(self.config.hydra.sweep.dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(out), folder / "optimization_results.yaml")
+
+
+def _first(future: Future) -> Any:
+    """The job return of a one-job launch; a launch that raised gives a return that raises (its trial fails)."""
+    try:
+        return future.result()[0]
+    except Exception as exc:  # noqa: BLE001
+        return _Raised(exc)
+
+
+class _Raised:
+    """A job return whose value is the launch's exception, raised when read."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    @property
+    def return_value(self) -> Any:
+        raise self.exc

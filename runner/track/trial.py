@@ -1,0 +1,74 @@
+"""A training job that is a trial of an Optuna study with a pruner (``hydra/sweeper/pruner=median|hyperband``):
+at each checkpoint's evaluation (``train.checkpoint.every_steps``) rank 0 reports the objective metric to the
+trial (Optuna's ``Trial.report``) and asks the study's pruner; every rank gets the answer, and a pruned trial
+stops training there, marked PRUNED in the study, its run FINISHED with the tag ``runner.pruned_at_step``.
+
+The sweeper writes what a trial needs (its storage, study name and pruner) to ``optuna_trial.yaml`` in the sweep
+folder and names it and the trial in each trial's overrides (``tracking.objective.study`` and ``.trial``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+
+TRIAL_FILE = "optuna_trial.yaml"
+
+
+class TrialPruning:
+    """The pruning of one trial's training, for the loop's checkpoints; inactive where the job is no such trial."""
+
+    def __init__(self, cfg: RunnerConfig, rank: int) -> None:
+        from runner.track.objective import objective
+
+        o = cfg.tracking.objective
+        self.file, self.number, self.rank = o.study, o.trial, rank
+        self.metric = objective(cfg)[0]
+        self.active = bool(self.file) and self.number is not None and not o.more_metrics
+        self._trial: Any = None
+        self.pruned_value: Optional[float] = None
+
+    def _open(self) -> Any:
+        import optuna
+        from hydra.utils import instantiate
+        from omegaconf import OmegaConf
+
+        spec: Any = OmegaConf.load(str(self.file))
+        storage = spec.storage
+        if not str(storage).startswith(("sqlite:", "postgresql", "mysql", "redis")):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            storage = JournalStorage(JournalFileBackend(str(storage)))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        pruner = instantiate(spec.pruner) if spec.get("pruner") else None
+        study = optuna.load_study(study_name=str(spec.study), storage=storage, pruner=pruner)
+        assert self.number is not None
+        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(self.number))
+        return optuna.trial.Trial(study, trial_id)
+
+    def should_stop(self, step: int, metrics: Dict[str, float]) -> bool:
+        """Report ``metrics``' objective at ``step`` (rank 0) and whether the pruner stops the trial there (every
+        rank, the same answer). The pruned trial is told PRUNED here; the sweeper leaves it so."""
+        if not self.active:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        decision = torch.zeros(1)
+        if self.rank == 0:
+            value = metrics.get(self.metric)
+            if value is not None and value == value:
+                import optuna
+
+                self._trial = self._trial or self._open()
+                self._trial.report(float(value), step)
+                if self._trial.should_prune():
+                    self._trial.study.tell(self._trial.number, state=optuna.trial.TrialState.PRUNED)
+                    self.pruned_value = float(value)
+                    decision[0] = 1
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast(decision, 0)
+        return bool(decision[0])
