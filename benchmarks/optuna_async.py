@@ -6,9 +6,9 @@ trials are of uneven length.
 One plan-only study (``experiment=plan_many_tables`` on 32 x 8 GPUs; each trial plans 10 or 3,000 generated
 tables, drawn by a seeded random sampler: the same trials both times, one of each in every pair), run twice through
 joblib's processes with ``--jobs`` trials at once: ``hydra.sweeper.batch=false`` (the runner's default: a new trial
-as soon as any ends) and ``batch=true`` (Hydra's way: each batch waits for its slowest). For each it prints the wall time, the trials'
-busy time (their MLflow runs' start to end), and the idle time of the slots: jobs x wall - busy, as a share of
-jobs x wall; the import floor beside them.
+as soon as any ends) and ``batch=true`` (Hydra's way: each batch waits for its slowest). For each it prints the
+trials' span, their busy time (their MLflow runs' start to end), and the idle time of the slots: jobs x span - busy,
+as a share of jobs x span; the import floor beside them.
 """
 
 from __future__ import annotations
