@@ -32,13 +32,9 @@ def _holder(text: str) -> Optional[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    import psutil
+
+    return bool(psutil.pid_exists(pid))  # another user's process counts as there
 
 
 def _read_holder(fd: int) -> tuple[str, Optional[int]]:

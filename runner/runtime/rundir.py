@@ -150,25 +150,26 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _start_of(pid: int) -> Optional[Tuple[str, int]]:
-    """A process's identity across pid reuse: this boot's id and the process's start in clock ticks since boot
-    (the kernel's own, untouched by a step of the wall clock); None where this host cannot read them."""
+def _start_of(pid: int) -> Optional[Tuple[str, float]]:
+    """A process's identity across pid reuse: when this host booted and when the process started (psutil: the
+    kernel's start in ticks since boot, added to the boot time), as text and seconds; None where this host
+    cannot read them."""
+    import psutil
+
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return boot, int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: after the command's closing ")"
-    except (OSError, ValueError, IndexError):
+        return f"{psutil.boot_time():.0f}", psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
         return None
 
 
 def driver_record(port: int) -> Dict[str, Any]:
-    """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start (the boot's id and
-    the start in ticks since boot), which together name this driver even after its pid is reused."""
+    """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start (the host's boot
+    time and when it started), which together name this driver even after its pid is reused."""
     import socket
 
     start = _start_of(os.getpid())
     return {"port": port, "host": socket.gethostname(), "pid": os.getpid(),
-            **({"boot": start[0], "ticks": start[1]} if start else {})}
+            **({"boot": start[0], "started": start[1]} if start else {})}
 
 
 def driver_gone(run_dir: Path) -> Optional[str]:
@@ -189,7 +190,7 @@ def driver_gone(run_dir: Path) -> Optional[str]:
     pid = record["pid"]
     if psutil.pid_exists(pid):  # another user's process counts as there (hidden or not)
         now = _start_of(pid)
-        if now is None or now == (record["boot"], record.get("ticks")):
+        if now is None or now == (record["boot"], record.get("started")):
             return None  # the same process, or one this host cannot read: not judged gone
     heard = max((p.stat().st_mtime for p in (run_dir / EVENTS, run_dir / DRIVER, run_dir / RUN_INFO) if p.exists()),
                 default=0.0)

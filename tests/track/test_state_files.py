@@ -177,3 +177,23 @@ def test_a_damaged_study_journal_is_one_line_and_the_sweep_ends_failed(tmp_path:
         assert len(err) == 1 and err[0].startswith(f"error: the Optuna {kind} "), err
         run = MlflowClient(uri).get_run(parent)
         assert run.info.status == "FAILED", how  # not left RUNNING
+
+
+def test_a_driver_record_names_its_process_across_pid_reuse(tmp_path: Path) -> None:
+    """``driver.json`` names the driver by pid and start (psutil): the live driver is not gone; a record whose
+    pid now belongs to a process started at another time, or to no process, is."""
+    import os
+    import subprocess
+    import sys
+
+    from runner.runtime import rundir
+
+    record = rundir.driver_record(29500)
+    assert record["pid"] == os.getpid() and isinstance(record["started"], float)
+    rundir.write_json(tmp_path / rundir.DRIVER, record)
+    assert rundir.driver_gone(tmp_path) is None
+    rundir.write_json(tmp_path / rundir.DRIVER, {**record, "started": record["started"] - 60})  # pid reused
+    assert "is gone, killed outright" in str(rundir.driver_gone(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    rundir.write_json(tmp_path / rundir.DRIVER, {**record, "pid": int(ended.stdout)})  # no such process now
+    assert f"(pid {int(ended.stdout)}) is gone" in str(rundir.driver_gone(tmp_path))
