@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config.data_sources import SOURCES
 from runner.config.parts import part
-from runner.data.layout import layout
+from runner.data.layout import DENSE_PREFIX, layout
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -27,10 +27,15 @@ def _digest(identity: Any) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+LISTED_DENSE = 256  # dense columns named one by one in a dataset's schema; more are one entry for all of them
+
+
 def _columns(cfg: RunnerConfig, multi_hot: bool) -> List[Tuple[str, str]]:
     lay = layout(cfg)
-    return ([(t, "float") for t in lay.tasks] + [(c, "float") for c in lay.dense_columns]
-            + [(f, "list<long>" if multi_hot else "long") for f in lay.features])
+    dense = ([(c, "float") for c in lay.dense_columns] if lay.num_dense <= LISTED_DENSE
+             else [(f"{DENSE_PREFIX}0..{DENSE_PREFIX}{lay.num_dense - 1}", f"float x {lay.num_dense}")])
+    sparse = [(f, "list<long>" if multi_hot else "long") for f in lay.features]
+    return [(t, "float") for t in lay.tasks] + dense + sparse
 
 
 def _arrow_type(t: Any) -> str:

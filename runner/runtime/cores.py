@@ -117,6 +117,20 @@ def job_memory(allocated: Sequence[Tuple[int, str]] = ()) -> Tuple[Optional[int]
     return min(found) if found else (None, "")
 
 
+def check_dense_batch(rows: int, num_dense: int, workers: int, memory: Tuple[Optional[int], str]) -> None:
+    """One line (a :class:`ConfigError` on ``data.num_dense_features``) where one batch's dense features alone
+    (``rows`` x ``num_dense`` float32 values) for each of this host's ``workers`` are more than the memory the job
+    may use (``memory``: :func:`job_memory`); a lower bound of what training takes, so only the impossible is
+    refused, before any worker starts."""
+    total, what = memory
+    need = rows * num_dense * 4 * workers
+    if total is not None and need > total:
+        raise ConfigError("data.num_dense_features", num_dense,
+                          f"fewer: one batch's dense features ({rows} rows x {num_dense} float32 values) for each of "
+                          f"this host's {workers} worker(s) take {need / 2**30:.1f} GiB, more than {what} "
+                          f"({total / 2**30:.1f} GiB)")
+
+
 def may_fork() -> bool:
     """Whether this process may fork a helper for a second core: it has a core to spare and nothing a fork must
     not copy live (no CUDA context, no process group: the plan-only driver or a sweep's own process, not a

@@ -63,6 +63,8 @@ BEFORE_LAUNCH = [
     (["data=parquet"], "data.path"),
     (["train.resume=/nonexistent/ckpt"], "no such file or folder"),
     (["train.resume=latest", "train.checkpoint.dir={d}"], "no complete checkpoint"),
+    (["data.num_dense_features=1000000000"], "data.num_dense_features=1000000000 is not allowed; expected fewer: one "
+                                             "batch's dense features (128 rows x 1000000000 float32 values)"),
 ]
 CLASS_NAME = re.compile(r"\b[A-Z][a-z]+[A-Za-z]*(Error|Exception|Invalid)\b")
 

@@ -423,3 +423,16 @@ def test_a_column_of_another_type_is_refused_before_launch(tmp_path: Path, colum
                    "model.generated_tables.count=0")
     with pytest.raises(DataError, match=f"part-00001.parquet {expected}"):
         check_data(full)
+
+
+def test_a_dataset_schema_names_at_most_256_dense_columns() -> None:
+    """A run's dataset schema lists each dense column up to 256 of them; more are one entry for all (a million
+    names would be tens of MiB in the driver and the store)."""
+    from conftest import cfg_for
+
+    from runner.data.lineage import datasets
+
+    few = datasets(cfg_for("data.num_dense_features=13"))[0]["columns"]
+    assert [c for c, _ in few if c.startswith("dense_")] == [f"dense_{i}" for i in range(13)]
+    many = datasets(cfg_for("data.num_dense_features=1000000000"))[0]["columns"]
+    assert [c for c in many if c[0].startswith("dense_")] == [("dense_0..dense_999999999", "float x 1000000000")]

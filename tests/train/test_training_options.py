@@ -258,3 +258,20 @@ def test_a_window_is_timed_once_the_device_has_done_its_work() -> None:
     means, steps, elapsed = window.close(last=True)
     assert steps == 1 and float(means[0]) == 1.0 and elapsed >= 0.2
     assert device_sync(torch.device("cpu"))() is None
+
+
+def test_a_dense_part_that_cannot_fit_is_refused_before_it_is_allocated() -> None:
+    """The dense part is sized on meta before it is built on the worker's device: 78 G parameters (290 GiB) are
+    refused in one line naming the key and the sizes, not allocated (or killed by the kernel mid-way)."""
+    import torch
+    from conftest import cfg_for
+
+    from runner.config.errors import ConfigError
+    from runner.train.models import build_model
+
+    cfg = cfg_for("model.dense_arch_layer_sizes=[1000000000,64]")
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg, torch.device("cpu"))
+    assert str(e.value).startswith("data.num_dense_features=13 is not allowed; expected a dense part that fits: with "
+                                   "it the model's dense parameters alone take 290.57 GiB on each worker"), str(e.value)
+    assert "(model.dense_arch_layer_sizes=[1000000000, 64])" in str(e.value)

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from runner import STARTED
 from runner.config.errors import TrackingError
 from runner.config.place import Place
-from runner.config.schema import WORKER_MODES
+from runner.config.schema import WORKER_MODES, samples_per_step
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_job_run, finish_run
@@ -33,7 +33,7 @@ from runner.launch.processes.supervisor import launch, nodes_on_this_host
 from runner.launch.sweep.resume import link_point
 from runner.runtime import rundir
 from runner.runtime.affinity import threads_per_worker, workers_on_host
-from runner.runtime.cores import job_cores, job_memory
+from runner.runtime.cores import check_dense_batch, job_cores, job_memory
 from runner.runtime.device import (
     check_autocast_before_launch,
     check_gpu_count,
@@ -67,12 +67,13 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
     check_tf32(cfg.precision.tf32, kind)
     check_start_method(cfg.cluster.start_method, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
+    c = cfg.cluster
+    workers, memory = c.workers_per_node * len(nodes_on_this_host(c)), job_memory(schedulers.allocations())
+    check_dense_batch(samples_per_step(cfg), int(cfg.data.num_dense_features), workers, memory)
     if kind == "cuda":
-        c = cfg.cluster
-        workers, visible = c.workers_per_node * len(nodes_on_this_host(c)), visible_gpus()
+        visible = visible_gpus()
         check_autocast_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
         note = check_gpu_count(workers, c.workers_per_node, visible)
-        memory = job_memory(schedulers.allocations())
         ddr, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *memory)  # each worker plans with it
         for line in (note, ddr_note):
             if line:

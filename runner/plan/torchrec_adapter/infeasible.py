@@ -48,6 +48,9 @@ def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: in
     reserve = f"sharding.storage_reserve_percent={s.storage_reserve_percent:g}"
     policy = ", policy heuristic: the dense part's estimate too" if s.storage_reserve_policy == "heuristic" else ""
     cap_text = f"cluster.{cap_key}={cap:g}" if cap is not None else f"cluster.{cap_key}=null (TorchRec's default)"
+    if per_rank < 0:  # the reserve alone is more than the memory
+        return (f"no {word} is left for tables on any of {world} ranks: the reserve takes {_fmt(-per_rank)} more "
+                f"than all of it ({cap_text} less {reserve}{policy})")
     return f"each of {world} ranks has {_fmt(per_rank)} of {word} for tables ({cap_text} less {reserve}{policy})"
 
 
