@@ -37,7 +37,9 @@ class TrialPruning:
 
         spec: Any = OmegaConf.load(str(self.file))
         storage = spec.storage
-        if not str(storage).startswith(("sqlite:", "postgresql", "mysql", "redis")):
+        if str(storage).startswith(("sqlite:", "postgresql", "mysql")):
+            storage = optuna.storages.RDBStorage(str(storage))
+        else:
             from optuna.storages import JournalStorage
             from optuna.storages.journal import JournalFileBackend
 
@@ -45,8 +47,9 @@ class TrialPruning:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         pruner = instantiate(spec.pruner) if spec.get("pruner") else None
         study = optuna.load_study(study_name=str(spec.study), storage=storage, pruner=pruner)
-        assert self.number is not None
-        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(self.number))
+        assert self.number is not None  # Optuna's storage API names a trial by its id, the sweeper by its number
+        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(str(spec.study)),
+                                                                   int(self.number))
         return optuna.trial.Trial(study, trial_id)
 
     def should_stop(self, step: int, metrics: Dict[str, float]) -> bool:
