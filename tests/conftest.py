@@ -52,7 +52,8 @@ FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.ev
 
 # The files that take longest, longest first (their walls in a 2-process `make test` on 2026-11-26, 235 s down to
 # 30 s): handed out first, so that the two processes end together instead of one finishing a long file alone.
-LONGEST = ["slurm/test_slurm.py", "faults/test_faults.py", "track/test_sweeps.py", "train/test_checkpoints.py",
+LONGEST = ["slurm/test_slurm.py", "faults/test_faults.py", "track/test_sweeps.py", "track/test_optuna.py",
+           "train/test_checkpoints.py",
            "train/test_sharding_e2e.py", "train/test_training_options.py", "faults/test_tracking_outage.py",
            "track/test_remote_tracking.py", "launch/test_launch.py", "data/test_data.py", "test_e2e.py",
            "track/test_store.py", "plan/test_search.py"]
