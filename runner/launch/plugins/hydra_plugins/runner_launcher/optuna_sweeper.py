@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 DEFAULT_STUDY = "runner"
 IN_PROCESS = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+STOP_WAIT_S = 60.0  # how long a stopped study waits for its running trials to stop
 log = logging.getLogger(__name__)
 
 
@@ -204,24 +205,40 @@ class OptunaSweeper(Sweeper):
             return self._batches(study, space, fixed, todo, 1)
         told: List[bool] = []
         running: Dict[Future, Any] = {}
-        with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="runner-trial") as pool:
-            try:
-                while todo > 0 or running:
-                    while todo > 0 and len(running) < slots and not self._failed_too_often(told):
-                        trial = self._ask(study, space, fixed)
-                        batch = [self._overrides(trial.params, fixed, trial.number)]
-                        running[pool.submit(self._launch, batch, trial.number)] = trial
-                        self.job_idx, todo = trial.number + 1, todo - 1
-                    if not running:
-                        break
-                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                    for future in done:
-                        trial = running.pop(future)
-                        told.append(self._tell(study, trial.number, _first(future)))
-            except BaseException:
-                for future in running:
-                    future.cancel()
-                raise
+        pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="runner-trial")
+        try:
+            while todo > 0 or running:
+                while todo > 0 and len(running) < slots and not self._failed_too_often(told):
+                    trial = self._ask(study, space, fixed)
+                    batch = [self._overrides(trial.params, fixed, trial.number)]
+                    running[pool.submit(self._launch, batch, trial.number)] = trial
+                    self.job_idx, todo = trial.number + 1, todo - 1
+                if not running:
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    trial = running.pop(future)
+                    told.append(self._tell(study, trial.number, _first(future)))
+        except BaseException as exc:
+            if running and isinstance(exc, KeyboardInterrupt):
+                self._stop_running(exc, list(running))
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _stop_running(self, exc: KeyboardInterrupt, running: List[Future]) -> None:
+        """This process was stopped (Ctrl-C, SIGTERM) while trials ran in other processes: they are told to stop
+        too, as a sweep stopped by ``sweep.max_failures`` stops its running points (``stop.json``: each ends
+        KILLED, its workers stopped), and waited for a while."""
+        from runner.launch.sweep.stop import STOP
+        from runner.runtime import rundir
+        from runner.runtime.signals import Stopped
+
+        assert self.config is not None
+        name = exc.name if isinstance(exc, Stopped) else "SIGINT"
+        rundir.write_json(Path(str(self.config.hydra.sweep.dir)) / STOP, {"reason": f"stopped by {name}"})
+        print(f"[runner] optuna: stopped by {name}; the {len(running)} running trial(s) stop too", flush=True)
+        wait(running, timeout=STOP_WAIT_S)
 
     def _results(self, study: Any) -> None:
         import optuna
