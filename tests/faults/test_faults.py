@@ -321,15 +321,21 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-@pytest.mark.parametrize("launcher", ["basic"])  # joblib: test_a_stopped_sweep_resumes_only_its_unfinished_points
+ASYNC_OPTUNA = ["train.seed=choice(1,2)", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize",
+                "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
+                "hydra.launcher.n_jobs=2"]
+
+
+# joblib: test_a_stopped_sweep_resumes_only_its_unfinished_points; optuna: two asynchronous trials in joblib's
+# processes, the signal sent to the sweep's process alone (as a supervisor's SIGTERM would be), not its group
+@pytest.mark.parametrize("launcher", ["basic", "optuna"])
 def test_a_stopped_sweep_ends_every_run_it_opened(store: str, tmp_path: Path, launcher: str) -> None:
     """Ctrl-C during a sweep: the parent run and each point's run end KILLED (none left RUNNING), exit 130,
     one line naming the sweep folder, nothing left running."""
     sweep, exp = tmp_path / "sweep", f"sweep_stop_{launcher}"
-    parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
-    job = Job(tmp_path, store, exp, ["-m", *FAST, "train.steps=100000", "train.seed=1,2", *parallel,
-                                     f"hydra.sweep.dir={sweep}"])
-    job.until(lambda: list(sweep.glob("*/run.json")))  # a point's run is open
+    points = ASYNC_OPTUNA if launcher == "optuna" else ["train.seed=1,2"]
+    job = Job(tmp_path, store, exp, ["-m", *FAST, "train.steps=100000", *points, f"hydra.sweep.dir={sweep}"])
+    job.until(lambda: len(list(sweep.glob("*/run.json"))) >= (2 if launcher == "optuna" else 1), 180)
     tree = descendants(job.proc.pid)
     job.proc.send_signal(signal.SIGINT)
     assert job.finish(90) == 130, job.err.read_text()[-3000:]

@@ -70,6 +70,7 @@ class OptunaSweeper(Sweeper):
         from runner.launch.sweep.study import journal_storage
 
         assert self.config is not None
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # its INFO lines on stderr; the runner says its own
         folder = Path(str(self.config.hydra.sweep.dir))
         storage = self.storage or journal_storage(folder)
         if isinstance(self.sampler, functools.partial):  # the grid sampler: its grid is the search space
