@@ -129,6 +129,11 @@ class OptunaSweeper(Sweeper):
                   f"at a time, in this process; hydra/launcher=joblib hydra.launcher.n_jobs={self.n_jobs} runs "
                   f"{self.n_jobs} at once", flush=True)
         slots = 1 if in_process else self.n_jobs
+        how = "one at a time" if slots == 1 else f"{slots} at a time, in batches" if self.batch else \
+            f"up to {slots} at once, a new one as any ends"
+        print(f"[runner] optuna: {todo} trial(s), {how}; sampler {type(study.sampler).__name__}, pruner "
+              f"{type(self.pruner).__name__ if self.pruner is not None else 'none'}, {' x '.join(self.directions)}; "
+              f"study {self.study_name!r} in {self.storage or Path(str(self.config.hydra.sweep.dir))}", flush=True)
         if self.batch:
             self._batches(study, space, fixed, todo, slots)
         else:
