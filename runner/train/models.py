@@ -191,7 +191,7 @@ def build_model(cfg: RunnerConfig, dense_device: torch.device) -> nn.Module:
     with _meta_tables_uninitialised():
         ebc = EmbeddingBagCollection(tables=table_configs(cfg.model, cfg.precision.embedding_dtype),
                                      device=torch.device("meta"))
-    builds = part(FAMILIES[cfg.model.family].builds)
+    builds, dense_device = part(FAMILIES[cfg.model.family].builds), torch.device(dense_device)
     if dense_device.type != "meta":  # sized on meta first: a dense part that cannot fit is refused, not allocated
         _check_dense_fits(cfg, builds(cfg.model, ebc, cfg.data.num_dense_features, torch.device("meta")), dense_device)
     return builds(cfg.model, ebc, cfg.data.num_dense_features, dense_device)
