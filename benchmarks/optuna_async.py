@@ -3,12 +3,13 @@ trials are of uneven length.
 
     make bench-optuna [ARGS="--trials 8 --jobs 2"]
 
-One plan-only study (``experiment=plan_many_tables`` on 32 x 8 GPUs; each trial plans 10 or 3,000 generated
-tables, drawn by a seeded random sampler: the same trials both times, one of each in every pair), run twice through
-joblib's processes with ``--jobs`` trials at once: ``hydra.sweeper.batch=false`` (the runner's default: a new trial
-as soon as any ends) and ``batch=true`` (Hydra's way: each batch waits for its slowest). For each it prints the
-trials' span, their busy time (their MLflow runs' start to end), and the idle time of the slots: jobs x span - busy,
-as a share of jobs x span; the import floor beside them.
+One plan-only study (``experiment=plan_many_tables`` on 128 x 8 GPUs; each trial plans 10 or 5,384 generated tables,
+drawn by a seeded random sampler: the same trials both times, one of each in every pair; no answer reused between
+trials, ``sweep.reuse=false``), run twice through joblib's processes with ``--jobs`` trials at once:
+``hydra.sweeper.batch=false`` (the runner's default: a new trial as soon as any ends) and ``batch=true`` (Hydra's
+way: each batch waits for its slowest). For each it prints the trials' span, their busy time (their MLflow runs'
+start to end), and the idle time of the slots: jobs x span - busy, as a share of jobs x span; the import floor
+beside them.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def study(batch: bool, trials: int, jobs: int, folder: Path) -> Dict[str, float]
 
     store = f"sqlite:///{folder / 'mlflow.db'}"
     name = "batch" if batch else "async"
-    args = ["-m", "experiment=plan_many_tables", "cluster=gpu_4x8", "cluster.nodes=32",
-            "model.generated_tables.count=choice(10,3000)", "hydra/sweeper=optuna", "hydra/sweeper/sampler=random",
+    args = ["-m", "experiment=plan_many_tables", "cluster=gpu_4x8", "cluster.nodes=128",
+            "model.generated_tables.count=choice(10,5384)", "sweep.reuse=false", "hydra/sweeper=optuna",
+            "hydra/sweeper/sampler=random",
             "hydra.sweeper.sampler.seed=10", f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.n_jobs={jobs}",
             f"hydra.sweeper.batch={str(batch).lower()}", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}",
             f"tracking.uri={store}", f"tracking.experiment={name}", f"hydra.sweep.dir={folder / name}"]
@@ -52,7 +54,7 @@ def study(batch: bool, trials: int, jobs: int, folder: Path) -> Dict[str, float]
     wall = (last - first) / 1000
     tables = sorted(int(r.data.params["model.generated_tables.count"]) for r in jobs_runs)
     return {"command_s": time.monotonic() - start, "wall_s": wall, "busy_s": busy,
-            "idle": max(0.0, jobs * wall - busy) / (jobs * wall), "slow": float(tables.count(3000))}
+            "idle": max(0.0, jobs * wall - busy) / (jobs * wall), "slow": float(tables.count(5384))}
 
 
 def main() -> None:
@@ -65,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-optuna-") as tmp:
         for batch in (False, True):
             r = study(batch, args.trials, args.jobs, Path(tmp))
-            print(f"{'batch (Hydra)' if batch else 'asynchronous'}: {args.trials} trials ({r['slow']:.0f} of 3,000 "
+            print(f"{'batch (Hydra)' if batch else 'asynchronous'}: {args.trials} trials ({r['slow']:.0f} of 5,384 "
                   f"tables), {args.jobs} at once: trials' span {r['wall_s']:.1f} s (command {r['command_s']:.1f} s), "
                   f"busy {r['busy_s']:.1f} s, slots idle {100 * r['idle']:.0f}% (floor {floor:.1f} s)", flush=True)
 
