@@ -280,9 +280,10 @@ def submit_points(launcher: Any, job_overrides: Sequence[Sequence[str]], initial
     points = _points(launcher, job_overrides, initial_job_idx)
     _submit(launcher, points)
     submitted = [p for p in points if p.job is not None]
-    earlier = (rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}).get("job_ids", [])
-    rundir.write_json(sweep_dir / rundir.SCHEDULER, {"scheduler": "slurm",
-                                                     "job_ids": earlier + [p.job.job_id for p in submitted]})
+    with rundir.exclusive(sweep_dir / ".scheduler.lock"):  # asynchronous Optuna trials submit from several threads
+        earlier = (rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}).get("job_ids", [])
+        rundir.write_json(sweep_dir / rundir.SCHEDULER, {"scheduler": "slurm",
+                                                         "job_ids": earlier + [p.job.job_id for p in submitted]})
     listed = ", ".join(f"{p.job.job_id} (point {p.num}: {' '.join(p.overrides) or 'defaults'})" for p in submitted)
     folder = str(launcher.params["submitit_folder"]).replace("%j", "<job id>")
     if submitted:
