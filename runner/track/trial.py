@@ -20,11 +20,11 @@ TRIAL_FILE = "optuna_trial.yaml"
 class TrialPruning:
     """The pruning of one trial's training, for the loop's checkpoints; inactive where the job is no such trial."""
 
-    def __init__(self, cfg: RunnerConfig, rank: int) -> None:
+    def __init__(self, cfg: RunnerConfig, rank: int, device: Any = None) -> None:
         from runner.track.objective import objective
 
         o = cfg.tracking.objective
-        self.file, self.number, self.rank = o.study, o.trial, rank
+        self.file, self.number, self.rank, self.device = o.study, o.trial, rank, device  # NCCL: the GPU's tensor
         self.metric = objective(cfg)[0]
         self.active = bool(self.file) and self.number is not None and not o.more_metrics
         self._trial: Any = None
@@ -60,18 +60,26 @@ class TrialPruning:
         import torch
         import torch.distributed as dist
 
-        decision = torch.zeros(1)
-        if self.rank == 0:
-            value = metrics.get(self.metric)
-            if value is not None and value == value:
-                import optuna
-
-                self._trial = self._trial or self._open()
-                self._trial.report(float(value), step)
-                if self._trial.should_prune():
-                    self._trial.study.tell(self._trial.number, state=optuna.trial.TrialState.PRUNED)
-                    self.pruned_value = float(value)
-                    decision[0] = 1
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        decision = torch.zeros(1, device=self.device)
+        value = metrics.get(self.metric)
+        if self.rank == 0 and value is not None and value == value:
+            try:
+                decision[0] = self._ask(step, float(value))
+            except Exception as exc:  # noqa: BLE001 - the study's storage away: this trial trains on, unpruned
+                print(f"[runner] warning: Optuna's pruner not asked at step {step} ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}); the trial trains on", flush=True)
+        if dist.is_initialized() and dist.get_world_size() > 1:  # every rank, whatever rank 0 met
             dist.broadcast(decision, 0)
         return bool(decision[0])
+
+    def _ask(self, step: int, value: float) -> bool:
+        """Rank 0: report ``value`` at ``step``; whether the pruner stops the trial (then told PRUNED here)."""
+        import optuna
+
+        self._trial = self._trial or self._open()
+        self._trial.report(value, step)
+        if not self._trial.should_prune():
+            return False
+        self._trial.study.tell(self._trial.number, state=optuna.trial.TrialState.PRUNED)
+        self.pruned_value = value
+        return True

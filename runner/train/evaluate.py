@@ -67,17 +67,20 @@ def gather_measurements(result: TrainResult, device: torch.device, cores: Option
 
 def binary_metrics(scores: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     """AUC, log loss and normalised entropy (the log loss over that of always predicting the positive rate) of
-    logits ``scores`` against 0/1 ``labels``, by TorchRec's own metric functions (``torchrec.metrics``: what
-    TorchRec's RecMetrics report); AUC is NaN where the labels are all of one class."""
-    from torchrec.metrics.auc import compute_auc
+    logits ``scores`` against 0/1 ``labels``: AUC by torchmetrics (tied scores count half, whatever their order:
+    TorchRec's ``compute_auc`` integrates in sort order, so ties, frequent in bf16 and fp16 logits, would depend on
+    it), NE by TorchRec's own functions (``torchrec.metrics.ne``, what its RecMetrics report); AUC is NaN where the
+    labels are all of one class."""
+    from torchmetrics.functional.classification import binary_auroc
     from torchrec.metrics.ne import compute_cross_entropy, compute_ne
 
     eta = 1e-12
     weights = torch.ones_like(labels)
     pos, neg = labels.sum(), (1.0 - labels).sum()
-    auc = float(compute_auc(1, [scores.view(1, -1)], [labels.view(1, -1)], [weights.view(1, -1)])[0])
+    one_class = bool(pos == 0 or neg == 0)  # no AUC (torchmetrics would warn and answer 0)
+    auc = float("nan") if one_class else float(binary_auroc(torch.sigmoid(scores), labels.long(), validate_args=False))
     cross_entropy = compute_cross_entropy(labels, torch.sigmoid(scores), weights, eta).sum()
-    return {"auc": auc if pos > 0 and neg > 0 else float("nan"),
+    return {"auc": auc,
             "logloss": torch.nn.functional.binary_cross_entropy_with_logits(scores, labels).item(),
             "ne": float(compute_ne(cross_entropy, weights.sum(), pos, neg, eta))}
 

@@ -46,7 +46,7 @@ class Trainer:
         self.dmp, self.optimizer, self.sharding_types = self._build()
         self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
         self.loss_scale = loss_scale_for(cfg)
-        self.pruning, self.stop = TrialPruning(cfg, env.rank), False
+        self.pruning, self.stop = TrialPruning(cfg, env.rank, self.device), False
 
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
