@@ -187,11 +187,13 @@ def driver_gone(run_dir: Path) -> Optional[str]:
         return None
     if record.get("host") != socket.gethostname() or not isinstance(record.get("boot"), str):
         return None
-    pid = record["pid"]
+    pid, started = record["pid"], record.get("started")
     if psutil.pid_exists(pid):  # another user's process counts as there (hidden or not)
         now = _start_of(pid)
-        if now is None or now == (record["boot"], record.get("started")):
-            return None  # the same process, or one this host cannot read: not judged gone
+        if now is None or not isinstance(started, (int, float)):
+            return None  # one this host cannot read, or a record of an older runner: not judged gone
+        if abs(float(now[0]) - float(record["boot"])) <= 2 and abs(now[1] - started) <= 2:
+            return None  # the same process (psutil's times follow the wall clock: a step of it moves them a little)
     heard = max((p.stat().st_mtime for p in (run_dir / EVENTS, run_dir / DRIVER, run_dir / RUN_INFO) if p.exists()),
                 default=0.0)
     when = datetime.datetime.fromtimestamp(heard).strftime("%Y-%m-%d %H:%M:%S")

@@ -63,9 +63,9 @@ def _search(first: Any, args: List[str]) -> int:
     from runner.launch.sweep.study import JOURNAL_FILE, search_space
 
     sweeper = first.hydra.sweeper
-    arguments = [a for a in args if "=" in a and not a.startswith(("hydra.", "hydra/", "-"))]
+    arguments = [a for a in args if "=" in a and not a.startswith(("hydra.", "hydra/", "-"))]  # as the sweeper has
     space, fixed = search_space(dict(OmegaConf.to_container(sweeper.params or {}, resolve=True)),  # type: ignore
-                                [a for a in arguments if "(" in a.partition("=")[2]])
+                                arguments)
     for key, dist in space.items():
         print(f"[dry-run] searched: {key} in {dist}", flush=True)
     storage = sweeper.storage or str(Path(str(first.hydra.sweep.dir)) / JOURNAL_FILE)

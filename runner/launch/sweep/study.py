@@ -14,7 +14,8 @@ JOURNAL_FILE = "optuna_journal.log"
 OLD_STUDY_FILE = "optuna_study.pkl"  # the pickled in-memory storage of runner versions on Optuna 2.10
 
 
-def _refuse(line: str) -> None:
+def refuse(line: str) -> None:
+    """End the sweep before any trial: ``line`` said (exit 2), the parent run (opened before the study) FAILED."""
     from runner.launch.sweep.parent import end_stopped_sweep
 
     end_stopped_sweep("", failed=line)  # the parent run, opened before the study, ends FAILED
@@ -32,13 +33,13 @@ def journal_storage(folder: Path) -> Any:
     path = folder / JOURNAL_FILE
     old = folder / OLD_STUDY_FILE
     if old.exists() and not path.exists():
-        _refuse(f"the Optuna study file {old} was kept by an older runner (Optuna 2.10's pickle), which Optuna 5 "
+        refuse(f"the Optuna study file {old} was kept by an older runner (Optuna 2.10's pickle), which Optuna 5 "
                 "cannot read; start the study in a new sweep folder (hydra.sweep.dir=...), or move the file away "
                 "to start it again here (its finished trials' runs stay in MLflow)")
     folder.mkdir(parents=True, exist_ok=True)
     damage = _damage(path)
     if damage:
-        _refuse(f"the Optuna study journal {path} cannot be read back ({damage}); restore it from a copy, or move "
+        refuse(f"the Optuna study journal {path} cannot be read back ({damage}); restore it from a copy, or move "
                 "it away to start the study again in this folder (its finished trials' runs stay in MLflow)")
     return JournalStorage(JournalFileBackend(str(path)))
 
@@ -56,9 +57,9 @@ def _damage(path: Path) -> Optional[str]:
         return None
     except OSError as exc:
         return f"{type(exc).__name__}: {exc.strerror}"
-    if not data:
-        return None  # made, nothing written yet
     *whole, last = data.split(b"\n")
+    if not whole:  # made, nothing written yet, or its first record cut short (Optuna's replay skips it)
+        return None
     for number, line in enumerate(whole, 1):
         try:
             record = json.loads(line)
@@ -66,7 +67,7 @@ def _damage(path: Path) -> Optional[str]:
             return f"line {number} is not a journal record"
         if not isinstance(record, dict) or "op_code" not in record:
             return f"line {number} is not a journal record"
-    if not whole or json.loads(whole[0]).get("op_code") != 0:
+    if json.loads(whole[0]).get("op_code") != 0:
         return "its first record does not create a study"
     if last:
         print(f"[runner] warning: the last record of {path} was cut short (a stop while it was written); the "
@@ -87,11 +88,14 @@ def distribution(key: str, text: str) -> Any:
     if isinstance(value, ChoiceSweep):
         choices = [c if c is None or isinstance(c, (bool, int, float, str)) else str(c) for c in value.list]
         return CategoricalDistribution(choices)
-    if isinstance(value, RangeSweep):
-        start, stop, step = cast(Tuple[Any, Any, Any], (value.start, value.stop, value.step))
-        if all(isinstance(v, int) for v in (start, stop, step)):
-            return IntDistribution(int(start), int(stop) - int(step), step=int(step))  # Hydra's stop is exclusive
-        return FloatDistribution(float(start), float(stop) - float(step), step=float(step))
+    if isinstance(value, RangeSweep):  # Hydra's values, in order (its stop exclusive): their first, last and step
+        values: List[Any] = list(override.sweep_iterator())
+        start, step = cast(Tuple[Any, Any], (value.start, value.step))
+        if len(values) < 2 or step < 0:
+            return CategoricalDistribution(values or [start])
+        if all(isinstance(v, int) for v in (*values, step)):
+            return IntDistribution(values[0], values[-1], step=int(step))
+        return FloatDistribution(float(values[0]), float(values[-1]), step=float(step))
     if isinstance(value, IntervalSweep):
         log = "log" in value.tags
         low, high = cast(Tuple[Any, Any], (value.start, value.end))
@@ -102,17 +106,16 @@ def distribution(key: str, text: str) -> Any:
 
 
 def search_space(params: Dict[str, Any], arguments: List[str]) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """The search space (key -> distribution) and the fixed overrides (key -> value) of a study, from
-    ``hydra.sweeper.params`` and the command's arguments (a swept argument on the command line is searched too;
-    a key in both is the command line's)."""
-    texts = {str(k): str(v) for k, v in (params or {}).items()}
+    """The search space (key -> distribution) and the fixed overrides (key -> the override as written, e.g.
+    ``model=dlrm`` or ``~train.resume``) of a study, from ``hydra.sweeper.params`` and the command's arguments (a
+    swept argument on the command line is searched too; a key in both is the command line's)."""
+    texts = {str(k): f"{k}={v}" for k, v in (params or {}).items()}
     for arg in arguments:
-        key, _, value = arg.partition("=")
-        texts[key] = value
+        texts[arg.partition("=")[0]] = arg
     space: Dict[str, Any] = {}
     fixed: Dict[str, str] = {}
     for key, text in texts.items():
-        dist = distribution(key, text)
+        dist = distribution(key, text.partition("=")[2]) if "=" in text else None
         if dist is None:
             fixed[key] = text
         else:
@@ -120,6 +123,49 @@ def search_space(params: Dict[str, Any], arguments: List[str]) -> Tuple[Dict[str
     return space, fixed
 
 
+def value_text(value: Any) -> str:
+    """A drawn value as Hydra's override grammar reads it back as the same value: ``null``, ``true``, numbers as
+    they are, a string quoted where it would otherwise read as another type or hold the grammar's characters."""
+    import re
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    plain = re.fullmatch(r"[A-Za-z_/][A-Za-z0-9_./\-]*", text) and text.lower() not in ("null", "true", "false",
+                                                                                        "inf", "nan")
+    return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def trial_overrides(params: Dict[str, Any], fixed: Dict[str, str]) -> List[str]:
-    """A trial's command-line overrides: its drawn values, then the study's fixed overrides."""
-    return [f"{k}={v}" for k, v in params.items()] + [f"{k}={v}" for k, v in fixed.items() if k not in params]
+    """A trial's command-line overrides: its drawn values, then the study's fixed overrides as written."""
+    return [f"{k}={value_text(v)}" for k, v in params.items()] + [o for k, o in fixed.items() if k not in params]
+
+
+def write_results(study: Any, directions: List[str], folder: Path) -> None:
+    """The study's best trial (or Pareto front) printed and kept in ``optimization_results.yaml``."""
+    import time
+
+    import optuna
+    from omegaconf import OmegaConf
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    out: Dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "trials": len(study.trials),
+                           "completed": len(done), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if not done:
+        print("[runner] optuna: no trial completed", flush=True)
+    elif len(directions) == 1:
+        best = study.best_trial
+        out.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number)
+        print(f"[runner] optuna: best trial {best.number}: {best.params}; Best value: {best.value}", flush=True)
+    else:
+        front = [{"trial": t.number, "params": dict(t.params), "values": list(t.values)} for t in study.best_trials]
+        out["pareto_front"] = front
+        print(f"[runner] optuna: Pareto front of {len(front)} trial(s) "
+              f"({' x '.join(directions)}): " + "; ".join(
+                  f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(out), folder / "optimization_results.yaml")

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union, cast
@@ -74,6 +73,12 @@ class OptunaSweeper(Sweeper):
         folder = Path(str(self.config.hydra.sweep.dir))
         storage = self.storage or journal_storage(folder)
         if isinstance(self.sampler, functools.partial):  # the grid sampler: its grid is the search space
+            from runner.launch.sweep.study import refuse
+
+            ranged = [k for k, d in space.items() if not hasattr(d, "choices")]
+            if ranged:
+                refuse(f"hydra/sweeper/sampler=grid tries every value of choice(...) keys; {', '.join(ranged)} "
+                       "is an interval or range: give it as choice(...), or use another sampler")
             self.sampler = self.sampler(search_space={k: list(d.choices) for k, d in space.items()})
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self.sampler,
                                     pruner=self.pruner, directions=cast(Any, self.directions), load_if_exists=True)
@@ -128,6 +133,9 @@ class OptunaSweeper(Sweeper):
             print(f"[runner] optuna: hydra.sweeper.n_jobs={self.n_jobs} with Hydra's basic launcher runs one trial "
                   f"at a time, in this process; hydra/launcher=joblib hydra.launcher.n_jobs={self.n_jobs} runs "
                   f"{self.n_jobs} at once", flush=True)
+        if self.pruner is not None and OmegaConf.select(self.config, "train.checkpoint.every_steps") is None:
+            print("[runner] optuna: a training trial reports to the pruner at its checkpoints; with "
+                  "train.checkpoint.every_steps=null it has none before its end and is never pruned", flush=True)
         slots = 1 if in_process else self.n_jobs
         how = "one at a time" if slots == 1 else f"{slots} at a time, in batches" if self.batch else \
             f"up to {slots} at once, a new one as any ends"
@@ -138,7 +146,9 @@ class OptunaSweeper(Sweeper):
             self._batches(study, space, fixed, todo, slots)
         else:
             self._asynchronous(study, space, fixed, todo, slots)
-        self._results(study)
+        from runner.launch.sweep.study import write_results
+
+        write_results(study, self.directions, Path(str(self.config.hydra.sweep.dir)))
 
     def _overrides(self, params: Dict[str, Any], fixed: Dict[str, Any], number: int) -> List[str]:
         from runner.launch.sweep.study import trial_overrides
@@ -161,7 +171,15 @@ class OptunaSweeper(Sweeper):
         completed."""
         import optuna
 
+        from runner.runtime import rundir
+
+        assert self.config is not None
+        ended = (rundir.read_json(Path(str(self.config.hydra.sweep.dir)) / str(number) / rundir.STATUS) or {})
+        if ended.get("status") == "KILLED":  # stopped or never run (the sweep stopped): left RUNNING, for resume
+            return True
         try:
+            if ended.get("status") == "FAILED":
+                raise RuntimeError(str(ended.get("error") or "the job failed"))
             value = ret.return_value
             values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
             if len(values) != len(self.directions):
@@ -185,6 +203,13 @@ class OptunaSweeper(Sweeper):
             self.stopped = True
 
     def _failed_too_often(self, told: List[bool]) -> bool:
+        """Whether no more trials are asked for: too many failed, the grid is done, or the sweep was stopped
+        (``sweep.max_failures``: ``stop.json``)."""
+        from runner.launch.sweep.stop import stop_reason
+
+        assert self.config is not None
+        if not self.stopped and stop_reason(Path(str(self.config.hydra.sweep.dir))):
+            self.stopped = True
         failed = told.count(False)
         if self.stopped or not failed or failed / len(told) <= self.max_failure_rate:
             return self.stopped
@@ -226,50 +251,29 @@ class OptunaSweeper(Sweeper):
                     trial = running.pop(future)
                     told.append(self._tell(study, trial.number, _first(future)))
         except BaseException as exc:
-            if running and isinstance(exc, KeyboardInterrupt):
+            if running:
                 self._stop_running(exc, list(running))
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _stop_running(self, exc: KeyboardInterrupt, running: List[Future]) -> None:
-        """This process was stopped (Ctrl-C, SIGTERM) while trials ran in other processes: they are told to stop
+    def _stop_running(self, exc: BaseException, running: List[Future]) -> None:
+        """This process was stopped (Ctrl-C, SIGTERM) or failed while trials ran elsewhere: they are told to stop
         too, as a sweep stopped by ``sweep.max_failures`` stops its running points (``stop.json``: each ends
-        KILLED, its workers stopped), and waited for a while."""
+        KILLED, its workers stopped; a scheduler's points not started yet cancelled), and waited for a while."""
+        from runner.launch import schedulers
         from runner.launch.sweep.stop import STOP
         from runner.runtime import rundir
         from runner.runtime.signals import Stopped
 
         assert self.config is not None
-        name = exc.name if isinstance(exc, Stopped) else "SIGINT"
+        name = exc.name if isinstance(exc, Stopped) else "SIGINT" if isinstance(exc, KeyboardInterrupt) else \
+            type(exc).__name__
         rundir.write_json(Path(str(self.config.hydra.sweep.dir)) / STOP, {"reason": f"stopped by {name}"})
         print(f"[runner] optuna: stopped by {name}; the {len(running)} running trial(s) stop too", flush=True)
+        for scheduler in schedulers.registered().values():
+            scheduler.cancel_pending()
         wait(running, timeout=STOP_WAIT_S)
-
-    def _results(self, study: Any) -> None:
-        import optuna
-
-        assert self.config is not None
-        done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
-        out: Dict[str, Any] = {"name": "optuna", "study_name": self.study_name, "trials": len(study.trials),
-                               "completed": len(done), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if not done:
-            print("[runner] optuna: no trial completed", flush=True)
-        elif len(self.directions) == 1:
-            best = study.best_trial
-            out.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number)
-            log.info(f"Best parameters: {best.params}")
-            log.info(f"Best value: {best.value}")
-            print(f"[runner] optuna: best trial {best.number}: {best.params}; Best value: {best.value}", flush=True)
-        else:
-            front = [{"trial": t.number, "params": dict(t.params), "values": list(t.values)} for t in study.best_trials]
-            out["pareto_front"] = front
-            print(f"[runner] optuna: Pareto front of {len(front)} trial(s) "
-                  f"({' x '.join(self.directions)}): " + "; ".join(
-                      f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
-        folder = Path(str(self.config.hydra.sweep.dir))
-        folder.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(out), folder / "optimization_results.yaml")
 
 
 def _first(future: Future) -> Any:
