@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, List, Optional
 
 DRY_RUN = "--dry-run"
 LIMIT = 500  # points listed at most (the rest are counted)
@@ -78,25 +78,16 @@ def _search(first: Any, args: List[str]) -> int:
 def _done(cfg: Any) -> str:
     """Whether the experiment already holds a FINISHED run of ``cfg``'s config: ``done before (run <id>)``,
     ``not run yet``, or why that cannot be told here (the store does not exist yet, or cannot be reached)."""
-    from omegaconf import OmegaConf
-
-    from runner.config import roles
-    from runner.plan.calibration import hashed
+    from runner.launch.sweep.resume import finished_runs_of
     from runner.track import store
 
-    uri = store.tracking_uri(cfg.tracking.uri)
-    readable = _read_only(uri)
+    readable = _read_only(store.tracking_uri(cfg.tracking.uri))
     if readable is None:
         return "accepted; not run yet (the store does not exist yet)"
-    digest = roles.config_hash(hashed(cast(Any, cfg), cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))))
     try:
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=readable)
-        experiment = client.get_experiment_by_name(cfg.tracking.experiment)
-        found = [] if experiment is None else client.search_runs(
-            [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
-            max_results=1)
+        found = finished_runs_of(MlflowClient(tracking_uri=readable), cfg)
     except Exception as exc:  # noqa: BLE001 - a store that cannot answer: the point is still accepted
         return f"accepted; whether it ran before is unknown ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     return f"accepted; done before (run {found[0].info.run_id})" if found else "accepted; not run yet"

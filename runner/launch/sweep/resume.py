@@ -122,12 +122,8 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
         return None
     uri = store.tracking_uri(cfg.tracking.uri)
-    digest = roles.config_hash(hashed(cfg, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
     try:
-        experiment = store.client(uri).get_experiment_by_name(cfg.tracking.experiment)
-        found = [] if experiment is None else store.client(uri).search_runs(
-            [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
-            max_results=1)
+        found = finished_runs_of(store.client(uri), cfg)
     except Exception as exc:
         if not store.is_outage(uri, exc):
             raise
@@ -136,6 +132,16 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
                   "this point (sweep.reuse); it runs", flush=True)
         return None
     return found[0] if found else None
+
+
+def finished_runs_of(client: Any, cfg: RunnerConfig) -> List[Any]:
+    """The newest FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in ``client``'s store and ``cfg``'s
+    experiment, as a list of at most one (empty: none, or no such experiment)."""
+    digest = roles.config_hash(hashed(cfg, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    return [] if experiment is None else client.search_runs(
+        [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
+        max_results=1)
 
 
 def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:

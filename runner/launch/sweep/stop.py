@@ -65,12 +65,18 @@ def record_failure(sweep_dir: Path, job: int, line: str, limit: Optional[int]) -
         f.write(json.dumps({"job": job, "error": line}) + "\n")
     found = failed_points(sweep_dir)
     if len(found) >= limit and not (sweep_dir / STOP).exists():
-        rundir.write_json(sweep_dir / STOP, {"reason": f"sweep.max_failures={limit} ({len(found)} points failed)",
-                                             "limit": limit, "failures": len(found)})
-        from runner.launch import schedulers
+        stop_sweep(sweep_dir, f"sweep.max_failures={limit} ({len(found)} points failed)", limit=limit,
+                   failures=len(found))
 
-        for scheduler in schedulers.registered().values():  # points not started yet (a Slurm array's): cancelled
-            scheduler.cancel_pending()
+
+def stop_sweep(sweep_dir: Path, reason: str, **facts: object) -> None:
+    """Stop the sweep in ``sweep_dir``: ``stop.json`` (with ``reason``), which its running points read and stop
+    on (:func:`raise_if_stopped`), and a scheduler's points not started yet (a Slurm array's) cancelled."""
+    rundir.write_json(sweep_dir / STOP, {"reason": reason, **facts})
+    from runner.launch import schedulers
+
+    for scheduler in schedulers.registered().values():
+        scheduler.cancel_pending()
 
 
 def stop_reason(sweep_dir: Path) -> Optional[str]:

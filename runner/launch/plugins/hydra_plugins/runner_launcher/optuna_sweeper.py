@@ -55,6 +55,12 @@ class OptunaSweeper(Sweeper):
         self.config: Optional[DictConfig] = None
         self.launcher: Any = None
 
+    @property
+    def _folder(self) -> Path:
+        """The sweep folder (``hydra.sweep.dir``)."""
+        assert self.config is not None
+        return Path(str(self.config.hydra.sweep.dir))
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
@@ -70,7 +76,7 @@ class OptunaSweeper(Sweeper):
 
         assert self.config is not None
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # its INFO lines on stderr; the runner says its own
-        folder = Path(str(self.config.hydra.sweep.dir))
+        folder = self._folder
         storage = self.storage or journal_storage(folder)
         if isinstance(self.sampler, functools.partial):  # the grid sampler: its grid is the search space
             from runner.launch.sweep.study import refuse
@@ -118,7 +124,7 @@ class OptunaSweeper(Sweeper):
         trials = study.get_trials(deepcopy=False)
         stale = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
         if trials:
-            where = self.storage or Path(str(self.config.hydra.sweep.dir))  # type: ignore[union-attr]
+            where = self.storage or self._folder
             print(f"[runner] optuna study {self.study_name!r} resumed from {where}: {len(trials)} trial(s) "
                   f"there ({len(stale)} interrupted, run again); {max(0, self.n_trials - len(trials))} more to run",
                   flush=True)
@@ -141,14 +147,14 @@ class OptunaSweeper(Sweeper):
             f"up to {slots} at once, a new one as any ends"
         print(f"[runner] optuna: {todo} trial(s), {how}; sampler {type(study.sampler).__name__}, pruner "
               f"{type(self.pruner).__name__ if self.pruner is not None else 'none'}, {' x '.join(self.directions)}; "
-              f"study {self.study_name!r} in {self.storage or Path(str(self.config.hydra.sweep.dir))}", flush=True)
+              f"study {self.study_name!r} in {self.storage or self._folder}", flush=True)
         if self.batch:
             self._batches(study, space, fixed, todo, slots)
         else:
             self._asynchronous(study, space, fixed, todo, slots)
         from runner.launch.sweep.study import write_results
 
-        write_results(study, self.directions, Path(str(self.config.hydra.sweep.dir)))
+        write_results(study, self.directions, self._folder)
 
     def _overrides(self, params: Dict[str, Any], fixed: Dict[str, Any], number: int) -> List[str]:
         from runner.launch.sweep.study import trial_overrides
@@ -173,8 +179,7 @@ class OptunaSweeper(Sweeper):
 
         from runner.runtime import rundir
 
-        assert self.config is not None
-        ended = (rundir.read_json(Path(str(self.config.hydra.sweep.dir)) / str(number) / rundir.STATUS) or {})
+        ended = rundir.read_json(self._folder / str(number) / rundir.STATUS) or {}
         if ended.get("status") == "KILLED":  # stopped or never run (the sweep stopped): left RUNNING, for resume
             return True
         try:
@@ -207,8 +212,7 @@ class OptunaSweeper(Sweeper):
         (``sweep.max_failures``: ``stop.json``)."""
         from runner.launch.sweep.stop import stop_reason
 
-        assert self.config is not None
-        if not self.stopped and stop_reason(Path(str(self.config.hydra.sweep.dir))):
+        if not self.stopped and stop_reason(self._folder):
             self.stopped = True
         failed = told.count(False)
         if self.stopped or not failed or failed / len(told) <= self.max_failure_rate:
@@ -261,18 +265,13 @@ class OptunaSweeper(Sweeper):
         """This process was stopped (Ctrl-C, SIGTERM) or failed while trials ran elsewhere: they are told to stop
         too, as a sweep stopped by ``sweep.max_failures`` stops its running points (``stop.json``: each ends
         KILLED, its workers stopped; a scheduler's points not started yet cancelled), and waited for a while."""
-        from runner.launch import schedulers
-        from runner.launch.sweep.stop import STOP
-        from runner.runtime import rundir
+        from runner.launch.sweep.stop import stop_sweep
         from runner.runtime.signals import Stopped
 
-        assert self.config is not None
         name = exc.name if isinstance(exc, Stopped) else "SIGINT" if isinstance(exc, KeyboardInterrupt) else \
             type(exc).__name__
-        rundir.write_json(Path(str(self.config.hydra.sweep.dir)) / STOP, {"reason": f"stopped by {name}"})
+        stop_sweep(self._folder, f"stopped by {name}")
         print(f"[runner] optuna: stopped by {name}; the {len(running)} running trial(s) stop too", flush=True)
-        for scheduler in schedulers.registered().values():
-            scheduler.cancel_pending()
         wait(running, timeout=STOP_WAIT_S)
 
 
