@@ -122,21 +122,21 @@ class RunnerConfig:
 WORKER_MODES = ("train", "calibrate")  # the modes whose job runs on workers (the others run in the driver)
 
 
-def samples_per_step(cfg: RunnerConfig) -> int:
+def samples_per_step(train: TrainSchema) -> int:
     """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""
-    return int(cfg.train.batch_size) * int(cfg.train.grad_accumulation_steps)
+    return int(train.batch_size) * int(train.grad_accumulation_steps)
 
 
-def loss_scaling_enabled(cfg: RunnerConfig) -> bool:
+def loss_scaling_enabled(precision: PrecisionSchema) -> bool:
     """``precision.grad_scaler.enabled``, whose null means: on with float16 autocast."""
-    enabled = cfg.precision.grad_scaler.enabled
-    return loss_scaling_by_default(cfg.precision.autocast) if enabled is None else bool(enabled)
+    enabled = precision.grad_scaler.enabled
+    return loss_scaling_by_default(precision.autocast) if enabled is None else bool(enabled)
 
 
-def uses_split_step(cfg: RunnerConfig) -> bool:
+def uses_split_step(train: TrainSchema, precision: PrecisionSchema) -> bool:
     """Gradient accumulation and loss scaling train with the split step (:mod:`runner.train.split_step`), which
     needs every table sharded by TorchRec: no ``data_parallel`` tables."""
-    return cfg.train.grad_accumulation_steps > 1 or loss_scaling_enabled(cfg)
+    return train.grad_accumulation_steps > 1 or loss_scaling_enabled(precision)
 
 
 def load_resolved(path: Path) -> RunnerConfig:

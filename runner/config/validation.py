@@ -238,7 +238,7 @@ def validate(cfg: RunnerConfig) -> None:
                           "a URI without user:password@ (the run folder keeps the config): set "
                           "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead, or put the whole URI in "
                           "MLFLOW_TRACKING_URI")
-    if uses_split_step(cfg):
+    if uses_split_step(cfg.train, cfg.precision):
         why = "sharding types without data_parallel with train.grad_accumulation_steps > 1 or fp16 loss scaling"
         _check("data_parallel" not in cfg.sharding.types, "sharding.types", list(cfg.sharding.types), why)
         for table in cfg.sharding.constraints:

@@ -9,15 +9,15 @@ from runner.config.data_sources import SOURCES
 from runner.config.errors import ConfigError, DataError, first_line
 from runner.config.parts import part
 from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, criteo_files, parquet_files
-from runner.data.layout import layout
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_training import DataSchema
+    from runner.data.layout import JobData
 
 
-def check_data(cfg: RunnerConfig) -> None:
+def check_data(data: JobData) -> None:
     """One line, before launch, for a data config that cannot be read (its source's declared checks)."""
-    d = cfg.data
+    d = data.settings
     spec = SOURCES[d.name]
     if not spec.reads_files:
         return
@@ -31,18 +31,18 @@ def check_data(cfg: RunnerConfig) -> None:
         if not part(spec.lists)(value):
             raise ConfigError(f"data.{key}", value, f"a file or folder with {spec.file_words} (none found)")
     for check in spec.checks:
-        part(check)(cfg)
+        part(check)(data)
 
 
-def _paths(cfg: RunnerConfig) -> List[Tuple[str, str]]:
-    return [(f"data.{key}", getattr(cfg.data, key)) for key in ("path", "eval_path") if getattr(cfg.data, key)]
+def _paths(d: DataSchema) -> List[Tuple[str, str]]:
+    return [(f"data.{key}", getattr(d, key)) for key in ("path", "eval_path") if getattr(d, key)]
 
 
-def parquet_readable(cfg: RunnerConfig) -> None:
+def parquet_readable(data: JobData) -> None:
     """Every file has a Parquet footer."""
     import pyarrow.parquet as pq
 
-    for key, value in _paths(cfg):
+    for key, value in _paths(data.settings):
         for f in parquet_files(value):
             try:
                 pq.read_metadata(f.open())
@@ -50,17 +50,17 @@ def parquet_readable(cfg: RunnerConfig) -> None:
                 raise DataError(f"{key}={value}: {f} is not a Parquet file ({first_line(exc)})") from None
 
 
-def parquet_columns(cfg: RunnerConfig) -> None:
+def parquet_columns(data: JobData) -> None:
     """Every file has every column the model reads (labels, dense features, one per table), of a type it can
     read (:func:`runner.data.values.schema_problem`): the first file that does not is named, with the column."""
     import pyarrow.parquet as pq
 
     from runner.data.values import schema_problem
 
-    d, lay = cfg.data, layout(cfg)
+    d, lay = data.settings, data.layout
     kinds = {**{c: "label" for c in lay.tasks}, **{c: "dense" for c in lay.dense_columns},
              **{c: "sparse" for c in lay.features}}
-    for key, value in _paths(cfg):
+    for key, value in _paths(d):
         for i, f in enumerate(parquet_files(value)):
             schema = pq.read_schema(f.open())
             missing = [c for c in kinds if c not in schema.names]
@@ -76,9 +76,9 @@ def parquet_columns(cfg: RunnerConfig) -> None:
                     raise DataError(f"{key}={value}: {f} column {column} is {problem}")
 
 
-def criteo_layout(cfg: RunnerConfig) -> None:
+def criteo_layout(data: JobData) -> None:
     """Not every file empty, and a first line of Criteo's 40 fields."""
-    for key, value in _paths(cfg):
+    for key, value in _paths(data.settings):
         files = criteo_files(value)
         if all(f.stat().st_size == 0 for f in files):
             raise DataError(f"{key}={value}: {'the file is' if len(files) == 1 else 'every file is'} empty; "
@@ -91,9 +91,9 @@ def criteo_layout(cfg: RunnerConfig) -> None:
                             f"({key}={value})")
 
 
-def criteo_model(cfg: RunnerConfig) -> None:
+def criteo_model(data: JobData) -> None:
     """A model of Criteo's shape: 26 tables, 13 dense features, one task."""
-    lay = layout(cfg)
+    lay = data.layout
     if len(lay.features) != CRITEO_SPARSE or lay.num_dense != CRITEO_DENSE or len(lay.tasks) != 1:
         raise ConfigError("data.name", "criteo", f"a model with {CRITEO_SPARSE} tables, "
                           f"data.num_dense_features={CRITEO_DENSE} and one task (e.g. model=dlrm_criteo); "

@@ -1,4 +1,5 @@
-"""What a batch holds for a model (its :class:`Layout`), and building TorchRec ``Batch`` objects from arrays."""
+"""What a batch holds for a model (its :class:`Layout`), a job's data part (:class:`JobData`, built once from its
+config), and building TorchRec ``Batch`` objects from arrays."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from runner.config.tables import table_specs
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ModelSchema
+    from runner.config.schema_training import DataSchema
 
 DENSE_PREFIX = "dense_"
 
@@ -29,10 +32,31 @@ class Layout:
         return [f"{DENSE_PREFIX}{i}" for i in range(self.num_dense)]
 
 
-def layout(cfg: RunnerConfig) -> Layout:
-    specs = table_specs(cfg.model)
-    return Layout(tuple(cfg.model.tasks), int(cfg.data.num_dense_features), tuple(t.name for t in specs),
+def layout(model: ModelSchema, num_dense: int) -> Layout:
+    """The batches of ``model`` with ``num_dense`` dense features (``data.num_dense_features``)."""
+    specs = table_specs(model)
+    return Layout(tuple(model.tasks), int(num_dense), tuple(t.name for t in specs),
                   tuple(int(t.num_embeddings) for t in specs))
+
+
+@dataclass(frozen=True)
+class JobData:
+    """A job's data part, built once from its config (:func:`job_data`) and handed to what reads or checks data:
+    the ``data`` keys, the batches' layout, the rows per rank per optimizer step and the seed of synthetic data."""
+
+    settings: DataSchema
+    layout: Layout
+    rows: int
+    seed: int
+    model_name: str = ""  # ``model.name``, for messages
+
+
+def job_data(cfg: RunnerConfig) -> JobData:
+    """``cfg``'s data part (:class:`JobData`)."""
+    from runner.config.schema import samples_per_step
+
+    return JobData(cfg.data, layout(cfg.model, cfg.data.num_dense_features), samples_per_step(cfg.train),
+                   int(cfg.train.seed), str(cfg.model.name))
 
 
 def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,

@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from runner.config.data_sources import SOURCES
 from runner.config.parts import part
-from runner.data.layout import DENSE_PREFIX, layout
-
-if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+from runner.data.layout import DENSE_PREFIX, JobData, Layout
 
 SYNTHETIC_KEYS = ("num_dense_features", "label_noise", "ids_per_feature", "variable_lengths", "zipf_alpha")
 
@@ -30,8 +27,7 @@ def _digest(identity: Any) -> str:
 LISTED_DENSE = 256  # dense columns named one by one in a dataset's schema; more are one entry for all of them
 
 
-def _columns(cfg: RunnerConfig, multi_hot: bool) -> List[Tuple[str, str]]:
-    lay = layout(cfg)
+def _columns(lay: Layout, multi_hot: bool) -> List[Tuple[str, str]]:
     dense = ([(c, "float") for c in lay.dense_columns] if lay.num_dense <= LISTED_DENSE
              else [(f"{DENSE_PREFIX}0..{DENSE_PREFIX}{lay.num_dense - 1}", f"float x {lay.num_dense}")])
     sparse = [(f, "list<long>" if multi_hot else "long") for f in lay.features]
@@ -70,17 +66,19 @@ def criteo_described(path: str) -> Tuple[List[Tuple[str, int, int]], Optional[Li
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in criteo_files(path)], None
 
 
-def datasets(cfg: RunnerConfig) -> List[Dict[str, Any]]:
+def datasets(data: JobData) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
-    d, spec = cfg.data, SOURCES[cfg.data.name]
+    d, lay = data.settings, data.layout
+    spec = SOURCES[d.name]
     if not spec.reads_files:
-        settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": cfg.train.seed, "tasks": list(cfg.model.tasks),
-                                                      "tables": [[t.name, t.num_embeddings] for t in _tables(cfg)]}
+        tables = [[t, n] for t, n in zip(lay.features, lay.sizes, strict=True)]
+        settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": data.seed, "tasks": list(lay.tasks),
+                                                                 "tables": tables}
         multi = d.ids_per_feature > 1 or d.variable_lengths
         return [{"name": f"{d.name}-{split}", "source": spec.opens.split(":")[0], "context": split, "files": 0,
                  "settings": settings | {"split": split}, "digest": _digest(settings | {"split": split}),
-                 "columns": _columns(cfg, multi)} for split in ("train", "eval")]
+                 "columns": _columns(lay, multi)} for split in ("train", "eval")]
     out = []
     for context, path in (("train", str(d.path)), ("eval", str(d.eval_path or d.path))):
         assert spec.describes is not None
@@ -90,8 +88,3 @@ def datasets(cfg: RunnerConfig) -> List[Dict[str, Any]]:
                     "context": context, "files": len(files)})
     return out
 
-
-def _tables(cfg: RunnerConfig) -> List[Any]:
-    from runner.config.tables import table_specs
-
-    return table_specs(cfg.model)

@@ -25,7 +25,7 @@ from runner.data.sources import source
 from runner.runtime.affinity import gloo_loops, lower_gloo_loops
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.data.layout import JobData
 
 AGREE_EVERY = 16  # batches per all-reduce: one collective per step cost a Parquet job about a quarter of its speed
 _GROUPS: Dict[str, Any] = {}  # for the process group in "world"
@@ -140,17 +140,19 @@ def _pinned(batches: Any) -> Iterator[Batch]:
         yield batch.pin_memory()
 
 
-def batches_for(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, first: int = 0,
-                num_batches: Optional[int] = None, pin: bool = False) -> Any:
+def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: int = 0,
+                num_batches: Optional[int] = None, pin: bool = False, low_loops: bool = False) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
-    ahead; file sources ended on every rank together. ``pin``: in page-locked memory (CUDA workers: the
-    copy to the GPU is then asynchronous; pinned in the prefetch thread when there is one)."""
-    batches = source(cfg, rank, world, eval_split, first, num_batches)
+    ahead; file sources ended on every rank together (``low_loops``: gloo's loops at low priority,
+    ``cluster.gloo_loop_priority``). ``pin``: in page-locked memory (CUDA workers: the copy to the GPU is then
+    asynchronous; pinned in the prefetch thread when there is one)."""
+    d = data.settings
+    batches = source(data, rank, world, eval_split, first, num_batches)
     if pin:
         batches = _pinned(batches)
-    if SOURCES[cfg.data.name].reads_files:  # generated sources have the same length on every rank; files may not
+    if SOURCES[d.name].reads_files:  # generated sources have the same length on every rank; files may not
         batches = AllRanksIterator(batches, "eval" if eval_split else "train",
-                                   low_loops=cfg.cluster.gloo_loop_priority == "low")
-    if not eval_split and cfg.data.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too
-        batches = Prefetcher(batches, cfg.data.prefetch_batches)
+                                   low_loops=low_loops)
+    if not eval_split and d.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too
+        batches = Prefetcher(batches, d.prefetch_batches)
     return batches

@@ -15,22 +15,20 @@ from torchrec.datasets.utils import Batch
 
 from runner.config.data_sources import SOURCES
 from runner.config.parts import part
-from runner.config.schema import samples_per_step
-from runner.data.layout import layout
 from runner.runtime.logfile import thread_errors_to_log
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.data.layout import JobData
 
 
-def source(cfg: RunnerConfig, rank: int, world: int, eval_split: bool, start_batch: int = 0,
+def source(data: JobData, rank: int, world: int, eval_split: bool, start_batch: int = 0,
            num_batches: Optional[int] = None) -> Any:
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
-    d, lay, size = cfg.data, layout(cfg), samples_per_step(cfg)
+    d, lay, size = data.settings, data.layout, data.rows
     spec = SOURCES[d.name]
     if not spec.reads_files:
-        return part(spec.opens)(cfg, size, num_batches or 0, rank, eval_split, start_batch)
+        return part(spec.opens)(data, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
     assert path is not None  # the pre-launch check refuses file data without data.path
     cls = part(spec.opens)

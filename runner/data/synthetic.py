@@ -10,10 +10,8 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from runner.data.layout import layout
-
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.data.layout import JobData
 
 # The hidden model is fixed (independent of train.seed): every seed samples the same task.
 _TRUTH_SEED = 20240611
@@ -139,12 +137,12 @@ class SyntheticClicks:
         return ids, lengths.reshape(-1).to(torch.int32), sparse
 
 
-def synthetic(cfg: RunnerConfig, batch_size: int, num_batches: int, rank: int, eval_split: bool,
+def synthetic(data: JobData, batch_size: int, num_batches: int, rank: int, eval_split: bool,
               start_batch: int = 0) -> Any:
-    """The synthetic source for ``cfg``'s model and data settings (batch ``i`` depends on seed, rank,
+    """The synthetic source for a job's model and data settings (batch ``i`` depends on seed, rank,
     split and ``i`` only)."""
-    d, lay = cfg.data, layout(cfg)
+    d, lay = data.settings, data.layout
     return SyntheticClicks(list(lay.features), list(lay.sizes), lay.num_dense, batch_size, num_batches,
-                           cfg.train.seed, rank, eval_split, d.label_noise, start_batch=start_batch,
+                           data.seed, rank, eval_split, d.label_noise, start_batch=start_batch,
                            ids_per_feature=d.ids_per_feature, variable_lengths=d.variable_lengths,
                            zipf_alpha=d.zipf_alpha, tasks=len(lay.tasks))

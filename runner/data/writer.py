@@ -11,7 +11,7 @@ import numpy as np
 from torchrec.datasets.utils import Batch
 
 from runner.config.errors import ConfigError
-from runner.data.layout import Layout, layout, shard_range
+from runner.data.layout import JobData, Layout, job_data, shard_range
 from runner.data.synthetic import synthetic
 
 if TYPE_CHECKING:
@@ -34,13 +34,13 @@ def _arrow_table(lay: Layout, b: Batch, rows: int) -> Any:
     return pa.table(cols)
 
 
-def write_parquet(cfg: RunnerConfig, out: Path, rows: int, files: int, eval_rows: int,
+def write_parquet(data: JobData, out: Path, rows: int, files: int, eval_rows: int,
                   chunk_rows: int = 65536) -> List[Path]:
     """The synthetic source, written as Parquet (``train/`` and ``eval/`` folders) for ``data=parquet``;
     one row group per ``chunk_rows`` rows, so memory stays flat whatever the size."""
     import pyarrow.parquet as pq
 
-    lay = layout(cfg)
+    lay = data.layout
     written = []
     for split, total, nfiles in (("train", rows, files), ("eval", eval_rows, 1)):
         folder = out / split
@@ -48,7 +48,7 @@ def write_parquet(cfg: RunnerConfig, out: Path, rows: int, files: int, eval_rows
         for i in range(nfiles):
             lo, hi = shard_range(total, i, nfiles)
             n, chunk = hi - lo, min(chunk_rows, max(hi - lo, 1))
-            gen = synthetic(cfg, chunk, -(-n // chunk), i, split == "eval")  # file i: the stream of "rank" i
+            gen = synthetic(data, chunk, -(-n // chunk), i, split == "eval")  # file i: the stream of "rank" i
             path = folder / f"part-{i:05d}.parquet"
             tmp = path.with_suffix(".parquet.tmp")
             writer = None
@@ -71,7 +71,7 @@ def write_data(cfg: RunnerConfig) -> Dict[str, Any]:
         raise ConfigError("data.path", None, "a folder to write to (mode=write_data)")
     out = Path(cfg.data.path).expanduser().resolve()
     t0 = time.perf_counter()
-    files = write_parquet(cfg, out, cfg.data.write_rows, cfg.data.write_files, cfg.data.write_eval_rows)
+    files = write_parquet(job_data(cfg), out, cfg.data.write_rows, cfg.data.write_files, cfg.data.write_eval_rows)
     size = sum(f.stat().st_size for f in files)
     print(f"[runner] wrote {cfg.data.write_rows} training rows to {out / 'train'} ({cfg.data.write_files} files) and "
           f"{cfg.data.write_eval_rows} held-out rows to {out / 'eval'}: {size / 2**20:.1f} MiB in "

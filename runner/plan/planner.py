@@ -120,9 +120,9 @@ def _inputs(cfg: RunnerConfig, world_size: int, local_world_size: int, device_ty
     with."""
     calibration = for_config(cfg, device_type).calibration
     return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
-            cfg.sharding.planner_batch_size or samples_per_step(cfg),
+            cfg.sharding.planner_batch_size or samples_per_step(cfg.train),
             build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], float(cfg.data.ids_per_feature),
-                              ("data_parallel",) if uses_split_step(cfg) else ()))
+                              ("data_parallel",) if uses_split_step(cfg.train, cfg.precision) else ()))
 
 
 def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
@@ -232,7 +232,7 @@ def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, dev
         return
     facts["step"] = whole_step(per_rank_estimates(best_plan, world), family_tables(best_plan),
                                input_dist_ms(best_plan, world), chosen.calibration,
-                               dense_facts(model, samples_per_step(cfg)), world, local_world, device_type)
+                               dense_facts(model, samples_per_step(cfg.train)), world, local_world, device_type)
 
 
 def runners_planner() -> bool:

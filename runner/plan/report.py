@@ -127,7 +127,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     ranks = per_rank_estimates(best_plan, world)
     pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
     pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
-    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg)
+    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg.train)
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type), **summary_metrics(ranks, local)}

@@ -222,4 +222,4 @@ def step_perf_model(cfg: RunnerConfig, device_type: str, world: int) -> Optional
     cal = for_config(cfg, device_type).calibration
     if cal is None or declared(cfg.sharding).own_planner:
         return None
-    return StepPerfModel(cal, world, samples_per_step(cfg))
+    return StepPerfModel(cal, world, samples_per_step(cfg.train))

@@ -13,22 +13,21 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 from runner.track import store
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import ObjectiveSchema
 
 Objective = Union[float, List[float]]  # one metric's value, or each metric's for a multi-objective study
 _IN_RESULTS = {"eval/auc": "eval_auc", "plan/est_step_ms": "est_step_ms", "train/loss": "final_loss"}
 
 
-def objective(cfg: RunnerConfig) -> Tuple[str, str]:
-    """``(metric, direction)`` of ``cfg``, defaults filled in."""
-    o = cfg.tracking.objective
-    metric = o.metric or ("plan/est_step_ms" if cfg.mode == "plan" else "eval/auc")
+def objective(o: ObjectiveSchema, mode: str) -> Tuple[str, str]:
+    """``(metric, direction)`` of ``tracking.objective`` (``o``) for a job of ``mode``, defaults filled in."""
+    metric = o.metric or ("plan/est_step_ms" if mode == "plan" else "eval/auc")
     return metric, o.direction or _by_name(metric)
 
 
-def objectives(cfg: RunnerConfig) -> List[Tuple[str, str]]:
+def objectives(o: ObjectiveSchema, mode: str) -> List[Tuple[str, str]]:
     """Every ``(metric, direction)`` a job returns: :func:`objective`'s, then ``more_metrics``'."""
-    return [objective(cfg)] + [(m, _by_name(m)) for m in cfg.tracking.objective.more_metrics]
+    return [objective(o, mode)] + [(m, _by_name(m)) for m in o.more_metrics]
 
 
 def _by_name(metric: str) -> str:
@@ -39,10 +38,9 @@ def worst(direction: str) -> float:
     return -math.inf if direction == "max" else math.inf
 
 
-def objective_value(cfg: RunnerConfig, results: Optional[Dict[str, Any]]) -> Objective:
-    """The objective metrics' last values in the job's run (or its results), the worst value for each it has
-    not; one number, or a list where ``more_metrics`` asks for more."""
-    wanted = objectives(cfg)
+def objective_value(wanted: List[Tuple[str, str]], results: Optional[Dict[str, Any]]) -> Objective:
+    """The objective metrics' (``wanted``: :func:`objectives`) last values in the job's run (or its results), the
+    worst value for each it has not; one number, or a list where ``more_metrics`` asks for more."""
     values = [_value(results, metric, direction) for metric, direction in wanted]
     return values[0] if len(values) == 1 else values
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import ObjectiveSchema
 
 TRIAL_FILE = "optuna_trial.yaml"
 
@@ -20,12 +20,11 @@ TRIAL_FILE = "optuna_trial.yaml"
 class TrialPruning:
     """The pruning of one trial's training, for the loop's checkpoints; inactive where the job is no such trial."""
 
-    def __init__(self, cfg: RunnerConfig, rank: int, device: Any = None) -> None:
+    def __init__(self, o: ObjectiveSchema, rank: int, device: Any = None) -> None:
         from runner.track.objective import objective
 
-        o = cfg.tracking.objective
         self.file, self.number, self.rank, self.device = o.study, o.trial, rank, device  # NCCL: the GPU's tensor
-        self.metric = objective(cfg)[0]
+        self.metric = objective(o, "train")[0]
         self.active = bool(self.file) and self.number is not None and not o.more_metrics
         self._trial: Any = None
         self.pruned_value: Optional[float] = None

@@ -32,7 +32,9 @@ from runner.train.calibrate_parts import (
 )
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import CalibrateSchema, RunnerConfig
+    from runner.config.schema_training import OptimizerSchema, PrecisionSchema
+    from runner.train.worker import RankEnv
 
 
 SMALL_BATCH, MANY_TABLES = 64, 8  # the sharded lookups' small batch, and their second table count
@@ -52,44 +54,46 @@ class _Progress:
             print(f"[runner] calibrate: {phase} {done} of {of} ({now - self.t0:.0f} s)", flush=True)
 
 
-def _collectives(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Every collective at every size, in each scope; this rank's samples (ranks outside a group: none)."""
-    sizes = message_sizes(device.type, cfg.calibrate.grid, cfg.calibrate.max_message_mib)
+    sizes = message_sizes(device.type, c.grid, c.max_message_mib)
     out: Dict[str, Any] = {name: {} for name in COLLECTIVES}
     for scope, groups in scopes(env.world, env.local_world).items():
         made = [(members, dist.new_group(members)) for members in groups]  # every rank makes every group
         members, group = next((m, g) for m, g in made if env.rank in m)
         for i, name in enumerate(COLLECTIVES):
             say(f"collectives ({scope}-node)", i, len(COLLECTIVES), force=i == 0)
-            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, cfg.calibrate.repeats)
+            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, c.repeats)
                                 for n in sizes}
         dist.barrier()
     return out
 
 
-def _kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Dict[str, Any]]:
+def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.device, say: _Progress
+             ) -> List[Dict[str, Any]]:
     from runner.train.optimizers import sparse_optimizer
 
-    shapes, out = kernel_shapes(cfg.calibrate.grid, device.type), []
+    shapes, out = kernel_shapes(c.grid, device.type), []
     for i, shape in enumerate(shapes):
         say("embedding kernels", i, len(shapes), force=i == 0)
-        fwd, bwd = kernel_samples(shape, device, sparse_optimizer(cfg.optimizer), cfg.calibrate.repeats)
+        fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats)
         out.append({"shape": shape, "fwd": fwd, "bwd": bwd})
     return out
 
 
-def _uvm_kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> List[Dict[str, Any]]:
+def _uvm_kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.device, say: _Progress
+                 ) -> List[Dict[str, Any]]:
     """On a GPU, the UVM-caching kernel over the same shapes (none where FBGEMM's build cannot run it here: the
     calibration then keeps TorchRec's host-to-GPU bandwidth, and its report says so)."""
     from runner.train.optimizers import sparse_optimizer
 
     if device.type != "cuda":
         return []
-    shapes, out = kernel_shapes(cfg.calibrate.grid, device.type), []
+    shapes, out = kernel_shapes(c.grid, device.type), []
     for i, shape in enumerate(shapes):
         say("UVM-caching kernels", i, len(shapes), force=i == 0)
         try:
-            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(cfg.optimizer), cfg.calibrate.repeats, True)
+            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats, True)
         except Exception as exc:  # noqa: BLE001 - a build without UVM: the rest of the calibration stands
             print(f"[runner] calibrate: the UVM-caching kernel did not run here ({type(exc).__name__}): TorchRec's "
                   "host-to-GPU bandwidth is kept", flush=True)
@@ -98,44 +102,47 @@ def _uvm_kernels(cfg: RunnerConfig, device: torch.device, say: _Progress) -> Lis
     return out
 
 
-def _sharded(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSchema, repeats: int, env: RankEnv,
+             device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
-    batch and the job's (the cost per call, per table and per table and sample)."""
-    small, job = SMALL_BATCH, max(cfg.train.batch_size, 2 * SMALL_BATCH)
+    batch and the job's (``batch_size``; the cost per call, per table and per table and sample)."""
+    small, job = SMALL_BATCH, max(batch_size, 2 * SMALL_BATCH)
     out = {}
     for i, kind in enumerate(SHARDED):
         say("sharded lookups", i, len(SHARDED), force=i == 0)
-        out[kind] = {n: sharded_samples(cfg, kind, env.world, env.local_world, device, n, batches,
-                                        cfg.calibrate.repeats) for n, batches in ((1, (small, job)),
-                                                                                    (MANY_TABLES, (small, job)))}
+        out[kind] = {n: sharded_samples(optimizer, precision, kind, env.world, env.local_world, device, n, batches,
+                                        repeats) for n, batches in ((1, (small, job)), (MANY_TABLES, (small, job)))}
     return out
 
 
 def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """The dense part at the job's batch, a half and a quarter of it; the optimizer over the dense parameters,
     4x and 16x as many; a batch from the source at the job's batch and a quarter of it."""
+    from runner.data.layout import job_data
     from runner.data.pipeline import source
     from runner.plan.step_estimate import dense_facts
 
-    rows = samples_per_step(cfg)
+    rows = samples_per_step(cfg.train)
     say("dense part", 0, 3, force=True)
-    data = next(iter(source(cfg, env.rank, env.world, False, 0, 1)))
-    dense = {r: dense_samples(cfg, data, r, device, cfg.calibrate.repeats)
-             for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
+    data = next(iter(source(job_data(cfg), env.rank, env.world, False, 0, 1)))
     from runner.train.models import build_model
 
+    dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
+                              cfg.calibrate.repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
     linear = {w: {r: linear_samples(w, r, device, cfg.calibrate.repeats) for r in (max(rows // 4, 1), rows)}
               for w in widths}
     say("dense optimizer", 1, 3, force=True)
-    optimizer = {n: optimizer_samples(cfg, n, device, cfg.calibrate.repeats) for n in (params, 4 * params, 16 * params)}
+    optimizer = {n: optimizer_samples(cfg.optimizer, n, device, cfg.calibrate.repeats)
+                 for n in (params, 4 * params, 16 * params)}
     say("input", 2, 3, force=True)
     quarter = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(cfg.train.batch_size // 4, 1)},
                                                          "data": {"prefetch_batches": 0}}))
-    inputs = {rows: input_samples(cfg, env.rank, env.world, cfg.calibrate.repeats),
-              samples_per_step(quarter): input_samples(quarter, env.rank, env.world, cfg.calibrate.repeats)}
+    n = cfg.calibrate.repeats
+    inputs = {r: input_samples(iter(source(job_data(c), env.rank, env.world, False, 0, n + 1)), n)
+              for r, c in ((rows, cfg), (samples_per_step(quarter.train), quarter))}
     from runner.config.tables import table_specs
 
     job = {"batch": rows, "world": env.world, "device": device.type, "pooling": int(cfg.data.ids_per_feature),
@@ -168,11 +175,12 @@ def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
 def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> Dict[str, Any]:
     """Every rank's measurements (collectives, kernels, dense part), gathered on every rank."""
     say = _Progress(active)
-    mine: Dict[str, Any] = {"collectives": _collectives(cfg, env, device, say)}
-    mine["kernels"] = _kernels(cfg, device, say)
+    c = cfg.calibrate
+    mine: Dict[str, Any] = {"collectives": _collectives(c, env, device, say)}
+    mine["kernels"] = _kernels(c, cfg.optimizer, device, say)
     if device.type == "cuda":  # (an empty list would gather as every rank's empty list)
-        mine["uvm_kernels"] = _uvm_kernels(cfg, device, say)
-    mine["sharded"] = _sharded(cfg, env, device, say)
+        mine["uvm_kernels"] = _uvm_kernels(c, cfg.optimizer, device, say)
+    mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, c.repeats, env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
     rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)

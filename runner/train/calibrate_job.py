@@ -35,6 +35,7 @@ def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: t
     its step time, ms (one value: the loop's timed window)."""
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
+    from runner.data.layout import job_data
     from runner.data.pipeline import batches_for
     from runner.plan.planner import make_plan
     from runner.train.loop import LoopHooks, train
@@ -48,10 +49,11 @@ def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: t
     plan, _, _, sharders = make_plan(tiny, model, world, local, device.type, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
                                    data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=True))
-    batches = batches_for(tiny, rank, world, False, 0, steps)
+    batches = batches_for(job_data(tiny), rank, world, False, 0, steps,
+                          low_loops=tiny.cluster.gloo_loop_priority == "low")
     try:
-        result = train(dmp, combined_optimizer(dmp, tiny.optimizer), batches, 0, steps, device, tiny,
-                       LoopHooks(lambda step, metrics: None, _NoBar()), None)
+        result = train(dmp, combined_optimizer(dmp, tiny.optimizer), batches, 0, steps, device, tiny.train,
+                       tiny.optimizer, list(tiny.model.tasks), LoopHooks(lambda step, metrics: None, _NoBar()), None)
     finally:
         getattr(batches, "close", lambda: None)()
     return [result.step_time_ms]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from torch import nn
 from runner.train.loop import device_sync
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_training import OptimizerSchema, PrecisionSchema
 
 KIB, MIB = 1024, 1024**2
 COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
@@ -156,13 +156,11 @@ class FixedEmbeddings(nn.Module):
         return KeyedTensor(keys=self.keys, length_per_key=self.dims, values=self.values)
 
 
-def dense_model(cfg: RunnerConfig, device: torch.device, batch: int) -> nn.Module:
-    """The configured model with its embedding collection replaced by :class:`FixedEmbeddings`."""
+def dense_model(model: nn.Module, device: torch.device, batch: int) -> nn.Module:
+    """The configured model (``model``, built on ``device``) with its embedding collection replaced by
+    :class:`FixedEmbeddings`."""
     from torchrec import EmbeddingBagCollection
 
-    from runner.train.models import build_model
-
-    model = build_model(cfg, device)
     for name, module in list(model.named_modules()):
         if isinstance(module, EmbeddingBagCollection):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
@@ -170,17 +168,18 @@ def dense_model(cfg: RunnerConfig, device: torch.device, batch: int) -> nn.Modul
     return model
 
 
-def dense_samples(cfg: RunnerConfig, batch_data: Any, rows: int, device: torch.device, repeats: int
-                  ) -> Dict[str, List[float]]:
-    """The dense part's forward, backward and the dense optimizer's step at ``rows`` samples, ms."""
+def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
+                  rows: int, device: torch.device, repeats: int) -> Dict[str, List[float]]:
+    """The dense part's forward, backward and the dense optimizer's step at ``rows`` samples, ms: ``model`` the
+    configured model built on ``device``, ``autocast`` and ``optimizer_cfg`` the job's."""
     from torchrec.datasets.utils import Batch
 
     from runner.train.models import autocast_forward
     from runner.train.optimizers import dense_optimizer
 
-    model = dense_model(cfg, device, rows)
-    autocast_forward(model, device.type, cfg.precision.autocast)
-    optimizer = dense_optimizer(model, cfg.optimizer)
+    model = dense_model(model, device, rows)
+    autocast_forward(model, device.type, autocast)
+    optimizer = dense_optimizer(model, optimizer_cfg)
     b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
               labels=batch_data.labels[:rows]).to(device)
     sync = device_sync(device)
@@ -189,7 +188,7 @@ def dense_samples(cfg: RunnerConfig, batch_data: Any, rows: int, device: torch.d
     return {"fwd": fwd, "bwd": bwd, "optimizer": step}
 
 
-def optimizer_samples(cfg: RunnerConfig, params: int, device: torch.device, repeats: int) -> List[float]:
+def optimizer_samples(optimizer_cfg: OptimizerSchema, params: int, device: torch.device, repeats: int) -> List[float]:
     """The dense optimizer's step over ``params`` parameters (in tensors of at most 1 M), ms."""
     from runner.train.optimizers import dense_optimizer
 
@@ -198,14 +197,12 @@ def optimizer_samples(cfg: RunnerConfig, params: int, device: torch.device, repe
     holder.weights = nn.ParameterList([nn.Parameter(torch.randn(n, device=device)) for n in chunks])
     for p in holder.parameters():
         p.grad = torch.randn_like(p)
-    return timed(dense_optimizer(holder, cfg.optimizer).step, repeats, device_sync(device))
+    return timed(dense_optimizer(holder, optimizer_cfg).step, repeats, device_sync(device))
 
 
-def input_samples(cfg: RunnerConfig, rank: int, world: int, repeats: int) -> List[float]:
-    """A training batch from the data source, built in this thread (no prefetch), ms each."""
-    from runner.data.pipeline import source
-
-    batches = iter(source(cfg, rank, world, False, 0, repeats + 1))
+def input_samples(batches: Iterator[Any], repeats: int) -> List[float]:
+    """A training batch from the data source (``batches``: at least ``repeats`` + 1 of them, built in this thread:
+    no prefetch), ms each."""
     return timed(lambda: next(batches), repeats, lambda: None)
 
 
@@ -221,8 +218,9 @@ class _Lookup(nn.Module):
         return self.ebc(features).values()
 
 
-def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: int, device: torch.device,
-                    tables: int, batches: Tuple[int, ...], repeats: int) -> Dict[int, Dict[str, List[float]]]:
+def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, sharding_type: str, world: int,
+                    local: int, device: torch.device, tables: int, batches: Tuple[int, ...], repeats: int
+                    ) -> Dict[int, Dict[str, List[float]]]:
     """An embedding collection of ``tables`` tiny tables sharded ``sharding_type`` over the job's ranks by TorchRec
     (its input and output distribution, the kernel with the job's fused optimizer, the bookkeeping between):
     forward and backward ms at each per-rank batch of ``batches``. The tables are tiny, so their time is what a
@@ -241,12 +239,12 @@ def sharded_samples(cfg: RunnerConfig, sharding_type: str, world: int, local: in
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=rows,
                                                             feature_names=[n]) for n in names],
                                  device=torch.device("meta"))
-    cls, kwargs = sparse_optimizer(cfg.optimizer)
+    cls, kwargs = sparse_optimizer(optimizer_cfg)
     if sharding_type != "data_parallel":
         apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
     spec = {"table_wise": lambda i: table_wise(rank=i % world), "row_wise": lambda i: row_wise(),
             "data_parallel": lambda i: data_parallel()}
-    sharder = sharders_for(cfg.precision)[0]
+    sharder = sharders_for(precision)[0]
     plan = construct_module_sharding_plan(ebc, {n: spec[sharding_type](i) for i, n in enumerate(names)},
                                           sharder=sharder, local_size=local, world_size=world,
                                           device_type=device.type)

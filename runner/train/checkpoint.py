@@ -18,7 +18,7 @@ from runner.config.errors import CheckpointError
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_training import CheckpointSchema
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"
@@ -225,9 +225,9 @@ def check_space(root: Path, my_bytes: int, step: int) -> int:
 class Checkpointer:
     """Saves on every rank (DCP is collective); rank 0 finalises, prunes and tracks the best."""
 
-    def __init__(self, cfg: RunnerConfig, run_dir: Path, rank: int) -> None:
-        self.cfg = cfg.train.checkpoint
-        self.root = checkpoint_root(cfg.train.checkpoint.dir, run_dir)
+    def __init__(self, settings: CheckpointSchema, run_dir: Path, rank: int) -> None:
+        self.cfg = settings
+        self.root = checkpoint_root(settings.dir, run_dir)
         self.rank = rank
 
     def due(self, step: int) -> bool:

@@ -3,16 +3,12 @@ rank's measured step time, peak memory and cores, gathered for the report beside
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from runner.config.schema import samples_per_step
 from runner.train.loop import TrainResult
-
-if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -86,11 +82,11 @@ def binary_metrics(scores: torch.Tensor, labels: torch.Tensor) -> Dict[str, floa
 
 
 @torch.no_grad()
-def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfig) -> Dict[str, float]:
-    """AUC, log loss and normalised entropy over every rank's held-out batches, gathered to all ranks; per task as
-    well for multi-task models (``eval/auc``, ``eval/logloss`` and ``eval/ne`` are then the tasks' means)."""
+def evaluate(dmp: Any, batches: Iterable, device: torch.device, tasks: List[str], rows: int) -> Dict[str, float]:
+    """AUC, log loss and normalised entropy over every rank's held-out batches (of ``rows`` rows), gathered to all
+    ranks; per task (``tasks``: ``model.tasks``) as well for multi-task models (``eval/auc``, ``eval/logloss`` and
+    ``eval/ne`` are then the tasks' means)."""
     dmp.eval()
-    tasks = list(cfg.model.tasks)
     logits, labels = [], []
     for b in batches:
         b = b.to(device, non_blocking=True)  # pinned batches: the copy overlaps the previous forward
@@ -99,7 +95,7 @@ def evaluate(dmp: Any, batches: Iterable, device: torch.device, cfg: RunnerConfi
         labels.append(lab.detach().float().reshape(-1, len(tasks)))
     if not logits:
         raise ValueError("evaluation got no batch: the evaluation data holds fewer than one batch "
-                         f"({samples_per_step(cfg)} rows) per rank")
+                         f"({rows} rows) per rank")
     local = torch.cat([torch.cat(logits), torch.cat(labels)], dim=1)  # (rows, 2 * tasks)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)

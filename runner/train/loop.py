@@ -23,17 +23,17 @@ from runner.train.optimizers import Schedule, set_learning_rates
 from runner.train.split_step import LossScale, SplitStep, Unpaused
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_training import OptimizerSchema, TrainSchema
 
 
-def make_step(dmp: Any, optimizer: Any, device: torch.device, cfg: RunnerConfig,
+def make_step(dmp: Any, optimizer: Any, device: torch.device, settings: TrainSchema,
               loss_scale: Optional[LossScale]) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
-    if cfg.train.grad_accumulation_steps == 1 and loss_scale is None:
-        if cfg.train.pipeline == "base":
+    if settings.grad_accumulation_steps == 1 and loss_scale is None:
+        if settings.pipeline == "base":
             return _BasePipeline(dmp, optimizer, device)
         return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
-    return SplitStep(dmp, optimizer, device, cfg.train.grad_accumulation_steps, loss_scale)
+    return SplitStep(dmp, optimizer, device, settings.grad_accumulation_steps, loss_scale)
 
 
 class _BasePipeline(TrainPipelineBase, Unpaused):
@@ -185,23 +185,24 @@ def _pause_for_checkpoint(pipeline: Any, dmp: Any, step: int, hooks: LoopHooks) 
     return time.perf_counter() - t0
 
 
-def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device, cfg: RunnerConfig,
-          hooks: LoopHooks, loss_scale: Optional[LossScale] = None) -> TrainResult:
+def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device,
+          settings: TrainSchema, optimizers: OptimizerSchema, tasks: List[str], hooks: LoopHooks,
+          loss_scale: Optional[LossScale] = None) -> TrainResult:
     """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
-    step). Every ``train.log_every`` steps report metrics; at steps where ``hooks.due(step)``, hand the
-    model to ``hooks.on_checkpoint`` (outside the pipeline). ``loss_scale`` (fp16) is updated in place,
-    so that checkpoints can save it."""
+    step), ``settings`` being ``train``'s keys, ``optimizers`` the learning rates' schedule, ``tasks`` the model's.
+    Every ``train.log_every`` steps report metrics; at steps where ``hooks.due(step)``, hand the model to
+    ``hooks.on_checkpoint`` (outside the pipeline). ``loss_scale`` (fp16) is updated in place, so that
+    checkpoints can save it."""
     result = TrainResult(last_step=start)
     if start >= steps:
         return result
-    pipeline = make_step(dmp, optimizer, device, cfg, loss_scale)
+    pipeline = make_step(dmp, optimizer, device, settings, loss_scale)
     it = iter(batches)
     dmp.train()
-    tasks = list(cfg.model.tasks)
-    samples = dist.get_world_size() * samples_per_step(cfg)
-    schedule, log_every = Schedule(cfg.optimizer, steps), cfg.train.log_every
+    samples = dist.get_world_size() * samples_per_step(settings)
+    schedule, log_every = Schedule(optimizers, steps), settings.log_every
     window, applied = _Window(len(tasks), device), (float("nan"), float("nan"))
-    check = cfg.train.stop_on_nonfinite
+    check = settings.stop_on_nonfinite
     for step in range(start + 1, steps + 1):
         rates = schedule(step)
         if rates != applied:  # constant schedules touch the optimizers once

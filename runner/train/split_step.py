@@ -34,7 +34,7 @@ from runner.config.errors import ConfigError
 from runner.config.schema import loss_scaling_enabled
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_training import PrecisionSchema
 
 
 @dataclass
@@ -67,11 +67,11 @@ class LossScale:
             self.good_steps = 0
 
 
-def loss_scale_for(cfg: RunnerConfig) -> LossScale | None:
+def loss_scale_for(precision: PrecisionSchema) -> LossScale | None:
     """The dynamic loss scale ``precision.grad_scaler`` asks for (on by default with float16 autocast)."""
-    if not loss_scaling_enabled(cfg):
+    if not loss_scaling_enabled(precision):
         return None
-    g = cfg.precision.grad_scaler
+    g = precision.grad_scaler
     return LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval)
 
 

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
+from runner.config.schema import samples_per_step
+from runner.data.layout import job_data
 from runner.data.pipeline import batches_for
 from runner.data.values import hashed_ids
 from runner.plan.planner import make_plan
@@ -43,10 +45,11 @@ class Trainer:
         self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
         self.ddr_cap_gib = ddr_cap_gib if ddr_cap_gib is not None else cfg.cluster.ddr_cap_gib  # the job's place's
         self.reporter, self.marks = reporter, marks
+        self.inputs = job_data(cfg)
         self.dmp, self.optimizer, self.sharding_types = self._build()
-        self.checkpointer = checkpoint.Checkpointer(cfg, run_dir, env.rank)
-        self.loss_scale = loss_scale_for(cfg)
-        self.pruning, self.stop = TrialPruning(cfg, env.rank, self.device), False
+        self.checkpointer = checkpoint.Checkpointer(cfg.train.checkpoint, run_dir, env.rank)
+        self.loss_scale = loss_scale_for(cfg.precision)
+        self.pruning, self.stop = TrialPruning(cfg.tracking.objective, env.rank, self.device), False
 
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
@@ -94,11 +97,12 @@ class Trainer:
 
     def data(self, num_batches: int, eval_split: bool, first: int = 0) -> Any:
         # pinned on CUDA: the pipeline's non-blocking copies to the GPU then overlap the step
-        return batches_for(self.cfg, self.env.rank, self.env.world, eval_split, first, num_batches,
-                           pin=self.device.type == "cuda")
+        return batches_for(self.inputs, self.env.rank, self.env.world, eval_split, first, num_batches,
+                           pin=self.device.type == "cuda", low_loops=self.cfg.cluster.gloo_loop_priority == "low")
 
     def evaluate(self) -> Dict[str, float]:
-        return evaluate(self.dmp, self.data(self.cfg.data.eval_batches, True), self.device, self.cfg)
+        return evaluate(self.dmp, self.data(self.cfg.data.eval_batches, True), self.device, list(self.cfg.model.tasks),
+                        samples_per_step(self.cfg.train))
 
     def save(self, step: int, metrics: Dict[str, float]) -> None:
         meta = {"world_size": self.env.world, "sharding_types": self.sharding_types, "metrics": metrics,
@@ -122,8 +126,8 @@ class Trainer:
             with reporter.progress(cfg.train.steps, start) as bar:
                 hooks = LoopHooks(reporter.train_metrics, bar, self.checkpointer.due, self.evaluate_and_save,
                                   lambda: self.stop)
-                result = train(self.dmp, self.optimizer, train_data, start, cfg.train.steps, self.device, cfg,
-                               hooks, self.loss_scale)
+                result = train(self.dmp, self.optimizer, train_data, start, cfg.train.steps, self.device, cfg.train,
+                               cfg.optimizer, list(cfg.model.tasks), hooks, self.loss_scale)
         finally:
             getattr(train_data, "close", lambda: None)()
         if result.first_step_unix is not None:

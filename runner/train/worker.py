@@ -38,7 +38,7 @@ from runner.runtime.process_end import AGENT_PID, die_with_parent
 from runner.train import heartbeat
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import ClusterSchema, RunnerConfig
 
 
 def _env_int(name: str, default: int) -> int:
@@ -57,15 +57,15 @@ class RankEnv:
     host_workers: int
 
     @classmethod
-    def from_environment(cls, cfg: RunnerConfig) -> "RankEnv":
+    def from_environment(cls, cluster: ClusterSchema) -> "RankEnv":
         rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
         world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
-        expected = cfg.cluster.nodes * cfg.cluster.workers_per_node
+        expected = cluster.nodes * cluster.workers_per_node
         if world != expected:
             raise ConfigError("cluster.nodes*cluster.workers_per_node", expected,
                               f"the launcher's WORLD_SIZE ({world})")
-        if local_world != cfg.cluster.workers_per_node:
-            raise ConfigError("cluster.workers_per_node", cfg.cluster.workers_per_node,
+        if local_world != cluster.workers_per_node:
+            raise ConfigError("cluster.workers_per_node", cluster.workers_per_node,
                               f"the launcher's LOCAL_WORLD_SIZE ({local_world})")
         # RUNNER_HOST_WORKERS: set by the runner's agents (all of a host's workers, emulated nodes included)
         return cls(rank, local_rank, world, local_world, _env_int("TORCHELASTIC_RESTART_COUNT", 0),
@@ -80,14 +80,15 @@ def select_device(cluster_device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def check_gpu(cfg: RunnerConfig, device: torch.device) -> None:
-    """What this GPU cannot do, refused before anything runs on it (bf16 autocast on a pre-Ampere GPU)."""
+def check_gpu(autocast: Optional[str], device: torch.device) -> None:
+    """What this GPU cannot do, refused before anything runs on it (``precision.autocast`` bf16 on a pre-Ampere
+    GPU)."""
     if device.type == "cuda":
-        check_autocast(cfg.precision.autocast, torch.cuda.get_device_capability(device),
+        check_autocast(autocast, torch.cuda.get_device_capability(device),
                    torch.cuda.get_device_name(device))
 
 
-def gpu_memory_cap(cfg: RunnerConfig, device: torch.device) -> Optional[int]:
+def gpu_memory_cap(hbm_cap_gib: Optional[float], device: torch.device) -> Optional[int]:
     """The planner's HBM per GPU (CUDA only): the least free memory among the job's GPUs (what other
     processes hold on a shared GPU is not the job's), agreed by every rank, or ``cluster.hbm_cap_gib``
     checked against it."""
@@ -95,7 +96,7 @@ def gpu_memory_cap(cfg: RunnerConfig, device: torch.device) -> Optional[int]:
         return None
     smallest = torch.tensor([torch.cuda.mem_get_info(device)[0]], dtype=torch.int64, device=device)
     dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
-    return hbm_cap_bytes(cfg.cluster.hbm_cap_gib, int(smallest.item()))
+    return hbm_cap_bytes(hbm_cap_gib, int(smallest.item()))
 
 
 def set_tf32(enabled: bool, device: torch.device) -> None:
@@ -105,10 +106,10 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
-def bind_cores(cfg: RunnerConfig, device: torch.device, env: RankEnv) -> Optional[List[int]]:
+def bind_cores(cpu_affinity: str, device: torch.device, env: RankEnv) -> Optional[List[int]]:
     """``cluster.cpu_affinity=auto``: a CPU worker on its own slice of the host's cores, a CUDA worker on its
     GPU's socket (:mod:`runner.runtime.affinity`); the cores, or None when the worker is left unbound."""
-    if cfg.cluster.cpu_affinity != "auto":
+    if cpu_affinity != "auto":
         return None
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
@@ -155,14 +156,14 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     from runner.train.trainer import Trainer
 
     marks = {"worker_started": time.time()}  # forked: just started; spawned: its imports done
-    env = RankEnv.from_environment(cfg)
+    env = RankEnv.from_environment(cfg.cluster)
     pids = run_dir / rundir.PIDS  # for operators (and tests) that need to find a rank's process
     pids.mkdir(exist_ok=True)
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
     heartbeat.start(run_dir, env.rank, _env_int("GROUP_RANK", 0))
     device = select_device(cfg.cluster.device, env.local_rank)
-    check_gpu(cfg, device)
-    cores = bind_cores(cfg, device, env)  # before gloo or OpenMP start threads
+    check_gpu(cfg.precision.autocast, device)
+    cores = bind_cores(cfg.cluster.cpu_affinity, device, env)  # before gloo or OpenMP start threads
     set_tf32(cfg.precision.tf32, device)
     check_sparse_optimizer(cfg.optimizer.sparse, device.type)
     bound = cores if device.type == "cpu" else None  # a GPU's socket is shared: threads are the host's share
@@ -189,8 +190,8 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
             results = calibrate.run_calibration(cfg, run_dir, env, device, reporter, lambda: fingerprint(
                 device.type, env.world // env.local_world, env.local_world, device))
         else:
-            results = Trainer(cfg, run_dir, env, device, reporter, marks, gpu_memory_cap(cfg, device),
-                              ddr).run(cores)
+            hbm = gpu_memory_cap(cfg.cluster.hbm_cap_gib, device)
+            results = Trainer(cfg, run_dir, env, device, reporter, marks, hbm, ddr).run(cores)
     except BaseException as exc:
         reporter.failed(exc)
         end_process_group(failed=True)

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from runner.config.errors import DataError
 from runner.config.schema import RunnerConfig
 from runner.data.criteo import CriteoSource, criteo_lines, hex_to_int
-from runner.data.layout import Layout
+from runner.data.layout import Layout, job_data
 from runner.data.parquet import ParquetSource
 from runner.data.pipeline import Prefetcher
 from runner.data.writer import write_parquet
@@ -45,10 +45,10 @@ def test_hex_hashing() -> None:
 
 def test_parquet_rows_split_evenly_over_ranks_and_workers(tmp_path: Path) -> None:
     cfg = small_cfg(tasks=("click", "conversion"))
-    write_parquet(cfg, tmp_path, rows=1000, files=3, eval_rows=64)
-    from runner.data.layout import layout
+    write_parquet(job_data(cfg), tmp_path, rows=1000, files=3, eval_rows=64)
 
-    lay = layout(cfg)
+
+    lay = job_data(cfg).layout
     batches = read_all(lambda r: ParquetSource(str(tmp_path / "train"), lay, 50, r, 2, 2, True), world=2,
                        workers=2)
     # 2 ranks x 2 workers = 4 shards of 250 rows: 5 batches of 50 each, every row exactly once
@@ -71,10 +71,10 @@ def test_parquet_rows_split_evenly_over_ranks_and_workers(tmp_path: Path) -> Non
 
 
 def test_parquet_ids_out_of_range_need_hashing(tmp_path: Path) -> None:
-    write_parquet(small_cfg(rows_per_table=1000), tmp_path, rows=200, files=1, eval_rows=8)
-    from runner.data.layout import layout
+    write_parquet(job_data(small_cfg(rows_per_table=1000)), tmp_path, rows=200, files=1, eval_rows=8)
 
-    lay = layout(small_cfg(rows_per_table=10))  # the files hold ids up to 999
+
+    lay = job_data(small_cfg(rows_per_table=10)).layout  # the files hold ids up to 999
     hashed = next(iter(ParquetSource(str(tmp_path / "train"), lay, 100, 0, 1, 0, True)))
     assert hashed.sparse_features.values().max() < 10
     with pytest.raises(DataError, match=r"part-00000.parquet row \d+, column t\d: \d+; expected an id in \[0, 10\)"):
@@ -199,10 +199,10 @@ def test_missing_data_path_fails_in_one_line(store: str, tmp_path: Path) -> None
 
 def test_parquet_resume_skips_to_the_same_batches(tmp_path: Path) -> None:
     cfg = small_cfg()
-    write_parquet(cfg, tmp_path, rows=600, files=2, eval_rows=8, chunk_rows=128)
-    from runner.data.layout import layout
+    write_parquet(job_data(cfg), tmp_path, rows=600, files=2, eval_rows=8, chunk_rows=128)
 
-    lay = layout(cfg)
+
+    lay = job_data(cfg).layout
     full = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True))
     resumed = list(ParquetSource(str(tmp_path / "train"), lay, 50, 0, 1, 0, True, skip_batches=4, max_batches=9))
     assert len(full) == 12 and len(resumed) == 5
@@ -314,11 +314,11 @@ def test_parquet_removed_while_read_is_one_line_naming_it(tmp_path: Path) -> Non
     """Data that vanishes while a job reads it (issue 47, item 4) is a data error naming the key, the folder and
     the file that went, never an evaluation that "got no batch"."""
     from runner.config.errors import DataError, one_line
-    from runner.data.layout import layout
+
 
     cfg = small_cfg()
-    write_parquet(cfg, tmp_path, rows=600, files=3, eval_rows=64)
-    train, lay = tmp_path / "train", layout(cfg)
+    write_parquet(job_data(cfg), tmp_path, rows=600, files=3, eval_rows=64)
+    train, lay = tmp_path / "train", job_data(cfg).layout
     source = ParquetSource(str(train), lay, 50, 0, 1, 0, True)
     first = next(iter(source))  # the job has started reading
     assert first.labels.shape[0] == 50
@@ -343,7 +343,7 @@ def _bad_folder(tmp_path: Path, column: str, value, rows: int = 120, at: int = 7
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    write_parquet(small_cfg(), tmp_path, rows=rows, files=1, eval_rows=8)
+    write_parquet(job_data(small_cfg()), tmp_path, rows=rows, files=1, eval_rows=8)
     path = tmp_path / "train" / "part-00000.parquet"
     table = pq.read_table(path)
     data = table.column(column).to_pylist()
@@ -364,11 +364,11 @@ def _bad_folder(tmp_path: Path, column: str, value, rows: int = 120, at: int = 7
 ])
 def test_a_bad_value_stops_the_read_naming_file_row_column_and_value(tmp_path: Path, column: str, value,
                                                                       expected: str) -> None:
-    from runner.data.layout import layout
+
 
     folder = _bad_folder(tmp_path, column, value)
     with pytest.raises(DataError, match=f"part-00000.parquet {expected}"):
-        list(ParquetSource(str(folder), layout(small_cfg()), 40, 0, 1, 0, True))
+        list(ParquetSource(str(folder), job_data(small_cfg()).layout, 40, 0, 1, 0, True))
 
 
 def test_ids_of_mixed_widths_and_shapes_read_as_one(tmp_path: Path) -> None:
@@ -377,10 +377,10 @@ def test_ids_of_mixed_widths_and_shapes_read_as_one(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from runner.data.layout import layout
+
 
     cfg = small_cfg()
-    write_parquet(cfg, tmp_path, rows=100, files=2, eval_rows=8)
+    write_parquet(job_data(cfg), tmp_path, rows=100, files=2, eval_rows=8)
     first = tmp_path / "train" / "part-00000.parquet"
     t = pq.read_table(first)
     for name in ("t0", "t1", "t2"):
@@ -388,7 +388,7 @@ def test_ids_of_mixed_widths_and_shapes_read_as_one(tmp_path: Path) -> None:
         t = t.set_column(t.schema.get_field_index(name), name, pa.array(ids, type=pa.int32()))
     t = t.set_column(t.schema.get_field_index("dense_0"), "dense_0", t.column("dense_0").cast(pa.float32()))
     pq.write_table(t, first)
-    lay = layout(small_cfg(rows_per_table=500))  # ids up to 999 in the files: some hashed
+    lay = job_data(small_cfg(rows_per_table=500)).layout  # ids up to 999 in the files: some hashed
     source = ParquetSource(str(tmp_path / "train"), lay, 30, 0, 1, 0, True)  # the second batch spans both files
     batches = list(source)
     assert sum(b.labels.shape[0] for b in batches) == 90 and all(b.sparse_features.values().max() < 500
@@ -412,7 +412,7 @@ def test_a_column_of_another_type_is_refused_before_launch(tmp_path: Path, colum
     from runner.data.checks import check_data
 
     cfg = small_cfg()
-    write_parquet(cfg, tmp_path, rows=100, files=3, eval_rows=8)
+    write_parquet(job_data(cfg), tmp_path, rows=100, files=3, eval_rows=8)
     second = tmp_path / "train" / "part-00001.parquet"
     t = pq.read_table(second)
     t = t.set_column(t.schema.get_field_index(column), column,
@@ -422,7 +422,7 @@ def test_a_column_of_another_type_is_refused_before_launch(tmp_path: Path, colum
                    "1000}, {name: t1, num_embeddings: 1000}, {name: t2, num_embeddings: 1000}]",
                    "model.generated_tables.count=0")
     with pytest.raises(DataError, match=f"part-00001.parquet {expected}"):
-        check_data(full)
+        check_data(job_data(full))
 
 
 def test_a_dataset_schema_names_at_most_256_dense_columns() -> None:
@@ -432,7 +432,7 @@ def test_a_dataset_schema_names_at_most_256_dense_columns() -> None:
 
     from runner.data.lineage import datasets
 
-    few = datasets(cfg_for("data.num_dense_features=13"))[0]["columns"]
+    few = datasets(job_data(cfg_for("data.num_dense_features=13")))[0]["columns"]
     assert [c for c, _ in few if c.startswith("dense_")] == [f"dense_{i}" for i in range(13)]
-    many = datasets(cfg_for("data.num_dense_features=1000000000"))[0]["columns"]
+    many = datasets(job_data(cfg_for("data.num_dense_features=1000000000")))[0]["columns"]
     assert [c for c in many if c[0].startswith("dense_")] == [("dense_0..dense_999999999", "float x 1000000000")]

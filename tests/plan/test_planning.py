@@ -195,7 +195,8 @@ def test_split_step_plans_leave_out_data_parallel() -> None:
         plain = compose(config_name="config")
         accum = compose(config_name="config", overrides=["train.grad_accumulation_steps=2"])
         fp16 = compose(config_name="config", overrides=["precision=fp16"])
-    assert not uses_split_step(plain) and uses_split_step(accum) and uses_split_step(fp16)
+    assert not uses_split_step(plain.train, plain.precision) and uses_split_step(accum.train, accum.precision) \
+        and uses_split_step(fp16.train, fp16.precision)
     free = build_constraints(accum.sharding, ["t0", "t1"], 1.0, ("data_parallel",))
     assert all("data_parallel" not in c.sharding_types and "row_wise" in c.sharding_types for c in free.values())
     assert build_constraints(plain.sharding, ["t0", "t1"], 1.0) == {}

@@ -61,15 +61,16 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
     place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
     resolve(cfg.train.resume, checkpoint_root(cfg.train.checkpoint.dir, run_dir))
     from runner.data.checks import check_data
+    from runner.data.layout import job_data
 
-    check_data(cfg)  # nothing for a generated source
+    check_data(job_data(cfg))  # nothing for a generated source
     kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
     check_tf32(cfg.precision.tf32, kind)
     check_start_method(cfg.cluster.start_method, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
     c = cfg.cluster
     workers, memory = c.workers_per_node * len(nodes_on_this_host(c)), job_memory(schedulers.allocations())
-    check_dense_batch(samples_per_step(cfg), int(cfg.data.num_dense_features), workers, memory)
+    check_dense_batch(samples_per_step(cfg.train), int(cfg.data.num_dense_features), workers, memory)
     if kind == "cuda":
         visible = visible_gpus()
         check_autocast_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))

@@ -16,7 +16,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config.errors import TrackingError, WorkerFailure
 from runner.config.place import Place
@@ -27,7 +27,7 @@ from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.parent import end_failed_sweep
 from runner.launch.sweep.precheck import checked
 from runner.runtime import rundir
-from runner.track.objective import Objective, objective_value
+from runner.track.objective import Objective, objective_value, objectives
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -50,6 +50,11 @@ class _Job:
     @property
     def multirun(self) -> bool:
         return self.sweep_dir is not None
+
+    @property
+    def objectives(self) -> List[Tuple[str, str]]:
+        """The metrics (and directions) the job returns to a searching sweeper."""
+        return objectives(self.cfg.tracking.objective, self.cfg.mode)
 
 
 def run_job(cfg: RunnerConfig) -> Optional[Objective]:
@@ -81,7 +86,7 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
         raise SystemExit(end.exit_code) from None
     except Exception as exc:
         return _failed(job, exc)
-    value = objective_value(job.cfg, results)
+    value = objective_value(job.objectives, results)
     outcome.record(outcome.finished(results), job.run_dir, objective=value)
     if job.multirun:
         _say_progress(job.sweep_dir, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
@@ -110,7 +115,7 @@ def _stopped(job: _Job, reason: str) -> Optional[Objective]:
     started = (job.run_dir / rundir.RUN_INFO).exists()
     outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_dir)
     _say_progress(job.sweep_dir, job.num, "stopped" if started else "not run")
-    return objective_value(job.cfg, None)
+    return objective_value(job.objectives, None)
 
 
 def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
@@ -130,7 +135,7 @@ def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     if job.sweep_dir is None or job.task is not None:  # a scheduler's job fails with its run
         raise SystemExit(1) from None
     _say_progress(job.sweep_dir, job.num, "failed (its line is above)")
-    return objective_value(job.cfg, None)  # its outcome is read from every point's status
+    return objective_value(job.objectives, None)  # its outcome is read from every point's status
 
 
 def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:

@@ -81,10 +81,11 @@ def _datasets(cfg: RunnerConfig) -> List[Any]:
     """The run's training and evaluation data, described for MLflow; a failure to describe them is logged."""
     import logging
 
+    from runner.data.layout import job_data
     from runner.data.lineage import datasets
 
     try:
-        return list(datasets(cfg))
+        return list(datasets(job_data(cfg)))
     except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
         logging.getLogger("runner").warning("datasets not described: %s", exc, exc_info=True)
         return []

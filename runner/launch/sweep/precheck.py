@@ -222,7 +222,7 @@ def _check_sweeper(cfg: DictConfig) -> Optional[str]:
     if wanted is None:
         return None
     asked = [str(wanted)] if isinstance(wanted, str) else [str(w) for w in wanted]
-    returned = objectives(cast("RunnerConfig", cfg))
+    returned = objectives(cfg.tracking.objective, str(cfg.mode))
     names = ", ".join(f"{m} ({d})" for m, d in returned)
     shown = asked[0] if len(asked) == 1 else "[" + ",".join(asked) + "]"
     if len(asked) != len(returned):
