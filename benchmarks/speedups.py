@@ -47,13 +47,12 @@ def _config(tables: int, ranks: int, extra: Tuple[str, ...] = ()) -> Any:
 
 def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
     """Seconds of one call of the runner's planner, and its plan's estimated step (ms)."""
-    from runner.plan.planner import PlanEstimates, build_planner
+    from runner.plan.planner import PlanEstimates, build_planner, reusable_model
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
-    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
     from runner.train.models import planning_model
 
-    model = reused_model(cfg, planning_model)
+    model = reusable_model(cfg, planning_model)
     estimates = PlanEstimates()
     t0 = time.perf_counter()
     planner = build_planner(cfg, ranks, 8, "cuda", estimates, dense_bytes(model), reuse=reuse)

@@ -29,7 +29,6 @@ from runner.config.schema import WORKER_MODES
 from runner.runtime.hardware import fingerprint, mismatch
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ClusterSchema
 
 FORMAT = 1  # the file format this runner writes and reads; a newer one is refused in one line
@@ -208,27 +207,28 @@ def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device:
     return Chosen(cal, cal.label())
 
 
-def for_config(cfg: RunnerConfig, device_type: str) -> Chosen:
-    """The calibration ``cfg.cluster.calibration`` chooses (:func:`for_job`): a training job's hardware is this
-    process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
-    here = cfg.mode in WORKER_MODES
+def for_config(cluster: ClusterSchema, mode: str, device_type: str) -> Chosen:
+    """The calibration ``cluster.calibration`` chooses for a job of ``mode`` (:func:`for_job`): a training job's
+    hardware is this process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
+    here = mode in WORKER_MODES
     device = None
-    if here and device_type == "cuda" and str(cfg.cluster.calibration) != NONE:
+    if here and device_type == "cuda" and str(cluster.calibration) != NONE:
         import torch
 
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    return for_job(cfg.cluster, device_type, here, device)
+    return for_job(cluster, device_type, here, device)
 
 
-def hashed(cfg: RunnerConfig, config: Dict[str, Any]) -> Dict[str, Any]:
-    """``config`` (``cfg`` resolved, as a dict) as ``runner.config_hash`` and ``sweep.reuse`` compare it: for a
-    plan-only job, ``cluster.calibration`` is the calibration it plans with (its file and when it was made), not the
-    word, so that a new calibration is another answer. Other jobs: as it is."""
-    if cfg.mode != "plan":
+def hashed(cluster: ClusterSchema, mode: str, config: Dict[str, Any]) -> Dict[str, Any]:
+    """``config`` (a job's config resolved, as a dict; ``cluster`` and ``mode`` its own) as ``runner.config_hash``
+    and ``sweep.reuse`` compare it: for a plan-only job, ``cluster.calibration`` is the calibration it plans with
+    (its file and when it was made), not the word, so that a new calibration is another answer. Other jobs: as it
+    is."""
+    if mode != "plan":
         return config
     from runner.runtime.device import device_type
 
-    chosen = for_config(cfg, device_type(cfg.cluster.device, planning=True))
+    chosen = for_config(cluster, mode, device_type(cluster.device, planning=True))
     made = chosen.calibration.made if chosen.calibration is not None else ""
     return {**config, "cluster": {**config["cluster"], "calibration": f"{chosen.tag}@{made}"}}
 

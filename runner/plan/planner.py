@@ -18,13 +18,12 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
-from runner.config.schema import samples_per_step, uses_split_step
 from runner.config.schema_model import SHARDING_TYPES
-from runner.config.tables import table_specs
 from runner.config.validation import table_constraint
 from runner.plan.calibration import for_config, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
+from runner.plan.plan_spec import PlanSpec, plan_spec
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
@@ -106,43 +105,51 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     with the search's counts while it runs (:class:`.torchrec_adapter.planning_loop.SearchLoopPlanner`);
     ``choose_from``: a
     sweep's plans for the balanced proposer to choose from (:mod:`runner.launch.sweep.plan_together`)."""
+    spec = plan_spec(cfg)
     if seam_note() is not None:  # a TorchRec the runner's planner was not tested with: TorchRec's own planner
-        return torchrec_planner(cfg, world_size, local_world_size, device_type, estimates, dense_tensor_bytes, hbm_cap)
+        return _torchrec_planner(spec, world_size, local_world_size, device_type, estimates, dense_tensor_bytes,
+                                 hbm_cap)
     from runner.plan.torchrec_adapter.runner_planner import runner_planner  # only after the version check
 
-    return runner_planner(cfg, _inputs(cfg, world_size, local_world_size, device_type, hbm_cap), device_type,
+    return runner_planner(spec, _inputs(spec, world_size, local_world_size, device_type, hbm_cap), device_type,
                           world_size, estimates, dense_tensor_bytes, reuse, search_space, progress, choose_from)
 
 
-def _inputs(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
+def _inputs(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
-    """The topology (with the calibration's constants), batch and constraints every planner of ``cfg`` plans
+    """The topology (with the calibration's constants), batch and constraints every planner of ``spec`` plans
     with."""
-    calibration = for_config(cfg, device_type).calibration
-    return (build_topology(cfg.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
-            cfg.sharding.planner_batch_size or samples_per_step(cfg.train),
-            build_constraints(cfg.sharding, [t.name for t in table_specs(cfg.model)], float(cfg.data.ids_per_feature),
-                              ("data_parallel",) if uses_split_step(cfg.train, cfg.precision) else ()))
+    calibration = for_config(spec.cluster, spec.mode, device_type).calibration
+    return (build_topology(spec.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
+            spec.batch, build_constraints(spec.sharding, [t.name for t in spec.tables], spec.pooling, spec.excluded))
 
 
 def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
                      estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
+    """TorchRec's own planner for ``cfg``'s inputs (:func:`_torchrec_planner`)."""
+    return _torchrec_planner(plan_spec(cfg), world_size, local_world_size, device_type, estimates,
+                             dense_tensor_bytes, hbm_cap)
+
+
+def _torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
+                      estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
+                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
     """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
     planner gets from ``cfg``: what the runner's plans are compared with (tests, benchmarks, the balanced
     proposer), and the planner itself on a TorchRec the runner's search was not tested with
     (:mod:`.torchrec_adapter.torchrec_seam`)."""
-    topology, batch, constraints = _inputs(cfg, world_size, local_world_size, device_type, hbm_cap)
-    proposer = stock_proposer(cfg.sharding)
+    topology, batch, constraints = _inputs(spec, world_size, local_world_size, device_type, hbm_cap)
+    proposer = stock_proposer(spec.sharding)
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
-                                    performance_model=step_perf_model(cfg, device_type, world_size),
-                                    storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes),
+                                    performance_model=step_perf_model(spec, device_type, world_size),
+                                    storage_reservation=build_storage_reservation(spec.sharding, dense_tensor_bytes),
                                     proposer=proposer, constraints=constraints,
                                     stats=[estimates] if estimates is not None else None, debug=False,
-                                    timeout_seconds=cfg.sharding.planner_timeout_s)
+                                    timeout_seconds=spec.sharding.planner_timeout_s)
 
 
-def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
                facts: PlanFacts, progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks): by the
@@ -154,14 +161,14 @@ def _plan_here(cfg: RunnerConfig, model: Any, world: int, local_world: int, devi
         if conformance_note() is not None:
             notes.append(str(conformance_note()))
 
-        return plan_with_runner(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                                notes, facts, _inputs(cfg, world, local_world, device_type, hbm_cap), progress,
+        return plan_with_runner(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
+                                notes, facts, _inputs(spec, world, local_world, device_type, hbm_cap), progress,
                                 choose_from)
     notes.append(str(seam_note()))
     facts["plan_source"], facts["planner"] = "torchrec", "stock"
     try:
-        return torchrec_planner(cfg, world, local_world, device_type, estimates, dense_bytes(model),
-                                hbm_cap).plan(model, sharders)
+        return _torchrec_planner(spec, world, local_world, device_type, estimates, dense_bytes(model),
+                                 hbm_cap).plan(model, sharders)
     except (PlanError, ConfigError) as exc:
         return PlanError(str(exc))
     except Exception as exc:  # what TorchRec's planner raises when it finds no plan; anything else is a bug
@@ -190,11 +197,12 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     """
     import torch.distributed as dist
 
-    sharders = sharders_for(cfg.precision)
+    spec = plan_spec(cfg)
+    sharders = sharders_for(spec.precision)
     t0 = time.perf_counter()
-    for_config(cfg, device_type)  # every rank: a calibration that cannot be used is every rank's one line
-    if cfg.sharding.plan:
-        plan = load_plan(cfg.sharding.plan, table_specs(cfg.model), world, local_world, device_type)
+    for_config(spec.cluster, spec.mode, device_type)  # every rank: an unusable calibration is every rank's line
+    if spec.sharding.plan:
+        plan = load_plan(spec.sharding.plan, spec.tables, world, local_world, device_type)
         empty = empty_shard(plan, device_type)
         if empty:
             raise PlanError(empty)
@@ -203,11 +211,11 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     result: List[Any] = [None]
     if pg is None or dist.get_rank(pg) == 0:
         found: PlanFacts = facts if facts is not None else {}
-        result[0] = _plan_here(cfg, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
+        result[0] = _plan_here(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"] = estimates.lower_bound_ms
         found["lower_bound_kind"] = estimates.lower_bound_kind
-        _whole_step(cfg, model, world, local_world, device_type, estimates.best_plan, found)
+        _whole_step(spec, model, world, local_world, device_type, estimates.best_plan, found)
         empty = None if isinstance(result[0], PlanError) else empty_shard(result[0], device_type)
         if empty:
             result[0] = PlanError(empty)
@@ -218,21 +226,21 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     return result[0], estimates.best_plan, time.perf_counter() - t0, sharders
 
 
-def _whole_step(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
+def _whole_step(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str,
                 best_plan: List[ShardingOption], facts: PlanFacts) -> None:
     """``facts`` gets which constants the plan was made with and, with a calibration, the whole step
     (:mod:`.step_estimate`)."""
     from runner.plan.analysis import per_rank_estimates
 
-    chosen = for_config(cfg, device_type)
+    chosen = for_config(spec.cluster, spec.mode, device_type)
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
-    facts["bandwidths"] = topology_knobs(chosen.calibration, device_type, cfg.cluster.intra_node_bandwidth,
-                                         cfg.cluster.cross_node_bandwidth, world, local_world)[1]
+    facts["bandwidths"] = topology_knobs(chosen.calibration, device_type, spec.cluster.intra_node_bandwidth,
+                                         spec.cluster.cross_node_bandwidth, world, local_world)[1]
     if chosen.calibration is None or not best_plan:
         return
     facts["step"] = whole_step(per_rank_estimates(best_plan, world), family_tables(best_plan),
                                input_dist_ms(best_plan, world), chosen.calibration,
-                               dense_facts(model, samples_per_step(cfg.train)), world, local_world, device_type)
+                               dense_facts(model, spec.rows), world, local_world, device_type)
 
 
 def runners_planner() -> bool:
@@ -246,9 +254,9 @@ def reusable_model(cfg: RunnerConfig, build: Callable[[RunnerConfig], Any]) -> A
     (:mod:`.torchrec_adapter.enumeration_reuse`); a new one each time on TorchRec's stock planner."""
     if not runners_planner():
         return build(cfg)
-    from runner.plan.torchrec_adapter.enumeration_reuse import reused_model
+    from runner.plan.torchrec_adapter.enumeration_reuse import model_key, reused_model
 
-    return reused_model(cfg, build)
+    return reused_model(model_key(plan_spec(cfg)), lambda: build(cfg))
 
 
 def plan_entries(best: List[ShardingOption]) -> Any:

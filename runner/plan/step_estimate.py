@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from torchrec.distributed.planner.types import PerfModel
 
-from runner.config.schema import samples_per_step
-
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
     from runner.plan.calibration import Calibration
+    from runner.plan.plan_spec import PlanSpec
 
 PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
          "step_overhead")
@@ -212,14 +210,14 @@ class StepPerfModel(PerfModel):
         return max(busiest) + fixed["fwd"] + fixed["bwd"]
 
 
-def step_perf_model(cfg: RunnerConfig, device_type: str, world: int) -> Optional[StepPerfModel]:
-    """The perf model a planner of ``cfg`` rates plans with: :class:`StepPerfModel` with a calibration, else None
+def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[StepPerfModel]:
+    """The perf model a planner of ``spec`` rates plans with: :class:`StepPerfModel` with a calibration, else None
     (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
     comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
     from runner.plan.calibration import for_config
     from runner.plan.proposers import declared
 
-    cal = for_config(cfg, device_type).calibration
-    if cal is None or declared(cfg.sharding).own_planner:
+    cal = for_config(spec.cluster, spec.mode, device_type).calibration
+    if cal is None or declared(spec.sharding).own_planner:
         return None
-    return StepPerfModel(cal, world, samples_per_step(cfg.train))
+    return StepPerfModel(cal, world, spec.rows)

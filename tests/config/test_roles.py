@@ -72,7 +72,7 @@ def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsy
     rundir.record_status(point, "FINISHED", objective=1.0)
     rundir.write_json(point / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
     run_id = store.start_run(uri, "roles", "earlier", None, {"runner.config_hash": roles.config_hash(
-        hashed(before, OmegaConf.to_container(before, resolve=True)))})  # as the job's run records it
+        hashed(before.cluster, before.mode, OmegaConf.to_container(before, resolve=True)))})  # as the job's run has it
     store.end_run(uri, run_id, "FINISHED")
     rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
 

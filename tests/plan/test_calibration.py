@@ -214,12 +214,14 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
 
     cfg = cfg_for("mode=plan", f"cluster.calibration_dir={tmp_path}")
     config = OmegaConf.to_container(cfg, resolve=True)
-    before = config_hash(hashed(cfg, config))
+    before = config_hash(hashed(cfg.cluster, cfg.mode, config))
     save(_calibration(), tmp_path / f"20260101-000000-mine{cal_mod.SUFFIX}")
-    after = config_hash(hashed(cfg, config))
-    assert before != after and hashed(cfg, config)["cluster"]["calibration"].endswith("@2026-11-27T00:00:00Z")
+    after = config_hash(hashed(cfg.cluster, cfg.mode, config))
+    assert before != after
+    assert hashed(cfg.cluster, cfg.mode, config)["cluster"]["calibration"].endswith("@2026-11-27T00:00:00Z")
     training = cfg_for(f"cluster.calibration_dir={tmp_path}")  # a training job's hash keeps the word
-    assert hashed(training, OmegaConf.to_container(training, resolve=True))["cluster"]["calibration"] == "auto"
+    kept = hashed(training.cluster, training.mode, OmegaConf.to_container(training, resolve=True))
+    assert kept["cluster"]["calibration"] == "auto"
 
 
 def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None:

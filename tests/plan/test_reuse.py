@@ -7,6 +7,7 @@ from test_planning import cfg_for
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import make_plan
 from runner.plan.torchrec_adapter.enumeration_reuse import enumeration_key
 from runner.train.models import planning_model
@@ -29,7 +30,7 @@ def planned(cfg, model, reuse: bool) -> tuple:
 
 def test_reused_enumeration_gives_the_fresh_planners_plan_and_estimates() -> None:
     cfgs = [cfg_for(*BASE, *p) for p in POINTS]
-    assert len({enumeration_key(c, 16, 8, "cuda", 512) for c in cfgs}) == 1  # one enumeration for all points
+    assert len({enumeration_key(plan_spec(c), 16, 8, "cuda", 512) for c in cfgs}) == 1  # one enumeration for all points
     model = planning_model(cfgs[0])
     planned(cfgs[0], model, reuse=True)
     seen = set()
@@ -42,7 +43,7 @@ def test_reused_enumeration_gives_the_fresh_planners_plan_and_estimates() -> Non
 
 
 def test_key_changes_with_what_enumeration_reads() -> None:
-    base = enumeration_key(cfg_for(*BASE), 16, 8, "cuda", 512)
+    base = enumeration_key(plan_spec(cfg_for(*BASE)), 16, 8, "cuda", 512)
     for other in (["sharding.types=[table_wise]"], ["cluster.hbm_cap_gib=40"], ["model.generated_tables.count=25"]):
-        assert enumeration_key(cfg_for(*BASE, *other), 16, 8, "cuda", 512) != base, other
-    assert enumeration_key(cfg_for(*BASE), 32, 8, "cuda", 512) != base
+        assert enumeration_key(plan_spec(cfg_for(*BASE, *other)), 16, 8, "cuda", 512) != base, other
+    assert enumeration_key(plan_spec(cfg_for(*BASE)), 32, 8, "cuda", 512) != base

@@ -197,6 +197,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
     """Where the dynamic-programming search finds no packing although the tables fit, its line says each table
     has an option that fits on one rank (not that each fits), and what stopped it: how many proposals held a
     shard no rank can hold, naming the largest such favoured option, and how many left a shard no room."""
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.torchrec_adapter.runner_planner import explain_planner_error
 
     cfg = cfg_for(*BASE, "sharding.storage_reserve_percent=0.89")
@@ -204,7 +205,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
     planner = build_planner(cfg, 16, 8, "cuda", PlanEstimates(), dense_bytes(model))
     with pytest.raises(PlannerError) as exc:
         planner.plan(model, sharders_for(cfg.precision))
-    line = explain_planner_error(exc.value, planner, cfg, 16, "cuda")
+    line = explain_planner_error(exc.value, planner, plan_spec(cfg), 16, "cuda")
     assert "\n" not in line and "each has an option that fits on one rank" in line, line
     proposer = planner._proposers[0]
     assert proposer.skipped_unplaceable + proposer.skipped_no_room > 0

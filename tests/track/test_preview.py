@@ -32,7 +32,7 @@ def test_a_dry_run_previews_every_point_and_writes_nothing(tmp_path: Path, capsy
               "tracking.experiment=preview"]
     with hydra_conf():  # an earlier FINISHED run of the point with reserve 0.2, tagged as jobs tag theirs
         cfg = compose(config_name="config", overrides=[*common, "sharding.storage_reserve_percent=0.2"])
-    digest = roles.config_hash(hashed(cfg, OmegaConf.to_container(cfg, resolve=True)))
+    digest = roles.config_hash(hashed(cfg.cluster, cfg.mode, OmegaConf.to_container(cfg, resolve=True)))
     client = MlflowClient(store)
     run = client.create_run(client.create_experiment("preview"), tags={"runner.config_hash": digest})
     client.set_terminated(run.info.run_id, "FINISHED")

@@ -72,7 +72,7 @@ def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt
     if ctx.job_num is not None:
         tags["runner.job"] = str(ctx.job_num)
     tags["runner.attempt"] = str(attempt)
-    tags["runner.config_hash"] = config_hash(hashed(cfg, dict(config)))  # what sweep.reuse looks for
+    tags["runner.config_hash"] = config_hash(hashed(cfg.cluster, cfg.mode, dict(config)))  # what sweep.reuse looks for
     return RunRecord(name, sweep.get("parent_run_id"), tags, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"],
                      _datasets(cfg) if cfg.mode == "train" else [])
 

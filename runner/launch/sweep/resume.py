@@ -137,7 +137,7 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
 def finished_runs_of(client: Any, cfg: RunnerConfig) -> List[Any]:
     """The newest FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in ``client``'s store and ``cfg``'s
     experiment, as a list of at most one (empty: none, or no such experiment)."""
-    digest = roles.config_hash(hashed(cfg, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    digest = roles.config_hash(hashed(cfg.cluster, cfg.mode, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     return [] if experiment is None else client.search_runs(
         [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
-from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
 
-from runner.config import roles
 from runner.plan.torchrec_adapter.compact_enumeration import (
     CompactEnumerator,
     estimate_in_chunks,
@@ -33,38 +31,31 @@ from runner.plan.torchrec_adapter.compact_enumeration import (
 )
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.plan.plan_spec import PlanSpec
 
 _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
 _MODELS: Dict[str, Any] = {}
 
 
-def _enumerated(cfg: RunnerConfig) -> Dict[str, Any]:
-    """The config's keys that enumeration reads (:func:`runner.config.roles.enumerated`)."""
-    return roles.enumerated(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-
-
-def model_key(cfg: RunnerConfig, tree: Optional[Dict[str, Any]] = None) -> str:
-    """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs
-    (``tree``: :func:`_enumerated` of ``cfg``, when the caller has it)."""
-    tree = tree or _enumerated(cfg)
+def model_key(spec: PlanSpec) -> str:
+    """What the planning model depends on: the model, its tables' optimizer and dtype, the dense inputs."""
+    tree = spec.enumerated
     return json.dumps({g: tree[g] for g in ("model", "optimizer", "precision")} |
-                      {"num_dense": cfg.data.num_dense_features}, sort_keys=True, default=str)
+                      {"num_dense": spec.num_dense}, sort_keys=True, default=str)
 
 
-def enumeration_key(cfg: RunnerConfig, world: int, local_world: int, device_type: str, batch: int) -> str:
+def enumeration_key(spec: PlanSpec, world: int, local_world: int, device_type: str, batch: int) -> str:
     """Everything enumeration and the storage estimate read; not bandwidths, reserve or proposer."""
-    tree = _enumerated(cfg)
-    return json.dumps({"model": model_key(cfg, tree), "sharding": tree["sharding"], "cluster": tree["cluster"],
+    tree = spec.enumerated
+    return json.dumps({"model": model_key(spec), "sharding": tree["sharding"], "cluster": tree["cluster"],
                        "data": tree["data"], "world": world, "local": local_world, "device": device_type,
-                       "batch": batch, "accumulate": cfg.train.grad_accumulation_steps}, sort_keys=True, default=str)
+                       "batch": batch, "accumulate": spec.accumulate}, sort_keys=True, default=str)
 
 
-def reused_model(cfg: RunnerConfig, build: Any) -> Any:
-    """``build(cfg)``'s model on the meta device, built once per process for each :func:`model_key`."""
-    key = model_key(cfg)
+def reused_model(key: str, build: Callable[[], Any]) -> Any:
+    """``build()``'s model on the meta device, built once per process for each :func:`model_key` (``key``)."""
     if key not in _MODELS:
-        _MODELS[key] = build(cfg)
+        _MODELS[key] = build()
     return _MODELS[key]
 
 

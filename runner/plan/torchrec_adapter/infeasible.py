@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.plan.plan_spec import PlanSpec
 
 GIB = 1024**3
 KINDS = {"cuda": ("hbm", "HBM", "hbm_cap_gib"), "cpu": ("ddr", "host memory", "ddr_cap_gib")}
@@ -41,10 +41,10 @@ def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
             min(sum(getattr(st, mem) for st in shard_storages(o)) for o in options), per_rank)
 
 
-def _budget_text(cfg: RunnerConfig, device_type: str, per_rank: float, world: int) -> str:
+def _budget_text(spec: PlanSpec, device_type: str, per_rank: float, world: int) -> str:
     _, word, cap_key = KINDS[device_type]
-    cap = getattr(cfg.cluster, cap_key)
-    s = cfg.sharding
+    cap = getattr(spec.cluster, cap_key)
+    s = spec.sharding
     reserve = f"sharding.storage_reserve_percent={s.storage_reserve_percent:g}"
     policy = ", policy heuristic: the dense part's estimate too" if s.storage_reserve_policy == "heuristic" else ""
     cap_text = f"cluster.{cap_key}={cap:g}" if cap is not None else f"cluster.{cap_key}=null (TorchRec's default)"
@@ -65,14 +65,14 @@ class Infeasible(NamedTuple):
     line: str
 
 
-def explain(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also: str = "") -> Optional[str]:
+def explain(planner: Any, spec: PlanSpec, world: int, device_type: str, also: str = "") -> Optional[str]:
     """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
-    the proposers tried after ``cfg``'s, e.g. " (then greedy)"."""
-    found = diagnose(planner, cfg, world, device_type, also)
+    the proposers tried after ``spec``'s, e.g. " (then greedy)"."""
+    found = diagnose(planner, spec, world, device_type, also)
     return None if found is None else found.line
 
 
-def diagnose(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also: str = "") -> Optional[Infeasible]:
+def diagnose(planner: Any, spec: PlanSpec, world: int, device_type: str, also: str = "") -> Optional[Infeasible]:
     """:func:`explain`'s line with its cause (decisions read the cause, never the line's wording)."""
     tried = also
     reservation = getattr(planner, "_storage_reservation", None)
@@ -85,7 +85,7 @@ def diagnose(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also
     by_table: Dict[str, List[Any]] = {}
     for option in space:
         by_table.setdefault(option.name, []).append(option)
-    where = _budget_text(cfg, device_type, budget[mem], world)
+    where = _budget_text(spec, device_type, budget[mem], world)
     more = (f"raise cluster.{cap_key}, lower sharding.storage_reserve_percent, add ranks (cluster.nodes, "
             "cluster.workers_per_node)")
     too_big = [(name, opts) for name, opts in by_table.items() if not any(_fits(o, budget) for o in opts)]
@@ -111,7 +111,7 @@ def diagnose(planner: Any, cfg: RunnerConfig, world: int, device_type: str, also
             f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
             f"{where}; {more}"))
     return Infeasible(NO_PACKING, (
-        f"no sharding plan found by sharding.proposer={cfg.sharding.proposer}{tried}: the tables need at least "
+        f"no sharding plan found by sharding.proposer={spec.sharding.proposer}{tried}: the tables need at least "
         f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
         f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
         f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))

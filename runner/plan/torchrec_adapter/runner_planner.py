@@ -9,9 +9,8 @@ planner and never imports this package's other modules.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from omegaconf import OmegaConf
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
 
@@ -32,27 +31,27 @@ from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.plan.plan_spec import PlanSpec
 
 Inputs = Tuple[Any, int, Dict[str, Any]]  # the topology, the per-rank batch and the tables' constraints
 
 
-def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_size: int, estimates: Any = None,
+def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size: int, estimates: Any = None,
                    dense_tensor_bytes: Optional[int] = None, reuse: bool = False,
                    search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
                    progress: Optional[Progress] = None, choose_from: Any = None) -> Any:
-    """The runner's planner for ``cfg`` (see :func:`runner.plan.planner.build_planner`)."""
+    """The runner's planner for ``spec`` (see :func:`runner.plan.planner.build_planner`)."""
     topology, batch, constraints = inputs
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
               "estimator": shard_estimators(topology, constraints)}
-    proposer = build_proposer(cfg.sharding, device_type, world_size)
+    proposer = build_proposer(spec.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
-    own = declared(cfg.sharding).own_planner  # the balanced search's planner
+    own = declared(spec.sharding).own_planner  # the balanced search's planner
     compact = own
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
-        enumerator = ReusingEnumerator(enumeration_key(cfg, world_size, topology.local_world_size, device_type, batch),
+        enumerator = ReusingEnumerator(enumeration_key(spec, world_size, topology.local_world_size, device_type, batch),
                                        compact=compact, progress=progress, **kwargs)
     else:
         enumerator = CompactEnumerator(compact=compact, progress=progress, **kwargs)
@@ -63,39 +62,40 @@ def runner_planner(cfg: RunnerConfig, inputs: Inputs, device_type: str, world_si
         proposer = None  # the planner's own loop: TorchRec's default list is never run
     return planner_class(
         topology=topology,
-        performance_model=step_perf_model(cfg, device_type, world_size),
+        performance_model=step_perf_model(spec, device_type, world_size),
         batch_size=batch,
         enumerator=enumerator,
-        storage_reservation=build_storage_reservation(cfg.sharding, dense_tensor_bytes, RESERVATIONS),
+        storage_reservation=build_storage_reservation(spec.sharding, dense_tensor_bytes, RESERVATIONS),
         proposer=proposer,
         constraints=constraints,
         stats=[estimates] if estimates is not None else None,
         debug=False,
-        timeout_seconds=cfg.sharding.planner_timeout_s,
+        timeout_seconds=spec.sharding.planner_timeout_s,
         progress=progress,
     )
 
 
-def explain_planner_error(exc: Exception, planner: Any, cfg: RunnerConfig, world: int, device_type: str,
+def explain_planner_error(exc: Exception, planner: Any, spec: PlanSpec, world: int, device_type: str,
                           also: str = "") -> str:
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
-    line when its state says nothing about memory. ``also``: the proposers tried after ``cfg``'s."""
-    line = explain(planner, cfg, world, device_type, also) if planner is not None else None
+    line when its state says nothing about memory. ``also``: the proposers tried after ``spec``'s."""
+    line = explain(planner, spec, world, device_type, also) if planner is not None else None
     if line is not None:
         return line
     return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
 class _Job:
-    """What every planner of one plan shares: the config, the world, the model and its sharders, the inputs."""
+    """What every planner of one plan shares: the plan's part of the config, the world, the model and its sharders,
+    the inputs."""
 
-    def __init__(self, cfg: RunnerConfig, model: Any, world: int, device_type: str, sharders: List[Any],
+    def __init__(self, spec: PlanSpec, model: Any, world: int, device_type: str, sharders: List[Any],
                  estimates: Any, dense: int, inputs: Inputs, progress: Optional[Progress]) -> None:
-        self.cfg, self.model, self.world, self.device_type, self.sharders = cfg, model, world, device_type, sharders
+        self.spec, self.model, self.world, self.device_type, self.sharders = spec, model, world, device_type, sharders
         self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
 
-    def planner(self, cfg: RunnerConfig, **kwargs: Any) -> Any:
-        return runner_planner(cfg, self.inputs, self.device_type, self.world, self.estimates, self.dense,
+    def planner(self, spec: PlanSpec, **kwargs: Any) -> Any:
+        return runner_planner(spec, self.inputs, self.device_type, self.world, self.estimates, self.dense,
                               progress=kwargs.pop("progress", None), **kwargs)
 
 
@@ -111,7 +111,7 @@ def _placeable_plan(planner: Any, job: _Job, notes: List[str]) -> Optional[Shard
     kept = placeable_only(space, reserved)
     if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:
         return None  # nothing to leave out, or a table with no placeable option: no plan fits
-    again = job.planner(job.cfg, search_space=(kept, planner._enumerator), progress=job.progress)
+    again = job.planner(job.spec, search_space=(kept, planner._enumerator), progress=job.progress)
     try:
         plan = again.plan(job.model, job.sharders)
     except Exception:  # noqa: BLE001 - still none: the first planner's state explains why
@@ -126,17 +126,17 @@ def _placeable_plan(planner: Any, job: _Job, notes: List[str]) -> Optional[Shard
 def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[ShardingPlan]:
     """Where a proposer found no packing while the tables fit: the one its declaration falls back to
     (``sharding.proposer=<name>``); the plan and a note, or None."""
-    other = cast("RunnerConfig", OmegaConf.merge(job.cfg, {"sharding": {"proposer": name}}))
+    other = job.spec.with_proposer(name)
     try:
         plan = job.planner(other).plan(job.model, job.sharders)
     except Exception:  # noqa: BLE001 - none either: the first planner's state explains why
         return None
-    notes.append(f"sharding.proposer={job.cfg.sharding.proposer} found no packing (nor without the options no GPU "
+    notes.append(f"sharding.proposer={job.spec.sharding.proposer} found no packing (nor without the options no GPU "
                  f"can hold); this plan was found by the next proposer, sharding.proposer={name}")
     return plan
 
 
-def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str,
+def plan_with_runner(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str,
                      sharders: List[Any], estimates: Any, reuse: bool, hbm_cap: Optional[int], notes: List[str],
                      facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
                      choose_from: Any = None) -> Any:
@@ -146,10 +146,10 @@ def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int
     from runner.plan.topology import dense_bytes
 
     planner = None
-    job = _Job(cfg, model, world, device_type, sharders, estimates, dense_bytes(model), inputs, progress)
+    job = _Job(spec, model, world, device_type, sharders, estimates, dense_bytes(model), inputs, progress)
     facts["planner"] = "runner"
     try:
-        planner = job.planner(cfg, reuse=reuse, progress=progress, choose_from=choose_from)
+        planner = job.planner(spec, reuse=reuse, progress=progress, choose_from=choose_from)
         plan = planner.plan(model, sharders)
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         cut = getattr(planner, "cut_short", None)
@@ -170,17 +170,17 @@ def plan_with_runner(cfg: RunnerConfig, model: Any, world: int, local_world: int
         if not planner_refusal(exc):
             raise
         if planner is None:
-            return NoPlanFits(explain_planner_error(exc, planner, cfg, world, device_type))
+            return NoPlanFits(explain_planner_error(exc, planner, spec, world, device_type))
         found = _placeable_plan(planner, job, notes)
         if found is not None:
             facts["fallback"] = "placeable_only"
-        line = explain_planner_error(exc, planner, cfg, world, device_type)
-        why = diagnose(planner, cfg, world, device_type)
-        after = declared(cfg.sharding).falls_back_to
+        line = explain_planner_error(exc, planner, spec, world, device_type)
+        why = diagnose(planner, spec, world, device_type)
+        after = declared(spec.sharding).falls_back_to
         if found is None and after and why and why.cause == NO_PACKING:
             found = _next_proposers_plan(job, after, notes)
             facts["fallback"] = after if found is not None else None
-            line = explain_planner_error(exc, planner, cfg, world, device_type, f" (then {after})")
+            line = explain_planner_error(exc, planner, spec, world, device_type, f" (then {after})")
         if found is not None:
             facts["plan_source"] = "torchrec"
         return found if found is not None else NoPlanFits(line)

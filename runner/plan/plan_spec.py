@@ -1,0 +1,58 @@
+"""What planning reads of a job's config, read once (:class:`PlanSpec`): the planner, its proposers, its
+estimates and its refusals take it, not the whole config."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple, cast
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
+    from runner.config.schema_training import PrecisionSchema
+    from runner.config.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """A plan's part of a job: the ``sharding``, ``cluster``, ``precision`` and ``model`` keys, the tables, and the
+    values planning derives from the rest (the planner's batch, the data's pooling, the types the training step
+    cannot take)."""
+
+    mode: str
+    sharding: ShardingSchema
+    cluster: ClusterSchema
+    precision: PrecisionSchema
+    model: ModelSchema
+    tables: List[TableSpec]
+    rows: int  # rows per rank per optimizer step (``samples_per_step``)
+    batch: int  # the planner's batch: ``sharding.planner_batch_size`` or ``rows``
+    pooling: float  # ``data.ids_per_feature``: the planner's pooling factor
+    excluded: Tuple[str, ...]  # sharding types no table the config leaves free may take (the split step's)
+    accumulate: int  # ``train.grad_accumulation_steps``
+    num_dense: int  # ``data.num_dense_features``
+    enumerated: Dict[str, Any]  # the keys enumeration reads (:func:`runner.config.roles.enumerated`)
+
+    def with_proposer(self, name: str) -> "PlanSpec":
+        """The same plan by ``sharding.proposer=<name>`` (a proposer's fall-back)."""
+        from omegaconf import OmegaConf
+
+        sharding = cast("ShardingSchema", OmegaConf.merge(self.sharding, {"proposer": name}))
+        return dataclasses.replace(self, sharding=sharding)
+
+
+def plan_spec(cfg: RunnerConfig) -> PlanSpec:
+    """``cfg``'s plan part (:class:`PlanSpec`)."""
+    from omegaconf import OmegaConf
+
+    from runner.config import roles
+    from runner.config.schema import samples_per_step, uses_split_step
+    from runner.config.tables import table_specs
+
+    rows = samples_per_step(cfg.train)
+    return PlanSpec(str(cfg.mode), cfg.sharding, cfg.cluster, cfg.precision, cfg.model, table_specs(cfg.model), rows,
+                    int(cfg.sharding.planner_batch_size or rows), float(cfg.data.ids_per_feature),
+                    ("data_parallel",) if uses_split_step(cfg.train, cfg.precision) else (),
+                    int(cfg.train.grad_accumulation_steps), int(cfg.data.num_dense_features),
+                    roles.enumerated(cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))))
