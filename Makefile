@@ -38,6 +38,9 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]" -c requirements/lock.txt
 	$(PY) -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
 	rm -f $(VENV)/lib/python*/site-packages/runner_hydra_plugins.pth
+	# hydra-optuna-sweeper, which an earlier runner installed, registers its own `optuna` sweeper schema, which
+	# Hydra then refuses beside the runner's (conf/hydra/sweeper/optuna.yaml): an upgraded venv drops it
+	$(PY) -m pip uninstall --quiet --yes hydra-optuna-sweeper 2>/dev/null || true
 	$(PY) -c "from runner.runtime.hardware import install_line; print(install_line())"
 	touch $(STAMP)
 

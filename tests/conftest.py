@@ -251,7 +251,7 @@ def launch_in_process(cfg, run_dir: Path, uri: str, name: str):
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
                           start_method="fork")
     mlflow_run = MlflowRun(run_dir, uri)
-    run_id = mlflow_run.open(cfg, OmegaConf.to_container(cfg, resolve=True), name, None, {})
+    run_id = mlflow_run.open(cfg.tracking.experiment, OmegaConf.to_container(cfg, resolve=True), name, None, {})
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
         return elastic_launch(launch, elastic_entry)(str(run_dir)), run_id, mlflow_run

@@ -44,13 +44,14 @@ def _compose(*overrides: str) -> Any:
 def _enumeration_differences(cfg: Any, world: int, local: int) -> List[str]:
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
-    from runner.plan.planner import _inputs
+    from runner.plan.plan_spec import plan_spec
+    from runner.plan.planner import planner_inputs
     from runner.plan.sharders import sharders_for
     from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, expand_all
     from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
     from runner.train.models import planning_model
 
-    topology, batch, constraints = _inputs(cfg, world, local, "cuda", None)
+    topology, batch, constraints = planner_inputs(plan_spec(cfg), world, local, "cuda", None)
     model, sharders = planning_model(cfg), sharders_for(cfg.precision)
 
     def kwargs() -> Any:

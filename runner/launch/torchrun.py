@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    scheduler = schedulers.named(cfg.cluster.scheduler)  # the job's, resolved once
     signals.install()  # torchrun stops its workers with SIGTERM: rank 0 then writes its reports, ends the run KILLED
     from runner.track.mlflow_run import torchrun_run
 
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
         stop = signals.received()
         stopped = stop is not None or isinstance(exc, KeyboardInterrupt)
         if os.environ.get("RANK") == "0":  # rank 0 holds the job's outcome: its run and status.json
-            end = outcome.of_error(exc if stopped else root_cause(path.parent), cfg, path.parent, stop)
+            end = outcome.of_error(exc if stopped else root_cause(path.parent), scheduler, path.parent, stop)
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
                 if run is not None:
                     end_job_run(run, end)

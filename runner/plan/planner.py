@@ -111,11 +111,11 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
                                  hbm_cap)
     from runner.plan.torchrec_adapter.runner_planner import runner_planner  # only after the version check
 
-    return runner_planner(spec, _inputs(spec, world_size, local_world_size, device_type, hbm_cap), device_type,
+    return runner_planner(spec, planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap), device_type,
                           world_size, estimates, dense_tensor_bytes, reuse, search_space, progress, choose_from)
 
 
-def _inputs(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
+def planner_inputs(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
     """The topology (with the calibration's constants), batch and constraints every planner of ``spec`` plans
     with."""
@@ -139,7 +139,7 @@ def _torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, de
     planner gets from ``cfg``: what the runner's plans are compared with (tests, benchmarks, the balanced
     proposer), and the planner itself on a TorchRec the runner's search was not tested with
     (:mod:`.torchrec_adapter.torchrec_seam`)."""
-    topology, batch, constraints = _inputs(spec, world_size, local_world_size, device_type, hbm_cap)
+    topology, batch, constraints = planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap)
     proposer = stock_proposer(spec.sharding)
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
                                     performance_model=step_perf_model(spec, device_type, world_size),
@@ -162,7 +162,7 @@ def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_
             notes.append(str(conformance_note()))
 
         return plan_with_runner(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                                notes, facts, _inputs(spec, world, local_world, device_type, hbm_cap), progress,
+                                notes, facts, planner_inputs(spec, world, local_world, device_type, hbm_cap), progress,
                                 choose_from)
     notes.append(str(seam_note()))
     facts["plan_source"], facts["planner"] = "torchrec", "stock"

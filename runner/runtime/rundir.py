@@ -43,13 +43,13 @@ PIDS = "pids"
 ERRORS = "errors"
 DELIVERED = "delivered.json"  # how much of events.jsonl is in the store; the final status while it is not
 LOG = "runner.log"  # Hydra's job log (``hydra.job.name`` is ``runner``); agents and workers append to it
-SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": "slurm", "job_ids": [...]}
-NODE_DIR = "node{}"  # a Slurm job's node k > 0 keeps its files in node<k>/ of the job's run folder
+SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": <its name>, "job_ids": [...]}
 
 
 def node_error_files(run_dir: Path) -> List[Path]:
-    """The other nodes' failure records (``node<k>/errors/*.json``) of a Slurm job in a shared folder."""
-    return sorted(run_dir.glob(f"{NODE_DIR.format('[0-9]*')}/{ERRORS}/*.json"))
+    """The other nodes' failure records of a scheduler's job whose nodes keep their files in folders of its shared
+    run folder (``<folder>/errors/*.json``: :meth:`runner.launch.schedulers.Scheduler.node_run_dir`)."""
+    return sorted(run_dir.glob(f"*/{ERRORS}/*.json"))
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -22,7 +22,18 @@ from runner.track.mlflow_run import MlflowRun
 from runner.track.system import start_system_metrics
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import TrackingSchema
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What a job's run needs to know of the job: its mode, its nodes and this host's node rank (null: every node
+    here), and whether a sweep's point says its details (``sweep.verbose``)."""
+
+    mode: str
+    nodes: int
+    node_rank: Optional[int]
+    verbose: bool
 
 
 @dataclass
@@ -47,12 +58,12 @@ class DriverRun:
     agent took the job).
     """
 
-    def __init__(self, cfg: RunnerConfig, run_dir: Path, config: Dict[str, Any], port: int,
+    def __init__(self, tracking: TrackingSchema, job: JobShape, run_dir: Path, config: Dict[str, Any], port: int,
                  record: Callable[[], RunRecord], static_rendezvous: bool = False) -> None:
-        self.cfg, self.run_dir, self.config, self.port = cfg, run_dir, config, port
+        self.tracking, self.job, self.run_dir, self.config, self.port = tracking, job, run_dir, config, port
         self._record = record
-        self.uri = store.tracking_uri(cfg.tracking.uri)
-        self.multi_host = cfg.cluster.node_rank is not None
+        self.uri = store.tracking_uri(tracking.uri)
+        self.multi_host = job.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
         self._run = MlflowRun(run_dir, self.uri)  # open, deliver, end
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
@@ -68,7 +79,7 @@ class DriverRun:
 
     def rank0_here(self) -> bool:
         if self.static:
-            return self.cfg.cluster.node_rank == 0
+            return self.job.node_rank == 0
         return (self.run_dir / rundir.PIDS / "rank0.pid").exists()
 
     @property
@@ -80,16 +91,16 @@ class DriverRun:
         """Create the run (its folder's ``run.json`` records it) with what its record says, start the system
         metrics."""
         record = self._record()
-        run_id = self._run.open(self.cfg, self.config, record.name, record.parent_run_id, record.tags,
+        run_id = self._run.open(self.tracking.experiment, self.config, record.name, record.parent_run_id, record.tags,
                                  {"port": self.port})
         self._run.artifacts(record.artifacts)
         if run_id is None:  # the store is away: the run is kept in the folder
             return
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
-        if self.cfg.sweep.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
+        if self.job.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
             print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
-        self._run.system = start_system_metrics(self.cfg, self.uri, run_id, self.cfg.cluster.node_rank or 0)
+        self._run.system = self._system_metrics(run_id, self.job.node_rank or 0)
         if record.datasets:
             from runner.track.inputs import log_datasets
 
@@ -98,16 +109,19 @@ class DriverRun:
             except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
                 logging.getLogger("runner").warning("datasets not logged: %s", exc, exc_info=True)
 
+    def _system_metrics(self, run_id: str, node: int) -> Any:
+        return start_system_metrics(self.tracking, self.job.mode, self.job.nodes, self.uri, run_id, node)
+
     def pump(self) -> None:
         """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
         if self.multi_host and not self.opened and self.rank0_here():
             self.open()
         if self.opened:
             self._run.deliver()
-        if self._run.system is None and self.static and self.cfg.cluster.node_rank:  # node k: once node 0 opened it
+        if self._run.system is None and self.static and self.job.node_rank:  # node k: once node 0 opened it
             info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
             if info and info.get("run_id"):
-                monitor = start_system_metrics(self.cfg, self.uri, info["run_id"], self.cfg.cluster.node_rank)
+                monitor = self._system_metrics(info["run_id"], self.job.node_rank)
                 self._run.system = monitor or False  # off: asked once
 
     def deliver(self) -> bool:
@@ -130,7 +144,7 @@ class DriverRun:
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
-        if not self.opened and (not self.multi_host or self.rank0_here() or self.cfg.cluster.node_rank == 0):
+        if not self.opened and (not self.multi_host or self.rank0_here() or self.job.node_rank == 0):
             self.open()
 
 

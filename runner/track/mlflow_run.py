@@ -56,24 +56,24 @@ class MlflowRun:
         """Whether :meth:`open` ran: the run is in the store, or kept for when the store is back."""
         return self.run_id is not None or self.pending is not None
 
-    def open(self, cfg: RunnerConfig, config: Mapping[str, Any], name: str, parent: Optional[str],
+    def open(self, experiment: str, config: Mapping[str, Any], name: str, parent: Optional[str],
              tags: Mapping[str, Any], record: Optional[Dict[str, Any]] = None) -> Optional[str]:
-        """Create the run RUNNING and record it in the run folder's ``run.json`` (with ``record``'s entries);
-        None when the server is away and the run is kept instead."""
+        """Create the run RUNNING in ``experiment`` with ``config`` as its params, and record it in the run folder's
+        ``run.json`` (with ``record``'s entries); None when the server is away and the run is kept instead."""
         # a stop signal meanwhile is raised once the run is recorded (run.json): a run created in the store but not
         # known here would stay RUNNING
         with signals.uninterrupted():
-            return self._open(cfg, config, name, parent, tags, record)
+            return self._open(experiment, config, name, parent, tags, record)
 
-    def _open(self, cfg: RunnerConfig, config: Mapping[str, Any], name: str, parent: Optional[str],
+    def _open(self, experiment: str, config: Mapping[str, Any], name: str, parent: Optional[str],
               tags: Mapping[str, Any], record: Optional[Dict[str, Any]]) -> Optional[str]:
         params = store.flatten(config)
         try:
-            self.run_id = store.start_run(self.uri, cfg.tracking.experiment, name, parent, tags)
+            self.run_id = store.start_run(self.uri, experiment, name, parent, tags)
         except Exception as exc:
             if not store.is_outage(self.uri, exc):
                 raise
-            self.pending = {"experiment": cfg.tracking.experiment, "name": name, "tags": store.creation_tags(
+            self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
                 name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
             rundir.write_json(self.run_dir / rundir.RUN_INFO,
                               {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
@@ -199,12 +199,14 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
     run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
     config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
-    run.open(cfg, config, store.default_run_name(cfg), None, {"runner.launcher": "torchrun"})
+    run.open(cfg.tracking.experiment, config, store.default_run_name(cfg.tracking.run_name, config), None,
+             {"runner.launcher": "torchrun"})
     (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's
     run.artifacts([run_dir / rundir.RESOLVED])
     if run.run_id:  # this host's system metrics, as a driver records them
         from runner.track.system import start_system_metrics
 
-        run.system = start_system_metrics(cfg, run.uri, run.run_id, int(os.environ.get("GROUP_RANK", "0")))
+        run.system = start_system_metrics(cfg.tracking, cfg.mode, cfg.cluster.nodes, run.uri, run.run_id,
+                                          int(os.environ.get("GROUP_RANK", "0")))
     run.deliver_every(2.0)
     return run

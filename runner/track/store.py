@@ -11,16 +11,13 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
 from runner.config.secrets import credentials_to_environment, redact_value
 from runner.runtime import rundir
 from runner.runtime.signals import uninterrupted
-
-if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 LOCKED_RETRIES = 8  # an embedded SQLite store shared by concurrent jobs: ~13 s of backoff in all
@@ -253,11 +250,13 @@ EXPERIMENT_OF: Dict[str, str] = {}
 NOTE_OF: Dict[str, str] = {}
 
 
-def default_run_name(cfg: RunnerConfig, choices: Optional[Mapping[str, Any]] = None) -> str:
-    """``tracking.run_name``, else ``<model>-<sharding>-<cluster>`` (the options chosen)."""
-    if cfg.tracking.run_name:
-        return cfg.tracking.run_name
-    return "-".join(str((choices or {}).get(g) or getattr(cfg, g).name) for g in ("model", "sharding", "cluster"))
+def default_run_name(run_name: Optional[str], config: Mapping[str, Any],
+                     choices: Optional[Mapping[str, Any]] = None) -> str:
+    """``tracking.run_name`` (``run_name``), else ``<model>-<sharding>-<cluster>``: the options chosen (``choices``,
+    Hydra's), else the names in ``config`` (the job's, resolved)."""
+    if run_name:
+        return run_name
+    return "-".join(str((choices or {}).get(g) or config[g]["name"]) for g in ("model", "sharding", "cluster"))
 
 
 @_store_write

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, cast
+from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner.runtime import rundir
-
-if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
 
 SWEEP_FILE = "sweep.json"
 SHORT_NAMES = {"cross_node_bandwidth": "xbw", "intra_node_bandwidth": "ibw", "storage_reserve_percent": "reserve"}
@@ -81,11 +78,12 @@ def parent_run_id(sweep_dir: Optional[str]) -> Optional[str]:
     return sweep_info(sweep_dir).get("parent_run_id")
 
 
-def point_values(swept: List[str], cfg: RunnerConfig, choices: Mapping[str, Any]) -> Dict[str, str]:
-    """This point's value of each swept key (a group's chosen option, or the config value)."""
-    out = {}
+def point_values(swept: List[str], config: Mapping[str, Any], choices: Mapping[str, Any]) -> Dict[str, str]:
+    """This point's value of each swept key (a group's chosen option, or its value in ``config``: the job's, as
+    its run records it)."""
+    out, tree = {}, OmegaConf.create(dict(config))
     for key in swept:
-        value = choices.get(key) if key in choices else OmegaConf.select(cast(DictConfig, cfg), key, default=None)
+        value = choices.get(key) if key in choices else OmegaConf.select(tree, key, default=None)
         out[key] = "null" if value is None else str(value)
     return out
 

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import TrackingSchema
 
 
 class SystemMetrics:
@@ -43,14 +43,15 @@ class SystemMetrics:
             logging.getLogger("runner").warning("last system metrics not logged: %s", exc)
 
 
-def start_system_metrics(cfg: RunnerConfig, uri: str, run_id: str, node: int) -> Optional[SystemMetrics]:
-    """A monitor for this host's share of ``run_id``, or None when ``tracking.system_metrics`` is off (or
-    MLflow's monitor cannot start here: the run goes on without it)."""
-    if cfg.mode != "train" or not cfg.tracking.system_metrics:
+def start_system_metrics(tracking: TrackingSchema, mode: str, nodes: int, uri: str, run_id: str,
+                         node: int) -> Optional[SystemMetrics]:
+    """A monitor for this host's share of ``run_id`` (a job of ``mode`` on ``nodes`` nodes), or None when
+    ``tracking.system_metrics`` is off or the job does not train (or MLflow's monitor cannot start here: the run
+    goes on without it)."""
+    if mode != "train" or not tracking.system_metrics:
         return None
     try:
-        return SystemMetrics(uri, run_id, node if cfg.cluster.nodes > 1 else None,
-                             float(cfg.tracking.system_metrics_interval_s))
+        return SystemMetrics(uri, run_id, node if nodes > 1 else None, float(tracking.system_metrics_interval_s))
     except Exception as exc:  # e.g. psutil missing from a hand-made environment
         logging.getLogger("runner").warning("system metrics off for this run: %s", exc)
         return None

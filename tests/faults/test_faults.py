@@ -303,7 +303,7 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         mlflow_run = MlflowRun(run_dir, store)
-        run_id = mlflow_run.open(cfg, {"train": {"steps": 3}}, "full", None, {})
+        run_id = mlflow_run.open(cfg.tracking.experiment, {"train": {"steps": 3}}, "full", None, {})
         (run_dir / "plan.json").write_bytes(b"x" * 200_000)
         log = EventLog(run_dir / rundir.EVENTS)
         log.metrics({"plan/est_step_ms": 1.5}, 0)

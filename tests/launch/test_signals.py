@@ -107,7 +107,7 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
 
     from runner.config.errors import WorkerFailure
     from runner.launch import schedulers
-    from runner.launch.job.run_job import _attempts
+    from runner.launch.job.run_job import _attempts, _Job
 
     for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
                        "SLURM_RESTART_COUNT": "1"}.items():
@@ -115,7 +115,8 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
     cfg = cfg_for("cluster=2node", "cluster.scheduler=slurm")
     with pytest.raises(WorkerFailure, match=r"Slurm requeued job 77 after it lost a node; sweep.retries=0 allows "
                                             r"1 attempt\(s\), so attempt 2 does not run"):
-        _attempts(cfg, tmp_path, schedulers.task_of(cfg.cluster.scheduler)[1])
+        scheduler, task = schedulers.task_of(cfg.cluster.scheduler)
+        _attempts(_Job(cfg, tmp_path, None, 0, [], task, scheduler=scheduler))
 
 
 HANGUP = textwrap.dedent("""

@@ -18,7 +18,8 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
 from runner.config.tables import table_specs
 from runner.plan.plan_file import load_plan, plan_to_dict
-from runner.plan.planner import _inputs, make_plan
+from runner.plan.plan_spec import plan_spec
+from runner.plan.planner import make_plan, planner_inputs
 from runner.plan.sharders import sharders_for
 from runner.plan.torchrec_adapter.compact_enumeration import (
     CompactEnumerator,
@@ -48,7 +49,7 @@ POINTS: Dict[str, Tuple[Tuple[str, ...], int, int, str]] = {  # name -> (overrid
 def _enumerators(point: str):
     overrides, world, local, device = POINTS[point]
     cfg = cfg_for(*overrides)
-    topology, batch, constraints = _inputs(cfg, world, local, device, None)
+    topology, batch, constraints = planner_inputs(plan_spec(cfg), world, local, device, None)
     model, sharders = planning_model(cfg), sharders_for(cfg.precision)
 
     def kwargs():

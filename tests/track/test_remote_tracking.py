@@ -107,7 +107,7 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     run_dir = sweep / "0"
     run_dir.mkdir(parents=True)
     run = MlflowRun(run_dir, away)
-    assert run.open(cfg, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
+    assert run.open(cfg.tracking.experiment, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
     assert run.opened and not run.deliver()  # retried at most every few seconds: not yet
     log = EventLog(run_dir / rundir.EVENTS)
     log.metrics({"plan/est_step_ms": 1.5}, 0)

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, cast
 
 from omegaconf import OmegaConf
 
@@ -54,6 +54,8 @@ from runner.train.checkpoint import checkpoint_root, resolve
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema
+    from runner.launch.schedulers import Scheduler
 
 
 def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] = None) -> Place:
@@ -83,10 +85,10 @@ def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] =
     return place or Place(cfg.cluster.scheduler)
 
 
-def _agent_threads(cfg: RunnerConfig) -> int:
-    """The OpenMP thread count a job's agents load torch with (its workers inherit it)."""
-    c = cfg.cluster
-    return threads_per_worker(cfg.train.threads_per_worker, workers_on_host(c.nodes, c.workers_per_node, c.node_rank))
+def _agent_threads(c: ClusterSchema, threads: Optional[int]) -> int:
+    """The OpenMP thread count a job's agents load torch with (``threads``: ``train.threads_per_worker``; its
+    workers inherit it)."""
+    return threads_per_worker(threads, workers_on_host(c.nodes, c.workers_per_node, c.node_rank))
 
 
 _JOBS = itertools.count()
@@ -143,8 +145,8 @@ def plan_sweep_together(args: List[str]) -> None:
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
-def _train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, chart: PlanChart,
-           place: Place) -> Optional[Dict[str, Any]]:
+def _train(cfg: RunnerConfig, hydra_job: HydraJob, run: DriverRun, chart: PlanChart, place: Place,
+           scheduler: Scheduler) -> Optional[Dict[str, Any]]:
     """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
     is drawn while the workers train, once rank 0 has written the plan."""
     run_dir = run.run_dir
@@ -156,9 +158,10 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, chart: PlanChart,
 
     pre_launch_checks(cfg, run_dir, place).write(run_dir)  # the workers read it (place.json)
     try:
-        launch(cfg.cluster, run_dir, run.port, while_starting=run.open if run.opens_early else None, pump=pump,
-               threads=_agent_threads(cfg))
-        _prewarm_next(cfg, ctx)
+        threads = _agent_threads(cfg.cluster, cfg.train.threads_per_worker)
+        launch(cfg.cluster, run_dir, run.port, scheduler, while_starting=run.open if run.opens_early else None,
+               pump=pump, threads=threads)
+        _prewarm_next(threads, hydra_job, scheduler)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
         if not run.opened:  # node k of a multi-host job: the run is node 0's to end
@@ -173,20 +176,21 @@ def _train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, chart: PlanChart,
     return results
 
 
-def _prewarm_next(cfg: RunnerConfig, ctx: HydraJob) -> None:
+def _prewarm_next(threads: int, hydra_job: HydraJob, scheduler: Scheduler) -> None:
     """A sweep whose points run one after another in this process: the next point's agent loads torch and
-    TorchRec now, while this point's run ends (each point paid those imports before its workers)."""
-    if ctx.job_num is None or ctx.parallel != 1 or not schedulers.named(cfg.cluster.scheduler).points_here:
+    TorchRec now (with ``threads``), while this point's run ends (each point paid those imports before its
+    workers)."""
+    if hydra_job.job_num is None or hydra_job.parallel != 1 or not scheduler.points_here:
         return
-    points = sweep_info(ctx.sweep_dir).get("points")
-    if points and ctx.job_num + 1 < points:
-        prewarm(_agent_threads(cfg))  # used when the next point loads torch with the same thread count
+    points = sweep_info(hydra_job.sweep_dir).get("points")
+    if points and hydra_job.job_num + 1 < points:
+        prewarm(threads)  # used when the next point loads torch with the same thread count
 
 
-def _job_folder(cfg: RunnerConfig) -> Tuple[HydraJob, Dict[str, Any], Optional[str]]:
+def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
-    the resolved config written. Also the MLflow run of that earlier job, if it had one."""
-    ctx = HydraJob.from_hydra(cfg)
+    ``config`` (the job's, resolved) written. The MLflow run of that earlier job, if it had one."""
+    ctx = hydra_job
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     earlier = rundir.set_aside_previous(ctx.run_dir)
     if earlier is not None:
@@ -195,20 +199,25 @@ def _job_folder(cfg: RunnerConfig) -> Tuple[HydraJob, Dict[str, Any], Optional[s
         lost = end_if_lost(earlier)
         if lost:
             print(lost, flush=True)
-    config = OmegaConf.to_container(cfg, resolve=True)
     (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
-    earlier_run = (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
-    return ctx, config, earlier_run  # type: ignore[return-value]
+    return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
-def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
+def _resolved(cfg: RunnerConfig, scheduler: Scheduler) -> Tuple[HydraJob, Dict[str, Any]]:
+    """Where Hydra placed this job (its node's folder, as ``scheduler`` places it), and its config resolved."""
+    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    return HydraJob.from_hydra(scheduler, cfg.cluster.node_rank), config
+
+
+def reuse_job(cfg: RunnerConfig, earlier: Any, scheduler: Scheduler) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
-    ctx, config, earlier_run = _job_folder(cfg)
-    run = driver_run(cfg, ctx, config, 0)
+    ctx, config = _resolved(cfg, scheduler)
+    earlier_run = _job_folder(ctx, config)
+    run = driver_run(cfg, ctx, config, 0, scheduler)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
-    results = link_point(cfg, ctx.run_dir, earlier, run)
+    results = link_point(ctx.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
     end_job_run(run, outcome.finished(results))
@@ -217,9 +226,11 @@ def reuse_job(cfg: RunnerConfig, earlier: Any) -> Dict[str, Any]:
     return results
 
 
-def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = None) -> Dict[str, Any]:
-    """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``attempt``: which
-    run of this job it is (``sweep.retries``); ``place``: where it runs (:mod:`runner.config.place`)."""
+def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place: Optional[Place] = None
+                ) -> Dict[str, Any]:
+    """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``scheduler``: the
+    job's (:mod:`runner.launch.schedulers`); ``attempt``: which run of this job it is (``sweep.retries``);
+    ``place``: where it runs (:mod:`runner.config.place`)."""
     if cfg.mode not in WORKER_MODES:
         discard_warm()  # no workers: free the core the prewarmed agent would hold
     if cfg.mode == "write_data":
@@ -227,12 +238,13 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
 
         return write_data(cfg)
     _mark_start()
-    ctx, config, earlier_run = _job_folder(cfg)
+    ctx, config = _resolved(cfg, scheduler)
+    earlier_run = _job_folder(ctx, config)
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(ctx.run_dir / rundir.DRIVER, rundir.driver_record(port))
-    run = driver_run(cfg, ctx, config, port, attempt)
+    run = driver_run(cfg, ctx, config, port, scheduler, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
@@ -242,23 +254,26 @@ def execute_job(cfg: RunnerConfig, attempt: int = 1, place: Optional[Place] = No
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if cfg.mode in WORKER_MODES and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
-    with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
-        return _plan_or_train(cfg, ctx, run, place or Place(cfg.cluster.scheduler))
-
-
-def _plan_or_train(cfg: RunnerConfig, ctx: HydraJob, run: DriverRun, place: Place) -> Dict[str, Any]:
-    """Plan or train; the MLflow run ended with the job's outcome (:mod:`.outcome`, :mod:`.end`: the value
-    :func:`runner.launch.job.run_job.run_job` records, as under a plain torchrun)."""
     chart = PlanChart(run.run_dir)
+    where = place or Place(scheduler.name)
+    with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
+        return _ended(run, chart, scheduler, (lambda: _plan(cfg, run)) if cfg.mode == "plan" else
+                      (lambda: _train(cfg, ctx, run, chart, where, scheduler)))
+
+
+def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,
+           work: Callable[[], Optional[Dict[str, Any]]]) -> Dict[str, Any]:
+    """The job's ``work`` (to plan or to train); the MLflow run ended with the job's outcome (:mod:`.outcome`,
+    :mod:`.end`: the value :func:`runner.launch.job.run_job.run_job` records, as under a plain torchrun)."""
     try:
-        results = _plan(cfg, run) if cfg.mode == "plan" else _train(cfg, ctx, run, chart, place)
+        results = work()
         if results is None:
             return {}
         run.pump()
     except BaseException as exc:
         if isinstance(exc, TrackingError) and not run.opened:
             raise  # the store refused before the run opened (a plan-only job's, opened beside): none to record in
-        end = outcome.of_error(exc, cfg, ctx.run_dir)
+        end = outcome.of_error(exc, scheduler, run.run_dir)
         if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
             run.ensure_on_record()
         end_job_run(run, end)

@@ -82,7 +82,7 @@ def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, 
         results["tracking_pending"] = str(sweep or run_dir)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    if sweep is None or (isinstance(run, DriverRun) and run.cfg.sweep.verbose):  # else in the sweep's progress line
+    if sweep is None or (isinstance(run, DriverRun) and run.job.verbose):  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return finished(results)
 

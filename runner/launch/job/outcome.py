@@ -19,7 +19,7 @@ from runner.config.errors import disk_full, one_line
 from runner.runtime import rundir, signals
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.launch.schedulers import Scheduler
 
 
 @dataclass(frozen=True)
@@ -46,19 +46,17 @@ def finished(results: Dict[str, Any]) -> Outcome:
 _KEPT = "_runner_outcome"
 
 
-def of_error(exc: BaseException, cfg: RunnerConfig, run_dir: Path, stopped_by: Optional[str] = None) -> Outcome:
+def of_error(exc: BaseException, scheduler: Scheduler, run_dir: Path, stopped_by: Optional[str] = None) -> Outcome:
     """The outcome of a job that ``exc`` ended: a stop (Ctrl-C or a stop signal, or ``stopped_by``: a signal
-    received while the error came; the scheduler says whether it is KILLED or, at a time limit, FAILED), a full
-    disk named with its folder, or the error's one line (an unexpected one pointing to its traceback in the run's
-    log). The same value for the same exception, wherever it is asked."""
+    received while the error came; the job's ``scheduler`` says whether it is KILLED or, at a time limit, FAILED),
+    a full disk named with its folder, or the error's one line (an unexpected one pointing to its traceback in the
+    run's log). The same value for the same exception, wherever it is asked."""
     kept = getattr(exc, _KEPT, None)
     if isinstance(kept, Outcome):
         return kept
     if isinstance(exc, KeyboardInterrupt) or stopped_by:
-        from runner.launch import schedulers
-
         stop = signals.Stopped(signal.Signals[stopped_by]) if stopped_by else signals.stopped(exc)
-        status, line = schedulers.named(cfg.cluster.scheduler).stop_outcome(cfg, stop.name)
+        status, line = scheduler.stop_outcome(stop.name)
         outcome = Outcome(status, line, exit_code=stop.exit_code)
     elif full := disk_full(exc, str(run_dir)):
         outcome = Outcome("FAILED", f"disk full: {full}", exit_code=1, full_disk=True)

@@ -31,13 +31,20 @@ from runner.track.objective import Objective, objective_value, objectives
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
-    from runner.launch.schedulers import Task
+    from runner.launch.schedulers import Scheduler, Task
+
+
+def _this_host() -> Scheduler:
+    from runner.launch import schedulers
+
+    return schedulers.named("local")
 
 
 @dataclass
 class _Job:
-    """What a job knows of itself as it goes: Hydra's facts, then where it runs (a scheduler's task may move its
-    run folder and adopt its place into a new, read-only config)."""
+    """What a job knows of itself as it goes: Hydra's facts, then where it runs: its scheduler, resolved once here
+    and handed down, and its place (a scheduler's task may move its run folder and adopt its place into a new,
+    read-only config)."""
 
     cfg: RunnerConfig
     run_dir: Path
@@ -46,6 +53,7 @@ class _Job:
     overrides: List[str]
     task: Optional[Task] = None
     place: Place = field(default_factory=lambda: Place("local"))
+    scheduler: Scheduler = field(default_factory=_this_host)  # this host's until the job takes its place
 
     @property
     def multirun(self) -> bool:
@@ -73,13 +81,13 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
         sweep_stop.raise_if_stopped(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
         if not _take_place(job):  # a plan or data job runs in node 0's task only
             return None
-        if job.multirun and (kept := _kept(job.cfg, job.run_dir, job.num)) is not None:
+        if job.multirun and (kept := _kept(job)) is not None:
             return kept.get("objective")  # a resumed sweep's point that has its answer: its record stays
-        results = (_answer if job.multirun else _attempts)(job.cfg, job.run_dir, job.task, job.place)
+        results = (_answer if job.multirun else _attempts)(job)
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
         return _stopped(job, exc.reason)
     except KeyboardInterrupt as exc:
-        end = outcome.of_error(exc, job.cfg, job.run_dir)
+        end = outcome.of_error(exc, job.scheduler, job.run_dir)
         outcome.record(end, job.run_dir)
         resume = f"; resume the sweep: python -m runner resume {job.sweep_dir}" if job.multirun else ""
         say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({job.run_dir}){resume}")
@@ -99,9 +107,12 @@ def _take_place(job: _Job) -> bool:
     from runner.launch import schedulers
 
     scheduler, job.task = schedulers.task_of(job.cfg.cluster.scheduler)
+    job.scheduler = scheduler  # resolved once: handed down from here
     elsewhere, job.place = False, Place(scheduler.name)
     if job.task is not None:
-        job.run_dir, elsewhere, job.place = scheduler.take(job.cfg, job.run_dir, job.task)
+        c = job.cfg
+        job.run_dir, elsewhere, job.place = scheduler.take(c.mode, c.cluster, c.train.checkpoint.dir, job.run_dir,
+                                                           job.task)
         job.cfg = job.place.applied(job.cfg)  # a new config, with where the task runs; Hydra's stays as composed
     job.cfg = freeze(job.cfg)  # read-only from here, in this process, its agents and its workers
     if elsewhere:
@@ -121,7 +132,7 @@ def _stopped(job: _Job, reason: str) -> Optional[Objective]:
 def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     """A failed job's outcome recorded and said; the sweep goes on (a searching sweeper gets the worst value), but
     a full disk ends it, and a single job or a scheduler's task exits 1."""
-    end = outcome.of_error(exc, job.cfg, job.run_dir)
+    end = outcome.of_error(exc, job.scheduler, job.run_dir)
     if end.full_disk and job.sweep_dir is not None:  # every later point would fail too, so the sweep ends here
         line = end_failed_sweep(end.line, job.sweep_dir)
         outcome.record(outcome.Outcome("FAILED", line, exit_code=1), job.run_dir)
@@ -148,35 +159,36 @@ def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
         print(f"{line} | {outcome if outcome.startswith(f'job {job} ') else f'job {job}: {outcome}'}", flush=True)
 
 
-def _kept(cfg: RunnerConfig, run_dir: Path, job_num: int) -> Optional[Dict[str, Any]]:
+def _kept(job: _Job) -> Optional[Dict[str, Any]]:
     """A resumed sweep's point that finished before with the same config: its recorded status (None: it runs)."""
     from runner.launch.sweep.resume import kept_point
 
-    kept = kept_point(cfg, run_dir)
+    kept = kept_point(job.cfg, job.run_dir)
     if kept is not None:
-        print(f"[runner] job {job_num} kept: it finished before with the same config ({run_dir})", flush=True)
+        print(f"[runner] job {job.num} kept: it finished before with the same config ({job.run_dir})", flush=True)
     return kept
 
 
-def _answer(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Place) -> Dict[str, Any]:
+def _answer(job: _Job) -> Dict[str, Any]:
     """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
     from runner.launch.sweep.resume import reusable
 
-    earlier = reusable(cfg)
+    earlier = reusable(job.cfg)
     if earlier is not None:
         from runner.launch.job.driver import reuse_job
 
-        return reuse_job(cfg, earlier)
-    return _attempts(cfg, run_dir, task, place)
+        return reuse_job(job.cfg, earlier, job.scheduler)
+    return _attempts(job)
 
 
-def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Optional[Place] = None) -> Dict[str, Any]:
+def _attempts(job: _Job) -> Dict[str, Any]:
     """The job, run again (up to ``sweep.retries`` times) while it fails from a fault; each attempt its own
-    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``. ``task``: the
-    scheduler's task the job runs as, if any."""
+    MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``; on the scheduler's
+    task it runs as, if any."""
     from runner.launch.job.driver import execute_job
     from runner.track.driver_run import record_requeued
 
+    cfg, run_dir, task = job.cfg, job.run_dir, job.task
     attempt = 1
     if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt
         attempt += task.restarts
@@ -188,11 +200,11 @@ def _attempts(cfg: RunnerConfig, run_dir: Path, task: Optional[Task], place: Opt
                                 f"{attempt} does not run")
     while True:
         try:
-            return execute_job(cfg, attempt, place)
+            return execute_job(cfg, job.scheduler, attempt, job.place)
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
-            outcome.record(outcome.of_error(exc, cfg, run_dir), run_dir, attempt=attempt)
+            outcome.record(outcome.of_error(exc, job.scheduler, run_dir), run_dir, attempt=attempt)
             print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
                   "it again", flush=True)
             attempt += 1

@@ -11,17 +11,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from runner.config.roles import config_hash
-from runner.launch import schedulers
 from runner.launch.processes.prewarm import took_warm
 from runner.plan.calibration import hashed
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.driver_run import DriverRun, RunRecord
+from runner.track.driver_run import DriverRun, JobShape, RunRecord
 from runner.track.sweep_points import point_name, point_values, sweep_info
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.data.layout import JobData
+    from runner.launch.schedulers import Scheduler
 
 
 @dataclass(frozen=True)
@@ -36,56 +37,66 @@ class HydraJob:
     parallel: int = 1  # jobs the launcher runs at once on this host
 
     @classmethod
-    def from_hydra(cls, cfg: RunnerConfig) -> "HydraJob":
+    def from_hydra(cls, scheduler: Scheduler, node_rank: Optional[int]) -> "HydraJob":
+        """This process's job as Hydra placed it (``scheduler``: the job's, which places node ``node_rank``'s
+        folder)."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
-        folder = schedulers.named(cfg.cluster.scheduler).node_run_dir(Path(hc.runtime.output_dir).resolve(),
-                                                                      cfg.cluster.node_rank)
+        folder = scheduler.node_run_dir(Path(hc.runtime.output_dir).resolve(), node_rank)
         return cls(folder, hc.job.num if multirun else None,
                    hc.sweep.dir if multirun else None, " ".join(hc.overrides.task) or "(none)",
                    {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
                    parallel_jobs(hc.launcher) if multirun else 1)
 
 
-def driver_run(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], port: int, attempt: int = 1) -> DriverRun:
-    """The job's MLflow run, recording :func:`run_record` when it opens."""
-    return DriverRun(cfg, ctx.run_dir, config, port, lambda: run_record(cfg, ctx, config, attempt),
-                  schedulers.named(cfg.cluster.scheduler).static_rendezvous)
+def driver_run(cfg: RunnerConfig, hydra_job: HydraJob, config: Dict[str, Any], port: int, scheduler: Scheduler,
+               attempt: int = 1) -> DriverRun:
+    """The job's MLflow run (``config``: ``cfg`` resolved, as it records it), recording :func:`run_record` when it
+    opens."""
+    from runner.data.layout import job_data
+
+    data = job_data(cfg) if cfg.mode == "train" else None
+    shape = JobShape(cfg.mode, cfg.cluster.nodes, cfg.cluster.node_rank, cfg.sweep.verbose)
+    return DriverRun(cfg.tracking, shape, hydra_job.run_dir, config, port, lambda: run_record(
+        hydra_job, config, attempt, scheduler.run_tags(), cfg.tracking.run_name,
+        config_hash(hashed(cfg.cluster, cfg.mode, dict(config))), data), scheduler.static_rendezvous)
 
 
-def run_record(cfg: RunnerConfig, ctx: HydraJob, config: Dict[str, Any], attempt: int) -> RunRecord:
-    """What the job's run records: a sweep's point named after its values, its tags, the resolved config and
-    Hydra's folder as artifacts, its datasets (training)."""
+def run_record(hydra_job: HydraJob, config: Dict[str, Any], attempt: int, scheduler_tags: Dict[str, str],
+               run_name: Optional[str], digest: str, data: Optional[JobData]) -> RunRecord:
+    """What the job's run records: a sweep's point named after its values (``run_name``: ``tracking.run_name``),
+    its tags (the scheduler's among them; ``digest``: its config's hash), the resolved config and Hydra's folder as
+    artifacts, its datasets (``data``: a training job's)."""
+    ctx = hydra_job
     sweep = sweep_info(ctx.sweep_dir)
-    point = point_values(sweep.get("swept", []), cfg, ctx.choices)
-    name = store.default_run_name(cfg, ctx.choices)
-    if ctx.job_num is not None and not cfg.tracking.run_name:  # a sweep's point: named after its values
+    point = point_values(sweep.get("swept", []), config, ctx.choices)
+    name = store.default_run_name(run_name, config, ctx.choices)
+    if ctx.job_num is not None and not run_name:  # a sweep's point: named after its values
         name = point_name(point) if point else f"{name}-{ctx.job_num}"
     tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
             "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
             **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
             **{f"runner.sweep.{k}": v for k, v in point.items()},
-            **schedulers.named(cfg.cluster.scheduler).run_tags(cfg)}
+            **scheduler_tags}
     if ctx.job_num is not None:
         tags["runner.job"] = str(ctx.job_num)
     tags["runner.attempt"] = str(attempt)
-    tags["runner.config_hash"] = config_hash(hashed(cfg.cluster, cfg.mode, dict(config)))  # what sweep.reuse looks for
+    tags["runner.config_hash"] = digest  # what sweep.reuse looks for
     return RunRecord(name, sweep.get("parent_run_id"), tags, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"],
-                     _datasets(cfg) if cfg.mode == "train" else [])
+                     _datasets(data) if data is not None else [])
 
 
-def _datasets(cfg: RunnerConfig) -> List[Any]:
+def _datasets(data: JobData) -> List[Any]:
     """The run's training and evaluation data, described for MLflow; a failure to describe them is logged."""
     import logging
 
-    from runner.data.layout import job_data
     from runner.data.lineage import datasets
 
     try:
-        return list(datasets(job_data(cfg)))
+        return list(datasets(data))
     except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
         logging.getLogger("runner").warning("datasets not described: %s", exc, exc_info=True)
         return []

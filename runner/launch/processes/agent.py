@@ -38,7 +38,7 @@ def _set_threads(threads: int) -> None:
 
 
 def _job_from_stdin() -> list | None:
-    """A warm agent's job, ``[run_dir, node_rank, port]`` (None: the driver did not need this agent)."""
+    """A warm agent's job, ``[run_dir, node_rank, port, rendezvous]`` (None: the driver did not need this agent)."""
     import logging
 
     # No run folder yet for the libraries' log lines (FBGEMM warns at import on releases its table does not
@@ -142,15 +142,17 @@ def likely_cause(pid: int, signal_name: str) -> str:
 
 def main(argv: list[str]) -> int:
     die_with_parent(DRIVER_PID)  # a driver killed with SIGKILL takes its agents (and so their workers) along
-    # Slurm's early time-limit signal reaches every process of the step; the driver answers it (workers inherit)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # a scheduler's early signal (Slurm's time-limit warning) reaches every process of the job; the driver
+    # answers it (workers inherit the ignoring)
+    for early in schedulers.early_signals():
+        signal.signal(early, signal.SIG_IGN)
     if argv[0] == "--warm":
         _set_threads(int(argv[1]))
         job = _job_from_stdin()
         if job is None:
             return 0
         argv = job
-    run_dir, node_rank, port = Path(argv[0]), int(argv[1]), int(argv[2])
+    run_dir, node_rank, port, static = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "static"
     cfg = load_resolved(run_dir / rundir.RESOLVED)
     c = cfg.cluster
     host_workers = workers_on_host(c.nodes, c.workers_per_node, c.node_rank)
@@ -177,8 +179,8 @@ def main(argv: list[str]) -> int:
         except (ImportError, OSError) as exc:
             _record_unloadable(run_dir, node_rank, c.workers_per_node, exc)
             return 1
-    # A Slurm job: static rendezvous, node rank = group rank (rank 0 on node 0, whose task opens the run).
-    static = schedulers.named(c.scheduler).static_rendezvous
+    # static rendezvous (a scheduler's tasks, e.g. Slurm's): node rank = group rank (rank 0 on node 0, whose task
+    # opens the run)
     config = LaunchConfig(
         min_nodes=c.nodes,
         max_nodes=c.nodes,

@@ -42,7 +42,7 @@ class WarmAgent:
             kill_group(proc, signal.SIGKILL)
             proc.wait()
 
-    def take(self, run_dir: Path, node: int, port: int, threads: int) -> Optional[subprocess.Popen]:
+    def take(self, run_dir: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
         """The process, handed this job, if it is alive and loaded torch with ``threads``; else None."""
         proc = self.proc
         if proc is None or proc.poll() is not None or self.threads != threads:
@@ -51,7 +51,7 @@ class WarmAgent:
         self.proc = None
         try:
             assert proc.stdin is not None  # started with a pipe
-            proc.stdin.write((json.dumps([str(run_dir), node, port]) + "\n").encode())
+            proc.stdin.write((json.dumps([str(run_dir), node, port, rendezvous]) + "\n").encode())
             proc.stdin.close()
         except OSError:  # it ended meanwhile
             kill_group(proc, signal.SIGKILL)
@@ -65,16 +65,19 @@ _agent: Optional[WarmAgent] = None
 
 
 def spawn_agent(args: List[str], **kwargs: Any) -> subprocess.Popen:
-    """Start an agent with SIGUSR2 already ignored (an ignored signal stays ignored across exec): Slurm sends
-    its early time-limit signal to every process of the step, up to a minute early, and an agent still
-    importing torch (before it ignores the signal itself) would die of it."""
+    """Start an agent with the schedulers' early signals already ignored (an ignored signal stays ignored across
+    exec; :func:`runner.launch.schedulers.early_signals`): an agent still importing torch (before it ignores them
+    itself) would die of one."""
+    from runner.launch.schedulers import early_signals
+
     if threading.current_thread() is not threading.main_thread():
         return subprocess.Popen(args, **kwargs)
-    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    previous = [(s, signal.signal(s, signal.SIG_IGN)) for s in early_signals()]
     try:
         return subprocess.Popen(args, **kwargs)
     finally:
-        signal.signal(signal.SIGUSR2, previous)
+        for s, handler in previous:
+            signal.signal(s, handler)
 
 
 def kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -93,9 +96,9 @@ def prewarm(threads: int) -> None:
     atexit.register(discard_warm)
 
 
-def take_warm(run_dir: Path, node: int, port: int, threads: int) -> Optional[subprocess.Popen]:
+def take_warm(run_dir: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
     """The prewarmed agent handed this job, or None (none started, dead, or another thread count)."""
-    return _agent.take(run_dir, node, port, threads) if _agent is not None else None
+    return _agent.take(run_dir, node, port, threads, rendezvous) if _agent is not None else None
 
 
 def took_warm() -> bool:

@@ -23,11 +23,12 @@ from runner.track.sweep_points import sweep_of
 
 if TYPE_CHECKING:
     from runner.config.schema_model import ClusterSchema
+    from runner.launch.schedulers import Scheduler
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
 PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
-PEER_RECORD_S = 3.0  # how long a Slurm job's node 0 waits for the other nodes' failure records
+PEER_RECORD_S = 3.0  # how long a scheduler's job's node 0 waits for the other nodes' failure records
 
 
 def _stop_all(procs: List[subprocess.Popen]) -> None:
@@ -117,32 +118,32 @@ def nodes_on_this_host(cluster: ClusterSchema) -> List[int]:
     return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
 
 
-def _start_agents(cluster: ClusterSchema, run_dir: Path, port: int, threads: Optional[int]) -> List[subprocess.Popen]:
-    """One agent per node on this host; node 0's is the prewarmed one when it loaded torch with ``threads``."""
+def _start_agents(cluster: ClusterSchema, run_dir: Path, port: int, threads: Optional[int],
+                  rendezvous: str) -> List[subprocess.Popen]:
+    """One agent per node on this host; node 0's is the prewarmed one when it loaded torch with ``threads``.
+    ``rendezvous``: torch elastic's (``static`` or ``c10d``)."""
     procs = []
     for i, node in enumerate(nodes_on_this_host(cluster)):
-        warm = take_warm(run_dir, node, port, threads) if i == 0 and threads is not None else None
+        warm = take_warm(run_dir, node, port, threads, rendezvous) if i == 0 and threads is not None else None
         procs.append(warm or spawn_agent(
-            [sys.executable, "-m", "runner.launch.processes.agent", str(run_dir), str(node), str(port)],
+            [sys.executable, "-m", "runner.launch.processes.agent", str(run_dir), str(node), str(port), rendezvous],
             start_new_session=True, env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}),
         ))
     return procs
 
 
-def _await_other_nodes(cluster: ClusterSchema, run_dir: Path) -> None:
-    """A job whose other nodes run on other hosts (a Slurm job's) record their ranks' failures in ``node<k>/``
-    (a shared folder): give them a moment, so that the root cause is the rank that failed there, not this
-    node's broken connections."""
-    from runner.launch import schedulers
-
-    if not schedulers.named(cluster.scheduler).waits_for_peer_records(cluster.nodes):
+def _await_other_nodes(cluster: ClusterSchema, run_dir: Path, scheduler: Scheduler) -> None:
+    """A job whose other nodes are a scheduler's tasks on other hosts record their ranks' failures in their
+    folders inside the job's (shared) run folder (:meth:`Scheduler.node_run_dir`): give them a moment, so that
+    the root cause is the rank that failed there, not this node's broken connections."""
+    if not (scheduler.has_tasks and cluster.nodes > 1):
         return
     deadline = time.monotonic() + PEER_RECORD_S
     while time.monotonic() < deadline and not rundir.node_error_files(run_dir):
         time.sleep(0.2)
 
 
-def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: Path,
+def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: Path, scheduler: Scheduler,
                pump: Optional[Callable[[], None]]) -> None:
     """Until every agent has exited 0; on the first failure let the peers report, then raise."""
     next_pump = time.monotonic() + PUMP_S
@@ -155,7 +156,7 @@ def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: P
                 time.sleep(0.1)
             _stop_all(procs)
             node = nodes_on_this_host(cluster)[failed]
-            _await_other_nodes(cluster, run_dir)
+            _await_other_nodes(cluster, run_dir, scheduler)
             death = _agent_death(procs[failed], node)
             raise WorkerFailure(death, fault=True) if death else root_cause(run_dir)
         if all(c == 0 for c in codes):
@@ -169,9 +170,11 @@ def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: P
         time.sleep(TICK_S)
 
 
-def launch(cluster: ClusterSchema, run_dir: Path, port: int, while_starting: Optional[Callable[[], None]] = None,
-           pump: Optional[Callable[[], None]] = None, threads: Optional[int] = None) -> None:
-    """Run the job's agents on this host until all finish; raise :class:`WorkerFailure` if one fails.
+def launch(cluster: ClusterSchema, run_dir: Path, port: int, scheduler: Scheduler,
+           while_starting: Optional[Callable[[], None]] = None, pump: Optional[Callable[[], None]] = None,
+           threads: Optional[int] = None) -> None:
+    """Run the job's agents on this host until all finish (``scheduler``: the job's, which places its nodes);
+    raise :class:`WorkerFailure` if one fails.
 
     ``threads`` is the OpenMP thread count this job's agents load torch with (the prewarmed agent is
     used only when it matches). ``while_starting`` runs once the agents are started (workers import and
@@ -179,9 +182,9 @@ def launch(cluster: ClusterSchema, run_dir: Path, port: int, while_starting: Opt
     """
     procs: List[subprocess.Popen] = []
     try:
-        procs = _start_agents(cluster, run_dir, port, threads)
+        procs = _start_agents(cluster, run_dir, port, threads, "static" if scheduler.static_rendezvous else "c10d")
         if while_starting is not None:
             while_starting()
-        _supervise(procs, cluster, run_dir, pump)
+        _supervise(procs, cluster, run_dir, scheduler, pump)
     finally:  # also on Ctrl-C or SIGTERM (raised as runner.runtime.signals.Stopped)
         _stop_all(procs)

@@ -3,15 +3,17 @@
 A :class:`Scheduler` answers every question the rest of the runner has about where a job runs: whether this
 process is one of a scheduler's tasks (and that task's node, rendezvous and run folder), what runs before
 anything is submitted, how a stop ends the job, the run's tags, whether rank 0 is known to be on node 0
-(a static rendezvous), whether this process runs a sweep's points one after another, and what a stopped
-sweep cancels. Two implement it: :mod:`.local` (this host's agents, nodes emulated or one host of a
-multi-host job under torch elastic) and :mod:`.slurm` (a Slurm job step, one task per node, and
-``hydra/launcher=slurm``'s submission in :mod:`.slurm_submit`).
+(a static rendezvous), which signals it sends early, and what a stopped sweep cancels. Two implement it:
+:mod:`.local` (this host's agents, nodes emulated or one host of a multi-host job under torch elastic) and
+:mod:`.slurm` (a Slurm job step, one task per node, and ``hydra/launcher=slurm``'s submission in
+:mod:`.slurm_submit`). A job's scheduler is resolved once, where it takes its place
+(:func:`runner.launch.job.run_job.run_job`), and handed down from there.
 
 Each module of this package that defines a ``SCHEDULER`` is registered, by its name, when the package is first
-asked (no list to edit): a new scheduler is its module here, its Hydra launcher plugin, its conf file under
-``conf/hydra/launcher/`` and its test (docs/architecture.md). Outside this package nothing tests a scheduler's
-or a launcher's name (``tests/launch/test_schedulers.py``).
+asked (no list to edit): a new scheduler is its module here (what it must write: :class:`Scheduler`'s doc), its
+Hydra launcher plugin and conf file under ``conf/hydra/launcher/`` where it submits a sweep's points, and its
+test (docs/architecture.md). Outside this package nothing tests a scheduler's or a launcher's name
+(``tests/launch/test_schedulers.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from runner.config.errors import ConfigError
 from runner.config.place import Place
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema
 
 
 class Task:
@@ -38,7 +40,14 @@ class Task:
 
 
 class Scheduler:
-    """Where a job's nodes run (see the module doc); the defaults are this host's (:mod:`.local`)."""
+    """Where a job's nodes run (see the module doc); the defaults are this host's (:mod:`.local`).
+
+    A new scheduler writes ``name`` and ``label``; ``task`` (this process as one of its tasks) and ``take`` (the
+    job's place as that task) where its jobs run as tasks (``has_tasks``); ``launcher`` where a Hydra launcher
+    submits a sweep's points to it; and, where they differ from this host's, ``static_rendezvous``,
+    ``early_signals``, ``node_run_dir``, ``run_tags``, ``stop_outcome``, ``check_submission``, ``cancel_pending``,
+    ``run_folder_name`` and ``allocated_memory``. The pool of this host's processes (``pooled_launchers``,
+    ``warm_pool``, ``end_pool``) is this host's scheduler's alone."""
 
     name = ""
     label = "the scheduler"
@@ -49,9 +58,9 @@ class Scheduler:
     """Its jobs run as its tasks (one per node): naming it while this process is none of them is refused."""
     static_rendezvous = False
     """Rank 0 is on node 0 (torch elastic's static rendezvous), so node 0's process opens the run at once."""
-    points_here = True
-    """A sweep's points run in this process or its joblib workers (so the next one can be prepared here, and a
-    grid of plan-only points planned together before they start)."""
+    early_signals: Tuple[str, ...] = ()
+    """Signals it sends every process of a job ahead of a stop (Slurm's time-limit warning): the agents ignore
+    them, from before they import torch (:func:`early_signals`)."""
     pooled_launchers: Tuple[str, ...] = ()
     """The ``_target_`` of each Hydra launcher that runs a sweep's points on it in a pool of this host's processes,
     each taking its points in batches (``hydra.launcher.n_jobs`` at once, ``hydra.launcher.batch_size`` each)."""
@@ -64,30 +73,34 @@ class Scheduler:
         """The error when ``cluster.scheduler`` names this scheduler but this process is not one of its tasks."""
         return ConfigError("cluster.scheduler", self.name, "auto where this process is not a scheduler's task")
 
-    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool, Place]:
-        """Take the job's place as ``task``: the node's run folder, whether the job runs elsewhere (a plan or
-        data job runs in node 0's task only), and the job's place (:class:`runner.config.place.Place`: node
-        rank, rendezvous, shared checkpoint folder), which the job's config then carries."""
+    @property
+    def points_here(self) -> bool:
+        """A sweep's points run in this process or its joblib workers (so the next one can be prepared here, and a
+        grid of plan-only points planned together before they start): a scheduler no launcher submits to."""
+        return self.launcher is None
+
+    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_dir: Path,
+             task: Task) -> Tuple[Path, bool, Place]:
+        """Take the place of a job of ``mode`` on ``cluster`` (its ``train.checkpoint.dir``: ``checkpoint_dir``)
+        as ``task``: the node's run folder, whether the job runs elsewhere (a plan or data job runs in node 0's
+        task only), and the job's place (:class:`runner.config.place.Place`: node rank, rendezvous, shared
+        checkpoint folder), which the job's config then carries."""
         return run_dir, False, Place(self.name)
 
     def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
         """Where node ``node_rank`` keeps its files (the job's run folder, or a folder in it)."""
         return run_dir
 
-    def run_tags(self, cfg: RunnerConfig) -> Dict[str, str]:
+    def run_tags(self) -> Dict[str, str]:
         """The MLflow tags of a run on it."""
         return {}
 
-    def stop_outcome(self, cfg: RunnerConfig, signame: str) -> Tuple[str, str]:
+    def stop_outcome(self, signame: str) -> Tuple[str, str]:
         """``(status, line)`` of a job stopped by ``signame``."""
         return "KILLED", f"stopped by {signame}"
 
     def check_submission(self, hydra_cfg: Any) -> None:
         """What must hold before any job is submitted (raises :class:`SchedulerError` in one line)."""
-
-    def waits_for_peer_records(self, nodes: int) -> bool:
-        """Whether node 0 should wait a moment for the other nodes' failure records (they are on other hosts)."""
-        return False
 
     def cancel_pending(self) -> None:
         """A stopped sweep: the points the scheduler has not started yet are cancelled."""
@@ -158,6 +171,18 @@ def task_of(name: str) -> Tuple[Scheduler, Optional[Task]]:
         if task is not None:
             return scheduler, task
     return named("local"), None
+
+
+def early_signals() -> List[int]:
+    """Every scheduler's early signals (:attr:`Scheduler.early_signals`), as numbers."""
+    import signal
+
+    return sorted({int(getattr(signal, name)) for s in registered().values() for name in s.early_signals})
+
+
+def launchers() -> List[str]:
+    """The ``hydra/launcher`` choices that submit a sweep's points to a scheduler (``slurm``)."""
+    return sorted(s.launcher for s in registered().values() if s.launcher is not None)
 
 
 def of_command(args: Sequence[str]) -> Scheduler:

@@ -27,7 +27,7 @@ from runner.launch.schedulers.slurm_commands import LABEL, SlurmError, _scontrol
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
 PORT_SPAN = 2000
@@ -67,11 +67,13 @@ class SlurmTask(Task):
         return hostnames(self.nodelist)
 
 
-def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Tuple[Place, Path]:
+NODE_DIR = "node{}"  # node k > 0 keeps its files in node<k>/ of the job's run folder
+
+
+def adopt(c: ClusterSchema, checkpoint_dir: Optional[str], task: SlurmTask, run_dir: Path) -> Tuple[Place, Path]:
     """The job's place as the Slurm job gives it (one task per node, ``cluster.nodes`` nodes): node rank,
-    rendezvous host and port; every node checkpoints into the job's folder (one distributed checkpoint). Also
-    this node's run folder."""
-    c = cfg.cluster
+    rendezvous host and port; every node checkpoints into the job's folder (one distributed checkpoint) unless
+    ``train.checkpoint.dir`` (``checkpoint_dir``) names one. Also this node's run folder."""
     if task.nodes != c.nodes:
         raise SlurmError(f"cluster.nodes={c.nodes} but Slurm job {task.shown_id} has {task.nodes} node(s) "
                              f"({task.nodelist}); ask Slurm for cluster.nodes nodes (sbatch -N {c.nodes}; "
@@ -80,7 +82,7 @@ def adopt(cfg: RunnerConfig, task: SlurmTask, run_dir: Path) -> Tuple[Place, Pat
         raise SlurmError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
                              "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
                              "cluster.workers_per_node workers")
-    shared = str(run_dir / rundir.CHECKPOINTS) if task.node_rank and not cfg.train.checkpoint.dir else None
+    shared = str(run_dir / rundir.CHECKPOINTS) if task.node_rank and not checkpoint_dir else None
     place = Place(SCHEDULER.name, task.node_rank, node_address(task.node_names()[0]),
                   c.master_port if c.master_port is not None else task.port, shared)
     return place, SCHEDULER.node_run_dir(run_dir, task.node_rank)
@@ -119,7 +121,7 @@ class SlurmScheduler(Scheduler):
     launcher = "slurm"
     has_tasks = True
     static_rendezvous = True
-    points_here = False  # each point is a Slurm job of its own
+    early_signals = ("SIGUSR2",)  # its time-limit warning, ``hydra.launcher.signal_delay_s`` ahead
 
     def task(self) -> Optional[SlurmTask]:
         task = SlurmTask.detect()
@@ -141,7 +143,8 @@ class SlurmScheduler(Scheduler):
                               "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                               "-m hydra/launcher=slurm")
 
-    def take(self, cfg: RunnerConfig, run_dir: Path, task: Task) -> Tuple[Path, bool, Place]:
+    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_dir: Path,
+             task: Task) -> Tuple[Path, bool, Place]:
         """Signals as the command line has them (submitit's own handlers ignore SIGTERM) and a line on the
         time-limit warning; a training job's node rank, rendezvous and run folder taken from the job
         (:func:`adopt`)."""
@@ -150,26 +153,26 @@ class SlurmScheduler(Scheduler):
         assert isinstance(task, SlurmTask)
         signals.install()
         on_time_limit_warning()
-        if cfg.mode not in WORKER_MODES and task.node_rank > 0:
-            print(f"[runner] node {task.node_rank}: mode={cfg.mode} runs in node 0's task only", flush=True)
+        if mode not in WORKER_MODES and task.node_rank > 0:
+            print(f"[runner] node {task.node_rank}: mode={mode} runs in node 0's task only", flush=True)
             return run_dir, True, Place(self.name)
-        if cfg.mode in WORKER_MODES:
-            place, run_dir = adopt(cfg, task, run_dir)
+        if mode in WORKER_MODES:
+            place, run_dir = adopt(cluster, checkpoint_dir, task, run_dir)
             return run_dir, False, place
         return run_dir, False, Place(self.name)  # the run's tags say where it ran
 
     def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
         """Node 0 keeps the job's run folder; another node keeps its files in ``node<k>/``."""
-        return run_dir / rundir.NODE_DIR.format(node_rank) if node_rank else run_dir
+        return run_dir / NODE_DIR.format(node_rank) if node_rank else run_dir
 
-    def run_tags(self, cfg: RunnerConfig) -> Dict[str, str]:
+    def run_tags(self) -> Dict[str, str]:
         task = SlurmTask.detect()
         if task is None:
             return {}
         return {"runner.scheduler": self.name, "runner.slurm_job_id": task.shown_id,
                 "runner.slurm_nodes": ",".join(task.node_names())}
 
-    def stop_outcome(self, cfg: RunnerConfig, signame: str) -> Tuple[str, str]:
+    def stop_outcome(self, signame: str) -> Tuple[str, str]:
         """KILLED, or FAILED when the stop is Slurm's time limit."""
         task = SlurmTask.detect()
         if task is not None and signame == "SIGTERM" and _time_limit_reached(task):
@@ -183,9 +186,6 @@ class SlurmScheduler(Scheduler):
         from runner.launch.schedulers.slurm_submit import check_submission
 
         check_submission(hydra_cfg)
-
-    def waits_for_peer_records(self, nodes: int) -> bool:
-        return nodes > 1  # the other nodes record their ranks' failures in node<k>/ of a shared folder
 
     def cancel_pending(self) -> None:
         array = os.environ.get("SLURM_ARRAY_JOB_ID")

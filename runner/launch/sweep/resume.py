@@ -144,7 +144,7 @@ def finished_runs_of(client: Any, cfg: RunnerConfig) -> List[Any]:
         max_results=1)
 
 
-def link_point(cfg: RunnerConfig, run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
+def link_point(run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
     copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
     ``runner.reused_from`` naming it. The point's results (its run still open)."""
