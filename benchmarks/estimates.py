@@ -108,6 +108,7 @@ def default_estimate(overrides: List[str], world: int, local: int, device: str) 
     from runner.config.validation import validate
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
 
@@ -117,7 +118,7 @@ def default_estimate(overrides: List[str], world: int, local: int, device: str) 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, "cluster.calibration=none"])
     validate(cfg)
-    plan, best, _, _ = make_plan(cfg, planning_model(cfg), world, local, device)
+    plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), world, local, device)
     ranks = per_rank_estimates(best, world)
     return (max(r["total_ms"] for r in ranks), max(r["fwd_compute_ms"] + r["fwd_comms_ms"] for r in ranks),
             plan_to_dict(plan, table_specs(cfg.model)))

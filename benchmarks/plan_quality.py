@@ -95,14 +95,15 @@ def compose(tables: int, ranks: int, bandwidth: float, reserve: float) -> Any:
 def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     """The point's options (TorchRec's enumerator, reused across points of one bandwidth) as the balanced
     search's problem."""
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import build_planner, reusable_model
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
     from runner.plan.torchrec_adapter.balanced.proposer import problem_of
     from runner.train.models import planning_model
 
-    model = reusable_model(cfg, planning_model)
-    planner = build_planner(cfg, ranks, 8, "cuda", None, dense_bytes(model), reuse=True)
+    model = reusable_model(plan_spec(cfg), lambda: planning_model(cfg))
+    planner = build_planner(plan_spec(cfg), ranks, 8, "cuda", None, dense_bytes(model), reuse=True)
     sharders = sharders_for(cfg.precision)
     reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
                                                     module=model, sharders=sharders, constraints=planner._constraints)
@@ -113,16 +114,17 @@ def torchrec_rating(cfg: Any, ranks: int, proposer: str = "greedy") -> Optional[
     """TorchRec's plan for ``proposer`` on the runner's inputs (``sharding.proposer=greedy`` or
     ``dynamic_programming``: TorchRec's plan, found faster; ``tests/plan/test_greedy.py``, ``test_search.py``):
     its rating."""
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import PlanEstimates, build_planner, reusable_model
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
     from runner.train.models import planning_model
 
     cfg.sharding.proposer = proposer
-    model = reusable_model(cfg, planning_model)
+    model = reusable_model(plan_spec(cfg), lambda: planning_model(cfg))
     estimates = PlanEstimates()
     try:
-        build_planner(cfg, ranks, 8, "cuda", estimates, dense_bytes(model), reuse=True).plan(
+        build_planner(plan_spec(cfg), ranks, 8, "cuda", estimates, dense_bytes(model), reuse=True).plan(
             model, sharders_for(cfg.precision))
     except Exception:  # noqa: BLE001 - TorchRec found no plan
         return None
@@ -137,13 +139,15 @@ def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
     """TorchRec's dynamic-programming plan's rating as the balanced planner rates it when it is a start (its plan,
     and where it finds none, its plan without the options no GPU can hold): the balanced planner run with it named
     in ``sharding.balanced_compare`` and a search of no length; None where TorchRec's proposer finds no plan."""
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan, reusable_model
     from runner.train.models import planning_model
 
     cfg.sharding.balanced_compare = ["dynamic_programming"]
     cfg.sharding.balanced_work = 1
     facts: Dict[str, Any] = {}
-    make_plan(cfg, reusable_model(cfg, planning_model), ranks, 8, "cuda", reuse=True, facts=facts)
+    spec = plan_spec(cfg)
+    make_plan(spec, reusable_model(spec, lambda: planning_model(cfg)), ranks, 8, "cuda", reuse=True, facts=facts)
     return facts.get("compared", {}).get("plan/torchrec_dynamic_programming_ms")
 
 

@@ -124,6 +124,7 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import PlanEstimates, torchrec_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
@@ -135,7 +136,7 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     estimates = PlanEstimates()
     t0 = time.perf_counter()
     try:
-        plan = torchrec_planner(cfg, ranks, 8, "cuda", estimates, dense_bytes(model)).plan(
+        plan = torchrec_planner(plan_spec(cfg), ranks, 8, "cuda", estimates, dense_bytes(model)).plan(
             model, sharders_for(cfg.precision))
     except Exception:  # noqa: BLE001 - no plan found
         return time.perf_counter() - t0, None

@@ -46,6 +46,7 @@ def raw_plans(points: list) -> tuple:
     from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import PlanEstimates, torchrec_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
@@ -61,7 +62,7 @@ def raw_plans(points: list) -> tuple:
         estimates = PlanEstimates()
         t0 = time.perf_counter()
         try:
-            planner = torchrec_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
+            planner = torchrec_planner(plan_spec(cfg), 16, 8, "cuda", estimates, dense_bytes(model))
             plan = planner.plan(model, sharders)
         except Exception:  # no plan fits
             plan = None

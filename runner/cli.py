@@ -31,7 +31,7 @@ OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), repla
 
 def _run_subdir() -> str:
     """A single run's folder under outputs/runs: ``<date>/<time>``; the tasks of one job step of a scheduler
-    share the folder it names (Slurm's: ``slurm/<job id>.<step id>``; node k > 0 keeps its files in ``node<k>/``)."""
+    share the folder it names (:meth:`runner.launch.schedulers.Scheduler.run_folder_name`)."""
     from datetime import datetime
 
     from runner.launch import schedulers
@@ -94,8 +94,11 @@ def _help(args: List[str]) -> bool:
     words = [a for a in args if not a.startswith("-")]
     with hydra_conf() as loader:
         groups = {g: loader.get_group_options(g) for g in sorted(loader.list_groups("")) if g != "hydra"}
+    from runner.launch import schedulers
+
+    launchers = "|".join(["joblib", *schedulers.launchers()])  # this host's, and each scheduler's
     print("python -m runner [group=option ...] [key=value ...]      one job (mode=train | plan | write_data)\n"
-          "python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher=joblib|slurm, "
+          f"python -m runner -m [key=a,b ...]                        a sweep (hydra/launcher={launchers}, "
           "hydra/sweeper=optuna)\n"
           "python -m runner -m [key=a,b ...] --dry-run              each point's overrides and verdict; nothing runs\n"
           "python -m runner -m a=pair(1,2,3) b=pair(x,y,z) [c=...]  paired axes: 3 points (1,x) (2,y) (3,z), "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -33,6 +33,15 @@ class PlanSpec:
     accumulate: int  # ``train.grad_accumulation_steps``
     num_dense: int  # ``data.num_dense_features``
     enumerated: Dict[str, Any]  # the keys enumeration reads (:func:`runner.config.roles.enumerated`)
+
+    def with_ddr_cap(self, gib: Optional[float]) -> "PlanSpec":
+        """The same plan with ``cluster.ddr_cap_gib=<gib>`` (the host memory a host gives each worker)."""
+        from omegaconf import OmegaConf
+
+        if gib == self.cluster.ddr_cap_gib:
+            return self
+        cluster = cast("ClusterSchema", OmegaConf.merge(self.cluster, {"ddr_cap_gib": gib}))
+        return dataclasses.replace(self, cluster=cluster)
 
     def with_proposer(self, name: str) -> "PlanSpec":
         """The same plan by ``sharding.proposer=<name>`` (a proposer's fall-back)."""

@@ -23,7 +23,7 @@ from runner.config.validation import table_constraint
 from runner.plan.calibration import for_config, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
-from runner.plan.plan_spec import PlanSpec, plan_spec
+from runner.plan.plan_spec import PlanSpec
 from runner.plan.proposers import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
@@ -31,7 +31,6 @@ from runner.plan.topology import build_storage_reservation, build_topology, dens
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ShardingSchema, TableConstraintSchema
 
 
@@ -92,12 +91,13 @@ class PlanEstimates(Stats):
             self.lower_bound_ms, self.lower_bound_kind = found if found is not None else (None, None)
 
 
-def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
+def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
                   progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> EmbeddingShardingPlanner:
-    """The planner for ``cfg`` on a world of ``world_size`` ranks, ``local_world_size`` per node. With
+    """The planner for ``spec`` (:func:`runner.plan.plan_spec.plan_spec`) on a world of ``world_size`` ranks,
+    ``local_world_size`` per node. With
     ``reuse``, enumerated options are shared with this process's later planners
     (:mod:`.torchrec_adapter.enumeration_reuse`);
     ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
@@ -105,10 +105,9 @@ def build_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, dev
     with the search's counts while it runs (:class:`.torchrec_adapter.planning_loop.SearchLoopPlanner`);
     ``choose_from``: a
     sweep's plans for the balanced proposer to choose from (:mod:`runner.launch.sweep.plan_together`)."""
-    spec = plan_spec(cfg)
     if seam_note() is not None:  # a TorchRec the runner's planner was not tested with: TorchRec's own planner
-        return _torchrec_planner(spec, world_size, local_world_size, device_type, estimates, dense_tensor_bytes,
-                                 hbm_cap)
+        return torchrec_planner(spec, world_size, local_world_size, device_type, estimates, dense_tensor_bytes,
+                                hbm_cap)
     from runner.plan.torchrec_adapter.runner_planner import runner_planner  # only after the version check
 
     return runner_planner(spec, planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap), device_type,
@@ -124,19 +123,11 @@ def planner_inputs(spec: PlanSpec, world_size: int, local_world_size: int, devic
             spec.batch, build_constraints(spec.sharding, [t.name for t in spec.tables], spec.pooling, spec.excluded))
 
 
-def torchrec_planner(cfg: RunnerConfig, world_size: int, local_world_size: int, device_type: str,
+def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
                      estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
-    """TorchRec's own planner for ``cfg``'s inputs (:func:`_torchrec_planner`)."""
-    return _torchrec_planner(plan_spec(cfg), world_size, local_world_size, device_type, estimates,
-                             dense_tensor_bytes, hbm_cap)
-
-
-def _torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
-                      estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
-                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
     """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
-    planner gets from ``cfg``: what the runner's plans are compared with (tests, benchmarks, the balanced
+    planner gets from ``spec``: what the runner's plans are compared with (tests, benchmarks, the balanced
     proposer), and the planner itself on a TorchRec the runner's search was not tested with
     (:mod:`.torchrec_adapter.torchrec_seam`)."""
     topology, batch, constraints = planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap)
@@ -167,8 +158,8 @@ def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_
     notes.append(str(seam_note()))
     facts["plan_source"], facts["planner"] = "torchrec", "stock"
     try:
-        return _torchrec_planner(spec, world, local_world, device_type, estimates, dense_bytes(model),
-                                 hbm_cap).plan(model, sharders)
+        return torchrec_planner(spec, world, local_world, device_type, estimates, dense_bytes(model),
+                                hbm_cap).plan(model, sharders)
     except (PlanError, ConfigError) as exc:
         return PlanError(str(exc))
     except Exception as exc:  # what TorchRec's planner raises when it finds no plan; anything else is a bug
@@ -177,12 +168,12 @@ def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_
         return NoPlanFits(f"TorchRec's stock planner found no plan: {first_line(exc) or type(exc).__name__}")
 
 
-def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, device_type: str, pg: Any = None,
+def make_plan(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str, pg: Any = None,
               reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
               progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
               choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
-    """Plan (or load the pinned plan) for ``model``; with ``pg``, rank 0 plans and broadcasts. ``reuse``
-    shares enumerated options with later calls in this process (a plan-only sweep,
+    """Plan (or load the pinned plan) for ``model`` as ``spec`` (a job's plan part) says; with ``pg``, rank 0 plans
+    and broadcasts. ``reuse`` shares enumerated options with later calls in this process (a plan-only sweep,
     :mod:`.torchrec_adapter.enumeration_reuse`).
     ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
     ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
@@ -197,7 +188,6 @@ def make_plan(cfg: RunnerConfig, model: Any, world: int, local_world: int, devic
     """
     import torch.distributed as dist
 
-    spec = plan_spec(cfg)
     sharders = sharders_for(spec.precision)
     t0 = time.perf_counter()
     for_config(spec.cluster, spec.mode, device_type)  # every rank: an unusable calibration is every rank's line
@@ -249,14 +239,15 @@ def runners_planner() -> bool:
     return seam_note() is None
 
 
-def reusable_model(cfg: RunnerConfig, build: Callable[[RunnerConfig], Any]) -> Any:
-    """``build(cfg)``, shared with this process's later plans of the same model where the runner's planner plans
-    (:mod:`.torchrec_adapter.enumeration_reuse`); a new one each time on TorchRec's stock planner."""
+def reusable_model(spec: PlanSpec, build: Callable[[], Any]) -> Any:
+    """``build()``'s model (the planning model of ``spec``'s job), shared with this process's later plans of the
+    same model where the runner's planner plans (:mod:`.torchrec_adapter.enumeration_reuse`); a new one each time on
+    TorchRec's stock planner."""
     if not runners_planner():
-        return build(cfg)
+        return build()
     from runner.plan.torchrec_adapter.enumeration_reuse import model_key, reused_model
 
-    return reused_model(model_key(plan_spec(cfg)), lambda: build(cfg))
+    return reused_model(model_key(spec), build)
 
 
 def plan_entries(best: List[ShardingOption]) -> Any:

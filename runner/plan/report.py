@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from runner.config.schema import samples_per_step
-from runner.config.tables import table_specs
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.calibration import NONE, topology_knobs
 from runner.plan.facts import PlanFacts
@@ -18,7 +16,7 @@ from runner.plan.summary import summary_markdown, summary_metrics
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.plan.plan_spec import PlanSpec
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
 PER_RANK_METRICS_UP_TO = 64  # ranks whose every plan/rank<r>/... is logged; beyond, the busiest ones'
@@ -49,15 +47,15 @@ class PlanReport:
                 if not k.startswith("plan/rank") or k[:k.index("/", 5) + 1] in kept}
 
 
-def _markdown(cfg: RunnerConfig, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
+def _markdown(spec: PlanSpec, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
               comms: Dict[str, List[float]], types: Dict[str, int], world: int, local: int,
               device_type: str, bandwidths: Dict[str, float]) -> str:
     lines = [
         f"# Sharding plan: {world} ranks ({world // local} nodes x {local}), {device_type}",
         "",
         f"intra-node {bandwidths['intra']:g} GiB/s, cross-node {bandwidths['cross']:g} GiB/s, "
-        f"storage reserve {cfg.sharding.storage_reserve_percent:g} ({cfg.sharding.storage_reserve_policy}), "
-        f"proposer {cfg.sharding.proposer}",
+        f"storage reserve {spec.sharding.storage_reserve_percent:g} ({spec.sharding.storage_reserve_policy}), "
+        f"proposer {spec.sharding.proposer}",
         "",
         *summary_markdown(ranks, local),
         "## Tables per sharding type and the collectives they use",
@@ -113,7 +111,7 @@ def bound_text(metrics: Dict[str, float], kind: Optional[str] = None) -> str:
             + (f" (gap {gap:+.2%})" if gap is not None else ""))
 
 
-def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
+def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
                       out: Path, seconds: float, note: str = "",
                       facts: Optional[PlanFacts] = None) -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json`` and ``report.md`` into ``out`` (``plan.png`` is drawn
@@ -121,29 +119,29 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``);
     ``facts``: what ``make_plan`` found beside the plan (its lower bound, TorchRec's ratings compared)."""
     out.mkdir(parents=True, exist_ok=True)
-    specs = table_specs(cfg.model)
+    specs = spec.tables
     plan_dict = plan_to_dict(plan, specs)
     types = sharding_types_used(plan_dict)
     ranks = per_rank_estimates(best_plan, world)
-    pooling = {t.name: float(cfg.data.ids_per_feature) for t in specs}
-    pooling.update({n: c.pooling_factor for n, c in cfg.sharding.constraints.items() if c.get("pooling_factor")})
-    batch = cfg.sharding.planner_batch_size or samples_per_step(cfg.train)
+    pooling = {t.name: spec.pooling for t in specs}
+    pooling.update({n: c.pooling_factor for n, c in spec.sharding.constraints.items() if c.get("pooling_factor")})
+    batch = spec.batch
     comms = comms_per_rank(plan_dict, world, local, batch, pooling)
-    metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(cfg.sharding.plan)),
+    metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(spec.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type), **summary_metrics(ranks, local)}
     metrics.update(bound_metrics(metrics.get("plan/est_step_ms"), facts))
     step = (facts or {}).get("step")
     if step:
         metrics.update(step_metrics(step))
-    bandwidths = (facts or {}).get("bandwidths") or topology_knobs(None, device_type, cfg.cluster.intra_node_bandwidth,
-                                                                   cfg.cluster.cross_node_bandwidth)[1]
+    bandwidths = (facts or {}).get("bandwidths") or topology_knobs(None, device_type, spec.cluster.intra_node_bandwidth,
+                                                                   spec.cluster.cross_node_bandwidth)[1]
     metrics.update({f"plan/{k}_node_bandwidth_gibps": v for k, v in bandwidths.items()})
     bound = bound_text(metrics, (facts or {}).get("lower_bound_kind"))
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
     constants = (facts or {}).get("calibration")
-    title = (f"{world} ranks, {cfg.cluster.name}, sharding={cfg.sharding.name}: "
+    title = (f"{world} ranks, {spec.cluster.name}, sharding={spec.sharding.name}: "
              + ", ".join(f"{n} {t}" for t, n in types.items())
              + ("" if constants is None else "; TorchRec's default constants" if constants == NONE
                 else f"; calibrated ({Path(constants).name})"))
@@ -151,7 +149,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,
                                         "calibration": (facts or {}).get("calibration")})  # whole: the driver reads it
-    (out / "report.md").write_text(_markdown(cfg, plan_dict, ranks, comms, types, world, local, device_type,
+    (out / "report.md").write_text(_markdown(spec, plan_dict, ranks, comms, types, world, local, device_type,
                                              bandwidths)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
@@ -169,7 +167,7 @@ def write_plan_report(cfg: RunnerConfig, plan: Any, best_plan: List[Any], world:
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
             "runner.plan_source": (facts or {}).get("plan_source") or (
-                "torchrec" if cfg.sharding.plan is None else "pinned"),
+                "torchrec" if spec.sharding.plan is None else "pinned"),
             **({"runner.planner": facts["planner"]} if facts and facts.get("planner") else {}),
             **({"runner.plan_fallback": str(facts["fallback"])} if facts and facts.get("fallback") else {}),
             **({"runner.lower_bound": str(facts["lower_bound_kind"])} if facts and facts.get("lower_bound_kind")

@@ -83,16 +83,15 @@ def job_cores(parallel: int, gpus: int = 0) -> Iterator[Optional[List[int]]]:
     yield None
 
 
-def plan_batch_size(cfg: Any, points: int, pooled: bool) -> Optional[int]:
+def plan_batch_size(mode: str, launcher: Any, points: int, pooled: bool) -> Optional[int]:
     """For a plan-only sweep whose launcher runs its points in a pool of this host's processes (``pooled``, as
     joblib's does; its scheduler declares that: :func:`runner.launch.schedulers.pools_points`): points per batch so
     that each process takes one contiguous run of points (``ceil(points / n_jobs)``). Hydra orders a sweep's points
     with the first swept key varying slowest, so a process's points mostly share their bandwidths, and
     :mod:`runner.plan.torchrec_adapter.enumeration_reuse` redoes the perf estimate once per bandwidth pair a
     process meets instead of at nearly every point. None when it does not apply (training sweeps, one process, or
-    ``batch_size`` already set)."""
-    launcher = cfg.hydra.launcher
-    if cfg.mode != "plan" or not pooled:
+    ``batch_size`` already set). ``launcher``: the composed ``hydra.launcher``."""
+    if mode != "plan" or not pooled:
         return None
     if str(launcher.get("batch_size", "auto")) != "auto":
         return None

@@ -105,8 +105,8 @@ def record_error(run_dir: Path, name: str, record: Dict[str, Any], traceback_tex
 
 
 def error_records(run_dir: Path) -> list:
-    """Every record in ``errors/``, and in the other nodes' ``node<k>/errors/`` of a Slurm job when they
-    share the folder (unreadable ones skipped)."""
+    """Every record in ``errors/``, and in the other nodes' folders (:func:`node_error_files`) of a scheduler's job
+    when they share the folder (unreadable ones skipped)."""
     files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + node_error_files(run_dir)
     found = (read_json(f) for f in files)
     return [r for r in found if isinstance(r, dict)]

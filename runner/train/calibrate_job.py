@@ -37,6 +37,7 @@ def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: t
 
     from runner.data.layout import job_data
     from runner.data.pipeline import batches_for
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.train.loop import LoopHooks, train
     from runner.train.models import autocast_forward, build_model
@@ -46,7 +47,7 @@ def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: t
     model = build_model(tiny, device)
     autocast_forward(model, device.type, tiny.precision.autocast)
     apply_sparse_optimizer(model, tiny.optimizer)
-    plan, _, _, sharders = make_plan(tiny, model, world, local, device.type, dist.GroupMember.WORLD)
+    plan, _, _, sharders = make_plan(plan_spec(tiny), model, world, local, device.type, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
                                    data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=True))
     batches = batches_for(job_data(tiny), rank, world, False, 0, steps,

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
 from runner.config.schema import samples_per_step
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for
 from runner.data.values import hashed_ids
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import make_plan
 from runner.plan.report import write_plan_report
 from runner.runtime import rundir
@@ -60,9 +60,8 @@ class Trainer:
         apply_sparse_optimizer(model, cfg.optimizer)
         notes: List[str] = []
         facts: PlanFacts = {}
-        planned = cfg  # the planner's topology takes the host memory this host gives each worker (a new config)
-        if self.ddr_cap_gib != cfg.cluster.ddr_cap_gib:
-            planned = cast("RunnerConfig", OmegaConf.merge(cfg, {"cluster": {"ddr_cap_gib": self.ddr_cap_gib}}))
+        spec = plan_spec(cfg)
+        planned = spec.with_ddr_cap(self.ddr_cap_gib)  # the topology takes the host memory each worker has here
         plan, best_plan, seconds, sharders = make_plan(planned, model, env.world, env.local_world, self.device.type,
                                                        dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
                                                        facts=facts)
@@ -73,7 +72,7 @@ class Trainer:
                                        data_parallel_wrapper=wrapper)
         types: List[str] = []
         if self.reporter.active:
-            report = write_plan_report(cfg, plan, best_plan, env.world, env.local_world, self.device.type,
+            report = write_plan_report(spec, plan, best_plan, env.world, env.local_world, self.device.type,
                                        self.run_dir / rundir.PLAN, seconds, " ".join(notes), facts)
             self.reporter.plan(report)
             self.reporter.hbm_cap(self.hbm_cap, self.ddr_cap_gib)

@@ -85,21 +85,21 @@ def test_bf16_is_refused_on_a_gpu_without_it() -> None:
     check_autocast("float16", (7, 0), "Tesla V100-SXM2-32GB")
 
 
-def _point(device: str, workers: int = 8, nodes: int = 2, mode: str = "train") -> object:
-    return OmegaConf.create({"mode": mode, "cluster": {"device": device, "workers_per_node": workers, "nodes": nodes}})
+def _point(device: str, workers: int = 8, nodes: int = 2, mode: str = "train") -> tuple:
+    return mode, OmegaConf.create({"device": device, "workers_per_node": workers, "nodes": nodes})
 
 
 def test_slurm_jobs_request_gpus_whenever_workers_use_cuda() -> None:
     assert parse_node_resources("64 gpu:8\n96 gpu:a100:8(S:0-1),tmpdisk:100\n") == (64, 8)
     assert parse_node_resources("2 (null)\n2 (null)\n") == (2, 0)
     gpu_nodes, cpu_nodes = (96, 8), (2, 0)
-    assert job_shape(_point("cuda"), {}, *gpu_nodes) == (2, 32, 8)  # 4 CPUs per GPU worker
-    assert job_shape(_point("auto"), {}, *gpu_nodes) == (2, 32, 8)  # auto on GPU nodes: CUDA workers
-    assert job_shape(_point("auto", 2), {}, *cpu_nodes) == (2, 2, None)  # auto on CPU nodes: none
-    assert job_shape(_point("cpu"), {}, *gpu_nodes) == (2, 8, None)
-    assert job_shape(_point("cuda", 8), {}, 16, 8) == (2, 16, 8)  # at most the node's CPUs
-    assert job_shape(_point("cuda"), {"cpus_per_task": 10, "gpus_per_node": 4}, *gpu_nodes) == (2, 10, 4)
-    assert job_shape(_point("cuda", mode="plan"), {}, *gpu_nodes) == (1, 1, None)
+    assert job_shape(*_point("cuda"), {}, *gpu_nodes) == (2, 32, 8)  # 4 CPUs per GPU worker
+    assert job_shape(*_point("auto"), {}, *gpu_nodes) == (2, 32, 8)  # auto on GPU nodes: CUDA workers
+    assert job_shape(*_point("auto", 2), {}, *cpu_nodes) == (2, 2, None)  # auto on CPU nodes: none
+    assert job_shape(*_point("cpu"), {}, *gpu_nodes) == (2, 8, None)
+    assert job_shape(*_point("cuda", 8), {}, 16, 8) == (2, 16, 8)  # at most the node's CPUs
+    assert job_shape(*_point("cuda"), {"cpus_per_task": 10, "gpus_per_node": 4}, *gpu_nodes) == (2, 10, 4)
+    assert job_shape(*_point("cuda", mode="plan"), {}, *gpu_nodes) == (1, 1, None)
 
 
 def test_autocast_wraps_the_forward_only() -> None:

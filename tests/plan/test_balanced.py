@@ -12,6 +12,7 @@ import pytest
 from conftest import cfg_for
 
 from runner.launch.sweep import plan_together as sweep_plans
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
@@ -154,7 +155,8 @@ def _rated(cfg, proposer: str) -> Optional[float]:
     other = cfg.copy()
     other.sharding.proposer = proposer
     try:
-        torchrec_planner(other, 16, 8, "cuda", estimates, dense_bytes(model)).plan(model, sharders_for(cfg.precision))
+        torchrec_planner(plan_spec(other), 16, 8, "cuda", estimates, dense_bytes(model)).plan(
+            model, sharders_for(cfg.precision))
     except Exception:  # noqa: BLE001 - TorchRec found no plan
         return None
     totals = [0.0] * 16
@@ -172,8 +174,8 @@ def test_never_worse_than_torchrec_and_valid(point: Tuple[str, str, str]) -> Non
                   f"sharding.storage_reserve_percent={reserve}", "sharding.balanced_compare=[]")
     model = planning_model(cfg)
     notes, facts = [], {}
-    plan, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", notes=notes, facts=facts)
-    planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model))
+    plan, best, _, _ = make_plan(plan_spec(cfg), model, 16, 8, "cuda", notes=notes, facts=facts)
+    planner = build_planner(plan_spec(cfg), 16, 8, "cuda", None, dense_bytes(model))
     reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
                                                     module=model, sharders=sharders_for(cfg.precision),
                                                     constraints=planner._constraints)
@@ -198,8 +200,8 @@ def test_never_worse_than_torchrec_and_valid(point: Tuple[str, str, str]) -> Non
 def _point(cfg, choose_from=None):
     """A point's balanced plan (as table -> entry) and the point's problem, for rating other points' plans."""
     model = planning_model(cfg)
-    _, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", reuse=True, choose_from=choose_from)
-    planner = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model), reuse=True)
+    _, best, _, _ = make_plan(plan_spec(cfg), model, 16, 8, "cuda", reuse=True, choose_from=choose_from)
+    planner = build_planner(plan_spec(cfg), 16, 8, "cuda", None, dense_bytes(model), reuse=True)
     reserved = planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
                                                     module=model, sharders=sharders_for(cfg.precision),
                                                     constraints=planner._constraints)

@@ -20,6 +20,7 @@ from runner.launch.sweep.precheck import precheck
 from runner.plan import calibration as cal_mod
 from runner.plan.calibration import Calibration, for_job, load_calibration, save, topology_knobs
 from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.plan_spec import plan_spec
 from runner.plan.step_estimate import PARTS
 from runner.plan.topology import build_topology, gibps_to_bytes_per_ms
 from runner.runtime.hardware import fingerprint
@@ -170,8 +171,8 @@ def _plan(cfg: Any, out: Path) -> Any:
     from runner.train.models import planning_model
 
     facts: Dict[str, Any] = {}
-    plan, best, seconds, _ = make_plan(cfg, planning_model(cfg), 2, 2, "cpu", facts=facts)
-    return best, write_plan_report(cfg, plan, best, 2, 2, "cpu", out, seconds, "", facts)
+    plan, best, seconds, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+    return best, write_plan_report(plan_spec(cfg), plan, best, 2, 2, "cpu", out, seconds, "", facts)
 
 
 def test_a_plan_made_with_a_calibration_says_so_and_estimates_the_whole_step(tmp_path: Path) -> None:
@@ -195,7 +196,7 @@ def test_a_plan_made_with_a_calibration_says_so_and_estimates_the_whole_step(tmp
     assert "estimated step" in report.console and "embeddings rated" in report.console
     # TorchRec's own planner, given the same config, plans with the same constants: the same shard estimates
     theirs = PlanEstimates()
-    torchrec_planner(cfg, 2, 2, "cpu", theirs).plan(planning_model(cfg), sharders_for(cfg.precision))
+    torchrec_planner(plan_spec(cfg), 2, 2, "cpu", theirs).plan(planning_model(cfg), sharders_for(cfg.precision))
     ours_perf = sorted(round(s.perf.total, 9) for o in best for s in o.shards)
     assert ours_perf == sorted(round(s.perf.total, 9) for o in theirs.best_plan for s in o.shards)
     # TorchRec's constants: a different estimate, and the report says only the embeddings are estimated

@@ -106,7 +106,7 @@ def test_a_mid_size_plan_holds_little_memory_and_is_valid(tmp_path: Path) -> Non
     before = _rss_bytes()
     notes: List[str] = []
     facts: Dict[str, object] = {}
-    plan, best, _, _ = make_plan(cfg, model, 256, 8, "cuda", notes=notes, facts=facts)
+    plan, best, _, _ = make_plan(plan_spec(cfg), model, 256, 8, "cuda", notes=notes, facts=facts)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # at least the plan's own peak
     assert grown < 400 * 2**20, f"planning 300 tables on 256 GPUs grew the process by {grown / 2**20:.0f} MiB"
     assert len(best) == 300 and facts["lower_bound_ms"] is not None

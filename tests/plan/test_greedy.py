@@ -10,6 +10,7 @@ from torchrec.distributed.planner.types import PlannerError
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
@@ -27,10 +28,10 @@ def test_greedy_plans_and_estimates_equal_torchrecs() -> None:
         cfg = cfg_for(*BASE, f"cluster.cross_node_bandwidth={bandwidth}", f"sharding.storage_reserve_percent={reserve}")
         model = model or planning_model(cfg)
         estimates, theirs = PlanEstimates(), PlanEstimates()
-        planner = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
+        planner = build_planner(plan_spec(cfg), 16, 8, "cuda", estimates, dense_bytes(model))
         proposer = planner._proposers[0]
         assert isinstance(proposer, SkippingGreedyProposer)
-        torchrec = torchrec_planner(cfg, 16, 8, "cuda", theirs, dense_bytes(model))
+        torchrec = torchrec_planner(plan_spec(cfg), 16, 8, "cuda", theirs, dense_bytes(model))
         try:
             ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
         except PlannerError:

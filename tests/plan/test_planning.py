@@ -18,6 +18,7 @@ from runner.config.errors import ConfigError, PlanError
 from runner.config.tables import table_specs
 from runner.plan.analysis import comms_per_rank
 from runner.plan.plan_file import load_plan, plan_to_dict
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import make_plan
 from runner.plan.topology import gibps_to_bytes_per_ms
 from runner.train.models import build_model
@@ -31,7 +32,7 @@ WIDE = ["model.embedding_dim=256", "model.dense_arch_layer_sizes=[256]"]
 def plan_for(cfg, world: int = 2, local: int = 2, device: str = "cpu"):
     model = build_model(cfg, torch.device("meta"))
     apply_sparse_optimizer(model, cfg.optimizer)
-    plan, best, _, _ = make_plan(cfg, model, world, local, device)
+    plan, best, _, _ = make_plan(plan_spec(cfg), model, world, local, device)
     return plan_to_dict(plan, table_specs(cfg.model)), best
 
 
@@ -208,7 +209,7 @@ def test_pinned_plan_keeps_cache_and_hbm_settings(tmp_path: Path) -> None:
                   "+sharding.constraints.t0.cache_load_factor=0.3", "+sharding.constraints.t0.enforce_hbm=true")
     model = build_model(cfg, torch.device("meta"))
     apply_sparse_optimizer(model, cfg.optimizer)
-    planned, _, _, _ = make_plan(cfg, model, 2, 2, "cuda")
+    planned, _, _, _ = make_plan(plan_spec(cfg), model, 2, 2, "cuda")
     as_dict = plan_to_dict(planned, table_specs(cfg.model))
     t0 = next(tables["t0"] for tables in as_dict.values() if "t0" in tables)
     assert t0["compute_kernel"] == "fused_uvm_caching" and t0["cache_params"]["load_factor"] == 0.3, t0
@@ -236,10 +237,10 @@ def test_a_table_with_fewer_rows_than_its_row_shards_is_refused_on_cpu_in_one_li
     for types in ("rowwise", "tablerowwise"):
         cfg = cfg_for(f"sharding={types}", "model.tables=[{name:a,num_embeddings:1},{name:b,num_embeddings:100}]")
         with pytest.raises(PlanError) as refused:
-            make_plan(cfg, planning_model(cfg), 2, 2, "cpu")
+            make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu")
         assert str(refused.value).startswith("table a (1 row(s)) is split over 2 shards (")
         assert "+sharding.constraints.a.sharding_types=[table_wise]" in str(refused.value)
-    plan, *_ = make_plan(cfg, planning_model(cfg), 2, 2, "cuda")
+    plan, *_ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cuda")
     assert plan.plan
 
 

@@ -15,6 +15,7 @@ from conftest import cfg_for
 
 from runner.config.tables import table_specs
 from runner.plan.plan_file import plan_to_dict
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import make_plan
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
 from runner.plan.torchrec_adapter.balanced.effort import Effort
@@ -30,7 +31,7 @@ def _plan(*overrides: str) -> tuple:
     cfg = cfg_for(*MANY, *overrides)
     notes: List[str] = []
     facts: Dict[str, Any] = {}
-    plan, _, _, _ = make_plan(cfg, planning_model(cfg), 16, 8, "cuda", notes=notes, facts=facts)
+    plan, _, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 16, 8, "cuda", notes=notes, facts=facts)
     return json.dumps(plan_to_dict(plan, table_specs(cfg.model)), sort_keys=True), notes, facts
 
 

@@ -24,7 +24,7 @@ POINTS = [  # the first primes the cache; the others differ only in what a sweep
 
 
 def planned(cfg, model, reuse: bool) -> tuple:
-    plan, best, _, _ = make_plan(cfg, model, 16, 8, "cuda", reuse=reuse)
+    plan, best, _, _ = make_plan(plan_spec(cfg), model, 16, 8, "cuda", reuse=reuse)
     return plan_to_dict(plan, table_specs(cfg.model)), per_rank_estimates(best, 16)
 
 

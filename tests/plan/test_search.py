@@ -17,6 +17,7 @@ from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.topology import dense_bytes
@@ -71,7 +72,7 @@ MORE = [("cluster=gpu_4x8", "sharding.storage_reserve_percent=0.6"),  # 4 nodes
 def _torchrec_plan(cfg, model, world: int = 16, local: int = 8) -> tuple:
     """TorchRec's planner with TorchRec's own dynamic-programming proposer (everything else as the runner's)."""
     estimates = PlanEstimates()
-    planner = torchrec_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
+    planner = torchrec_planner(plan_spec(cfg), world, local, "cuda", estimates, dense_bytes(model))
     return planner.plan(model, sharders_for(cfg.precision)), estimates.best_plan
 
 
@@ -90,7 +91,7 @@ def test_plans_and_estimates_equal_torchrecs_at_many_points(monkeypatch: pytest.
         world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
         model = model or planning_model(cfg)
         estimates = PlanEstimates()
-        planner = build_planner(cfg, world, local, "cuda", estimates, dense_bytes(model))
+        planner = build_planner(plan_spec(cfg), world, local, "cuda", estimates, dense_bytes(model))
         proposer = planner._proposers[0]
         assert isinstance(proposer, SkippingProposer)
         try:
@@ -144,7 +145,7 @@ def test_a_helper_that_dies_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=12.5", "sharding.storage_reserve_percent=0.7")  # 52 partitions
     model = planning_model(cfg)
     estimates = PlanEstimates()
-    planner = build_planner(cfg, 16, 8, "cuda", estimates, dense_bytes(model))
+    planner = build_planner(plan_spec(cfg), 16, 8, "cuda", estimates, dense_bytes(model))
     ours = plan_to_dict(planner.plan(model, sharders_for(cfg.precision)), table_specs(cfg.model))
     assert planner._counts.get("helped", 0) >= 2 or len(os.sched_getaffinity(0)) < 2  # it held more than it answered
     plan, best = _torchrec_plan(cfg, model)
@@ -161,7 +162,7 @@ def test_estimators_give_torchrecs_estimates() -> None:
 
     cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=3", "sharding.compute_kernels=[]")
     model = planning_model(cfg)
-    ours = build_planner(cfg, 16, 8, "cuda", None, dense_bytes(model))
+    ours = build_planner(plan_spec(cfg), 16, 8, "cuda", None, dense_bytes(model))
     kwargs = {"topology": ours._topology, "batch_size": ours._batch_size, "constraints": ours._constraints}
     spaces = [EmbeddingEnumerator(**kwargs, estimator=estimator).enumerate(model, sharders_for(cfg.precision))
               for estimator in (None, shard_estimators(ours._topology, ours._constraints))]
@@ -184,12 +185,12 @@ def test_a_plan_where_torchrecs_dynamic_programming_finds_none(cap: int, how: st
     with pytest.raises(PlannerError):
         _torchrec_plan(cfg, model)
     notes: List[str] = []
-    plan, best, seconds, _ = make_plan(cfg, model, 16, 8, "cuda", notes=notes)
+    plan, best, seconds, _ = make_plan(plan_spec(cfg), model, 16, 8, "cuda", notes=notes)
     assert len(notes) == 1 and how in notes[0], notes
     assert {o.name for o in best} == {t.name for t in table_specs(cfg.model)}
     budget = cap * 1024**3 * (1 - cfg.sharding.storage_reserve_percent)
     assert max(r["hbm_bytes"] for r in per_rank_estimates(best, 16)) <= budget
-    report = write_plan_report(cfg, plan, best, 16, 8, "cuda", tmp_path, seconds, notes[0])
+    report = write_plan_report(plan_spec(cfg), plan, best, 16, 8, "cuda", tmp_path, seconds, notes[0])
     assert notes[0] in (tmp_path / "report.md").read_text() and report.tags["runner.plan_note"] == notes[0]
 
 
@@ -202,7 +203,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
 
     cfg = cfg_for(*BASE, "sharding.storage_reserve_percent=0.89")
     model = planning_model(cfg)
-    planner = build_planner(cfg, 16, 8, "cuda", PlanEstimates(), dense_bytes(model))
+    planner = build_planner(plan_spec(cfg), 16, 8, "cuda", PlanEstimates(), dense_bytes(model))
     with pytest.raises(PlannerError) as exc:
         planner.plan(model, sharders_for(cfg.precision))
     line = explain_planner_error(exc.value, planner, plan_spec(cfg), 16, "cuda")
@@ -221,7 +222,7 @@ def test_a_long_plan_shows_its_progress(capsys) -> None:
     cfg = cfg_for(*BASE)
     seen: List[dict] = []
     printer = PlanProgress(after_s=0.0, every_s=0.0)
-    make_plan(cfg, planning_model(cfg), 16, 8, "cuda", progress=lambda c: (seen.append(c), printer(c)))
+    make_plan(plan_spec(cfg), planning_model(cfg), 16, 8, "cuda", progress=lambda c: (seen.append(c), printer(c)))
     assert seen[0]["phase"] == "estimating" and seen[0]["done"] == seen[0]["of"] > 30, seen[0]
     seen = [c for c in seen if "phase" not in c]  # then the search's counts
     assert seen and seen[0]["options"] > seen[0]["tables"] == 30 and seen[0]["partitioned"] == 0

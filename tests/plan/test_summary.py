@@ -8,6 +8,7 @@ from pathlib import Path
 
 from test_planning import cfg_for
 
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import make_plan
 from runner.plan.summary import COLUMNS, summary_markdown, summary_metrics
 from runner.train.models import planning_model
@@ -15,7 +16,7 @@ from runner.train.models import planning_model
 
 def test_the_summary_is_what_the_per_rank_table_sums_to() -> None:
     cfg = cfg_for("mode=plan", "experiment=plan_many_tables", "model.generated_tables.count=40", "cluster=gpu_2x8")
-    _plan, best, _, _ = make_plan(cfg, planning_model(cfg), 16, 8, "cuda")
+    _plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 16, 8, "cuda")
     from runner.plan.analysis import per_rank_estimates
 
     ranks = per_rank_estimates(best, 16)

@@ -8,6 +8,7 @@ import torch
 import torchrec
 from conftest import cfg_for
 
+from runner.plan.plan_spec import plan_spec
 from runner.plan.planner import EmbeddingShardingPlanner, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.torchrec_adapter import torchrec_seam
@@ -38,17 +39,17 @@ def _remember(tmp_path, monkeypatch: pytest.MonkeyPatch, passed: bool, reason: s
 def test_a_torchrec_failing_the_conformance_check_plans_with_its_stock_planner_and_says_why(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = cfg_for("mode=plan", "cluster=gpu_2x8", "sharding.proposer=greedy")
-    assert type(build_planner(cfg, 16, 8, "cuda")) is SearchLoopPlanner
+    assert type(build_planner(plan_spec(cfg), 16, 8, "cuda")) is SearchLoopPlanner
     reason = "conformance check failed: the greedy proposer's plan differs from TorchRec's own"
     _remember(tmp_path, monkeypatch, False, reason)
     try:
-        planner = build_planner(cfg, 16, 8, "cuda")
+        planner = build_planner(plan_spec(cfg), 16, 8, "cuda")
         assert type(planner) is EmbeddingShardingPlanner  # TorchRec's own, nothing of the runner's loop
         model = build_model(cfg, torch.device("meta"))
         notes: list = []
-        plan, *_ = make_plan(cfg, model, 16, 8, "cuda", notes=notes)
+        plan, *_ = make_plan(plan_spec(cfg), model, 16, 8, "cuda", notes=notes)
         again = build_model(cfg, torch.device("meta"))
-        stock = torchrec_planner(cfg, 16, 8, "cuda").plan(again, sharders_for(cfg.precision))
+        stock = torchrec_planner(plan_spec(cfg), 16, 8, "cuda").plan(again, sharders_for(cfg.precision))
         assert str(plan) == str(stock)
         (line,) = [n for n in notes if "torchrec 9.9.0" in n]
         assert reason in line and line.endswith("planned with TorchRec's stock planner and proposers, without the "
@@ -63,9 +64,9 @@ def test_a_torchrec_passing_the_conformance_check_keeps_the_runners_planner(tmp_
     cfg = cfg_for("mode=plan", "cluster=gpu_2x8", "sharding.proposer=greedy")
     _remember(tmp_path, monkeypatch, True, "conformance check passed: (the built-in problem)")
     try:
-        assert type(build_planner(cfg, 16, 8, "cuda")) is SearchLoopPlanner
+        assert type(build_planner(plan_spec(cfg), 16, 8, "cuda")) is SearchLoopPlanner
         notes: list = []
-        make_plan(cfg, build_model(cfg, torch.device("meta")), 16, 8, "cuda", notes=notes)
+        make_plan(plan_spec(cfg), build_model(cfg, torch.device("meta")), 16, 8, "cuda", notes=notes)
         (line,) = [n for n in notes if "torchrec 9.9.0" in n]
         assert "conformance check passed" in line and line.endswith("planned with the runner's planner")
     finally:

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 def planned_folder(folder: Path, *overrides: str) -> Path:
     """A run folder as a job writes it (resolved config, plan report), planned in-process for 2 CPU ranks."""
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
     from runner.train.models import build_model
@@ -20,8 +21,8 @@ def planned_folder(folder: Path, *overrides: str) -> Path:
     (folder / "resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.to_container(cfg, resolve=True)))
     model = build_model(cfg, "meta")
     apply_sparse_optimizer(model, cfg.optimizer)
-    plan, best, seconds, _ = make_plan(cfg, model, 2, 2, "cpu")
-    write_plan_report(cfg, plan, best, 2, 2, "cpu", folder / "plan", seconds)
+    plan, best, seconds, _ = make_plan(plan_spec(cfg), model, 2, 2, "cpu")
+    write_plan_report(plan_spec(cfg), plan, best, 2, 2, "cpu", folder / "plan", seconds)
     return folder
 
 

@@ -89,12 +89,12 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
             rundir.record_status(run, "FINISHED", objective=1.0)
             rundir.write_json(run / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
             OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
-            assert kept_point(cfg, run) is not None  # intact: kept
+            assert kept_point(OmegaConf.to_container(cfg, resolve=True), cfg.tracking, run) is not None  # intact: kept
             capsys.readouterr()
             (run / name).write_bytes(damage((run / name).read_bytes()))
             if name == rundir.RESOLVED and how == "not a record":
                 (run / name).write_text("- 1\n- 2\n")
-            assert kept_point(cfg, run) is None, (name, how)
+            assert kept_point(OmegaConf.to_container(cfg, resolve=True), cfg.tracking, run) is None, (name, how)
             out = capsys.readouterr().out
             assert out.count("\n") == 1 and f"{run / name} cannot be read back; the point runs again" in out, out
 

@@ -148,11 +148,12 @@ def _write_plan(path: Path) -> None:
 
     from runner.config.tables import table_specs
     from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
 
     cfg = cfg_for(*TIGHT_PLAN, "sharding.storage_reserve_percent=0.1")
-    plan = make_plan(cfg, planning_model(cfg), 2, 2, "cuda")[0]
+    plan = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cuda")[0]
     path.write_text(json.dumps(plan_to_dict(plan, table_specs(cfg.model))))
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, cast
 
 from omegaconf import OmegaConf
 
@@ -100,17 +100,6 @@ def _mark_start() -> None:
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
-def _plan(cfg: RunnerConfig, run: DriverRun) -> Dict[str, Any]:
-    from runner.launch.job.plan_only import plan_only
-    from runner.plan.planner import reusable_model, runners_planner
-    from runner.train.models import planning_model
-
-    model = reusable_model(cfg, planning_model)
-    store_open.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
-    run.open()
-    return plan_only(cfg, run.run_dir, model, _sweep_choices() if runners_planner() else None)  # stock: no reuse
-
-
 def _sweep_choices() -> Any:
     """This point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None."""
     from hydra.core.hydra_config import HydraConfig
@@ -133,6 +122,7 @@ def plan_sweep_together(args: List[str]) -> None:
     points = grid_points(applies)
     if len(points) < 2:
         return  # before TorchRec's import: a sweep of other points does not pay it (3 s here)
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import reusable_model, runners_planner
 
     if not runners_planner():
@@ -141,7 +131,7 @@ def plan_sweep_together(args: List[str]) -> None:
     from runner.train.models import planning_model
 
     printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line
-    plan_together(points, lambda cfg: reusable_model(cfg, planning_model),
+    plan_together(points, lambda cfg: reusable_model(plan_spec(cfg), lambda: planning_model(cfg)),
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
@@ -203,17 +193,12 @@ def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
-def _resolved(cfg: RunnerConfig, scheduler: Scheduler) -> Tuple[HydraJob, Dict[str, Any]]:
-    """Where Hydra placed this job (its node's folder, as ``scheduler`` places it), and its config resolved."""
-    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    return HydraJob.from_hydra(scheduler, cfg.cluster.node_rank), config
-
-
 def reuse_job(cfg: RunnerConfig, earlier: Any, scheduler: Scheduler) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
-    ctx, config = _resolved(cfg, scheduler)
+    ctx = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
+    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(ctx, config)
     run = driver_run(cfg, ctx, config, 0, scheduler)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
@@ -238,7 +223,8 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
 
         return write_data(cfg)
     _mark_start()
-    ctx, config = _resolved(cfg, scheduler)
+    ctx = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
+    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(ctx, config)
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
@@ -249,16 +235,22 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
         run.replaces = earlier_run
     if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
         # (the sweep began with the store there) goes on and keeps its run for later. Plan-only: a local store
-        # opened beside the planner's imports and model, checked before the run opens (:func:`_plan`)
+        # opened beside the planner's imports and model, checked before the run opens (:func:`.plan_only.plan_only`)
         (store_open.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if cfg.mode in WORKER_MODES and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
-    chart = PlanChart(run.run_dir)
-    where = place or Place(scheduler.name)
+    chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
+    if cfg.mode == "plan":
+        from runner.launch.job.plan_only import plan_only
+        from runner.plan.planner import runners_planner
+
+        choices = _sweep_choices() if runners_planner() else None  # TorchRec's stock planner: no plan reused
+        work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, choices)  # noqa: E731
+    else:
+        work = lambda: _train(cfg, ctx, run, chart, where, scheduler)  # noqa: E731
     with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
-        return _ended(run, chart, scheduler, (lambda: _plan(cfg, run)) if cfg.mode == "plan" else
-                      (lambda: _train(cfg, ctx, run, chart, where, scheduler)))
+        return _ended(run, chart, scheduler, work)
 
 
 def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,

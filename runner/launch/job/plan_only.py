@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.errors import NoPlanFits
@@ -28,6 +27,7 @@ IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.mod
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
     from runner.plan.facts import PlanFacts
+    from runner.track.driver_run import DriverRun
 
 
 class PlanProgress:
@@ -76,12 +76,21 @@ def _phase_text(counts: Dict[str, Any]) -> str:
     return str(counts.get("detail") or phase)
 
 
-def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = None) -> Dict[str, Any]:
-    """Plan ``model`` (``cfg``'s, on the meta device) for ``cfg.cluster``; write and log the report; return
-    the results. ``choose_from``: the plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
-    from runner.plan.planner import make_plan
+def plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Any = None) -> Dict[str, Any]:
+    """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``
+    once ``run`` (the job's MLflow run) is open; write and log the report; return the results. ``choose_from``: the
+    plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
+    from runner.plan.plan_spec import plan_spec
+    from runner.plan.planner import make_plan, reusable_model
     from runner.plan.report import write_plan_report
     from runner.plan.step_estimate import step_phrase
+    from runner.track import store_open
+    from runner.train.models import planning_model
+
+    spec, run_dir = plan_spec(cfg), run.run_dir
+    model = reusable_model(spec, lambda: planning_model(cfg))
+    store_open.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
+    run.open()
 
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # the planner's INFO lines, per proposal
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node
@@ -93,7 +102,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
     facts: PlanFacts = {}
     progress = PlanProgress()
     try:
-        plan, best_plan, seconds, _ = make_plan(cfg, model, world, local, kind, reuse=True, notes=notes,
+        plan, best_plan, seconds, _ = make_plan(spec, model, world, local, kind, reuse=True, notes=notes,
                                                 progress=progress, facts=facts, choose_from=choose_from)
     except NoPlanFits as exc:
         progress.close()
@@ -103,7 +112,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, model: Any, choose_from: Any = N
         rundir.write_json(run_dir / rundir.RESULTS, results)
         return results
     progress.close()
-    reporter.plan(write_plan_report(cfg, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
+    reporter.plan(write_plan_report(spec, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
                                     " ".join(notes), facts))
     reporter.flush()
     m = reporter.plan_metrics

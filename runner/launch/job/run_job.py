@@ -12,11 +12,12 @@ folder's ``status.json``, where a sweep's outcome is read from (:mod:`runner.lau
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 from runner.config.errors import TrackingError, WorkerFailure
 from runner.config.place import Place
@@ -59,6 +60,13 @@ class _Job:
     def multirun(self) -> bool:
         return self.sweep_dir is not None
 
+    @functools.cached_property
+    def resolved(self) -> Dict[str, Any]:
+        """The config resolved, as the job's run records it (once its place is taken)."""
+        from omegaconf import OmegaConf
+
+        return cast(Dict[str, Any], OmegaConf.to_container(self.cfg, resolve=True))
+
     @property
     def objectives(self) -> List[Tuple[str, str]]:
         """The metrics (and directions) the job returns to a searching sweeper."""
@@ -67,8 +75,8 @@ class _Job:
 
 def run_job(cfg: RunnerConfig) -> Optional[Objective]:
     """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
-    scheduler's task, a failed or stopped job also fails the scheduler's job (node k > 0 of a Slurm job keeps its
-    files in ``node<k>/``)."""
+    scheduler's task, a failed or stopped job also fails the scheduler's job (a node k > 0 keeps its files where the
+    scheduler places them: :meth:`runner.launch.schedulers.Scheduler.node_run_dir`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -163,7 +171,7 @@ def _kept(job: _Job) -> Optional[Dict[str, Any]]:
     """A resumed sweep's point that finished before with the same config: its recorded status (None: it runs)."""
     from runner.launch.sweep.resume import kept_point
 
-    kept = kept_point(job.cfg, job.run_dir)
+    kept = kept_point(job.resolved, job.cfg.tracking, job.run_dir)
     if kept is not None:
         print(f"[runner] job {job.num} kept: it finished before with the same config ({job.run_dir})", flush=True)
     return kept
@@ -171,9 +179,10 @@ def _kept(job: _Job) -> Optional[Dict[str, Any]]:
 
 def _answer(job: _Job) -> Dict[str, Any]:
     """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
-    from runner.launch.sweep.resume import reusable
+    from runner.launch.sweep.resume import config_digest, reusable
 
-    earlier = reusable(job.cfg)
+    c = job.cfg
+    earlier = reusable(config_digest(c.cluster, c.mode, job.resolved), c.mode, c.sweep.reuse, c.tracking)
     if earlier is not None:
         from runner.launch.job.driver import reuse_job
 

@@ -99,8 +99,10 @@ class Scheduler:
         """``(status, line)`` of a job stopped by ``signame``."""
         return "KILLED", f"stopped by {signame}"
 
-    def check_submission(self, hydra_cfg: Any) -> None:
-        """What must hold before any job is submitted (raises :class:`SchedulerError` in one line)."""
+    def check_submission(self, hydra: Any, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
+        """What must hold before a point of ``mode`` on ``cluster`` is submitted (``hydra``: Hydra's config of the
+        point, its launcher and sweep folder; ``store_uri``: ``tracking.uri``); raises :class:`SchedulerError` in
+        one line."""
 
     def cancel_pending(self) -> None:
         """A stopped sweep: the points the scheduler has not started yet are cancelled."""

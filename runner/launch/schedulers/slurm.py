@@ -182,10 +182,10 @@ class SlurmScheduler(Scheduler):
         scancel = f" (Slurm job {task.shown_id} was cancelled)" if task is not None and signame == "SIGTERM" else ""
         return "KILLED", f"stopped by {signame}{scancel}"
 
-    def check_submission(self, hydra_cfg: Any) -> None:
+    def check_submission(self, hydra: Any, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
         from runner.launch.schedulers.slurm_submit import check_submission
 
-        check_submission(hydra_cfg)
+        check_submission(hydra, mode, cluster, store_uri)
 
     def cancel_pending(self) -> None:
         array = os.environ.get("SLURM_ARRAY_JOB_ID")

@@ -28,7 +28,7 @@ from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ClusterSchema
 
 # Filesystems that every node of a cluster mounts alike (the store and the sweep folder must be on one).
 SHARED_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs", "cifs",
@@ -78,19 +78,20 @@ def filesystem_type(path: Path) -> str:
     return max(above, key=lambda m: len(m.mountpoint)).fstype if above else "unknown"
 
 
-def check_submission(cfg: DictConfig) -> None:
-    """What the job's nodes must reach, checked before submission: the tracking store and the sweep folder
-    (a SQLite store or folder on a local disk is fine only when every node of the partition is this host)."""
-    partition = cfg.hydra.launcher.get("partition")
+def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
+    """What the job's nodes must reach, checked before submission (``hydra``: Hydra's config of a point, its
+    launcher and sweep folder; ``store_uri``: ``tracking.uri``): the tracking store and the sweep folder (a SQLite
+    store or folder on a local disk is fine only when every node of the partition is this host)."""
+    partition = hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
-    if cfg.mode in WORKER_MODES and cfg.cluster.nodes > len(nodes):
-        raise SlurmError(f"cluster.nodes={cfg.cluster.nodes} but the Slurm partition {partition or '(default)'} "
+    if mode in WORKER_MODES and cluster.nodes > len(nodes):
+        raise SlurmError(f"cluster.nodes={cluster.nodes} but the Slurm partition {partition or '(default)'} "
                              f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
                              "partition with hydra.launcher.partition")
     if all(_this_host(node_address(n)) for n in nodes):
         return
     where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
-    uri = tracking_uri(cfg.tracking.uri)
+    uri = tracking_uri(store_uri)
     folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
     if folder is None and "://" not in uri:
         folder = Path(uri)
@@ -104,7 +105,7 @@ def check_submission(cfg: DictConfig) -> None:
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
         raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
                              "the nodes reach (and start it with --host 0.0.0.0)")
-    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    sweep_dir = Path(str(hydra.sweep.dir))
     if filesystem_type(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
         raise SlurmError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
                              "shared filesystem (the points' run folders and the sweep's report live there)")
@@ -145,11 +146,12 @@ def partition_resources(partition: Optional[str]) -> Tuple[int, int]:  # (CPUs, 
     return parse_node_resources(_run(["sinfo", "-h", "-o", "%c %G", *(["-p", partition] if partition else [])]))
 
 
-def job_shape(cfg: RunnerConfig, params: Dict[str, Any], node_cpus: int, node_gpus: int) -> Tuple[int, int, Any]:
-    """Nodes, CPUs per task and GPUs per node of a point's job. Workers use CUDA with ``cluster.device=cuda``,
-    or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
+def job_shape(mode: str, c: ClusterSchema, params: Dict[str, Any], node_cpus: int, node_gpus: int
+              ) -> Tuple[int, int, Any]:
+    """Nodes, CPUs per task and GPUs per node of a point's job (of ``mode`` on cluster ``c``). Workers use CUDA with
+    ``cluster.device=cuda``, or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
-    train, c = cfg.mode in WORKER_MODES, cfg.cluster
+    train = mode in WORKER_MODES
     nodes, workers = (int(c.nodes) if train else 1), int(c.workers_per_node)
     gpus = params.get("gpus_per_node")
     if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):
@@ -168,7 +170,8 @@ def _points(launcher: Any, job_overrides: Sequence[Sequence[str]], first: int) -
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.num = first + i
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        points.append(Point(first + i, list(overrides), run_dir, job_shape(cfg, launcher.params, node_cpus, node_gpus)))
+        shape = job_shape(str(cfg.mode), cfg.cluster, launcher.params, node_cpus, node_gpus)
+        points.append(Point(first + i, list(overrides), run_dir, shape))
     return points
 
 

@@ -101,6 +101,7 @@ def _plan_point(i: int, cfg: RunnerConfig, count: int, t0: float, build_model: C
                 ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
     """Point ``i``'s plan (as entries; None where no plan fits: its job says so) and what it compared."""
     from runner.config.errors import PlanError
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan, plan_entries
     from runner.runtime.device import device_type
 
@@ -110,7 +111,7 @@ def _plan_point(i: int, cfg: RunnerConfig, count: int, t0: float, build_model: C
     world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
     facts: PlanFacts = {}
     try:
-        _, best, _, _ = make_plan(cfg, build_model(cfg), world, local,
+        _, best, _, _ = make_plan(plan_spec(cfg), build_model(cfg), world, local,
                                   device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts,
                                   progress=None if progress is None else lambda counts: progress(i, counts))
     except PlanError:

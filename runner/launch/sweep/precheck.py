@@ -24,7 +24,7 @@ from runner.runtime.cores import plan_batch_size
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import ObjectiveSchema, RunnerConfig
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 
@@ -99,13 +99,16 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
         if error:
             return error, []
         first = compose(config_name=config_name or "config", overrides=combos[0], return_hydra_config=True)
-        error = _check_output_folder(first, multirun)
+        error = _check_output_folder(first.hydra, multirun)
         if error or not multirun:
             return error, []
-        error = _check_sweeper(first) or _check_resume(first, command)
+        error = _check_sweeper(first.hydra.sweeper, first.tracking.objective, str(first.mode)) or _check_resume(
+            first.hydra, bool(first.sweep.resume_changed), command)
         if error:
             return error, []
-        size = plan_batch_size(first, math.prod(len(v) for v in values), schedulers.pools_points(first.hydra.launcher))
+        launcher = first.hydra.launcher
+        size = plan_batch_size(str(first.mode), launcher, math.prod(len(v) for v in values),
+                               schedulers.pools_points(launcher))
         own = RUNNER_SWEEPERS.get(first.hydra.sweeper.get("_target_"))  # grid: checked here; optuna: resumable
         return None, ([] if size is None else [f"hydra.launcher.batch_size={size}"]) + ([] if own is None else [
             f"hydra.sweeper._target_={own}"])
@@ -213,22 +216,22 @@ def check_points(combos: List[List[str]], config_name: Optional[str], loader: An
     return None
 
 
-def _check_sweeper(cfg: DictConfig) -> Optional[str]:
-    """A searching sweeper must optimise the way ``tracking.objective`` says is better, one direction per metric
-    a job returns (``cfg``: a point composed with Hydra's own config)."""
+def _check_sweeper(sweeper: DictConfig, objective: ObjectiveSchema, mode: str) -> Optional[str]:
+    """A searching sweeper (``hydra.sweeper``) must optimise the way ``tracking.objective`` says is better, one
+    direction per metric a job of ``mode`` returns."""
     from runner.track.objective import objectives
 
-    wanted = cfg.hydra.sweeper.get("direction")
+    wanted = sweeper.get("direction")
     if wanted is None:
         return None
     asked = [str(wanted)] if isinstance(wanted, str) else [str(w) for w in wanted]
-    returned = objectives(cfg.tracking.objective, str(cfg.mode))
+    returned = objectives(objective, mode)
     names = ", ".join(f"{m} ({d})" for m, d in returned)
     shown = asked[0] if len(asked) == 1 else "[" + ",".join(asked) + "]"
     if len(asked) != len(returned):
         return (f"hydra.sweeper.direction={shown} asks for {len(asked)} value(s) "
                 f"but each job returns {len(returned)}: {names} (tracking.objective.metric and more_metrics)")
-    if len(asked) > 1 and cfg.hydra.sweeper.get("pruner"):
+    if len(asked) > 1 and sweeper.get("pruner"):
         return ("hydra/sweeper/pruner stops a trial on one metric; a multi-objective study "
                 "(tracking.objective.more_metrics) cannot be pruned: leave the pruner out")
     for w in asked:
@@ -255,31 +258,32 @@ def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[st
     from runner.config.errors import SchedulerError
 
     try:
-        scheduler.check_submission(compose(config_name=config_name or "config", overrides=combo,
-                                           return_hydra_config=True))
+        point = compose(config_name=config_name or "config", overrides=combo, return_hydra_config=True)
+        scheduler.check_submission(point.hydra, str(point.mode), point.cluster, point.tracking.uri)
     except SchedulerError as exc:
         return str(exc)
     return None
 
 
-def _check_resume(cfg: DictConfig, overrides: List[str]) -> Optional[str]:
-    """A sweep folder that holds another command's sweep is refused (resuming it would mix two sweeps)."""
+def _check_resume(hydra: DictConfig, resume_changed: bool, overrides: List[str]) -> Optional[str]:
+    """A sweep folder (``hydra.sweep.dir``) that holds another command's sweep is refused (resuming it would mix two
+    sweeps), unless ``sweep.resume_changed``."""
     from runner.launch.sweep.resume import check_resume
 
     try:
-        folder = Path(str(cfg.hydra.sweep.dir)).expanduser().absolute()
+        folder = Path(str(hydra.sweep.dir)).expanduser().absolute()
     except Exception:  # noqa: BLE001 - a folder only Hydra's job can resolve: a new one
         return None
-    return check_resume(folder, overrides, bool(cfg.sweep.resume_changed))
+    return check_resume(folder, overrides, resume_changed)
 
 
-def _check_output_folder(cfg: DictConfig, multirun: bool) -> Optional[str]:
+def _check_output_folder(hydra: DictConfig, multirun: bool) -> Optional[str]:
     """The run (or sweep) folder can be made: a folder is created and removed where it would go."""
     import tempfile
 
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
-        folder = Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)).expanduser().absolute()
+        folder = Path(str(hydra.sweep.dir if multirun else hydra.run.dir)).expanduser().absolute()
     except Exception:  # noqa: BLE001 - a folder only Hydra's job can resolve: left to Hydra
         return None
     nearest = next((p for p in (folder, *folder.parents) if p.exists()), None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 DRY_RUN = "--dry-run"
 LIMIT = 500  # points listed at most (the rest are counted)
@@ -75,19 +75,24 @@ def _search(first: Any, args: List[str]) -> int:
     return 0
 
 
-def _done(cfg: Any) -> str:
-    """Whether the experiment already holds a FINISHED run of ``cfg``'s config: ``done before (run <id>)``,
-    ``not run yet``, or why that cannot be told here (the store does not exist yet, or cannot be reached)."""
-    from runner.launch.sweep.resume import finished_runs_of
+def _done(point: Any) -> str:
+    """Whether the experiment already holds a FINISHED run of a ``point``'s config (composed):
+    ``done before (run <id>)``, ``not run yet``, or why that cannot be told here (the store does not exist yet, or
+    cannot be reached)."""
+    from omegaconf import OmegaConf
+
+    from runner.launch.sweep.resume import config_digest, finished_runs_of
     from runner.track import store
 
-    readable = _read_only(store.tracking_uri(cfg.tracking.uri))
+    readable = _read_only(store.tracking_uri(point.tracking.uri))
     if readable is None:
         return "accepted; not run yet (the store does not exist yet)"
     try:
         from mlflow.tracking import MlflowClient
 
-        found = finished_runs_of(MlflowClient(tracking_uri=readable), cfg)
+        resolved = cast(Dict[str, Any], OmegaConf.to_container(point, resolve=True))
+        digest = config_digest(point.cluster, str(point.mode), resolved)
+        found = finished_runs_of(MlflowClient(tracking_uri=readable), digest, point.tracking.experiment)
     except Exception as exc:  # noqa: BLE001 - a store that cannot answer: the point is still accepted
         return f"accepted; whether it ran before is unknown ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     return f"accepted; done before (run {found[0].info.run_id})" if found else "accepted; not run yet"

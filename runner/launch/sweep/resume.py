@@ -15,9 +15,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
-
-from omegaconf import OmegaConf
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config import roles
 from runner.plan.calibration import hashed
@@ -26,7 +24,8 @@ from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import TrackingSchema
+    from runner.config.schema_model import ClusterSchema
 
 def _task(overrides: List[str]) -> Dict[str, str]:
     """Task overrides as key -> value: only keys that can change an answer (:mod:`runner.config.roles`; Hydra's
@@ -62,10 +61,10 @@ def check_resume(sweep_dir: Path, overrides: List[str], allow_changed: bool) -> 
             "another config run again)")
 
 
-def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
-    """The status of a finished job in ``run_dir`` of the same config as ``cfg`` (:func:`runner.config.roles.answer`)
-    whose run is recorded where ``cfg`` records (the same store and experiment, as ``sweep.reuse`` asks): the
-    point is kept, not run. None when the point must run."""
+def kept_point(now: Dict[str, Any], tracking: TrackingSchema, run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The status of a finished job in ``run_dir`` of the same config as ``now`` (a job's config, resolved:
+    :func:`runner.config.roles.answer`) whose run is recorded where it records (``tracking``: the same store and
+    experiment, as ``sweep.reuse`` asks): the point is kept, not run. None when the point must run."""
     import yaml
 
     status = rundir.read_status(run_dir)
@@ -79,16 +78,15 @@ def kept_point(cfg: RunnerConfig, run_dir: Path) -> Optional[Dict[str, Any]]:
         before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
     except (OSError, ValueError, yaml.YAMLError):  # a byte that is not UTF-8 is a ValueError
         return _runs_again(run_dir / rundir.RESOLVED)
-    now = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a config's root is a mapping
     if not isinstance(before, dict) or set(now) - set(before):  # not a config, or cut short (sections missing)
         return _runs_again(run_dir / rundir.RESOLVED)
     if roles.answer(before) != roles.answer(now):
         return None
     place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
-    if place != (cfg.tracking.experiment, store.tracking_uri(cfg.tracking.uri)):
+    if place != (tracking.experiment, store.tracking_uri(tracking.uri)):
         print(f"[runner] job {run_dir.name}: it finished with the same config, but its run is recorded in "
-              f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {cfg.tracking.experiment!r} "
-              f"of {store.tracking_uri(cfg.tracking.uri)}: it runs again", flush=True)
+              f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {tracking.experiment!r} "
+              f"of {store.tracking_uri(tracking.uri)}: it runs again", flush=True)
         return None
     return status
 
@@ -116,14 +114,14 @@ def _sweep_parent_in_store() -> bool:
     return not sweep_dir or bool(sweep_info(sweep_dir).get("parent_run_id"))
 
 
-def reusable(cfg: RunnerConfig) -> Optional[Any]:
-    """A FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in its store and experiment, when
-    ``sweep.reuse`` is on (null: plan-only)."""
-    if not (cfg.mode == "plan" if cfg.sweep.reuse is None else cfg.sweep.reuse):
+def reusable(digest: str, mode: str, reuse: Optional[bool], tracking: TrackingSchema) -> Optional[Any]:
+    """A FINISHED run of a config of hash ``digest`` (tag ``runner.config_hash``: :func:`config_digest`) in the store
+    and experiment ``tracking`` names, when ``sweep.reuse`` (``reuse``) is on (null: plan-only, ``mode``)."""
+    if not (mode == "plan" if reuse is None else reuse):
         return None
-    uri = store.tracking_uri(cfg.tracking.uri)
+    uri = store.tracking_uri(tracking.uri)
     try:
-        found = finished_runs_of(store.client(uri), cfg)
+        found = finished_runs_of(store.client(uri), digest, tracking.experiment)
     except Exception as exc:
         if not store.is_outage(uri, exc):
             raise
@@ -134,11 +132,16 @@ def reusable(cfg: RunnerConfig) -> Optional[Any]:
     return found[0] if found else None
 
 
-def finished_runs_of(client: Any, cfg: RunnerConfig) -> List[Any]:
-    """The newest FINISHED run of ``cfg``'s config (tag ``runner.config_hash``) in ``client``'s store and ``cfg``'s
-    experiment, as a list of at most one (empty: none, or no such experiment)."""
-    digest = roles.config_hash(hashed(cfg.cluster, cfg.mode, OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+def config_digest(cluster: ClusterSchema, mode: str, resolved: Dict[str, Any]) -> str:
+    """A job's config hash (tag ``runner.config_hash``), from its config resolved (``resolved``; ``cluster`` and
+    ``mode`` its own, for the calibration a plan-only job plans with)."""
+    return roles.config_hash(hashed(cluster, mode, resolved))
+
+
+def finished_runs_of(client: Any, digest: str, experiment_name: str) -> List[Any]:
+    """The newest FINISHED run of the config of hash ``digest`` (:func:`config_digest`) in ``client``'s store and
+    experiment ``experiment_name``, as a list of at most one (empty: none, or no such experiment)."""
+    experiment = client.get_experiment_by_name(experiment_name)
     return [] if experiment is None else client.search_runs(
         [experiment.experiment_id], f"tags.`runner.config_hash` = '{digest}' and attributes.status = 'FINISHED'",
         max_results=1)
