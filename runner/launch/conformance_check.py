@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, List, Tuple, cast
+from typing import TYPE_CHECKING, Any, List, Tuple, cast
 
 from runner.config.proposers import PROPOSERS
 from runner.plan.torchrec_adapter.conformance import CHECKING
+
+if TYPE_CHECKING:
+    from runner.plan.plan_spec import PlanSpec
 
 _TABLES = 24
 _POINT = ("experiment=plan_many_tables", f"model.generated_tables.count={_TABLES}", "cluster=gpu_2x8",
@@ -41,18 +44,16 @@ def _compose(*overrides: str) -> Any:
     return cfg
 
 
-def _enumeration_differences(cfg: Any, world: int, local: int) -> List[str]:
+def _enumeration_differences(spec: PlanSpec, model: Any, world: int, local: int) -> List[str]:
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
-    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import planner_inputs
     from runner.plan.sharders import sharders_for
     from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, expand_all
     from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
-    from runner.train.models import planning_model
 
-    topology, batch, constraints = planner_inputs(plan_spec(cfg), world, local, "cuda", None)
-    model, sharders = planning_model(cfg), sharders_for(cfg.precision)
+    topology, batch, constraints = planner_inputs(spec, world, local, "cuda", None)
+    sharders = sharders_for(spec.precision)
 
     def kwargs() -> Any:
         return {"topology": topology, "batch_size": batch, "constraints": constraints,
@@ -75,6 +76,7 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
     from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
     from runner.plan.sharders import sharders_for
     from runner.plan.topology import dense_bytes
@@ -89,7 +91,7 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
         for build in (build_planner, torchrec_planner):
             estimates = PlanEstimates()
             try:
-                plan = build(cfg, world, local, "cuda", estimates, dense_bytes(model)).plan(model, sharders)
+                plan = build(plan_spec(cfg), world, local, "cuda", estimates, dense_bytes(model)).plan(model, sharders)
                 answers.append((plan_to_dict(plan, specs), per_rank_estimates(estimates.best_plan, world)))
             except Exception as exc:  # noqa: BLE001  (no plan is an answer too; it must be the same one)
                 answers.append(("no plan", type(exc).__name__))
@@ -101,9 +103,13 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
 def failures(proposers: Tuple[str, ...] = tuple(_PROPOSED)) -> List[str]:
     """What differs between the runner's planner and TorchRec's on the built-in problem (the enumeration, then
     each of ``proposers``); empty when nothing."""
+    from runner.plan.plan_spec import plan_spec
+    from runner.train.models import planning_model
+
     cfg = _compose(*_POINT)
     world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
-    return _enumeration_differences(cfg, world, local) or _proposer_differences(world, local, proposers)
+    return (_enumeration_differences(plan_spec(cfg), planning_model(cfg), world, local)
+            or _proposer_differences(world, local, proposers))
 
 
 def main() -> int:

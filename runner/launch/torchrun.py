@@ -26,7 +26,7 @@ from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_job_run, finish_run
 from runner.launch.processes.supervisor import root_cause
 from runner.runtime import signals
-from runner.train.worker import run_guarded
+from runner.train import worker
 
 if TYPE_CHECKING:
     from runner.track.mlflow_run import MlflowRun
@@ -56,7 +56,8 @@ def main(argv: list[str]) -> int:
             run = torchrun_run(cfg, path.parent)
 
     try:
-        results = run_guarded(cfg, path.parent, open_run, schedulers.allocations())
+        results = worker.run_guarded(path.parent, cfg.cluster.pg_timeout_s,
+                                     lambda: worker.run(cfg, path.parent, open_run, schedulers.allocations()))
     except BaseException as exc:
         # stopped (by torchrun's SIGTERM, or Ctrl-C), whatever error the stop caused here first (a peer that
         # stopped before this rank breaks its collective); else the job's failure as the driver names it: the

@@ -14,7 +14,7 @@ from runner.plan.calibration import Calibration, cache_dir, file_name, save
 from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema import CalibrateSchema
 
 FOLDER = "calibration"  # in the run folder, and the artifacts' path in the MLflow run
 # TorchRec's default constants (torchrec/distributed/planner/constants.py), GiB/s and its multiplier
@@ -128,20 +128,21 @@ def _chart(cal: Calibration, path: Path) -> None:
     plt.close(fig)
 
 
-def calibrate_results(cfg: RunnerConfig, run_dir: Path, measured: Dict[str, Any], fingerprint: Dict[str, Any],
-                      seconds: float, reporter: Any) -> Dict[str, Any]:
-    """Fit, write (and keep, when trusted), report and log; the job's results."""
+def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str], run_dir: Path,
+                      measured: Dict[str, Any], fingerprint: Dict[str, Any], seconds: float, reporter: Any
+                      ) -> Dict[str, Any]:
+    """Fit, write (and keep in ``cluster.calibration_dir``, ``calibration_dir``, when trusted and ``calibrate.keep``),
+    report and log; the job's results. ``settings``: the ``calibrate`` keys."""
     constants, spreads = fit_all(measured)
-    trusted = all(v <= cfg.calibrate.max_spread for v in spreads.values()) and not constants.get("kernel_fit_failed")
+    trusted = all(v <= settings.max_spread for v in spreads.values()) and not constants.get("kernel_fit_failed")
     cal = Calibration(fingerprint, constants, spreads, trusted, _summary(measured),
                       datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     folder = run_dir / FOLDER
     where = save(cal, folder / "calibration.yaml")
-    kept = save(cal, cache_dir(cfg.cluster.calibration_dir) / file_name(fingerprint)) \
-        if trusted and cfg.calibrate.keep else None
-    (folder / "report.md").write_text(_markdown(cal, where, kept, cfg.calibrate.max_spread))
+    kept = save(cal, cache_dir(calibration_dir) / file_name(fingerprint)) if trusted and settings.keep else None
+    (folder / "report.md").write_text(_markdown(cal, where, kept, settings.max_spread))
     _chart(cal, folder / "calibration.png")
-    c = constants
+    max_spread, c = settings.max_spread, constants
     metrics = {f"calibration/{k}": float(c[k]) for k in ("device_bw_gibps", "bwd_compute_multiplier",
                                                          "kernel_call_fwd_ms", "kernel_call_bwd_ms")}
     metrics.update({f"calibration/{k}_gibps": float(c[k]) for k in ("intra_node_bandwidth", "cross_node_bandwidth")
@@ -155,7 +156,7 @@ def calibrate_results(cfg: RunnerConfig, run_dir: Path, measured: Dict[str, Any]
             f"{c['kernel_call_bwd_ms']:.3f} ms, "
             + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms" if a2a
                else "no collectives (1 rank)"))
-    trust = "" if trusted else (f"; the repeats scatter more than calibrate.max_spread={cfg.calibrate.max_spread:g} "
+    trust = "" if trusted else (f"; the repeats scatter more than calibrate.max_spread={max_spread:g} "
                                 "(a busy machine?): not kept for cluster.calibration=auto, measure again")
     results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": trusted,
                "spread": spreads, "seconds": seconds, "headline": head + trust}

@@ -34,6 +34,7 @@ from runner.train.calibrate_parts import (
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema, RunnerConfig
     from runner.config.schema_training import OptimizerSchema, PrecisionSchema
+    from runner.track.reporter import Reporter
     from runner.train.worker import RankEnv
 
 
@@ -151,10 +152,6 @@ def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) ->
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
 
 
-def _with_batch(cfg: RunnerConfig, rows: int) -> RunnerConfig:
-    return cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": rows}}))
-
-
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
     """Every rank's measurements, gathered: each sample list becomes a list of per-rank sample lists."""
     everyone: List[Any] = [None] * world
@@ -172,9 +169,15 @@ def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
     return merge(everyone)
 
 
-def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> Dict[str, Any]:
-    """Every rank's measurements (collectives, kernels, dense part), gathered on every rank."""
-    say = _Progress(active)
+def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
+                    fingerprint: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Every rank measures (collectives, kernels, sharded lookups, the dense part, the job's step with tiny tables),
+    the measurements gathered on every rank; rank 0 fits, writes and logs the calibration and returns the
+    results."""
+    from runner.plan.calibration_report import calibrate_results
+
+    started = time.perf_counter()
+    say = _Progress(reporter.active)
     c = cfg.calibrate
     mine: Dict[str, Any] = {"collectives": _collectives(c, env, device, say)}
     mine["kernels"] = _kernels(c, cfg.optimizer, device, say)
@@ -185,23 +188,13 @@ def measure(cfg: RunnerConfig, env: Any, device: torch.device, active: bool) -> 
     say("the job's step with tiny tables", 0, 1, force=True)
     rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)
     steps = STEP_STEPS // 2 if cfg.calibrate.grid == "small" else STEP_STEPS
-    mine["step"] = {r: step_samples(_with_batch(cfg, r), env.rank, env.world, env.local_world, device, steps)
-                    for r in rows}
+    mine["step"] = {r: step_samples(cfg, r, env.rank, env.world, env.local_world, device, steps) for r in rows}
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)
     for name, by_scope in gathered["collectives"].items():
         for scope, by_size in by_scope.items():
             gathered["collectives"][name][scope] = {n: [s for s in per_rank if s] for n, per_rank in by_size.items()}
-    return gathered
-
-
-def run_calibration(cfg: RunnerConfig, run_dir: Path, env: Any, device: torch.device, reporter: Any,
-        fingerprint: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
-    """Measure on every rank; rank 0 fits, writes and logs the calibration and returns the results."""
-    from runner.plan.calibration_report import calibrate_results
-
-    started = time.perf_counter()
-    measured = measure(cfg, env, device, reporter.active)
     if not reporter.active:
         return {}
-    return calibrate_results(cfg, run_dir, measured, fingerprint(), time.perf_counter() - started, reporter)
+    return calibrate_results(c, cfg.cluster.calibration_dir, run_dir, gathered, fingerprint(),
+                             time.perf_counter() - started, reporter)

@@ -4,7 +4,7 @@ wrappers) can be read off (:func:`runner.plan.cost_fit.step_overhead`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, List, cast
 
 import torch
 import torch.distributed as dist
@@ -13,26 +13,13 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
 
 
-def tiny_tables(cfg: RunnerConfig, rows: int) -> RunnerConfig:
-    """``cfg`` with every table cut to ``rows`` rows, all table-wise, planned with TorchRec's constants: a job
-    whose embeddings cost next to nothing, so that its step is the rest of the step."""
-    from omegaconf import OmegaConf
-
-    tables = [{"name": t.name, "num_embeddings": min(int(t.num_embeddings), rows), "embedding_dim": t.embedding_dim}
-              for t in cfg.model.tables]
-    small = {"model": {"tables": tables, "generated_tables": {"min_rows": rows, "max_rows": rows}},
-             "sharding": {"types": ["table_wise"], "constraints": {}, "plan": None},
-             "cluster": {"calibration": "none"}, "train": {"checkpoint": {"enabled": False}}}
-    out = OmegaConf.merge(cfg, small)
-    OmegaConf.set_readonly(out, False)
-    out.sharding.constraints = {}  # replaced, not merged: a table's own constraint would refuse table_wise
-    return out  # type: ignore[return-value]
-
-
-def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: torch.device, steps: int
+def step_samples(cfg: RunnerConfig, batch: int, rank: int, world: int, local: int, device: torch.device, steps: int
                  ) -> List[float]:
-    """The configured job with tiny tables (:func:`tiny_tables`), trained ``steps`` steps by the runner's own loop:
-    its step time, ms (one value: the loop's timed window)."""
+    """The configured job at a per-rank batch of ``batch`` with every table cut to 64 rows per rank, all
+    table-wise, planned with TorchRec's constants (a job whose embeddings cost next to nothing, so that its step is
+    the rest of the step), trained ``steps`` steps by the runner's own loop: its step time, ms (one value: the
+    loop's timed window)."""
+    from omegaconf import OmegaConf
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 
     from runner.data.layout import job_data
@@ -43,7 +30,15 @@ def step_samples(cfg: RunnerConfig, rank: int, world: int, local: int, device: t
     from runner.train.models import autocast_forward, build_model
     from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
 
-    tiny = tiny_tables(cfg, 64 * world)
+    rows = 64 * world
+    tables = [{"name": t.name, "num_embeddings": min(int(t.num_embeddings), rows), "embedding_dim": t.embedding_dim}
+              for t in cfg.model.tables]
+    small = {"model": {"tables": tables, "generated_tables": {"min_rows": rows, "max_rows": rows}},
+             "sharding": {"types": ["table_wise"], "constraints": {}, "plan": None}, "train": {
+                 "batch_size": batch, "checkpoint": {"enabled": False}}, "cluster": {"calibration": "none"}}
+    tiny = cast("RunnerConfig", OmegaConf.merge(cfg, small))
+    OmegaConf.set_readonly(cast(Any, tiny), False)
+    tiny.sharding.constraints = {}  # replaced, not merged: a table's own constraint would refuse table_wise
     model = build_model(tiny, device)
     autocast_forward(model, device.type, tiny.precision.autocast)
     apply_sparse_optimizer(model, tiny.optimizer)

@@ -193,14 +193,17 @@ def build_model(cfg: RunnerConfig, dense_device: torch.device) -> nn.Module:
                                      device=torch.device("meta"))
     builds, dense_device = part(FAMILIES[cfg.model.family].builds), torch.device(dense_device)
     if dense_device.type != "meta":  # sized on meta first: a dense part that cannot fit is refused, not allocated
-        _check_dense_fits(cfg, builds(cfg.model, ebc, cfg.data.num_dense_features, torch.device("meta")), dense_device)
+        sized = builds(cfg.model, ebc, cfg.data.num_dense_features, torch.device("meta"))
+        _check_dense_fits(sized, dense_device, cfg.data.num_dense_features, list(cfg.model.dense_arch_layer_sizes),
+                          int(cfg.cluster.workers_per_node))
     return builds(cfg.model, ebc, cfg.data.num_dense_features, dense_device)
 
 
-def _check_dense_fits(cfg: RunnerConfig, model: nn.Module, device: torch.device) -> None:
-    """One line (a :class:`ConfigError` on ``data.num_dense_features``) where the dense part's parameters alone
-    are more than a worker's share of the memory it would take them from: its GPU's free memory, or the host's
-    available memory over the host's workers."""
+def _check_dense_fits(model: nn.Module, device: torch.device, num_dense: int, layers: List[int], workers: int) -> None:
+    """One line (a :class:`ConfigError` on ``data.num_dense_features``, ``num_dense``) where the dense part's
+    parameters alone (``model``'s, sized on meta; ``layers``: ``model.dense_arch_layer_sizes``) are more than a
+    worker's share of the memory it would take them from: its GPU's free memory, or the host's available memory over
+    the host's ``workers``."""
     import psutil
 
     from runner.config.errors import ConfigError
@@ -210,13 +213,13 @@ def _check_dense_fits(cfg: RunnerConfig, model: nn.Module, device: torch.device)
     if device.type == "cuda":
         room, where = torch.cuda.mem_get_info(device)[0], f"the {torch.cuda.get_device_name(device)}'s free memory"
     else:
-        workers, available = max(int(cfg.cluster.workers_per_node), 1), int(psutil.virtual_memory().available)
+        workers, available = max(workers, 1), int(psutil.virtual_memory().available)
         room = available // workers
         where = f"each worker's share of this host's available memory, {available / GIB:.2f} GiB over {workers}"
     if need > room:
-        raise ConfigError("data.num_dense_features", cfg.data.num_dense_features,
+        raise ConfigError("data.num_dense_features", num_dense,
                           f"a dense part that fits: with it the model's dense parameters alone take {need / GIB:.2f} "
-                          f"GiB on each worker (model.dense_arch_layer_sizes={list(cfg.model.dense_arch_layer_sizes)}"
+                          f"GiB on each worker (model.dense_arch_layer_sizes={layers}"
                           f"), more than {where} ({room / GIB:.2f} GiB)")
 
 

@@ -242,19 +242,19 @@ def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
         pass
 
 
-def run_guarded(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None,
-                allocated: Sequence[Tuple[int, str]] = ()) -> Dict[str, Any]:
-    """A rank's whole life (``allocated``: the memory a scheduler gives this node, where no driver has worked
-    out the job's place)."""
+def run_guarded(run_dir: Path, pg_timeout_s: float, life: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """A rank's whole ``life`` (:func:`run`), its failure recorded in ``run_dir`` (``pg_timeout_s``: the process
+    group's timeout, ``cluster.pg_timeout_s``, which a timed-out collective's line names)."""
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
     log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
     try:
-        return run(cfg, run_dir, joined, allocated)
+        return life()
     except BaseException as exc:
-        _record_error(run_dir, exc, cfg.cluster.pg_timeout_s)
+        _record_error(run_dir, exc, pg_timeout_s)
         raise
 
 
 def elastic_entry(run_dir: str) -> Dict[str, Any]:
     """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
-    return run_guarded(load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir))
+    cfg, folder = load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir)
+    return run_guarded(folder, cfg.cluster.pg_timeout_s, lambda: run(cfg, folder))

@@ -3,6 +3,7 @@ TorchRec's proposers, a lower bound never above a plan, and a bandwidth study wh
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from typing import Iterator, List, Optional, Tuple
@@ -215,7 +216,9 @@ def test_a_sweep_planned_together_agrees_and_is_monotone(monkeypatch: pytest.Mon
     grid = [(b, r) for b in ("25", "3", "12.5", "1") for r in ("0.1", "0.5")]  # 25 first: the order that failed
     points = [[*BASE, "model.generated_tables.count=24", f"cluster.cross_node_bandwidth={b}",
                f"sharding.storage_reserve_percent={r}"] for b, r in grid]
-    path = sweep_plans.plan_together([(p, cfg_for(*p)) for p in points], planning_model)
+    cfgs = [cfg_for(*p) for p in points]
+    path = sweep_plans.plan_together([(p, plan_spec(c), functools.partial(planning_model, c))
+                                      for p, c in zip(points, cfgs, strict=True)])
     try:
         found = {(float(b), float(r)): _point(cfg_for(*p), sweep_plans.choices_for(p))
                  for (b, r), p in zip(grid, points, strict=True)}

@@ -119,19 +119,22 @@ def plan_sweep_together(args: List[str]) -> None:
     from runner.launch.sweep.plan_together import applies, plan_together
     from runner.launch.sweep.precheck import grid_points
 
-    points = grid_points(applies)
+    points = grid_points(lambda point: applies(str(point.mode), point.sharding))
     if len(points) < 2:
         return  # before TorchRec's import: a sweep of other points does not pay it (3 s here)
     from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import reusable_model, runners_planner
+    from runner.plan.planner import runners_planner
 
     if not runners_planner():
         return  # (TorchRec's stock planner: each point plans with it)
+    import functools
+
     from runner.launch.job.plan_only import PlanProgress
     from runner.train.models import planning_model
 
     printer = PlanProgress(after_s=10.0) if not sys.stdout.isatty() else None  # a terminal has its count line
-    plan_together(points, lambda cfg: reusable_model(plan_spec(cfg), lambda: planning_model(cfg)),
+    plan_together([(overrides, plan_spec(point), functools.partial(planning_model, point))
+                   for overrides, point in points],
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 

@@ -35,26 +35,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
+    from runner.config.schema_model import ShardingSchema
     from runner.plan.facts import PlanFacts
+    from runner.plan.plan_spec import PlanSpec
 
 PLAN_SET_ENV = "RUNNER_SWEEP_PLAN_SET"  # the plan set's file, for the sweep's jobs (set by plan_together)
 _LOADED: Dict[str, Dict[str, Any]] = {}
 
 
-def applies(cfg: RunnerConfig) -> bool:
-    """Whether a sweep's point is one this module plans together: a balanced plan-only point."""
+def applies(mode: str, sharding: ShardingSchema) -> bool:
+    """Whether a sweep's point (of ``mode``, with its ``sharding`` keys) is one this module plans together: a
+    balanced plan-only point."""
     from runner.config.proposers import PROPOSERS
 
-    return cfg.mode == "plan" and PROPOSERS[cfg.sharding.proposer].plans_sweeps_together and not cfg.sharding.plan
+    return mode == "plan" and PROPOSERS[sharding.proposer].plans_sweeps_together and not sharding.plan
 
 
-def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Callable[[Any], Any],
+def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
                   progress: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> Path:
-    """Pass 1 (see the module doc) for ``points`` (each a point's overrides and its config): every point
-    planned, the plans and what each point compared written to a file named in :data:`PLAN_SET_ENV`;
-    that file's path. A point where no plan fits adds nothing. ``progress``: told each point's planning
-    progress (the point's index, the planner's counts)."""
+    """Pass 1 (see the module doc) for ``points`` (each a point's overrides, its plan part and what builds its
+    planning model): every point planned, the plans and what each point compared written to a file named in
+    :data:`PLAN_SET_ENV`; that file's path. A point where no plan fits adds nothing. ``progress``: told each
+    point's planning progress (the point's index, the planner's counts)."""
     plans: List[Dict[str, Any]] = []
     facts_of: Dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -65,7 +67,8 @@ def plan_together(points: List[Tuple[List[str], RunnerConfig]], build_model: Cal
     from runner.runtime.cores import may_fork
 
     def plan_point(i: int, report: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-        return _plan_point(i, points[i][1], len(points), t0, build_model, progress if report else None, tty and report)
+        return _plan_point(i, points[i][1], points[i][2], len(points), t0, progress if report else None,
+                           tty and report)
 
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
@@ -96,23 +99,24 @@ def _quiet(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _plan_point(i: int, cfg: RunnerConfig, count: int, t0: float, build_model: Callable[[Any], Any],
+def _plan_point(i: int, spec: PlanSpec, build_model: Callable[[], Any], count: int, t0: float,
                 progress: Optional[Callable[[int, Dict[str, Any]], None]], tty: bool
                 ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-    """Point ``i``'s plan (as entries; None where no plan fits: its job says so) and what it compared."""
+    """Point ``i``'s plan (as entries; None where no plan fits: its job says so) and what it compared; its
+    planning model shared with the points of the same model (``build_model``: a new one)."""
     from runner.config.errors import PlanError
-    from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import make_plan, plan_entries
+    from runner.plan.planner import make_plan, plan_entries, reusable_model
     from runner.runtime.device import device_type
 
     if tty:
         print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "
               f"{i + 1}/{count}, {time.perf_counter() - t0:.0f} s\x1b[K", end="", flush=True)
-    world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
+    c = spec.cluster
+    world, local = c.nodes * c.workers_per_node, c.workers_per_node
     facts: PlanFacts = {}
     try:
-        _, best, _, _ = make_plan(plan_spec(cfg), build_model(cfg), world, local,
-                                  device_type(cfg.cluster.device, planning=True), reuse=True, facts=facts,
+        _, best, _, _ = make_plan(spec, reusable_model(spec, build_model), world, local,
+                                  device_type(c.device, planning=True), reuse=True, facts=facts,
                                   progress=None if progress is None else lambda counts: progress(i, counts))
     except PlanError:
         return None, {}
