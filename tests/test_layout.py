@@ -234,3 +234,34 @@ def test_no_module_but_a_part_s_declaration_tests_its_name() -> None:
                   for declaration, names in kinds.items() if path != Path(str(declaration.__file__))
                   for n in nodes if _names_a_part(n, names)]
     assert not found, found
+
+
+# The functions that take the whole config (a parameter named ``cfg`` or annotated ``RunnerConfig``) outside
+# config/: where a job (or a rank's part of it) is started and its parts are built from the typed config. Every
+# other function takes the part it uses (a ``PlanSpec``, a ``JobData``, a scheduler) or the values it reads.
+BUILDERS = {
+    "runner.cli:_hydra_job", "runner.launch.job.run_job:run_job", "runner.launch.job.driver:execute_job",
+    "runner.launch.job.driver:reuse_job", "runner.launch.job.driver:pre_launch_checks",
+    "runner.launch.job.driver:_train", "runner.launch.job.plan_only:plan_only",
+    "runner.launch.job.run_record:driver_run", "runner.data.layout:job_data", "runner.data.writer:write_data",
+    "runner.plan.plan_spec:plan_spec", "runner.track.mlflow_run:torchrun_run", "runner.train.worker:run",
+    "runner.train.trainer:__init__", "runner.train.models:build_model", "runner.train.models:planning_model",
+    "runner.train.calibrate:run_calibration", "runner.train.calibrate:_dense",
+    "runner.train.calibrate_job:step_samples",
+}
+MAX_CONFIG_READERS = 25
+
+
+def test_the_whole_config_is_read_only_where_a_job_s_parts_are_built() -> None:
+    """At most ``MAX_CONFIG_READERS`` functions take the whole config: config/'s own and the builders above."""
+    found: Set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.arg == "cfg" or (a.annotation is not None and "RunnerConfig" in ast.unparse(a.annotation))
+                       for a in args):
+                    found.add(f"{_module(path)}:{node.name}")
+    outside = sorted(f for f in found if not f.startswith("runner.config.") and f not in BUILDERS)
+    assert not outside, f"these take the whole config; give them the part or the values they read: {outside}"
+    assert len(found) <= MAX_CONFIG_READERS, sorted(found)

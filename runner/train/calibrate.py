@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema, RunnerConfig
     from runner.config.schema_training import OptimizerSchema, PrecisionSchema
     from runner.track.reporter import Reporter
-    from runner.train.worker import RankEnv
+    from runner.train.rank_env import RankEnv
 
 
 SMALL_BATCH, MANY_TABLES = 64, 8  # the sharded lookups' small batch, and their second table count
@@ -116,7 +116,7 @@ def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSc
     return out
 
 
-def _dense(cfg: RunnerConfig, env: Any, device: torch.device, say: _Progress) -> Dict[str, Any]:
+def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """The dense part at the job's batch, a half and a quarter of it; the optimizer over the dense parameters,
     4x and 16x as many; a batch from the source at the job's batch and a quarter of it."""
     from runner.data.layout import job_data

@@ -35,12 +35,14 @@ from runner.train.split_step import loss_scale_for
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
     from runner.plan.facts import PlanFacts
+    from runner.track.reporter import Reporter
+    from runner.train.rank_env import RankEnv
 
 
 class Trainer:
     """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
 
-    def __init__(self, cfg: RunnerConfig, run_dir: Path, env: Any, device: Any, reporter: Any,
+    def __init__(self, cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
                  marks: Dict[str, float], hbm_cap: Optional[int] = None, ddr_cap_gib: Optional[float] = None) -> None:
         self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
         self.ddr_cap_gib = ddr_cap_gib if ddr_cap_gib is not None else cfg.cluster.ddr_cap_gib  # the job's place's

@@ -11,7 +11,6 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import torch
 import torch.distributed as dist
 
-from runner.config.errors import ConfigError, one_line
+from runner.config.errors import one_line
 from runner.config.place import read_place
 from runner.config.schema import load_resolved
 from runner.runtime import affinity, rundir
@@ -36,40 +35,10 @@ from runner.runtime.device import (
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, die_with_parent
 from runner.train import heartbeat
+from runner.train.rank_env import RankEnv, env_int
 
 if TYPE_CHECKING:
-    from runner.config.schema import ClusterSchema, RunnerConfig
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """Where this rank sits: from the launcher's environment, checked against the cluster config."""
-
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-    restarts: int
-    host_workers: int
-
-    @classmethod
-    def from_environment(cls, cluster: ClusterSchema) -> "RankEnv":
-        rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
-        world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
-        expected = cluster.nodes * cluster.workers_per_node
-        if world != expected:
-            raise ConfigError("cluster.nodes*cluster.workers_per_node", expected,
-                              f"the launcher's WORLD_SIZE ({world})")
-        if local_world != cluster.workers_per_node:
-            raise ConfigError("cluster.workers_per_node", cluster.workers_per_node,
-                              f"the launcher's LOCAL_WORLD_SIZE ({local_world})")
-        # RUNNER_HOST_WORKERS: set by the runner's agents (all of a host's workers, emulated nodes included)
-        return cls(rank, local_rank, world, local_world, _env_int("TORCHELASTIC_RESTART_COUNT", 0),
-                   _env_int("RUNNER_HOST_WORKERS", local_world))
+    from runner.config.schema import RunnerConfig
 
 
 def select_device(cluster_device: str, local_rank: int) -> torch.device:
@@ -160,7 +129,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     pids = run_dir / rundir.PIDS  # for operators (and tests) that need to find a rank's process
     pids.mkdir(exist_ok=True)
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
-    heartbeat.start(run_dir, env.rank, _env_int("GROUP_RANK", 0))
+    heartbeat.start(run_dir, env.rank, env_int("GROUP_RANK", 0))
     device = select_device(cfg.cluster.device, env.local_rank)
     check_gpu(cfg.precision.autocast, device)
     cores = bind_cores(cfg.cluster.cpu_affinity, device, env)  # before gloo or OpenMP start threads
@@ -234,7 +203,7 @@ def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
     rank = os.environ.get("RANK", "?")
     record: Dict[str, Any] = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
     if heartbeat.is_collective_timeout(exc) and rank.isdigit():
-        record["error"], silent = heartbeat.timeout_line(run_dir, _env_int("WORLD_SIZE", 1), int(rank), timeout_s)
+        record["error"], silent = heartbeat.timeout_line(run_dir, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
         record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
     try:
         rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())

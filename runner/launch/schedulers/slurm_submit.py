@@ -5,8 +5,7 @@ arrays through submitit, one array per distinct shape (nodes, CPUs, GPUs per nod
 each point's outcome as it ends. A point's outcome is its run folder's ``status.json`` (what the sweep's
 report reads), not submitit's result pickle: a job that Slurm killed before the runner could record an
 outcome is recorded FAILED here, with its state and log. Ctrl-C while waiting cancels the jobs.
-:func:`check_submission` refuses, before anything is submitted, a tracking store or sweep folder that the
-job's nodes cannot reach.
+:func:`check_submission` refuses, before any submission, a store or sweep folder the nodes cannot reach.
 """
 
 from __future__ import annotations
@@ -79,9 +78,8 @@ def filesystem_type(path: Path) -> str:
 
 
 def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
-    """What the job's nodes must reach, checked before submission (``hydra``: Hydra's config of a point, its
-    launcher and sweep folder; ``store_uri``: ``tracking.uri``): the tracking store and the sweep folder (a SQLite
-    store or folder on a local disk is fine only when every node of the partition is this host)."""
+    """What the nodes of a point's job must reach (``hydra``: Hydra's config of the point; ``store_uri``:
+    ``tracking.uri``): its store and sweep folder (on a local disk only where every node is this host)."""
     partition = hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
     if mode in WORKER_MODES and cluster.nodes > len(nodes):
@@ -151,8 +149,8 @@ def job_shape(mode: str, c: ClusterSchema, params: Dict[str, Any], node_cpus: in
     """Nodes, CPUs per task and GPUs per node of a point's job (of ``mode`` on cluster ``c``). Workers use CUDA with
     ``cluster.device=cuda``, or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
-    train = mode in WORKER_MODES
-    nodes, workers = (int(c.nodes) if train else 1), int(c.workers_per_node)
+    train, workers = mode in WORKER_MODES, int(c.workers_per_node)
+    nodes = int(c.nodes) if train else 1
     gpus = params.get("gpus_per_node")
     if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):
         gpus = workers
@@ -170,8 +168,8 @@ def _points(launcher: Any, job_overrides: Sequence[Sequence[str]], first: int) -
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.num = first + i
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        shape = job_shape(str(cfg.mode), cfg.cluster, launcher.params, node_cpus, node_gpus)
-        points.append(Point(first + i, list(overrides), run_dir, shape))
+        points.append(Point(first + i, list(overrides), run_dir,
+                            job_shape(str(cfg.mode), cfg.cluster, launcher.params, node_cpus, node_gpus)))
     return points
 
 
