@@ -221,7 +221,7 @@ def _start(args: List[str]) -> None:
 def _config_file_error(args: List[str]) -> Optional[str]:
     from pathlib import Path
 
-    from runner.config.files import config_file_error
+    from runner.config.config_files import config_file_error
 
     names = [a.split("=", 1)[1] for a in args if a.startswith(("--config-name=", "-cn="))]
     return config_file_error(args, Path(CONF_DIR), names[-1] if names else None)

@@ -178,7 +178,7 @@ def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
     assert _callers("end_job_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
     assert _callers("end_run") == {"runner.track.sync", "runner.launch.sweep.parent", "runner.track.driver_run"}
     assert _callers("draw_plan_chart") == {"runner.launch.job.end"}
-    assert _callers("finish_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
+    assert _callers("end_finished_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}
 
 
 SAME_ROLE = {"main": "a module's command-line entry", "build": "a proposer's builder, named by its declaration"}

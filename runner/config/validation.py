@@ -121,8 +121,8 @@ def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
     if s.plan:
         from pathlib import Path
 
+        from runner.config.config_files import json_error
         from runner.config.errors import config_error_line
-        from runner.config.files import json_error
 
         bad = json_error(Path(s.plan), "sharding.plan")
         if bad:

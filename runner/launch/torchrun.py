@@ -23,7 +23,7 @@ from runner.config.schema import load_resolved
 from runner.config.validation import validate
 from runner.launch import schedulers
 from runner.launch.job import outcome
-from runner.launch.job.end import PlanChart, end_job_run, finish_run
+from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
 from runner.launch.processes.supervisor import root_cause
 from runner.runtime import signals
 from runner.train import worker
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         return signals.Stopped(signal.Signals[name]).exit_code
     if run is not None:
         try:
-            outcome.record(finish_run(run, PlanChart(path.parent), path.parent, results), path.parent)
+            outcome.record(end_finished_run(run, PlanChart(path.parent), path.parent, results), path.parent)
         except Exception as exc:  # noqa: BLE001 - the ranks' work is done and on disk; its record is said
             print(f"[runner] warning: could not end the MLflow run: {exc}", file=sys.stderr, flush=True)
     return 0

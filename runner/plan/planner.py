@@ -24,7 +24,7 @@ from runner.plan.calibration import for_config, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_spec import PlanSpec
-from runner.plan.proposers import stock_proposer
+from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
 from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes

@@ -46,7 +46,7 @@ def test_diff_names_config_keys_tables_and_metrics(tmp_path: Path, capsys) -> No
 
 
 def test_sweep_report_says_what_differs_from_the_first_point() -> None:
-    from runner.launch.sweep.report import vs_first
+    from runner.launch.sweep.sweep_report import vs_first
 
     first = {"params": {"a": 1, "b": "x"}, "types": {"t0": "table_wise", "t1": "table_wise"}}
     other = {"params": {"a": 2, "b": "x"}, "types": {"t0": "row_wise", "t1": "table_wise"}}

@@ -25,7 +25,7 @@ from runner.config.place import Place
 from runner.config.schema import WORKER_MODES, samples_per_step
 from runner.launch import schedulers
 from runner.launch.job import outcome
-from runner.launch.job.end import PlanChart, end_job_run, finish_run
+from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
 from runner.launch.job.run_record import HydraJob, driver_run
 from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
@@ -183,16 +183,16 @@ def _prewarm_next(threads: int, hydra_job: HydraJob, scheduler: Scheduler) -> No
 def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
     ``config`` (the job's, resolved) written. The MLflow run of that earlier job, if it had one."""
-    ctx = hydra_job
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    earlier = rundir.set_aside_previous(ctx.run_dir)
+    hydra_job = hydra_job
+    hydra_job.run_dir.mkdir(parents=True, exist_ok=True)
+    earlier = rundir.set_aside_previous(hydra_job.run_dir)
     if earlier is not None:
         print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
               "for train.resume=latest)", flush=True)
         lost = end_if_lost(earlier)
         if lost:
             print(lost, flush=True)
-    (ctx.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    (hydra_job.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
     return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
@@ -200,13 +200,13 @@ def reuse_job(cfg: RunnerConfig, earlier: Any, scheduler: Scheduler) -> Dict[str
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()
-    ctx = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
+    hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    earlier_run = _job_folder(ctx, config)
-    run = driver_run(cfg, ctx, config, 0, scheduler)
+    earlier_run = _job_folder(hydra_job, config)
+    run = driver_run(cfg, hydra_job, config, 0, scheduler)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
-    results = link_point(ctx.run_dir, earlier, run)
-    results["summary"] = (f"[runner] job {ctx.job_num} reused: the same config finished in MLflow run "
+    results = link_point(hydra_job.run_dir, earlier, run)
+    results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
     end_job_run(run, outcome.finished(results))
     if cfg.sweep.verbose:  # else in the sweep's progress line
@@ -226,22 +226,22 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
 
         return write_data(cfg)
     _mark_start()
-    ctx = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
+    hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    earlier_run = _job_folder(ctx, config)
+    earlier_run = _job_folder(hydra_job, config)
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
-    rundir.write_json(ctx.run_dir / rundir.DRIVER, rundir.driver_record(port))
-    run = driver_run(cfg, ctx, config, port, scheduler, attempt)
+    rundir.write_json(hydra_job.run_dir / rundir.DRIVER, rundir.driver_record(port))
+    run = driver_run(cfg, hydra_job, config, port, scheduler, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
-    if ctx.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
+    if hydra_job.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
         # (the sweep began with the store there) goes on and keeps its run for later. Plan-only: a local store
         # opened beside the planner's imports and model, checked before the run opens (:func:`.plan_only.plan_only`)
         (store_open.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
-    if cfg.mode in WORKER_MODES and ctx.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
+    if cfg.mode in WORKER_MODES and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
     if cfg.mode == "plan":
@@ -251,8 +251,8 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
         choices = _sweep_choices() if runners_planner() else None  # TorchRec's stock planner: no plan reused
         work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, choices)  # noqa: E731
     else:
-        work = lambda: _train(cfg, ctx, run, chart, where, scheduler)  # noqa: E731
-    with job_cores(ctx.parallel, gpus):  # concurrent jobs on this host: each on its own cores
+        work = lambda: _train(cfg, hydra_job, run, chart, where, scheduler)  # noqa: E731
+    with job_cores(hydra_job.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _ended(run, chart, scheduler, work)
 
 
@@ -273,4 +273,4 @@ def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,
             run.ensure_on_record()
         end_job_run(run, end)
         raise
-    return finish_run(run, chart, run.run_dir, results).results
+    return end_finished_run(run, chart, run.run_dir, results).results

@@ -3,7 +3,7 @@ outcome (:mod:`.outcome`).
 
 The driver (:mod:`.driver`, its run a :class:`runner.track.driver_run.DriverRun`) and rank 0 under a plain
 torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.mlflow_run.MlflowRun`) both end a finished
-job with :func:`finish_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
+job with :func:`end_finished_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
 last report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
 summary line printed; it returns the job's outcome. A failed or stopped job's run ends with its outcome's status
 and line through :func:`end_job_run`.
@@ -63,7 +63,7 @@ class PlanChart:
         return png if png.exists() else None
 
 
-def finish_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Outcome:
+def end_finished_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Outcome:
     """End the run of a job that finished; its outcome, the ``results`` given the run's id and store, and the
     summary line (printed)."""
     png = chart.png()

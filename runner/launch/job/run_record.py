@@ -70,22 +70,22 @@ def run_record(hydra_job: HydraJob, config: Dict[str, Any], attempt: int, schedu
     """What the job's run records: a sweep's point named after its values (``run_name``: ``tracking.run_name``),
     its tags (the scheduler's among them; ``digest``: its config's hash), the resolved config and Hydra's folder as
     artifacts, its datasets (``data``: a training job's)."""
-    ctx = hydra_job
-    sweep = sweep_info(ctx.sweep_dir)
-    point = point_values(sweep.get("swept", []), config, ctx.choices)
-    name = store.default_run_name(run_name, config, ctx.choices)
-    if ctx.job_num is not None and not run_name:  # a sweep's point: named after its values
-        name = point_name(point) if point else f"{name}-{ctx.job_num}"
-    tags = {"runner.kind": "job", "runner.overrides": ctx.overrides,
-            "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(ctx.run_dir),
-            **{f"runner.choice.{k}": v for k, v in ctx.choices.items()},
+    sweep = sweep_info(hydra_job.sweep_dir)
+    point = point_values(sweep.get("swept", []), config, hydra_job.choices)
+    name = store.default_run_name(run_name, config, hydra_job.choices)
+    if hydra_job.job_num is not None and not run_name:  # a sweep's point: named after its values
+        name = point_name(point) if point else f"{name}-{hydra_job.job_num}"
+    tags = {"runner.kind": "job", "runner.overrides": hydra_job.overrides,
+            "runner.agent_prewarmed": str(took_warm()).lower(), "runner.run_dir": str(hydra_job.run_dir),
+            **{f"runner.choice.{k}": v for k, v in hydra_job.choices.items()},
             **{f"runner.sweep.{k}": v for k, v in point.items()},
             **scheduler_tags}
-    if ctx.job_num is not None:
-        tags["runner.job"] = str(ctx.job_num)
+    if hydra_job.job_num is not None:
+        tags["runner.job"] = str(hydra_job.job_num)
     tags["runner.attempt"] = str(attempt)
     tags["runner.config_hash"] = digest  # what sweep.reuse looks for
-    return RunRecord(name, sweep.get("parent_run_id"), tags, [ctx.run_dir / rundir.RESOLVED, ctx.run_dir / ".hydra"],
+    folder = hydra_job.run_dir
+    return RunRecord(name, sweep.get("parent_run_id"), tags, [folder / rundir.RESOLVED, folder / ".hydra"],
                      _datasets(data) if data is not None else [])
 
 

@@ -25,7 +25,7 @@ from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.launch import schedulers
 from runner.launch.sweep import stop as sweep_stop
-from runner.launch.sweep.report import write_sweep_report
+from runner.launch.sweep.sweep_report import write_sweep_report
 from runner.runtime import rundir
 from runner.runtime.folder_lock import FolderBusy, hold
 from runner.track.events import EventLog, EventPump

@@ -16,7 +16,7 @@ from torchrec.distributed.types import ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.facts import PlanFacts
-from runner.plan.proposers import build_proposer, declared
+from runner.plan.proposer_build import build_proposer, declared
 from runner.plan.step_estimate import step_perf_model
 from runner.plan.topology import build_storage_reservation
 from runner.plan.torchrec_adapter.balanced.planner import BalancedPlanner

@@ -218,7 +218,7 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
 
 def write_sweep_report(sweep_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]:
     """Write the report into ``<sweep_dir>/report/``; (None, {}) when no point has a plan or an answer."""
-    from runner.launch.sweep.chart import write_chart
+    from runner.launch.sweep.sweep_chart import write_chart
 
     points = load_points(sweep_dir)
     if not points:
