@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import signal
 from pathlib import Path
 from typing import Set
 
@@ -82,6 +83,27 @@ def test_nothing_outside_the_schedulers_package_tests_a_scheduler_or_launcher_na
         if hits:
             found[str(path.relative_to(ROOT))] = hits
     assert not found, found
+
+
+def test_a_scheduler_s_signals_environment_and_folders_are_its_own() -> None:
+    """A scheduler's early signal (Slurm's SIGUSR2), its environment (``SLURM_*``) and its node folders
+    (``node<k>``) appear in code only inside ``launch/schedulers``; the agents learn the signals from the registry."""
+    runner = ROOT / "runner"
+    found = {}
+    for path in runner.rglob("*.py"):
+        if runner / "launch" / "schedulers" in path.parents:
+            continue
+        hits = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("SIGUSR"):
+                hits.append(f"{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value.startswith("SLURM_") or node.value.startswith("node{")):
+                hits.append(f"{node.lineno}: {node.value!r}")
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    assert not found, found
+    assert signal.SIGUSR2 in schedulers.early_signals()  # Slurm's, from its scheduler
 
 
 def test_the_guard_sees_each_way_of_testing_a_name() -> None:
