@@ -16,7 +16,9 @@ from runner.config.roles import ROLE_NOTES, role
 
 def _attribute_docs(cls: type) -> Dict[str, str]:
     """``field -> first sentence-line of the string literal under it`` in ``cls``'s source."""
-    tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))  # type: ignore[arg-type]
+    module = inspect.getmodule(cls)
+    assert module is not None  # a schema class is defined in a module
+    tree = ast.parse(inspect.getsource(module))
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     docs, body = {}, node.body
     for a, b in zip(body, body[1:], strict=False):
@@ -31,8 +33,9 @@ def _default(f: Any) -> str:
         if f.default is None or isinstance(f.default, bool):
             return str(f.default).lower().replace("none", "null")
         return str(f.default)
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = f.default_factory()  # type: ignore[misc]
+    factory = getattr(f, "default_factory", dataclasses.MISSING)
+    if factory is not dataclasses.MISSING:
+        value = factory()
         return "" if dataclasses.is_dataclass(value) else str(value)
     return "???"
 

@@ -32,7 +32,8 @@ def rewrite(args: Sequence[str]) -> List[str]:
 def is_paired(override: object) -> bool:
     """Whether a parsed Hydra override is a paired axis (a choice sweep tagged ``pair``)."""
     is_sweep = getattr(override, "is_sweep_override", lambda: False)()
-    return bool(is_sweep and PAIR_TAG in (getattr(override.value(), "tags", None) or ()))  # type: ignore[attr-defined]
+    value = getattr(override, "value", lambda: None)()
+    return bool(is_sweep and PAIR_TAG in (getattr(value, "tags", None) or ()))
 
 
 def _key(text: str) -> str:

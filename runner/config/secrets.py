@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import re
 from typing import Optional, Tuple
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 HIDDEN = "***"
 
 
-def _host(parts) -> str:  # type: ignore[no-untyped-def]
+def _host(parts: SplitResult) -> str:
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
     return host + (f":{parts.port}" if parts.port else "")

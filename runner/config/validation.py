@@ -203,7 +203,8 @@ def _validate_run(p: PrecisionSchema, d: DataSchema, t: TrainSchema) -> None:
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
     g = p.grad_scaler
     _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
-           "precision.grad_scaler", dict(g),  # type: ignore[call-overload]  # a mapping node
+           "precision.grad_scaler", {k: getattr(g, k) for k in ("init_scale", "growth_factor", "backoff_factor",
+                                                                 "growth_interval")},
            "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
            " growth_interval > 0")
     for key in ("steps", "batch_size", "log_every", "grad_accumulation_steps"):

@@ -33,7 +33,8 @@ def ticks(count: int, most: int = MAX_TICKS) -> List[int]:
 def by_node(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], local: int,
             mem_key: str) -> Tuple[List[Dict[str, float]], Dict[str, List[float]]]:
     """Each node as one bar: its largest memory and traffic, and its busiest rank's step components."""
-    nodes, traffic = [], {k: [] for k in ("intra_node_bytes", "cross_node_bytes")}  # type: ignore[var-annotated]
+    nodes: List[Dict[str, float]] = []
+    traffic: Dict[str, List[float]] = {k: [] for k in ("intra_node_bytes", "cross_node_bytes")}
     for start in range(0, len(ranks), local):
         members = ranks[start:start + local]
         busiest = max(members, key=lambda r: r["total_ms"])

@@ -13,7 +13,8 @@ def _estimates(plan: Dict[str, float], r: int) -> Tuple[Optional[float], Optiona
     if f"plan/rank{r}/whole_step_ms" in plan:
         return plan[f"plan/rank{r}/whole_step_ms"], plan.get(f"plan/rank{r}/est_embedding_fwd_ms")
     fwd = [plan.get(f"plan/rank{r}/{k}") for k in ("fwd_compute_ms", "fwd_comms_ms")]
-    return plan.get(f"plan/rank{r}/total_ms"), None if None in fwd else sum(fwd)  # type: ignore[arg-type]
+    parts = [v for v in fwd if v is not None]
+    return plan.get(f"plan/rank{r}/total_ms"), sum(parts) if len(parts) == len(fwd) else None
 
 
 def estimate_errors(per_rank: List[Dict[str, Any]], plan: Dict[str, float]) -> Dict[str, float]:

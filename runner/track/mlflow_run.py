@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, cast
 
 from runner.runtime import rundir, signals
 from runner.track import store
@@ -198,7 +198,7 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
     run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
-    config: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]  # the root is a mapping
+    config = cast(Dict[str, Any], OmegaConf.to_container(cfg))  # the root is a mapping
     run.open(cfg.tracking.experiment, config, store.default_run_name(cfg.tracking.run_name, config), None,
              {"runner.launcher": "torchrun"})
     (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's

@@ -34,8 +34,9 @@ def complete_checkpoints(root: Path) -> List[Path]:
     """Finished checkpoints under ``root``, oldest first (temporary folders are never listed)."""
     if not root.is_dir():
         return []
-    found = [d for d in root.iterdir() if d.is_dir() and STEP_DIR.match(d.name) and (d / META).is_file()]
-    return sorted(found, key=lambda d: int(STEP_DIR.match(d.name).group(1)))  # type: ignore[union-attr]
+    numbered = [(int(m.group(1)), d) for d in root.iterdir()
+                if d.is_dir() and (m := STEP_DIR.match(d.name)) is not None and (d / META).is_file()]
+    return [d for _, d in sorted(numbered)]
 
 
 def resolve(resume: Optional[str], root: Path) -> Optional[Path]:

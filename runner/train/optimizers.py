@@ -8,7 +8,7 @@ the training pipeline's ``step()`` clips first. Learning rates follow a schedule
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Tuple, cast
 
 import torch
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -145,7 +145,7 @@ class Schedule:
         from omegaconf import OmegaConf
 
         def plain(node: Any) -> Any:
-            return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))  # type: ignore[arg-type]
+            return SimpleNamespace(**cast(Dict[str, Any], OmegaConf.to_container(node, resolve=True)))
 
         self._o: Any = SimpleNamespace(sparse_lr=float(opt_cfg.sparse_lr), dense_lr=float(opt_cfg.dense_lr),
                                   sparse_schedule=plain(opt_cfg.sparse_schedule),

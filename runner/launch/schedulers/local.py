@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, cast
 
 from runner.launch.schedulers import Scheduler
 
@@ -28,7 +28,7 @@ class LocalScheduler(Scheduler):
         from omegaconf import OmegaConf
 
         # the arguments joblib's launcher will give Parallel, so that it finds this pool and takes it over
-        composed: Dict[str, Any] = OmegaConf.to_container(launcher, resolve=True)  # type: ignore[assignment]
+        composed = cast(Dict[str, Any], OmegaConf.to_container(launcher, resolve=True))
         args = {str(k): v for k, v in composed.items() if k != "_target_"}
         args["backend"] = "loky"
         process_joblib_cfg(args)

@@ -64,8 +64,8 @@ def _search(first: Any, args: List[str]) -> int:
 
     sweeper = first.hydra.sweeper
     arguments = [a for a in args if "=" in a and not a.startswith(("hydra.", "hydra/", "-"))]  # as the sweeper has
-    space, fixed = search_space(dict(OmegaConf.to_container(sweeper.params or {}, resolve=True)),  # type: ignore
-                                arguments)
+    params = cast(Dict[str, Any], OmegaConf.to_container(sweeper.params or {}, resolve=True))
+    space, fixed = search_space(dict(params), arguments)
     for key, dist in space.items():
         print(f"[dry-run] searched: {key} in {dist}", flush=True)
     storage = sweeper.storage or str(Path(str(first.hydra.sweep.dir)) / JOURNAL_FILE)

@@ -102,7 +102,7 @@ def diagnose(planner: Any, spec: PlanSpec, world: int, device_type: str, also: s
             f"{f'; {len(too_big)} tables do not fit' if len(too_big) > 1 else ''}; {more}{split}"))
     totals = {name: _smallest(opts, mem)[1] for name, opts in by_table.items()}
     total, capacity = sum(totals.values()), sum(getattr(d.storage, mem) for d in reserved.devices)
-    largest = max(totals, key=totals.get)  # type: ignore[arg-type]
+    largest = max(totals, key=lambda name: totals[name])
     shape = by_table[largest][0].tensor.shape
     if total > capacity:
         return Infeasible(CLUSTER_TOO_SMALL, (
