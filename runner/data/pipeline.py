@@ -14,7 +14,7 @@ import collections
 import itertools
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -53,7 +53,7 @@ class AllRanksIterator:
     one collective per chunk.
     """
 
-    def __init__(self, batches: Any, stream: str, chunk: int = AGREE_EVERY, low_loops: bool = True) -> None:
+    def __init__(self, batches: Iterable[Batch], stream: str, chunk: int = AGREE_EVERY, low_loops: bool = True) -> None:
         self._it, self._group, self._chunk = iter(batches), _group(stream, low_loops), chunk
         self._ready: Deque[Batch] = collections.deque()
         self._ended = False
@@ -88,7 +88,7 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, batches: Any, depth: int) -> None:
+    def __init__(self, batches: Iterable[Batch], depth: int) -> None:
         self._queue: Any = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -135,7 +135,7 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
-def _pinned(batches: Any) -> Iterator[Batch]:
+def _pinned(batches: Iterable[Batch]) -> Iterator[Batch]:
     for batch in batches:
         yield batch.pin_memory()
 

@@ -3,13 +3,16 @@ worker), and cuts the Arrow tables it reads into batches of exactly the batch si
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 
 from runner.data.layout import Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class ShardedSource(torch.utils.data.IterableDataset):
@@ -28,7 +31,7 @@ class ShardedSource(torch.utils.data.IterableDataset):
         worker = info.id if info is not None else 0
         return self.rank * self.workers + worker, self.world * self.workers
 
-    def _batch(self, table: Any) -> Batch:
+    def _batch(self, table: pa.Table) -> Batch:
         raise NotImplementedError
 
     def _rebatch(self, tables: Iterator[Any]) -> Iterator[Batch]:

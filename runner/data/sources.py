@@ -52,7 +52,7 @@ def _loader_worker_init(worker_id: int) -> None:
 class _Slice:
     """Batches ``start .. stop - 1`` of a loader, each time it is iterated."""
 
-    def __init__(self, loader: Any, start: int, stop: Optional[int]) -> None:
+    def __init__(self, loader: torch.utils.data.DataLoader, start: int, stop: Optional[int]) -> None:
         self.loader, self.start, self.stop = loader, start, stop
 
     def __iter__(self) -> Iterator[Batch]:

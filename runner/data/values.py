@@ -15,12 +15,17 @@ and the value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from runner.config.errors import DataError
 from runner.data.layout import Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from runner.data.files import DataFile
 
 _TOTALS: Dict[str, List[int]] = {}  # data key -> [ids hashed, ids read] by this process's sources
 
@@ -63,11 +68,11 @@ class ValueCheck:
     hashed: int = 0
     ids: int = 0
 
-    def _refuse(self, file: Any, row: int, column: str, value: Any, expected: str) -> DataError:
+    def _refuse(self, file: DataFile, row: int, column: str, value: Any, expected: str) -> DataError:
         return DataError(f"{self.key}={self.path}: {file} row {row}, column {column}: {value!r}; expected "
                          f"{expected}")
 
-    def check(self, table: Any, file: Any, first_row: int) -> None:
+    def check(self, table: pa.Table, file: DataFile, first_row: int) -> None:
         """Every column the model reads of ``table`` (rows ``first_row``... of ``file``)."""
         import pyarrow as pa
 
@@ -135,7 +140,7 @@ class ValueCheck:
                 f"{self.key}={self.path} were outside their tables and hashed into range (data.hash_ids=true)")
 
 
-def normalized(table: Any, lay: Layout) -> Any:
+def normalized(table: pa.Table, lay: Layout) -> Any:
     """``table`` with one type per kind of column, whatever its file wrote (int32 or int64 ids, one id or a list
     of them, float32 or float64 or integer numbers), so that row groups of different files join into a batch:
     labels and dense features float32 (what a batch holds), ids list<int64>. A table already so is returned as

@@ -20,6 +20,8 @@ from runner.config.proposers import PROPOSERS
 from runner.plan.torchrec_adapter.conformance import CHECKING
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from runner.plan.plan_spec import PlanSpec
 
 _TABLES = 24
@@ -44,7 +46,7 @@ def _compose(*overrides: str) -> Any:
     return cfg
 
 
-def _enumeration_differences(spec: PlanSpec, model: Any, world: int, local: int) -> List[str]:
+def _enumeration_differences(spec: PlanSpec, model: nn.Module, world: int, local: int) -> List[str]:
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
     from runner.plan.planner import planner_inputs

@@ -22,13 +22,15 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from runner.config.errors import config_error_line, first_line
 from runner.config.schema import WORKER_MODES
 from runner.runtime.hardware import fingerprint, mismatch
 
 if TYPE_CHECKING:
+    import torch
+
     from runner.config.schema_model import ClusterSchema
 
 FORMAT = 1  # the file format this runner writes and reads; a newer one is refused in one line
@@ -75,12 +77,12 @@ def save(cal: Calibration, path: Path) -> Path:
     return path
 
 
-def _refused(path: Any, why: str) -> Exception:
+def _refused(path: Union[str, Path], why: str) -> Exception:
     return config_error_line(f"{KEY}={str(path)!r} cannot be used: {why}; make one on this machine with "
                              "python -m runner mode=calibrate, or plan with cluster.calibration=none", KEY)
 
 
-def load_calibration(path: Any) -> Calibration:
+def load_calibration(path: Union[str, Path]) -> Calibration:
     """The calibration at ``path``; a missing, damaged or newer-format file is a one-line ``ConfigError``."""
     import yaml
 
@@ -173,11 +175,12 @@ def _cached_load(path: str, mtime_ns: int) -> Calibration:
 
 
 @functools.lru_cache(maxsize=8)
-def _fingerprint(device_kind: str, nodes: int, workers: int, device: Any) -> Dict[str, Any]:
+def _fingerprint(device_kind: str, nodes: int, workers: int, device: Optional[torch.device]) -> Dict[str, Any]:
     return fingerprint(device_kind, nodes, workers, device)
 
 
-def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool, device: Any = None) -> Chosen:
+def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool,
+            device: Optional[torch.device] = None) -> Chosen:
     """The calibration ``cluster.calibration`` chooses for a plan on ``device_kind``; ``here_is_job``: the job runs
     on this machine (training: the fingerprint, world shape included, must match), else a plan for a cluster that
     may not be here (a file is taken when its device kind is the plan's; ``auto`` takes this machine's when the plan

@@ -59,7 +59,7 @@ def _bars(count: int) -> Any:
     return per_bar if count <= PER_RANK_UP_TO else outline
 
 
-def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Any,
+def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Path,
           title: str, local: int = 0) -> None:
     """PNG: estimated memory, step time (by component) and traffic side by side; per node when there are more
     than :data:`PER_RANK_UP_TO` ranks and ``local`` (ranks per node) is known. Drawn on a bare Agg figure with a

@@ -3,7 +3,10 @@ message's text), and what it compares with."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, TypedDict
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
+
+PlanChoices = Tuple[List[Dict[str, Any]], Dict[str, Any]]
+"""A sweep planned together (:mod:`runner.launch.sweep.plan_together`): its plans, and what this point compared."""
 
 
 class PlanFacts(TypedDict, total=False):

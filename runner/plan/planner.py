@@ -31,7 +31,10 @@ from runner.plan.topology import build_storage_reservation, build_topology, dens
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from runner.config.schema_model import ShardingSchema, TableConstraintSchema
+    from runner.plan.facts import PlanChoices
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]],
@@ -95,7 +98,8 @@ def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
-                  progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> EmbeddingShardingPlanner:
+                  progress: Optional[Callable[..., None]] = None,
+                  choose_from: Optional[PlanChoices] = None) -> EmbeddingShardingPlanner:
     """The planner for ``spec`` (:func:`runner.plan.plan_spec.plan_spec`) on a world of ``world_size`` ranks,
     ``local_world_size`` per node. With
     ``reuse``, enumerated options are shared with this process's later planners
@@ -140,9 +144,10 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
                                     timeout_seconds=spec.sharding.planner_timeout_s)
 
 
-def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str, sharders: List[Any],
+def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str, sharders: List[Any],
                estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-               facts: PlanFacts, progress: Optional[Callable[..., None]] = None, choose_from: Any = None) -> Any:
+               facts: PlanFacts, progress: Optional[Callable[..., None]] = None,
+               choose_from: Optional[PlanChoices] = None) -> Any:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks): by the
     runner's planner (:mod:`.torchrec_adapter.runner_planner`), or by TorchRec's stock planner on a TorchRec the
     adapter was not tested with (said in one note line)."""
@@ -168,10 +173,10 @@ def _plan_here(spec: PlanSpec, model: Any, world: int, local_world: int, device_
         return NoPlanFits(f"TorchRec's stock planner found no plan: {first_line(exc) or type(exc).__name__}")
 
 
-def make_plan(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str, pg: Any = None,
+def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str, pg: Any = None,
               reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
               progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
-              choose_from: Any = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              choose_from: Optional[PlanChoices] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model`` as ``spec`` (a job's plan part) says; with ``pg``, rank 0 plans
     and broadcasts. ``reuse`` shares enumerated options with later calls in this process (a plan-only sweep,
     :mod:`.torchrec_adapter.enumeration_reuse`).
@@ -216,7 +221,7 @@ def make_plan(spec: PlanSpec, model: Any, world: int, local_world: int, device_t
     return result[0], estimates.best_plan, time.perf_counter() - t0, sharders
 
 
-def _whole_step(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str,
+def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
                 best_plan: List[ShardingOption], facts: PlanFacts) -> None:
     """``facts`` gets which constants the plan was made with and, with a calibration, the whole step
     (:mod:`.step_estimate`)."""

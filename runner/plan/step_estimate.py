@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from torchrec.distributed.planner.types import PerfModel
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from runner.plan.calibration import Calibration
     from runner.plan.plan_spec import PlanSpec
 
@@ -51,7 +53,7 @@ class DenseFacts:
         return 2.0 * self.params * self.batch / 1e9
 
 
-def dense_facts(model: Any, batch: int) -> DenseFacts:
+def dense_facts(model: nn.Module, batch: int) -> DenseFacts:
     """``model``'s dense parameters (everything but the embedding tables; sizes are known on meta too) and its
     linear layers."""
     from torch import nn

@@ -18,6 +18,8 @@ from torchrec.distributed.planner.storage_reservations import (
 from runner.plan.calibration import topology_knobs
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from runner.config.schema_model import ClusterSchema, ShardingSchema
     from runner.plan.calibration import Calibration
 
@@ -55,7 +57,7 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
     return Topology(**kwargs)
 
 
-def dense_bytes(model: Any) -> int:
+def dense_bytes(model: nn.Module) -> int:
     """Bytes of the parameters that are not embedding tables (sizes are known on meta too)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                if "embedding_bag_collection" not in n)

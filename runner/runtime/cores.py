@@ -16,11 +16,14 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
 from runner.runtime.affinity import worker_cores
 from runner.runtime.device import visible_gpus
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 SLOT_DIR = Path(tempfile.gettempdir()) / f"runner-core-slots-{os.getuid()}"
 
@@ -83,7 +86,7 @@ def job_cores(parallel: int, gpus: int = 0) -> Iterator[Optional[List[int]]]:
     yield None
 
 
-def plan_batch_size(mode: str, launcher: Any, points: int, pooled: bool) -> Optional[int]:
+def plan_batch_size(mode: str, launcher: DictConfig, points: int, pooled: bool) -> Optional[int]:
     """For a plan-only sweep whose launcher runs its points in a pool of this host's processes (``pooled``, as
     joblib's does; its scheduler declares that: :func:`runner.launch.schedulers.pools_points`): points per batch so
     that each process takes one contiguous run of points (``ceil(points / n_jobs)``). Hydra orders a sweep's points

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 # keys that must be equal: the device, what runs on it, and the kernels' and collectives' builds
 MATCHED = ("device_kind", "device_name", "torch", "fbgemm", "torchrec", "cuda")
@@ -39,7 +42,8 @@ def library_versions() -> Dict[str, Optional[str]]:
             "torchrec": text(getattr(torchrec, "__version__", None)), "cuda": text(torch.version.cuda)}
 
 
-def fingerprint(device_kind: str, nodes: int, workers_per_node: int, device: Any = None) -> Dict[str, Any]:
+def fingerprint(device_kind: str, nodes: int, workers_per_node: int,
+                device: Optional[torch.device] = None) -> Dict[str, Any]:
     """This machine's fingerprint for a job of ``nodes`` x ``workers_per_node`` on ``device_kind``; ``device``: the
     worker's torch device (its GPU's name; no CUDA is touched without it)."""
     name, driver = cpu_model(), None

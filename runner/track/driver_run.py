@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from runner.runtime import rundir
 from runner.track import store
@@ -127,7 +127,7 @@ class DriverRun:
     def deliver(self) -> bool:
         return self._run.deliver()
 
-    def report_last(self, files: Any, artifact_path: Optional[str]) -> None:
+    def report_last(self, files: Sequence[Path], artifact_path: Optional[str]) -> None:
         self._run.report_last(files, artifact_path)
 
     def add_to_note(self, section: str) -> None:

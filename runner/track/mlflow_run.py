@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, cast
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, cast
 
 from runner.runtime import rundir, signals
 from runner.track import store
@@ -130,7 +130,7 @@ class MlflowRun:
         self._thread = threading.Thread(target=loop, args=(self._stop,), name="run-delivery", daemon=True)
         self._thread.start()
 
-    def artifacts(self, files: Any, artifact_path: Optional[str] = None) -> None:
+    def artifacts(self, files: Sequence[Path], artifact_path: Optional[str] = None) -> None:
         """Log ``files`` to the run now; while the store is away they wait in the event log with the reports."""
         try:
             if self.run_id is not None and (self.pump is None or self.pump.down is None):
@@ -158,7 +158,8 @@ class MlflowRun:
         except Exception:  # noqa: BLE001 - an outage: the run keeps its Description without the section
             pass
 
-    def report_last(self, files: Any, artifact_path: Optional[str], params: Optional[Mapping[str, str]] = None) -> None:
+    def report_last(self, files: Sequence[Path], artifact_path: Optional[str],
+                    params: Optional[Mapping[str, str]] = None) -> None:
         """Files made once every rank has ended (the plan's chart), or ``params``, appended to the run folder's
         event log as rank 0's last report: they reach the run as the others do (from the folder by ``sync``
         in an outage)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 if TYPE_CHECKING:
+    import torch
+
     from runner.config.schema import ObjectiveSchema
 
 TRIAL_FILE = "optuna_trial.yaml"
@@ -20,7 +22,7 @@ TRIAL_FILE = "optuna_trial.yaml"
 class TrialPruning:
     """The pruning of one trial's training, for the loop's checkpoints; inactive where the job is no such trial."""
 
-    def __init__(self, o: ObjectiveSchema, rank: int, device: Any = None) -> None:
+    def __init__(self, o: ObjectiveSchema, rank: int, device: Optional[torch.device] = None) -> None:
         from runner.track.objective import objective
 
         self.file, self.number, self.rank, self.device = o.study, o.trial, rank, device  # NCCL: the GPU's tensor

@@ -19,6 +19,9 @@ from torch import nn
 from runner.train.loop import device_sync
 
 if TYPE_CHECKING:
+    from torchrec import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     from runner.config.schema_training import OptimizerSchema, PrecisionSchema
 
 KIB, MIB = 1024, 1024**2
@@ -144,13 +147,13 @@ class FixedEmbeddings(nn.Module):
     """Stands in for the model's embedding collection: the same pooled widths, given, so that only the dense part
     is timed (its gradient still flows back to the pooled embeddings, as in training)."""
 
-    def __init__(self, ebc: Any, batch: int, device: torch.device) -> None:
+    def __init__(self, ebc: EmbeddingBagCollection, batch: int, device: torch.device) -> None:
         super().__init__()
         self.keys = [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
         self.dims = [c.embedding_dim for c in ebc.embedding_bag_configs() for _ in c.feature_names]
         self.values = torch.randn(batch, sum(self.dims), device=device, requires_grad=True)
 
-    def forward(self, features: Any) -> Any:
+    def forward(self, features: KeyedJaggedTensor) -> Any:
         from torchrec.sparse.jagged_tensor import KeyedTensor
 
         return KeyedTensor(keys=self.keys, length_per_key=self.dims, values=self.values)
@@ -210,11 +213,11 @@ SHARDED = ("table_wise", "row_wise", "data_parallel")  # one of each family of T
 
 
 class _Lookup(nn.Module):
-    def __init__(self, ebc: Any) -> None:
+    def __init__(self, ebc: EmbeddingBagCollection) -> None:
         super().__init__()
         self.ebc = ebc
 
-    def forward(self, features: Any) -> torch.Tensor:
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return self.ebc(features).values()
 
 

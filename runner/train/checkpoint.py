@@ -18,6 +18,9 @@ from runner.config.errors import CheckpointError
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
+    import torch
+    from torchrec.optim.keyed import CombinedOptimizer
+
     from runner.config.schema_training import CheckpointSchema
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -92,7 +95,7 @@ def read_meta(path: Path) -> Dict[str, Any]:
                           "checkpoint (train.resume=<its folder>) or without train.resume")
 
 
-def _state(dmp: Any, optimizer: Any, with_optimizer: bool) -> Dict[str, Any]:
+def _state(dmp: torch.nn.Module, optimizer: CombinedOptimizer, with_optimizer: bool) -> Dict[str, Any]:
     state = {"model": dmp.state_dict()}
     if with_optimizer:
         state["optim"] = optimizer.state_dict()
@@ -109,7 +112,7 @@ def _failure_detail(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def _materialise_dense_state(optimizer: Any) -> None:
+def _materialise_dense_state(optimizer: CombinedOptimizer) -> None:
     """torch optimizers create state at their first step; DCP loads only into state that exists."""
     from torchrec.optim.keyed import KeyedOptimizerWrapper
 
@@ -119,7 +122,8 @@ def _materialise_dense_state(optimizer: Any) -> None:
             opt.zero_grad(set_to_none=True)
 
 
-def load(path: Path, dmp: Any, optimizer: Any, resume_optimizer: bool, rank: int) -> Dict[str, Any]:
+def load(path: Path, dmp: torch.nn.Module, optimizer: CombinedOptimizer, resume_optimizer: bool,
+         rank: int) -> Dict[str, Any]:
     """Load ``path`` into this job's sharding (resharding as needed); return its meta."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
@@ -234,7 +238,8 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return bool(self.cfg.enabled and self.cfg.every_steps and step % self.cfg.every_steps == 0)
 
-    def save(self, step: int, dmp: Any, optimizer: Any, meta: Dict[str, Any], plan_file: Path) -> Path:
+    def save(self, step: int, dmp: torch.nn.Module, optimizer: CombinedOptimizer, meta: Dict[str, Any],
+             plan_file: Path) -> Path:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException

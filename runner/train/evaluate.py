@@ -23,7 +23,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def embedding_forward_ms(dmp: Any, batches: Iterable, device: torch.device, repeats: int = 5) -> Optional[float]:
+def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.device,
+                         repeats: int = 5) -> Optional[float]:
     """This rank's embedding lookup as the plan estimates it (the sharded tables' forward with its input and
     output all-to-alls), timed on a held-out batch: the median of ``repeats`` after one warm-up, in ms. Changes
     nothing (no backward, no optimizer). None where the model has no sharded collection or a rank has no batch.
@@ -82,7 +83,8 @@ def binary_metrics(scores: torch.Tensor, labels: torch.Tensor) -> Dict[str, floa
 
 
 @torch.no_grad()
-def evaluate(dmp: Any, batches: Iterable, device: torch.device, tasks: List[str], rows: int) -> Dict[str, float]:
+def evaluate(dmp: torch.nn.Module, batches: Iterable, device: torch.device, tasks: List[str],
+             rows: int) -> Dict[str, float]:
     """AUC, log loss and normalised entropy over every rank's held-out batches (of ``rows`` rows), gathered to all
     ranks; per task (``tasks``: ``model.tasks``) as well for multi-task models (``eval/auc``, ``eval/logloss`` and
     ``eval/ne`` are then the tasks' means)."""

@@ -23,10 +23,13 @@ from runner.train.optimizers import Schedule, set_learning_rates
 from runner.train.split_step import LossScale, SplitStep, Unpaused
 
 if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.keyed import CombinedOptimizer
+
     from runner.config.schema_training import OptimizerSchema, TrainSchema
 
 
-def make_step(dmp: Any, optimizer: Any, device: torch.device, settings: TrainSchema,
+def make_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device, settings: TrainSchema,
               loss_scale: Optional[LossScale]) -> Any:
     """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
     if settings.grad_accumulation_steps == 1 and loss_scale is None:
@@ -175,7 +178,8 @@ def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str],
     hooks.on_log(step, metrics)
 
 
-def _pause_for_checkpoint(pipeline: Any, dmp: Any, step: int, hooks: LoopHooks) -> float:
+def _pause_for_checkpoint(pipeline: Unpaused | TrainPipelineSparseDist, dmp: torch.nn.Module, step: int,
+                          hooks: LoopHooks) -> float:
     """Evaluate and save outside the pipeline; the seconds it took (left out of the timing)."""
     t0 = time.perf_counter()
     pipeline.detach()  # evaluation and saving run the model outside the pipeline
@@ -186,8 +190,8 @@ def _pause_for_checkpoint(pipeline: Any, dmp: Any, step: int, hooks: LoopHooks) 
     return time.perf_counter() - t0
 
 
-def train(dmp: Any, optimizer: Any, batches: Iterable, start: int, steps: int, device: torch.device,
-          settings: TrainSchema, optimizers: OptimizerSchema, tasks: List[str], hooks: LoopHooks,
+def train(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, batches: Iterable, start: int, steps: int,
+          device: torch.device, settings: TrainSchema, optimizers: OptimizerSchema, tasks: List[str], hooks: LoopHooks,
           loss_scale: Optional[LossScale] = None) -> TrainResult:
     """Run steps ``start+1 .. steps`` (fewer when the data ends first: then every rank stops at the same
     step), ``settings`` being ``train``'s keys, ``optimizers`` the learning rates' schedule, ``tasks`` the model's.

@@ -18,6 +18,8 @@ from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE
 from runner.config.parts import part
 
 if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
     from runner.config.schema_training import ClipSchema, OptimizerSchema, ScheduleSchema
 
 
@@ -88,7 +90,7 @@ def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimize
     return ClippedOptimizer(params, make, o.clip)
 
 
-def combined_optimizer(dmp: Any, opt_cfg: OptimizerSchema) -> CombinedOptimizer:
+def combined_optimizer(dmp: DistributedModelParallel, opt_cfg: OptimizerSchema) -> CombinedOptimizer:
     return CombinedOptimizer([("sparse", dmp.fused_optimizer), ("dense", dense_optimizer(dmp, opt_cfg))])
 
 
@@ -117,7 +119,7 @@ def cosine_factor(s: ScheduleSchema, step: int, t: int, span: int) -> float:
     return s.min_factor + (1 - s.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _leaves(optimizer: Any) -> Iterable[Any]:
+def _leaves(optimizer: torch.optim.Optimizer) -> Iterable[Any]:
     children = getattr(optimizer, "optimizers", None)
     if children is None:
         yield optimizer

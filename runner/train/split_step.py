@@ -34,6 +34,9 @@ from runner.config.errors import ConfigError
 from runner.config.schema import loss_scaling_enabled
 
 if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.keyed import CombinedOptimizer
+
     from runner.config.schema_training import PrecisionSchema
 
 
@@ -81,7 +84,7 @@ def _sharded_embedding_modules(dmp: torch.nn.Module) -> List[torch.nn.Module]:
     return [m for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
 
 
-def _ddp(dmp: Any) -> Any:
+def _ddp(dmp: DistributedModelParallel) -> Any:
     wrapped = getattr(dmp, "_dmp_wrapped_module", None)
     return wrapped if hasattr(wrapped, "no_sync") else None
 
@@ -94,7 +97,7 @@ class Unpaused:
     def detach(self) -> None:
         pass
 
-    def attach(self, model: Any) -> None:
+    def attach(self, model: torch.nn.Module) -> None:
         pass
 
 
@@ -106,7 +109,8 @@ class SplitStep(Unpaused):
     fused kernel's, and would be all-reduced outside DDP's forward.
     """
 
-    def __init__(self, dmp: Any, optimizer: Any, device: torch.device, micro_batches: int,
+    def __init__(self, dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
+                 micro_batches: int,
                  loss_scale: LossScale | None) -> None:
         self.dmp, self.optimizer, self.device = dmp, optimizer, device
         self.micro_batches, self.loss_scale = micro_batches, loss_scale

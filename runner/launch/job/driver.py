@@ -53,6 +53,8 @@ from runner.track.sync import end_if_lost
 from runner.train.checkpoint import checkpoint_root, resolve
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
+
     from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ClusterSchema
     from runner.launch.schedulers import Scheduler
@@ -196,7 +198,7 @@ def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
-def reuse_job(cfg: RunnerConfig, earlier: Any, scheduler: Scheduler) -> Dict[str, Any]:
+def reuse_job(cfg: RunnerConfig, earlier: Run, scheduler: Scheduler) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
     folder and child run, linked to that run, nothing planned or trained."""
     discard_warm()

@@ -26,7 +26,7 @@ IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.mod
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
-    from runner.plan.facts import PlanFacts
+    from runner.plan.facts import PlanChoices, PlanFacts
     from runner.track.driver_run import DriverRun
 
 
@@ -76,7 +76,7 @@ def _phase_text(counts: Dict[str, Any]) -> str:
     return str(counts.get("detail") or phase)
 
 
-def plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Any = None) -> Dict[str, Any]:
+def plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
     """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``
     once ``run`` (the job's MLflow run) is open; write and log the report; return the results. ``choose_from``: the
     plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.config.schema import load_resolved
 from runner.launch import schedulers
@@ -28,6 +28,9 @@ from runner.runtime.affinity import threads_per_worker, workers_on_host
 from runner.runtime.device import device_type, node_gpus, visible_gpus
 from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ClusterSchema
 
 
 def _set_threads(threads: int) -> None:
@@ -60,7 +63,7 @@ def _job_from_stdin() -> list | None:
     return [str(x) for x in json.loads(job)] if job.strip() else None
 
 
-def _start_method(c: Any) -> str:
+def _start_method(c: ClusterSchema) -> str:
     """``cluster.start_method``; ``auto``: fork CPU workers (they inherit the imports), spawn CUDA ones
     (fork needs a parent that has not touched CUDA; spawn is always safe)."""
     if c.start_method != "auto":
@@ -68,7 +71,7 @@ def _start_method(c: Any) -> str:
     return "fork" if c.device == "cpu" or (c.device == "auto" and device_type("auto") == "cpu") else "spawn"
 
 
-def _own_gpus(c: Any, node_rank: int) -> None:
+def _own_gpus(c: ClusterSchema, node_rank: int) -> None:
     """Nodes emulated on one GPU host each get their own GPUs (``CUDA_VISIBLE_DEVICES``, inherited by the
     spawned workers): every node numbers LOCAL_RANK from 0, and ``cuda:LOCAL_RANK`` is then its own GPU."""
     if c.node_rank is not None or c.nodes < 2 or device_type(c.device) != "cuda":

@@ -21,12 +21,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
 from runner.config.place import Place
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from runner.config.schema_model import ClusterSchema
 
 
@@ -99,7 +101,7 @@ class Scheduler:
         """``(status, line)`` of a job stopped by ``signame``."""
         return "KILLED", f"stopped by {signame}"
 
-    def check_submission(self, hydra: Any, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
+    def check_submission(self, hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
         """What must hold before a point of ``mode`` on ``cluster`` is submitted (``hydra``: Hydra's config of the
         point, its launcher and sweep folder; ``store_uri``: ``tracking.uri``); raises :class:`SchedulerError` in
         one line."""
@@ -111,7 +113,7 @@ class Scheduler:
         """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
         return None
 
-    def warm_pool(self, launcher: Any, modules: Sequence[str]) -> None:
+    def warm_pool(self, launcher: DictConfig, modules: Sequence[str]) -> None:
         """A sweep about to start whose points run in a pool of this host's processes (``launcher``: the
         ``hydra.launcher`` config, one of ``pooled_launchers``): the pool started now, in the background, each
         process importing ``modules``, while the sweep's own process opens its parent run (its workers would
@@ -194,7 +196,7 @@ def of_command(args: Sequence[str]) -> Scheduler:
                 named("local"))
 
 
-def pools_points(launcher: Any) -> bool:
+def pools_points(launcher: DictConfig) -> bool:
     """Whether the composed ``hydra.launcher`` runs a sweep's points in a pool of this host's processes (one of a
     scheduler's ``pooled_launchers``)."""
     target = str(launcher.get("_target_", ""))

@@ -9,9 +9,12 @@ import importlib
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Sequence, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, cast
 
 from runner.launch.schedulers import Scheduler
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 _WARMING: List[threading.Thread] = []
 
@@ -20,7 +23,7 @@ class LocalScheduler(Scheduler):
     name = "local"
     pooled_launchers = ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",)  # hydra/launcher=joblib
 
-    def warm_pool(self, launcher: Any, modules: Sequence[str]) -> None:
+    def warm_pool(self, launcher: DictConfig, modules: Sequence[str]) -> None:
         if str(launcher.get("_target_")) not in self.pooled_launchers:
             return
         from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg

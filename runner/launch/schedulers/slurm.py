@@ -27,6 +27,8 @@ from runner.launch.schedulers.slurm_commands import LABEL, SlurmError, _scontrol
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from runner.config.schema_model import ClusterSchema
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
@@ -182,7 +184,7 @@ class SlurmScheduler(Scheduler):
         scancel = f" (Slurm job {task.shown_id} was cancelled)" if task is not None and signame == "SIGTERM" else ""
         return "KILLED", f"stopped by {signame}{scancel}"
 
-    def check_submission(self, hydra: Any, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
+    def check_submission(self, hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
         from runner.launch.schedulers.slurm_submit import check_submission
 
         check_submission(hydra, mode, cluster, store_uri)

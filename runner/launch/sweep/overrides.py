@@ -5,9 +5,10 @@ combinations composed so that every value is composed once (:mod:`runner.launch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, List, Optional, Tuple, cast
 
 if TYPE_CHECKING:
+    from hydra.core.config_loader import ConfigLoader
     from hydra.core.override_parser.types import IntervalSweep
 
 from runner.config import paired
@@ -39,7 +40,7 @@ def split_args(args: List[str]) -> tuple[List[str], Optional[str], bool]:
     return overrides, config_name, checkable
 
 
-def sweep_values(overrides: List[str], loader: Any = None) -> List[List[str]]:
+def sweep_values(overrides: List[str], loader: Optional[ConfigLoader] = None) -> List[List[str]]:
     """Each override's values (one for a plain override). ``glob()`` is expanded over the group's options;
     a sampler's ``interval()`` is left to the sweeper."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -69,7 +70,7 @@ def sweep_values(overrides: List[str], loader: Any = None) -> List[List[str]]:
     return values
 
 
-def sweep_axes(overrides: List[str], loader: Any = None) -> Tuple[List[List[str]], List[str]]:
+def sweep_axes(overrides: List[str], loader: Optional[ConfigLoader] = None) -> Tuple[List[List[str]], List[str]]:
     """The sweep's axes (:func:`sweep_values`, with paired overrides zipped into one axis:
     :mod:`runner.config.paired`) and the overrides' keys in the command's order (to put a point's overrides in)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -91,7 +92,7 @@ def combinations(values: List[List[str]], order: Optional[List[str]] = None) -> 
     return [paired.point(c, order or []) for c in combos]
 
 
-def file_sweeps(overrides: List[str], config_name: Optional[str], loader: Any) -> List[str]:
+def file_sweeps(overrides: List[str], config_name: Optional[str], loader: ConfigLoader) -> List[str]:
     """Sweeps an experiment file sets in ``hydra.sweeper.params`` (not overridden on the command line)."""
     from hydra import compose
 

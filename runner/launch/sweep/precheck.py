@@ -22,6 +22,7 @@ from runner.plan.calibration import check_file
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
+    from hydra.core.config_loader import ConfigLoader
     from omegaconf import DictConfig
 
     from runner.config.schema import ObjectiveSchema, RunnerConfig
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 CONF_DIR = str(PROJECT_ROOT / "conf")
 
 
-def _group_error(override: str, loader: Any) -> Optional[str]:
+def _group_error(override: str, loader: ConfigLoader) -> Optional[str]:
     key, _, value = override.lstrip("+~").partition("=")
     if "." in key or not value or key.startswith("hydra") or key not in loader.list_groups(""):
         return None
@@ -114,7 +115,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
             f"hydra.sweeper._target_={own}"])
 
 
-def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader: Any) -> Optional[Any]:
+def _from_first(first: Optional[Tuple[List[str], Any]], combo: List[str], loader: ConfigLoader) -> Optional[Any]:
     """A point's config from the first point's, where Hydra's compose would give the same: every override the
     same key in the same place, and those whose values differ plain changes of non-group keys to scalars
     (Hydra applies each as ``OmegaConf.update(cfg, key, value, merge=True)`` after composing the same
@@ -185,7 +186,7 @@ def checked(overrides: List[str]) -> bool:
     return tuple(overrides) in _CHECKED
 
 
-def check_points(combos: List[List[str]], config_name: Optional[str], loader: Any) -> Optional[str]:
+def check_points(combos: List[List[str]], config_name: Optional[str], loader: ConfigLoader) -> Optional[str]:
     """The first combination's error (compose + validate), naming the point when it is a sweep's; points
     differing from the first only in values are derived from its config (:func:`_from_first`)."""
     from hydra import compose

@@ -24,8 +24,11 @@ from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
+
     from runner.config.schema import TrackingSchema
     from runner.config.schema_model import ClusterSchema
+    from runner.track.driver_run import DriverRun
 
 def _task(overrides: List[str]) -> Dict[str, str]:
     """Task overrides as key -> value: only keys that can change an answer (:mod:`runner.config.roles`; Hydra's
@@ -147,7 +150,7 @@ def finished_runs_of(client: Any, digest: str, experiment_name: str) -> List[Any
         max_results=1)
 
 
-def link_point(run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
+def link_point(run_dir: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any]:
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
     copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
     ``runner.reused_from`` naming it. The point's results (its run still open)."""
@@ -159,6 +162,7 @@ def link_point(run_dir: Path, earlier: Any, new_run: Any) -> Dict[str, Any]:
         "runner.sharding_types", "runner.world_size", "runner.local_world_size", "runner.nodes", "runner.device")}
     store.set_tags(new_run.uri, new_run.run_id, {**copied, "runner.reused_from": earlier.info.run_id})
     if earlier.data.metrics:
+        assert new_run.run_id is not None  # set_tags above wrote to it
         store.log_metrics(new_run.uri, new_run.run_id, dict(earlier.data.metrics), 0)
     results = {**(rundir.read_json(source / rundir.RESULTS) or {}), "reused_from": earlier.info.run_id,
                "run_id": new_run.run_id, "tracking_uri": new_run.uri}

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+
+if TYPE_CHECKING:
+    import optuna
 
 JOURNAL_FILE = "optuna_journal.log"
 OLD_STUDY_FILE = "optuna_study.pkl"  # the pickled in-memory storage of runner versions on Optuna 2.10
@@ -145,7 +148,7 @@ def trial_overrides(params: Dict[str, Any], fixed: Dict[str, str]) -> List[str]:
     return [f"{k}={value_text(v)}" for k, v in params.items()] + [o for k, o in fixed.items() if k not in params]
 
 
-def write_results(study: Any, directions: List[str], folder: Path) -> None:
+def write_results(study: optuna.Study, directions: List[str], folder: Path) -> None:
     """The study's best trial (or Pareto front) printed and kept in ``optimization_results.yaml``."""
     import time
 

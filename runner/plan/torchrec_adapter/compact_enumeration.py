@@ -25,7 +25,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner import enumerators as _enumerators
@@ -33,6 +33,9 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import Shard, ShardingOption
 
 from runner.plan.torchrec_adapter.record_copies import shallow_copy
+
+if TYPE_CHECKING:
+    from torch import nn
 
 LAYOUT = "runner_layout"  # the attribute of a compact option that holds its Layout
 CHUNK = 2000  # options estimated between two progress reports
@@ -154,7 +157,7 @@ class CompactEnumerator(EmbeddingEnumerator):
         self.compact, self.progress = compact, progress
         self._layouts: List[Layout] = []
 
-    def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
         self._layouts = []
         if not self.compact:
             return super().enumerate(module, sharders)
@@ -169,7 +172,7 @@ class CompactEnumerator(EmbeddingEnumerator):
         estimate_in_chunks(self._estimators, sharding_options, estimator_input(self), self.progress)
 
 
-def estimator_input(enumerator: Any) -> Dict[str, Any]:
+def estimator_input(enumerator: EmbeddingEnumerator) -> Dict[str, Any]:
     """What TorchRec's enumerator hands its estimators after an enumeration, as keyword arguments: the sharders'
     data (TorchRec 1.7 on) or the sharders themselves (1.6, whose enumerator has no ``_sharder_data_map``)."""
     data = getattr(enumerator, "_sharder_data_map", None)

@@ -24,12 +24,18 @@ Three exact speed-ups, and one step further where TorchRec finds nothing:
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Storage, Topology
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torchrec.distributed.planner.types import Enumerator
+
+    from runner.config.schema_model import ShardingSchema
 
 RATING_MARGIN = 1e-9  # relative: a bound within rounding of the best plan is never skipped
 
@@ -191,7 +197,7 @@ class SkippingProposer:
     def skipped(self) -> int:
         return self.skipped_unplaceable + self.skipped_no_room + self.skipped_bound
 
-    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
         self.inner.load(search_space, enumerator)
         self.best, self.facts, self._constraint = None, None, None
         self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
@@ -249,7 +255,7 @@ class FixedEnumerator(EmbeddingEnumerator):
         super().__init__(**kwargs)
         self._space, self._done = space, done
 
-    def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
         self._sharder_map = self._done._sharder_map
         if hasattr(self._done, "_sharder_data_map"):  # TorchRec 1.7 on
             self._sharder_data_map = self._done._sharder_data_map
@@ -258,6 +264,6 @@ class FixedEnumerator(EmbeddingEnumerator):
         return copy.deepcopy(self._space)
 
 
-def build(sharding: Any, device_type: str, world_size: int) -> Any:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """``sharding.proposer=dynamic_programming``: TorchRec's, vectorised and skipping what cannot change its answer."""
     return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins), world_size)

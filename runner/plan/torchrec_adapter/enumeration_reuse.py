@@ -31,6 +31,8 @@ from runner.plan.torchrec_adapter.compact_enumeration import (
 )
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from runner.plan.plan_spec import PlanSpec
 
 _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
@@ -78,7 +80,7 @@ class ReusingEnumerator(CompactEnumerator):
         self._key = key
         self._bw_key = f"{key}|{perf_knobs(topology)!r}"
 
-    def enumerate(self, module: Any, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
         exact = _OPTIONS.get(self._bw_key)
         if exact is not None:
             return self._hand_out(exact, module, sharders)
@@ -94,7 +96,7 @@ class ReusingEnumerator(CompactEnumerator):
         _OPTIONS[self._bw_key] = (options, near[1], near[2])
         return self._hand_out(_OPTIONS[self._bw_key], module, sharders)
 
-    def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: Any,
+    def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: nn.Module,
                   sharders: List[Any]) -> List[ShardingOption]:
         """A kept entry, with the state TorchRec's own enumerate leaves behind. Handed out as it is, not
         copied: planning only sets its shards' ranks, and puts them back (``reset_shard_rank``) before

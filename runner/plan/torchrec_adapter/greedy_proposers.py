@@ -17,13 +17,18 @@ own planner.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.proposers import GreedyProposer
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
 from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer, _ProposalFacts
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import Enumerator
+
+    from runner.config.schema_model import ShardingSchema
 
 
 class SkippingGreedyProposer(SkippingProposer):
@@ -38,7 +43,7 @@ class SkippingGreedyProposer(SkippingProposer):
         self._at = 0
         self._index: Dict[int, Tuple[int, int]] = {}  # id(option) -> (table, option) in the facts' order
 
-    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
         for proposer in self.chain:  # TorchRec's planner loads every proposer before proposing
             proposer.load(search_space, enumerator)
         self._at = 0
@@ -79,6 +84,6 @@ class SkippingGreedyProposer(SkippingProposer):
         self.chain[self._at].feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
-def build(sharding: Any, device_type: str, world_size: int) -> Any:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """``sharding.proposer=greedy``: TorchRec's two greedy proposers, less what cannot change their answer."""
     return SkippingGreedyProposer(world_size)

@@ -4,7 +4,7 @@ TorchRec's silently proposes nothing."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from torchrec.distributed.planner.proposers import GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import ShardingOption
@@ -12,6 +12,8 @@ from torchrec.distributed.planner.types import ShardingOption
 from runner.config.errors import PlanError
 
 if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import Enumerator
+
     from runner.config.schema_model import ShardingSchema
 
 
@@ -19,7 +21,7 @@ class BoundedGridSearchProposer(GridSearchProposer):
     """TorchRec's grid search; above ``max_proposals`` combinations TorchRec's proposer skips itself, and the
     planner then reports a misleading "insufficient storage": here that is one line naming the limit."""
 
-    def load(self, search_space: List[ShardingOption], enumerator: Any = None) -> None:
+    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
         per_table: Dict[str, int] = {}
         for option in search_space:
             per_table[option.fqn] = per_table.get(option.fqn, 0) + 1

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
     from runner.plan.plan_spec import PlanSpec
 
 GIB = 1024**3
@@ -65,14 +67,16 @@ class Infeasible(NamedTuple):
     line: str
 
 
-def explain(planner: Any, spec: PlanSpec, world: int, device_type: str, also: str = "") -> Optional[str]:
+def explain(planner: EmbeddingShardingPlanner, spec: PlanSpec, world: int, device_type: str,
+            also: str = "") -> Optional[str]:
     """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
     the proposers tried after ``spec``'s, e.g. " (then greedy)"."""
     found = diagnose(planner, spec, world, device_type, also)
     return None if found is None else found.line
 
 
-def diagnose(planner: Any, spec: PlanSpec, world: int, device_type: str, also: str = "") -> Optional[Infeasible]:
+def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world: int, device_type: str,
+             also: str = "") -> Optional[Infeasible]:
     """:func:`explain`'s line with its cause (decisions read the cause, never the line's wording)."""
     tried = also
     reservation = getattr(planner, "_storage_reservation", None)
@@ -117,7 +121,8 @@ def diagnose(planner: Any, spec: PlanSpec, world: int, device_type: str, also: s
         f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))
 
 
-def _stopped(planner: Any, by_table: Dict[str, List[Any]], budget: Dict[str, float], mem: str) -> str:
+def _stopped(planner: EmbeddingShardingPlanner, by_table: Dict[str, List[Any]], budget: Dict[str, float],
+             mem: str) -> str:
     """What stopped the runner's dynamic-programming search, from its counts: proposals holding a shard no
     rank can hold (naming the largest such option among the tables' smallest-in-total options, the ones its
     bins favour), and those the partitioner could not place."""

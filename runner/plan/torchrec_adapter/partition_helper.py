@@ -16,9 +16,9 @@ proposals it still held are partitioned here.
 from __future__ import annotations
 
 from multiprocessing.connection import Connection, Pipe
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
+from torchrec.distributed.planner.types import Partitioner, PerfModel, PlannerError, ShardingOption, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from runner.runtime.process_end import fork_helper, reap
@@ -27,7 +27,7 @@ Answer = Tuple[int, bool, Optional[float]]
 ANSWER_TIMEOUT_S = 120.0  # one partition takes well under a second at 1000 tables x 128 GPUs
 
 
-def rate(partitioner: Any, perf_model: Any, proposal: List[ShardingOption],
+def rate(partitioner: Partitioner, perf_model: PerfModel, proposal: List[ShardingOption],
          storage_constraint: Topology) -> Optional[float]:
     """TorchRec's partition and rating of one proposal (None: it does not partition). Its shards keep the
     ranks the partitioner gave until the caller resets them."""
@@ -38,8 +38,8 @@ def rate(partitioner: Any, perf_model: Any, proposal: List[ShardingOption],
     return perf_model.rate(plan=plan)
 
 
-def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: Any, perf_model: Any,
-           storage_constraint: Topology) -> None:
+def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: Partitioner,
+           perf_model: PerfModel, storage_constraint: Topology) -> None:
     while True:
         request = conn.recv()
         if request is None:
@@ -54,8 +54,8 @@ def _serve(conn: Connection, options: Dict[int, ShardingOption], partitioner: An
 class PartitionHelper:
     """The forked helper: :meth:`hand` a proposal, :meth:`answers` what it finished, :meth:`close`."""
 
-    def __init__(self, search_space: List[ShardingOption], partitioner: Any, perf_model: Any,
-                 storage_constraint: Topology) -> None:
+    def __init__(self, search_space: List[ShardingOption], partitioner: Partitioner,
+                 perf_model: PerfModel, storage_constraint: Topology) -> None:
         options = {id(o): o for o in search_space}
         ours, theirs = Pipe()
 

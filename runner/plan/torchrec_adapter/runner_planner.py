@@ -31,15 +31,20 @@ from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal
 
 if TYPE_CHECKING:
+    from torch import nn
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import Stats
+
+    from runner.plan.facts import PlanChoices
     from runner.plan.plan_spec import PlanSpec
 
 Inputs = Tuple[Any, int, Dict[str, Any]]  # the topology, the per-rank batch and the tables' constraints
 
 
-def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size: int, estimates: Any = None,
-                   dense_tensor_bytes: Optional[int] = None, reuse: bool = False,
+def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size: int,
+                   estimates: Optional[Stats] = None, dense_tensor_bytes: Optional[int] = None, reuse: bool = False,
                    search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
-                   progress: Optional[Progress] = None, choose_from: Any = None) -> Any:
+                   progress: Optional[Progress] = None, choose_from: Optional[PlanChoices] = None) -> Any:
     """The runner's planner for ``spec`` (see :func:`runner.plan.planner.build_planner`)."""
     topology, batch, constraints = inputs
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
@@ -75,8 +80,8 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
     )
 
 
-def explain_planner_error(exc: Exception, planner: Any, spec: PlanSpec, world: int, device_type: str,
-                          also: str = "") -> str:
+def explain_planner_error(exc: Exception, planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world: int,
+                          device_type: str, also: str = "") -> str:
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
     line when its state says nothing about memory. ``also``: the proposers tried after ``spec``'s."""
     line = explain(planner, spec, world, device_type, also) if planner is not None else None
@@ -89,8 +94,8 @@ class _Job:
     """What every planner of one plan shares: the plan's part of the config, the world, the model and its sharders,
     the inputs."""
 
-    def __init__(self, spec: PlanSpec, model: Any, world: int, device_type: str, sharders: List[Any],
-                 estimates: Any, dense: int, inputs: Inputs, progress: Optional[Progress]) -> None:
+    def __init__(self, spec: PlanSpec, model: nn.Module, world: int, device_type: str, sharders: List[Any],
+                 estimates: Stats, dense: int, inputs: Inputs, progress: Optional[Progress]) -> None:
         self.spec, self.model, self.world, self.device_type, self.sharders = spec, model, world, device_type, sharders
         self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
 
@@ -99,7 +104,7 @@ class _Job:
                               progress=kwargs.pop("progress", None), **kwargs)
 
 
-def _placeable_plan(planner: Any, job: _Job, notes: List[str]) -> Optional[ShardingPlan]:
+def _placeable_plan(planner: EmbeddingShardingPlanner, job: _Job, notes: List[str]) -> Optional[ShardingPlan]:
     """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
     have a shard no GPU can hold (:func:`.dp_proposer.placeable_only`); the plan (TorchRec-partitioned and
     rated) and a note on how it was found, or None."""
@@ -136,10 +141,10 @@ def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[Sha
     return plan
 
 
-def plan_with_runner(spec: PlanSpec, model: Any, world: int, local_world: int, device_type: str,
-                     sharders: List[Any], estimates: Any, reuse: bool, hbm_cap: Optional[int], notes: List[str],
+def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
+                     sharders: List[Any], estimates: Stats, reuse: bool, hbm_cap: Optional[int], notes: List[str],
                      facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
-                     choose_from: Any = None) -> Any:
+                     choose_from: Optional[PlanChoices] = None) -> Any:
     """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
     where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
     when the named proposer found none)."""

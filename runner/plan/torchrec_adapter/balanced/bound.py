@@ -20,12 +20,15 @@ shards are whole. docs/planning.md defines them for users.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.config_bound import LP_MARGIN, config_bound
 from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound, simple_parts
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import Enumerator, StorageReservation
 
 __all__ = ["lower_bound", "lower_bound_of", "lp_bound", "plan_bound", "simple_bound"]
 
@@ -107,7 +110,8 @@ def lower_bound_of(problem: Problem) -> Tuple[float, str]:
     return found, "mean rank" if mean >= largest else "largest shard"
 
 
-def plan_bound(enumerator: Any, reservation: Any) -> Optional[Tuple[float, str]]:
+def plan_bound(enumerator: Optional[Enumerator],
+               reservation: Optional[StorageReservation]) -> Optional[Tuple[float, str]]:
     """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
     on the devices ``reservation`` reserved last, and which bound it is (:func:`lower_bound_of`); None where either is
     unknown."""

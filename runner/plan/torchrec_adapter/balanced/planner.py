@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
@@ -46,6 +46,9 @@ from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 from runner.runtime.cores import may_fork
+
+if TYPE_CHECKING:
+    from runner.config.schema_model import ShardingSchema
 
 
 @contextlib.contextmanager
@@ -214,7 +217,7 @@ class BalancedPlanner(SearchLoopPlanner):
         return None
 
 
-def build(sharding: Any, device_type: str, world_size: int) -> BalancedProposer:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> BalancedProposer:
     """``sharding.proposer=balanced``, with the TorchRec plans it starts from (``sharding.balanced_compare``)."""
     compare = sharding.balanced_compare
     here = [n for n in BALANCED_STARTS if device_type == "cuda" or PROPOSERS[n].cpu]  # those these workers may use

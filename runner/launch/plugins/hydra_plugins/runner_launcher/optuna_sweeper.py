@@ -24,12 +24,16 @@ from __future__ import annotations
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union, cast
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    import optuna
+    from hydra.core.utils import JobReturn
 
 DEFAULT_STUDY = "runner"
 IN_PROCESS = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -163,7 +167,7 @@ class OptunaSweeper(Sweeper):
                                                    f"tracking.objective.trial={number}"]
         return trial_overrides(params, {str(k): str(v) for k, v in fixed.items()}) + told
 
-    def _ask(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str]) -> Any:
+    def _ask(self, study: optuna.Study, space: Dict[str, Any], fixed: Dict[str, str]) -> Any:
         trial = study.ask(fixed_distributions=space)
         for key, value in fixed.items():  # kept with the trial, so that a resumed study reruns it as it was
             trial.set_user_attr(key, value)
@@ -172,7 +176,7 @@ class OptunaSweeper(Sweeper):
     def _launch(self, batch: List[List[str]], first: int) -> List[Any]:
         return list(self.launcher.launch(batch, initial_job_idx=first))
 
-    def _tell(self, study: Any, number: int, ret: Any) -> bool:
+    def _tell(self, study: optuna.Study, number: int, ret: JobReturn) -> bool:
         """Tell a trial's result (the job's return value); a job that raised fails its trial. True when it
         completed."""
         import optuna
@@ -196,7 +200,7 @@ class OptunaSweeper(Sweeper):
         self._told(study, number, values=values if len(values) > 1 else values[0])
         return True
 
-    def _told(self, study: Any, number: int, **result: Any) -> None:
+    def _told(self, study: optuna.Study, number: int, **result: Any) -> None:
         try:
             study.tell(number, skip_if_finished=True, **result)  # a pruned trial's job told it PRUNED itself
         except RuntimeError as exc:  # the result is stored; the grid sampler's grid is done (it asks to stop)
@@ -222,7 +226,8 @@ class OptunaSweeper(Sweeper):
               f"{self.max_failure_rate}: no more trials", flush=True)
         return True
 
-    def _batches(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str], todo: int, slots: int) -> None:
+    def _batches(self, study: optuna.Study, space: Dict[str, Any], fixed: Dict[str, str], todo: int,
+                 slots: int) -> None:
         """Hydra's way: ``slots`` trials asked, launched together, all waited for, then the next batch."""
         told: List[bool] = []
         while todo > 0 and not self._failed_too_often(told):
@@ -232,7 +237,7 @@ class OptunaSweeper(Sweeper):
             self.job_idx += len(trials)
             todo -= len(trials)
 
-    def _asynchronous(self, study: Any, space: Dict[str, Any], fixed: Dict[str, str], todo: int,
+    def _asynchronous(self, study: optuna.Study, space: Dict[str, Any], fixed: Dict[str, str], todo: int,
                       slots: int) -> None:
         """Up to ``slots`` trials at once, each launched alone; a new one asked for as soon as any ends (the
         asking and telling here, in this thread; a pool thread only waits on its job)."""
