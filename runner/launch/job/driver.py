@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from runner import STARTED
 from runner.config.errors import TrackingError
 from runner.config.place import Place
-from runner.config.schema import WORKER_MODES, samples_per_step
+from runner.config.schema import WORKER_MODES
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
@@ -57,24 +57,25 @@ if TYPE_CHECKING:
 
     from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ClusterSchema
+    from runner.data.layout import JobData
     from runner.launch.schedulers import Scheduler
 
 
-def pre_launch_checks(cfg: RunnerConfig, run_dir: Path, place: Optional[Place] = None) -> Place:
-    """What can be refused before any worker starts (torch is imported only when it must be asked); the job's
-    place with what the checks learned (a CUDA host's memory per worker, for the planner's DDR cap)."""
+def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Optional[Place] = None) -> Place:
+    """What can be refused before any worker starts (torch is imported only when it must be asked; ``data``: the
+    job's data part); the job's place with what the checks learned (a CUDA host's memory per worker, for the
+    planner's DDR cap)."""
     resolve(cfg.train.resume, checkpoint_root(cfg.train.checkpoint.dir, run_dir))
     from runner.data.checks import check_data
-    from runner.data.layout import job_data
 
-    check_data(job_data(cfg))  # nothing for a generated source
+    check_data(data)  # nothing for a generated source
     kind = device_type(cfg.cluster.device)  # imports torch only on a machine with NVIDIA's driver
     check_tf32(cfg.precision.tf32, kind)
     check_start_method(cfg.cluster.start_method, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
     c = cfg.cluster
     workers, memory = c.workers_per_node * len(nodes_on_this_host(c)), job_memory(schedulers.allocations())
-    check_dense_batch(samples_per_step(cfg.train), int(cfg.data.num_dense_features), workers, memory)
+    check_dense_batch(data.rows, data.layout.num_dense, workers, memory)
     if kind == "cuda":
         visible = visible_gpus()
         check_autocast_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
@@ -140,7 +141,7 @@ def plan_sweep_together(args: List[str]) -> None:
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
-def _train(cfg: RunnerConfig, hydra_job: HydraJob, run: DriverRun, chart: PlanChart, place: Place,
+def _train(cfg: RunnerConfig, data: JobData, hydra_job: HydraJob, run: DriverRun, chart: PlanChart, place: Place,
            scheduler: Scheduler) -> Optional[Dict[str, Any]]:
     """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
     is drawn while the workers train, once rank 0 has written the plan."""
@@ -151,7 +152,7 @@ def _train(cfg: RunnerConfig, hydra_job: HydraJob, run: DriverRun, chart: PlanCh
         if run.opened:
             chart.start()
 
-    pre_launch_checks(cfg, run_dir, place).write(run_dir)  # the workers read it (place.json)
+    pre_launch_checks(cfg, data, run_dir, place).write(run_dir)  # the workers read it (place.json)
     try:
         threads = _agent_threads(cfg.cluster, cfg.train.threads_per_worker)
         launch(cfg.cluster, run_dir, run.port, scheduler, while_starting=run.open if run.opens_early else None,
@@ -205,7 +206,9 @@ def reuse_job(cfg: RunnerConfig, earlier: Run, scheduler: Scheduler) -> Dict[str
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(hydra_job, config)
-    run = driver_run(cfg, hydra_job, config, 0, scheduler)
+    from runner.data.layout import job_data
+
+    run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if cfg.mode == "train" else None)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
     results = link_point(hydra_job.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
@@ -235,7 +238,10 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
     if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(hydra_job.run_dir / rundir.DRIVER, rundir.driver_record(port))
-    run = driver_run(cfg, hydra_job, config, port, scheduler, attempt)
+    from runner.data.layout import job_data
+
+    data = job_data(cfg) if cfg.mode in WORKER_MODES else None  # built once: checked, its datasets recorded
+    run = driver_run(cfg, hydra_job, config, port, scheduler, data if cfg.mode == "train" else None, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     if hydra_job.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
@@ -253,7 +259,8 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
         choices = _sweep_choices() if runners_planner() else None  # TorchRec's stock planner: no plan reused
         work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, choices)  # noqa: E731
     else:
-        work = lambda: _train(cfg, hydra_job, run, chart, where, scheduler)  # noqa: E731
+        assert data is not None  # a worker mode's
+        work = lambda: _train(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731
     with job_cores(hydra_job.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _ended(run, chart, scheduler, work)
 

@@ -53,12 +53,9 @@ class HydraJob:
 
 
 def driver_run(cfg: RunnerConfig, hydra_job: HydraJob, config: Dict[str, Any], port: int, scheduler: Scheduler,
-               attempt: int = 1) -> DriverRun:
+               data: Optional[JobData], attempt: int = 1) -> DriverRun:
     """The job's MLflow run (``config``: ``cfg`` resolved, as it records it), recording :func:`run_record` when it
-    opens."""
-    from runner.data.layout import job_data
-
-    data = job_data(cfg) if cfg.mode == "train" else None
+    opens (``data``: a training job's data part, its datasets recorded)."""
     shape = JobShape(cfg.mode, cfg.cluster.nodes, cfg.cluster.node_rank, cfg.sweep.verbose)
     return DriverRun(cfg.tracking, shape, hydra_job.run_dir, config, port, lambda: run_record(
         hydra_job, config, attempt, scheduler.run_tags(), cfg.tracking.run_name,
