@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Tuple
 
-from runner.config.data_sources import SOURCES
 from runner.config.errors import ConfigError, DataError, first_line
 from runner.config.parts import part
 from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, criteo_files, parquet_files
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
 def check_data(data: JobData) -> None:
     """One line, before launch, for a data config that cannot be read (its source's declared checks)."""
     d = data.settings
-    spec = SOURCES[d.name]
+    spec = data.source
     if not spec.reads_files:
         return
     assert spec.lists is not None

@@ -11,6 +11,7 @@ import numpy as np
 from runner.config.tables import table_specs
 
 if TYPE_CHECKING:
+    from runner.config.data_sources import DataSource
     from runner.config.schema import RunnerConfig
     from runner.config.schema_model import ModelSchema
     from runner.config.schema_training import DataSchema
@@ -42,9 +43,11 @@ def layout(model: ModelSchema, num_dense: int) -> Layout:
 @dataclass(frozen=True)
 class JobData:
     """A job's data part, built once from its config (:func:`job_data`) and handed to what reads or checks data:
-    the ``data`` keys, the batches' layout, the rows per rank per optimizer step and the seed of synthetic data."""
+    the ``data`` keys, the declaration of the source they name (looked up once), the batches' layout, the rows per
+    rank per optimizer step and the seed of synthetic data."""
 
     settings: DataSchema
+    source: DataSource
     layout: Layout
     rows: int
     seed: int
@@ -53,10 +56,11 @@ class JobData:
 
 def job_data(cfg: RunnerConfig) -> JobData:
     """``cfg``'s data part (:class:`JobData`)."""
+    from runner.config.data_sources import SOURCES
     from runner.config.schema import samples_per_step
 
-    return JobData(cfg.data, layout(cfg.model, cfg.data.num_dense_features), samples_per_step(cfg.train),
-                   int(cfg.train.seed), str(cfg.model.name))
+    return JobData(cfg.data, SOURCES[cfg.data.name], layout(cfg.model, cfg.data.num_dense_features),
+                   samples_per_step(cfg.train), int(cfg.train.seed), str(cfg.model.name))
 
 
 def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,

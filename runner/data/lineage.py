@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from runner.config.data_sources import SOURCES
 from runner.config.parts import part
 from runner.data.layout import DENSE_PREFIX, JobData, Layout
 
@@ -70,7 +69,7 @@ def datasets(data: JobData) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
     d, lay = data.settings, data.layout
-    spec = SOURCES[d.name]
+    spec = data.source
     if not spec.reads_files:
         tables = [[t, n] for t, n in zip(lay.features, lay.sizes, strict=True)]
         settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": data.seed, "tasks": list(lay.tasks),

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
-from runner.config.data_sources import SOURCES
 from runner.data.sources import source
 from runner.runtime.affinity import gloo_loops, lower_gloo_loops
 
@@ -150,7 +149,7 @@ def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: i
     batches = source(data, rank, world, eval_split, first, num_batches)
     if pin:
         batches = _pinned(batches)
-    if SOURCES[d.name].reads_files:  # generated sources have the same length on every rank; files may not
+    if data.source.reads_files:  # generated sources have the same length on every rank; files may not
         batches = AllRanksIterator(batches, "eval" if eval_split else "train",
                                    low_loops=low_loops)
     if not eval_split and d.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too

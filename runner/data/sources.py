@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torchrec.datasets.utils import Batch
 
-from runner.config.data_sources import SOURCES
 from runner.config.parts import part
 from runner.runtime.logfile import thread_errors_to_log
 
@@ -26,7 +25,7 @@ def source(data: JobData, rank: int, world: int, eval_split: bool, start_batch: 
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
     d, lay, size = data.settings, data.layout, data.rows
-    spec = SOURCES[d.name]
+    spec = data.source
     if not spec.reads_files:
         return part(spec.opens)(data, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
