@@ -140,7 +140,7 @@ def _pinned(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 
 def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: int = 0,
-                num_batches: Optional[int] = None, pin: bool = False, low_loops: bool = False) -> Any:
+                num_batches: Optional[int] = None, pin: bool = False, low_loops: bool = True) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
     ahead; file sources ended on every rank together (``low_loops``: gloo's loops at low priority,
     ``cluster.gloo_loop_priority``). ``pin``: in page-locked memory (CUDA workers: the copy to the GPU is then

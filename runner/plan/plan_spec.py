@@ -41,7 +41,10 @@ class PlanSpec:
         if gib == self.cluster.ddr_cap_gib:
             return self
         cluster = cast("ClusterSchema", OmegaConf.merge(self.cluster, {"ddr_cap_gib": gib}))
-        return dataclasses.replace(self, cluster=cluster)
+        tree = dict(self.enumerated)
+        if "ddr_cap_gib" in tree.get("cluster", {}):  # enumeration's storage reads it: the reuse key follows
+            tree["cluster"] = {**tree["cluster"], "ddr_cap_gib": gib}
+        return dataclasses.replace(self, cluster=cluster, enumerated=tree)
 
     def with_proposer(self, name: str) -> "PlanSpec":
         """The same plan by ``sharding.proposer=<name>`` (a proposer's fall-back)."""

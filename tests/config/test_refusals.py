@@ -15,6 +15,7 @@ from conftest import FAST, cfg_for
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import one_line
 from runner.data.criteo import criteo_lines
+from runner.data.layout import job_data
 from runner.launch.job.driver import pre_launch_checks
 from runner.launch.sweep.precheck import hydra_conf, precheck
 
@@ -96,7 +97,7 @@ def test_refused_before_launch(args: list, says: str, broken: Path, tmp_path: Pa
     assert precheck([*overrides, *FAST])[0] is None  # valid config: refused by what the machine or files say
     cfg = cfg_for(*overrides, *FAST)
     with pytest.raises(Exception) as e:
-        pre_launch_checks(cfg, tmp_path)
+        pre_launch_checks(cfg, job_data(cfg), tmp_path)
     _is_one_clean_line(one_line(e.value), says)
 
 

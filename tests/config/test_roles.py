@@ -58,7 +58,7 @@ CHANGES = {  # override -> whether the earlier point still answers it
 
 
 def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsys) -> None:
-    from runner.launch.sweep.resume import config_digest, kept_point, reusable
+    from runner.launch.sweep.resume import config_digest, kept_point, reusable, reuse_asked
     from runner.plan.calibration import hashed
     from runner.runtime import rundir
     from runner.track import store
@@ -80,7 +80,8 @@ def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsy
         now = cfg_for(*base, change)
         resolved = OmegaConf.to_container(now, resolve=True)
         kept = kept_point(resolved, now.tracking, point) is not None
-        found = reusable(config_digest(now.cluster, now.mode, resolved), now.mode, now.sweep.reuse, now.tracking)
+        assert reuse_asked(now.mode, now.sweep.reuse)
+        found = reusable(config_digest(now.cluster, now.mode, resolved), now.tracking)
         assert kept == (found is not None) == same, (change, kept, found)
         assert found is None or found.info.run_id == run_id
         out = capsys.readouterr().out

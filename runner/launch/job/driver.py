@@ -103,6 +103,14 @@ def _mark_start() -> None:
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
 
 
+def _plan_choices() -> Any:
+    """The plans a plan-only point chooses from (:func:`_sweep_choices`), where the runner's planner plans (TorchRec's
+    stock planner: none, no plan reused); asked inside the job's cores and its run's error handling."""
+    from runner.plan.planner import runners_planner
+
+    return _sweep_choices() if runners_planner() else None
+
+
 def _sweep_choices() -> Any:
     """This point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None."""
     from hydra.core.hydra_config import HydraConfig
@@ -186,7 +194,6 @@ def _prewarm_next(threads: int, hydra_job: HydraJob, scheduler: Scheduler) -> No
 def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
     ``config`` (the job's, resolved) written. The MLflow run of that earlier job, if it had one."""
-    hydra_job = hydra_job
     hydra_job.run_dir.mkdir(parents=True, exist_ok=True)
     earlier = rundir.set_aside_previous(hydra_job.run_dir)
     if earlier is not None:
@@ -254,10 +261,8 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
     chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
     if cfg.mode == "plan":
         from runner.launch.job.plan_only import plan_only
-        from runner.plan.planner import runners_planner
 
-        choices = _sweep_choices() if runners_planner() else None  # TorchRec's stock planner: no plan reused
-        work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, choices)  # noqa: E731
+        work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, _plan_choices())  # noqa: E731
     else:
         assert data is not None  # a worker mode's
         work = lambda: _train(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731

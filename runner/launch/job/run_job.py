@@ -179,10 +179,11 @@ def _kept(job: _Job) -> Optional[Dict[str, Any]]:
 
 def _answer(job: _Job) -> Dict[str, Any]:
     """A sweep's point: answered by an earlier run of the same config (``sweep.reuse``), or run."""
-    from runner.launch.sweep.resume import config_digest, reusable
+    from runner.launch.sweep.resume import config_digest, reusable, reuse_asked
 
-    c = job.cfg
-    earlier = reusable(config_digest(c.cluster, c.mode, job.resolved), c.mode, c.sweep.reuse, c.tracking)
+    c = job.cfg  # the config's hash (a plan-only job's calibration chosen) only where reuse is asked
+    earlier = reusable(config_digest(c.cluster, c.mode, job.resolved), c.tracking) \
+        if reuse_asked(c.mode, c.sweep.reuse) else None
     if earlier is not None:
         from runner.launch.job.driver import reuse_job
 

@@ -1,12 +1,14 @@
-"""One node's torch elastic agent: ``python -m runner.launch.processes.agent <run_dir> <node_rank> <port>``.
+"""One node's torch elastic agent:
+``python -m runner.launch.processes.agent <run_dir> <node_rank> <port> <static|c10d>`` (the rendezvous its job's
+scheduler asks for).
 
 ``python -m runner.launch.processes.agent --warm <threads>`` is the same agent started before the job's config
 exists (see :mod:`runner.launch.processes.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec (not
 on a GPU host, where the workers are spawned and import it themselves) and the runner, then reads its job from
-stdin as one JSON line ``[run_dir, node_rank, port]`` (end of input: exits without a job).
+stdin as one JSON line ``[run_dir, node_rank, port, rendezvous]`` (end of input: exits without a job).
 
 The driver starts one per node that runs on this host (all of them when nodes are emulated). The
-agent rendezvouses with the others over c10d at ``cluster.master_addr:port`` and starts
+agent rendezvouses with the others (c10d, or static: rank 0 on node 0) at ``cluster.master_addr:port`` and starts
 ``cluster.workers_per_node`` workers, restarting them up to ``cluster.max_restarts`` times.
 """
 

@@ -117,11 +117,14 @@ def _sweep_parent_in_store() -> bool:
     return not sweep_dir or bool(sweep_info(sweep_dir).get("parent_run_id"))
 
 
-def reusable(digest: str, mode: str, reuse: Optional[bool], tracking: TrackingSchema) -> Optional[Any]:
+def reuse_asked(mode: str, reuse: Optional[bool]) -> bool:
+    """Whether ``sweep.reuse`` (``reuse``) is on for a job of ``mode`` (null: plan-only jobs)."""
+    return mode == "plan" if reuse is None else bool(reuse)
+
+
+def reusable(digest: str, tracking: TrackingSchema) -> Optional[Any]:
     """A FINISHED run of a config of hash ``digest`` (tag ``runner.config_hash``: :func:`config_digest`) in the store
-    and experiment ``tracking`` names, when ``sweep.reuse`` (``reuse``) is on (null: plan-only, ``mode``)."""
-    if not (mode == "plan" if reuse is None else reuse):
-        return None
+    and experiment ``tracking`` names (where :func:`reuse_asked`)."""
     uri = store.tracking_uri(tracking.uri)
     try:
         found = finished_runs_of(store.client(uri), digest, tracking.experiment)

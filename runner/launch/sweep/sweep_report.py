@@ -3,7 +3,7 @@
 Reads each point's folder (``resolved.yaml``, ``results.json``, ``plan/``) and writes ``points.csv``,
 ``report.md`` (every point, infeasible ones with their reason, what differs from the first point; per
 swept key the tables whose sharding changed and at which value) and ``estimates.png``
-(:mod:`.chart`). Returns what the sweep found, for the parent run: the best estimated step and its
+(:mod:`.sweep_chart`). Returns what the sweep found, for the parent run: the best estimated step and its
 run, infeasible points, distinct plans.
 """
 
