@@ -242,8 +242,8 @@ def test_a_packing_start_beats_the_least_loaded_start_where_whole_shards_and_a_u
     2 + 2 + 2 best fit rates 6.1 (6.25 with uniform options at twice their cost); the search keeps the best."""
     import numpy as np
 
-    from runner.plan.torchrec_adapter.balanced.packing import packing_starts
-    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, UNIFORM, Choice, Problem, construct
+    from runner.plan.torchrec_adapter.balanced.packing import construct, packing_starts
+    from runner.plan.torchrec_adapter.balanced.problem import DEVICE, UNIFORM, Choice, Problem
 
     mem = np.array([[1, 0]])
     tables = [[Choice(DEVICE, np.array([size]), mem)] for size in (3.0, 3.0, 2.0, 2.0, 2.0)]

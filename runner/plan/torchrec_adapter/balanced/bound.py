@@ -55,9 +55,9 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
         b.append(rhs)
 
     last = np.array([n - 1])
-    row(np.append(every, last), np.append([c.perf.sum() for c in choices], -float(w)), 0.0)
+    row(np.append(every, last), np.append([c.total for c in choices], -float(w)), 0.0)
     table_of = np.array([t for t, _ in cols])
-    largest = np.array([c.perf.max(initial=0.0) for c in choices], dtype=float)
+    largest = np.array([c.largest for c in choices], dtype=float)
     for members in np.split(every, np.flatnonzero(np.diff(table_of)) + 1):
         row(np.append(members, last), np.append(largest[members], -1.0), 0.0)
     scale = np.maximum(problem.capacity.sum(0).astype(float), 1.0)

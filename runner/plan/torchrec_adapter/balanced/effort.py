@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, Optional
 
 SWAP_SCAN = 256  # shards scanned per unit of work in a swap's scan
 RANKS_PER_UNIT = 256  # ranks read per unit of work in a placement
-PROGRESS_EVERY_S = 5.0  # a long search says how far it is this often (the clock decides when, never what)
+PROGRESS_EVERY_S = 1.0  # a long search says how far it is this often (the clock decides when, never what): the
+# job prints a line once 10 s have gone by since its last, at the next word it is told
 STOPS = ("bound", "patience", "rounds", "work", "timeout", "optimal")
 
 
@@ -85,6 +86,21 @@ class Effort:
                 f"{self.spent:,} of {self.limit:,} units of work ({rounds} ruin-and-recreate rounds): another "
                 f"machine or load may give another plan; raise or unset sharding.planner_timeout_s for the "
                 f"search's own answer")
+
+
+def ticker(say: Optional[Callable[[str], None]], text: str) -> Optional[Callable[[], None]]:
+    """For a long step's loop (a start built table by table): a call that tells ``say`` ``text`` once every
+    :data:`PROGRESS_EVERY_S` seconds; None without ``say``."""
+    if say is None:
+        return None
+    said = [time.perf_counter()]
+
+    def tick() -> None:
+        now = time.perf_counter()
+        if now - said[0] >= PROGRESS_EVERY_S:
+            said[0] = now
+            say(text)
+    return tick
 
 
 STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",

@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from runner.plan.torchrec_adapter.balanced.effort import RANKS_PER_UNIT, SWAP_SCAN, Effort
+from runner.plan.torchrec_adapter.balanced.effort import RANKS_PER_UNIT, Effort
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     REL_EPS,
@@ -33,6 +33,7 @@ from runner.plan.torchrec_adapter.balanced.problem import (
     place,
     rating,
 )
+from runner.plan.torchrec_adapter.balanced.swaps import Shards, best_swap
 
 
 @dataclass
@@ -42,6 +43,7 @@ class _State:
     load: np.ndarray = field(init=False)
     used: np.ndarray = field(init=False)
     members: List[set] = field(init=False)  # per rank, the tables with a shard there (but not on every rank)
+    shards: Shards = field(init=False)  # every device shard, for the swaps
     everywhere: set = field(init=False)  # the tables with one shard on each rank (uniform options)
     work: int = field(default=0, init=False)  # evaluations made since last counted (:mod:`.effort`)
     unit: int = field(default=1, init=False)  # what one placement costs: it reads every rank's load and storage
@@ -51,6 +53,7 @@ class _State:
         self.members = [set() for _ in range(self.problem.world)]
         self.everywhere = set()
         self.unit = 1 + self.problem.world // RANKS_PER_UNIT
+        self.shards = Shards(self.problem)
         for t in range(len(self.solution.ranks)):
             self._apply(t, 1)
 
@@ -71,6 +74,7 @@ class _State:
             return
         np.add.at(self.load, ranks, sign * c.perf)
         np.add.at(self.used, ranks, sign * c.mem)
+        (self.shards.put if sign > 0 else self.shards.take)(t, c, ranks)
         for r in set(ranks.tolist()):
             (self.members[r].add if sign > 0 else self.members[r].discard)(t)
 
@@ -132,36 +136,6 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
     return best
 
 
-def _best_swap(s: _State, r: int, limit: float) -> Optional[Tuple[float, int, int, int, int]]:
-    """The swap of a device shard of rank ``r`` with a smaller device shard elsewhere that leaves both ranks
-    below ``limit``, with the lowest such load: (load, table a, shard a, table b, shard b)."""
-    device = [t for t in range(len(s.solution.picks)) if s.choice(t).kind == DEVICE]
-    counts = [len(s.solution.ranks[t]) for t in device]
-    if not sum(counts):
-        return None
-    # every device shard, table by table: its table, index, rank, perf and storage
-    tb = np.repeat(np.array(device, dtype=np.int64), counts)
-    jb = np.concatenate([np.arange(n) for n in counts])
-    rb = np.concatenate([s.solution.ranks[t] for t in device]).astype(np.int64, copy=False)
-    pb = np.concatenate([s.choice(t).perf for t in device])
-    mb = np.concatenate([s.choice(t).mem for t in device])
-    cap, best = s.problem.capacity, None
-    mine = np.flatnonzero(rb == r)
-    s.work += len(mine) * (1 + len(pb) // SWAP_SCAN)
-    for k in mine:
-        pa, ma = pb[k], mb[k]
-        new_r = s.load[r] - pa + pb
-        new_q = s.load[rb] - pb + pa
-        score = np.maximum(new_r, new_q)
-        ok = (rb != r) & (pb < pa) & (score < limit)
-        ok &= ((s.used[r] - ma + mb) <= cap[r]).all(1) & ((s.used[rb] - mb + ma) <= cap[rb]).all(1)
-        if ok.any():
-            i = int(np.argmin(np.where(ok, score, np.inf)))
-            if best is None or score[i] < best[0]:
-                best = (float(score[i]), int(tb[k]), int(jb[k]), int(tb[i]), int(jb[i]))
-    return best
-
-
 def improve(problem: Problem, start: Solution, effort: Effort, until: Optional[int] = None,
             max_moves: int = 100000) -> Tuple[Solution, int]:
     """Local search from ``start`` (see the module doc) until no move lowers the busiest rank, ``max_moves``
@@ -174,7 +148,9 @@ def improve(problem: Problem, start: Solution, effort: Effort, until: Optional[i
         r = int(np.argmax(s.load))
         limit = s.load[r] * (1 - REL_EPS)
         move = _best_move(s, r, limit)
-        swap = _best_swap(s, r, limit if move is None else min(limit, move[0]))
+        swap, work = best_swap(s.shards, s.load, s.used, problem.capacity, r,
+                               limit if move is None else min(limit, move[0]))
+        s.work += work
         if swap is not None:
             _, ta, ja, tb, jb = swap
             ra, rb = s.solution.ranks[ta].copy(), s.solution.ranks[tb].copy()
@@ -206,7 +182,7 @@ def _reinsert(s: _State, tables: List[int]) -> bool:
             ranks = place(s.problem, c, s.load, s.used)
             if ranks is None:
                 continue
-            key = (float(loads_after(s.load, ranks, c.perf).max()), float(c.perf.sum()))
+            key = (float(loads_after(s.load, ranks, c.perf).max()), float(c.total))
             if best is None or key < best[:2]:
                 best = (*key, o, ranks)
         if best is None:
@@ -252,7 +228,7 @@ def perturb(problem: Problem, start: Solution, effort: Effort, rounds: int, pati
         chosen |= set(rng.sample(range(len(problem.tables)), min(len(problem.tables), rng.randint(0, 2))))
         for t in chosen:
             s.take(t)
-        order = sorted(chosen, key=lambda t: -max(c.perf.max(initial=0.0) for c in problem.tables[t]))
+        order = sorted(chosen, key=lambda t: -max(c.largest for c in problem.tables[t]))
         placed = _reinsert(s, order)
         effort.spend(s.work)
         if not placed:

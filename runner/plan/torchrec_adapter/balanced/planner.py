@@ -91,7 +91,7 @@ class BalancedPlanner(SearchLoopPlanner):
             bound_ahead.start_bound(space, problem, lower_bound_of)
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
-                not any((c.mem <= largest).all() for c in options) for options in problem.tables):
+                not any((c.peak <= largest).all() for c in options) for options in problem.tables):
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="a table has no sharding option whose every shard fits on a device")
         if self.balanced.choose_from is not None:

@@ -14,14 +14,13 @@ storage capacity after the reservation. A :class:`Solution` picks an option per 
 shard.
 
 Here: the problem's rules (:func:`valid`), TorchRec's rating (:func:`rating`), placing one option by its
-rule on the least loaded ranks where it fits (:func:`place`), and a first plan (:func:`construct`); the
-search from it is :mod:`.moves`.
+rule on the least loaded ranks where it fits (:func:`place`); the first plans are :mod:`.packing`'s, the
+search from them is :mod:`.moves`.
 """
 
 from __future__ import annotations
 
 import functools
-import random
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -38,6 +37,25 @@ class Choice:
     kind: int
     perf: np.ndarray  # (shards,) float64
     mem: np.ndarray  # (shards, kinds) int64: hbm, ddr (ssd) per shard
+
+    # read for every option by the bounds, the starts and the moves: computed once (an option over 8,192 ranks
+    # has 8,192 shards; a broadcast view of one shard's numbers is read once)
+    @functools.cached_property
+    def total(self) -> float:
+        """``perf.sum()``: the option's summed shard perf."""
+        return self.perf.sum()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def largest(self) -> float:
+        """``perf.max(initial=0.0)``: its largest shard's perf."""
+        return self.perf.max(initial=0.0)  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def peak(self) -> np.ndarray:
+        """Each storage kind's largest shard (every shard fits within ``x`` where ``(peak <= x).all()``)."""
+        if not len(self.mem):
+            return np.full(self.mem.shape[1:], np.iinfo(np.int64).min)
+        return (self.mem[:1] if self.mem.strides[0] == 0 else self.mem).max(0)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -88,7 +106,7 @@ def rating(problem: Problem, solution: Solution) -> float:
 def placeable(problem: Problem) -> List[List[int]]:
     """Per table, its options whose every shard fits on some rank (by storage alone)."""
     cap = problem.capacity.max(0)
-    return [[o for o, c in enumerate(options) if (c.mem <= cap).all()] for options in problem.tables]
+    return [[o for o, c in enumerate(options) if (c.peak <= cap).all()] for options in problem.tables]
 
 
 def simple_parts(problem: Problem, kept: Optional[List[List[int]]] = None) -> Tuple[float, float]:
@@ -97,8 +115,8 @@ def simple_parts(problem: Problem, kept: Optional[List[List[int]]] = None) -> Tu
     kept = placeable(problem) if kept is None else kept
     if any(not k for k in kept):
         return float("nan"), float("nan")
-    total = sum(min(problem.tables[t][o].perf.sum() for o in k) for t, k in enumerate(kept))
-    largest = max(min(problem.tables[t][o].perf.max(initial=0.0) for o in k) for t, k in enumerate(kept))
+    total = sum(min(problem.tables[t][o].total for o in k) for t, k in enumerate(kept))
+    largest = max(min(problem.tables[t][o].largest for o in k) for t, k in enumerate(kept))
     return total / problem.world, largest
 
 
@@ -133,9 +151,16 @@ def valid(problem: Problem, solution: Solution) -> Optional[str]:
     return None
 
 
-def fits(used: np.ndarray, mem: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Whether ``mem`` more fits within ``capacity`` on top of ``used``, per rank (TorchRec's ``fits_in``)."""
-    return ((used + mem) <= capacity).all(-1)
+def fits(used: np.ndarray, mem: np.ndarray, capacity: np.ndarray, within: bool = False) -> np.ndarray:
+    """Whether ``mem`` more fits within ``capacity`` on top of ``used``, per rank (TorchRec's ``fits_in``).
+    ``within``: no rank is over any kind's capacity already, so only the kinds ``mem`` uses are compared (one
+    column of 8,192 ranks, not three and a reduction across them)."""
+    if not within or (mem < 0).any():
+        return ((used + mem) <= capacity).all(-1)
+    ok = np.ones(used.shape[:-1], dtype=bool)
+    for k in np.flatnonzero(mem):
+        ok &= used[..., k] + mem[k] <= capacity[..., k]
+    return ok
 
 
 def place(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray,
@@ -145,14 +170,14 @@ def place(problem: Problem, c: Choice, load: np.ndarray, used: np.ndarray,
     any rank go to the *most* loaded rank where they stay within it (best fit), the least loaded where none does."""
     w, local, cap = problem.world, problem.local, problem.capacity
     if c.kind == UNIFORM:
-        return np.arange(w) if len(c.perf) == w and fits(used, c.mem, cap).all() else None
+        return np.arange(w) if len(c.perf) == w and ((used + c.mem) <= cap).all() else None
     if c.kind == DEVICE:
-        return _place_devices(c, np.arange(w), load, used, cap, target)
+        return _place_devices(c, load, used, cap, target)
     hosts = w // local
     if c.kind == HOST_UNIFORM:
         if len(c.perf) != local:
             return None
-        ok = fits(used.reshape(hosts, local, -1), c.mem, cap.reshape(hosts, local, -1)).all(1)
+        ok = ((used.reshape(hosts, local, -1) + c.mem) <= cap.reshape(hosts, local, -1)).all((1, 2))
         if not ok.any():
             return None
         score = np.where(ok, (load.reshape(hosts, local) + c.perf).max(1), np.inf)
@@ -172,8 +197,9 @@ def _place_host(c: Choice, load: np.ndarray, used: np.ndarray, cap: np.ndarray, 
     chosen = np.empty((hosts, len(c.perf)), dtype=np.int64)
     ok_hosts = np.ones(hosts, dtype=bool)
     rows = np.arange(hosts)
+    within = not (used > cap).any()  # stays so on the hosts still in the running (a host's rows are its own)
     for j in np.argsort(-c.perf, kind="stable"):
-        ok = fits(us, c.mem[j], capacity)
+        ok = fits(us, c.mem[j], capacity, within)
         ok_hosts &= ok.any(1)
         i = np.argmin(np.where(ok, lo, np.inf), axis=1)
         chosen[:, j] = i
@@ -194,12 +220,14 @@ def loads_after(load: np.ndarray, ranks: np.ndarray, perf: np.ndarray) -> np.nda
     return out
 
 
-def _place_devices(c: Choice, pool: np.ndarray, load: np.ndarray, used: np.ndarray,
-                   cap: np.ndarray, target: Optional[float] = None) -> Optional[np.ndarray]:
-    lo, us = load[pool].copy(), used[pool].copy()
+def _place_devices(c: Choice, load: np.ndarray, used: np.ndarray, cap: np.ndarray,
+                   target: Optional[float] = None) -> Optional[np.ndarray]:
+    lo, us = load, used  # copied once a shard is placed and another is still to come (one shard: never)
+    within = not (used > cap).any()  # stays so: a shard goes only where it fits
+    order = np.argsort(-c.perf, kind="stable")
     ranks = np.empty(len(c.perf), dtype=np.int64)
-    for j in np.argsort(-c.perf, kind="stable"):
-        ok = fits(us, c.mem[j], cap[pool])
+    for n, j in enumerate(order):
+        ok = fits(us, c.mem[j], cap, within)
         if not ok.any():
             return None
         under = ok & (lo + c.perf[j] <= target) if target is not None else None
@@ -207,9 +235,12 @@ def _place_devices(c: Choice, pool: np.ndarray, load: np.ndarray, used: np.ndarr
             i = int(np.argmax(np.where(under, lo, -np.inf)))
         else:
             i = int(np.argmin(np.where(ok, lo, np.inf)))
-        ranks[j] = pool[i]
-        lo[i] += c.perf[j]
-        us[i] += c.mem[j]
+        ranks[j] = i
+        if n + 1 < len(order):
+            if lo is load:
+                lo, us = load.copy(), used.copy()
+            lo[i] += c.perf[j]
+            us[i] += c.mem[j]
     return ranks
 
 
@@ -232,55 +263,3 @@ def _place_multi_host(c: Choice, load: np.ndarray, used: np.ndarray, cap: np.nda
         free[h] = False
         ranks[sl] = h * local + np.arange(local)
     return ranks
-
-
-def _storage_share(problem: Problem, c: Choice) -> float:
-    """The largest fraction of one rank's capacity, of any storage kind, that ``c`` takes where it lands."""
-    cap = np.maximum(problem.capacity.max(0), 1)
-    if c.kind == UNIFORM:
-        return float((c.mem / np.maximum(problem.capacity, 1)).max())
-    return float((c.mem / cap).max())
-
-
-def construct(problem: Problem, by_storage: bool = False, rng: Optional[random.Random] = None,
-              target: Optional[float] = None, uniform_weight: float = 1.0) -> Optional[Solution]:
-    """A start: each table's option of least total perf (``by_storage``: of least storage share per rank,
-    for memory-bound problems), uniform ones first, then the rest largest shard (or storage) first, each
-    placed by :func:`place`, the next option tried where one fits nowhere; None where a table fits nowhere.
-    With ``rng``: the tables in a random order, each option tried in a random order (for tight storage).
-    A packing start: ``target`` (a busiest rank to pack the ranks up to, best fit) and ``uniform_weight`` (a
-    uniform option's total counted that many times over: it loads every rank, the fullest ones included)."""
-    tables = problem.tables
-
-    def cost(t: int, o: int) -> Tuple[float, float]:
-        c = tables[t][o]
-        if by_storage:
-            return _storage_share(problem, c), c.perf.sum()
-        return c.perf.sum() * (uniform_weight if c.kind == UNIFORM else 1.0), 0.0
-
-    choose = [min(range(len(options)), key=functools.partial(cost, t)) for t, options in enumerate(tables)]
-    load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
-    picks, ranks = list(choose), [np.empty(0, dtype=np.int64)] * len(tables)
-
-    def size(t: int) -> float:
-        c = tables[t][picks[t]]
-        return _storage_share(problem, c) if by_storage else c.perf.max(initial=0.0)
-
-    order = sorted(range(len(tables)), key=lambda t: (tables[t][picks[t]].kind != UNIFORM, -size(t)))
-    if rng is not None:
-        rng.shuffle(order)
-    for t in order:
-        tried = [picks[t]] + sorted((o for o in range(len(tables[t])) if o != picks[t]), key=lambda o: cost(t, o))
-        if rng is not None:
-            rng.shuffle(tried)
-        for o in tried:
-            found = place(problem, tables[t][o], load, used, target)
-            if found is not None:
-                picks[t], ranks[t] = o, found
-                c = tables[t][o]
-                np.add.at(load, found, c.perf)
-                np.add.at(used, found, c.mem)
-                break
-        else:
-            return None
-    return Solution(picks, ranks)

@@ -4,7 +4,7 @@ TorchRec's options (each shard's storage and perf from its estimators) and the s
 become a :class:`.problem.Problem` (:func:`problem_of`); :func:`search` runs :mod:`.moves` from several starts
 and the plan with the lowest rating wins:
 
-1. the runner's own start (:func:`.problem.construct`);
+1. the runner's own start (:func:`.packing.construct`);
 2. TorchRec's own plans for the same inputs, for each proposer in ``sharding.balanced_compare``
    (``dynamic_programming`` by default on GPU clusters: its plan, found as ``sharding.proposer=
    dynamic_programming`` finds it);
@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
-from runner.plan.torchrec_adapter.balanced.effort import Effort, search_text
+from runner.plan.torchrec_adapter.balanced.effort import Effort, search_text, ticker
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
-from runner.plan.torchrec_adapter.balanced.packing import packing_starts
+from runner.plan.torchrec_adapter.balanced.packing import construct, packing_starts
 from runner.plan.torchrec_adapter.balanced.problem import (
     DEVICE,
     HOST,
@@ -38,7 +38,6 @@ from runner.plan.torchrec_adapter.balanced.problem import (
     Problem,
     Solution,
     changed,
-    construct,
     rating,
     simple_bound,
     valid,
@@ -198,15 +197,16 @@ def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds
         if report is not None:
             report(text, best)
 
-    own = construct(problem)
+    tick = ticker(None if report is None else lambda text: report(text, None), "balanced search: the starts")
+    own = construct(problem, tick=tick)
     rng = random.Random(0)
-    tries = [lambda: construct(problem, by_storage=True)] + [
-        lambda: construct(problem, by_storage=True, rng=rng)] * (CONSTRUCT_TRIES if not starts else 0)
+    tries = [lambda: construct(problem, by_storage=True, tick=tick)] + [
+        lambda: construct(problem, by_storage=True, rng=rng, tick=tick)] * (CONSTRUCT_TRIES if not starts else 0)
     for make in tries if own is None else []:  # tight storage: the smallest first, then random orders
         own = make()
         if own is not None:
             break
-    candidates = ({"runner": own} if own is not None else {}) | packing_starts(problem, own) | starts
+    candidates = ({"runner": own} if own is not None else {}) | packing_starts(problem, own, tick) | starts
     facts: Dict[str, Any] = {"starts": {}, "optimal": False}
     if len(problem.tables) <= EXACT_TABLES:  # small: solved exactly where the node budget allows
         incumbent = min((rating(problem, c) for c in candidates.values()), default=float("inf"))
