@@ -61,7 +61,7 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
     for members in np.split(every, np.flatnonzero(np.diff(table_of)) + 1):
         row(np.append(members, last), np.append(largest[members], -1.0), 0.0)
     scale = np.maximum(problem.capacity.sum(0).astype(float), 1.0)
-    totals = np.array([c.mem.sum(0) for c in choices], dtype=float).reshape(len(choices), kinds)
+    totals = np.array([c.storage for c in choices], dtype=float).reshape(len(choices), kinds)
     for k in range(kinds):
         row(every, totals[:, k] / scale[k], 1.0)
     uniform = [i for i, c in enumerate(choices) if c.kind == UNIFORM and len(c.mem) == w]
@@ -70,7 +70,7 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
         columns = np.array(uniform)
         for k in range(kinds):
             cap = np.maximum(problem.capacity[:, k].astype(float), 1.0)
-            binding = np.unique([int(np.argmax(choices[i].mem[:, k] / cap)) for i in uniform])
+            binding = np.unique([_fullest(choices[i].mem, k, cap) for i in uniform])
             for d in binding:
                 row(columns, np.array([float(choices[i].mem[d, k]) for i in uniform]) / cap[d], 1.0)
     rows, col_of, data = (np.concatenate(x) for x in zip(*parts, strict=True))
@@ -84,6 +84,16 @@ def lp_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> float:
     if found.status != 0:
         return float("nan")
     return float(found.fun) * (1 - LP_MARGIN)
+
+
+def _fullest(mem: np.ndarray, k: int, cap: np.ndarray) -> int:
+    """``argmax(mem[:, k] / cap)``: the device a uniform option fills most of, in kind ``k``. Every shard the same (a
+    broadcast view) and more than 0: the first device of least capacity, as the division finds it (distinct whole
+    capacities below 2**52 give distinct quotients, in the reverse order)."""
+    m = mem[0, k] if len(mem) and mem.strides[0] == 0 else None
+    if m is not None and 0 < m < 2**52 and cap.max() < 2**52:
+        return int(np.argmin(cap))
+    return int(np.argmax(mem[:, k] / cap))
 
 
 def lower_bound(problem: Problem) -> float:

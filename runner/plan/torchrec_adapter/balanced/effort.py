@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, TypeVar
 
+T = TypeVar("T")
 SWAP_SCAN = 256  # shards scanned per unit of work in a swap's scan
 RANKS_PER_UNIT = 256  # ranks read per unit of work in a placement
 PROGRESS_EVERY_S = 1.0  # a long search says how far it is this often (the clock decides when, never what): the
@@ -101,6 +102,14 @@ def ticker(say: Optional[Callable[[str], None]], text: str) -> Optional[Callable
             said[0] = now
             say(text)
     return tick
+
+
+def ticking(items: Iterable[T], tick: Optional[Callable[[], None]]) -> Iterator[T]:
+    """``items``, with ``tick`` (where given) called after each."""
+    for item in items:
+        yield item
+        if tick is not None:
+            tick()
 
 
 STOPPED = {"bound": "within sharding.balanced_gap of the simple lower bound",

@@ -28,7 +28,7 @@ from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of
-from runner.plan.torchrec_adapter.balanced.effort import Effort
+from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
@@ -86,14 +86,16 @@ class BalancedPlanner(SearchLoopPlanner):
         reserved, space = self._reserve_and_enumerate(module, sharders, start_time)
         if not space:
             return ShardingPlan({})
-        problem, table_options = problem_of(space, reserved)
-        if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start_bound(space, problem, lower_bound_of)
+        problem, table_options = problem_of(space, reserved, ticker(self._phase, "the search's problem"))
         largest = problem.capacity.max(0)
         if len(table_options) != len({o.fqn for o in space}) or any(
                 not any((c.peak <= largest).all() for c in options) for options in problem.tables):
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="a table has no sharding option whose every shard fits on a device")
+        for c in (c for options in problem.tables for c in options):  # read by the bound and the starts alike:
+            c.total, c.largest, c.storage  # noqa: B018  (computed before the bound's fork, once for both)
+        if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
+            bound_ahead.start_bound(space, problem, lower_bound_of, self._phase)
         if self.balanced.choose_from is not None:
             chosen = self._choose(problem, table_options)
             if chosen is not None:

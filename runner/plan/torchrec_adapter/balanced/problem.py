@@ -57,6 +57,13 @@ class Choice:
             return np.full(self.mem.shape[1:], np.iinfo(np.int64).min)
         return (self.mem[:1] if self.mem.strides[0] == 0 else self.mem).max(0)  # type: ignore[no-any-return]
 
+    @functools.cached_property
+    def storage(self) -> np.ndarray:
+        """``mem.sum(0)``: the option's storage of each kind, all shards together."""
+        if len(self.mem) and self.mem.strides[0] == 0:
+            return self.mem[0] * len(self.mem)  # type: ignore[no-any-return]
+        return self.mem.sum(0)  # type: ignore[no-any-return]
+
 
 @dataclass
 class Problem:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 
-from runner.plan.torchrec_adapter.balanced.effort import Effort, search_text, ticker
+from runner.plan.torchrec_adapter.balanced.effort import Effort, search_text, ticker, ticking
 from runner.plan.torchrec_adapter.balanced.exact import exact
 from runner.plan.torchrec_adapter.balanced.moves import improve, perturb
 from runner.plan.torchrec_adapter.balanced.packing import construct, packing_starts
@@ -97,28 +97,30 @@ def capacity_of(reserved: Topology) -> np.ndarray:
     return np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in reserved.devices], dtype=np.int64)
 
 
-def same_devices(problem: Problem, reserved: Topology) -> bool:
-    """Whether ``problem`` was made for devices like ``reserved`` (the same storage left, ranks per host)."""
+def same_devices(problem: Problem, reserved: Topology) -> bool:  # made for devices like ``reserved``?
     return problem.local == reserved.local_world_size and np.array_equal(problem.capacity, capacity_of(reserved))
 
 
-def problem_of(search_space: List[ShardingOption], reserved: Topology) -> Tuple[Problem, List[List[ShardingOption]]]:
+def problem_of(search_space: List[ShardingOption], reserved: Topology, tick: Optional[Callable[[], None]] = None
+               ) -> Tuple[Problem, List[List[ShardingOption]]]:
     """The search's numbers for TorchRec's options and reserved devices, and the options per table in the
     problem's order (tables in first-seen order, options as enumerated). The latest options' numbers are kept
-    (the search, the bound, a sweep's next points on the same bandwidths ask again); storage is read each time."""
+    (the search, the bound, a sweep's next points on the same bandwidths ask again); storage is read each time
+    (``tick``: called per table read, for progress)."""
     if not (_LAST_PROBLEM and _LAST_PROBLEM[0] is search_space):
-        _LAST_PROBLEM[:] = [search_space, _tables_of(search_space)]
+        _LAST_PROBLEM[:] = [search_space, _tables_of(search_space, tick)]
     tables, table_options = _LAST_PROBLEM[1]
     return Problem(tables, capacity_of(reserved), reserved.local_world_size), table_options
 
 
-def _tables_of(search_space: List[ShardingOption]) -> Tuple[List[List[Choice]], List[List[ShardingOption]]]:
+def _tables_of(search_space: List[ShardingOption], tick: Optional[Callable[[], None]]
+               ) -> Tuple[List[List[Choice]], List[List[ShardingOption]]]:
     by_table: Dict[str, List[ShardingOption]] = {}
     for option in search_space:
         if _kind(option) is not None:
             by_table.setdefault(option.fqn, []).append(option)
     tables = [[Choice(_kind(o), *shard_arrays(o)) for o in options]  # type: ignore[arg-type]
-              for options in by_table.values()]
+              for options in ticking(by_table.values(), tick)]
     return tables, list(by_table.values())
 
 
@@ -196,7 +198,6 @@ def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds
     def say(text: str, best: Optional[float]) -> None:
         if report is not None:
             report(text, best)
-
     tick = ticker(None if report is None else lambda text: report(text, None), "balanced search: the starts")
     own = construct(problem, tick=tick)
     rng = random.Random(0)
@@ -287,7 +288,6 @@ def balanced_note(facts: Dict[str, Any]) -> str:
             + f"; found from {origin}" + (", proved optimal" if facts.get("optimal") else "")
             + (f", {facts['pooled']} earlier points' plans tried" if facts.get("pooled") else "")
             + skipped_text(facts) + search_text(facts))
-
 
 
 def skipped_text(facts: Dict[str, Any]) -> str:
