@@ -88,7 +88,7 @@ class PlanEstimates(Stats):
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
         self.world_size = topology.world_size
         if seam_note() is None:  # the bound reads the runner's enumeration (the TorchRec adapter)
-            from runner.plan.torchrec_adapter.balanced.bound import plan_bound
+            from runner.plan.torchrec_adapter.runner_planner import plan_bound
 
             found = plan_bound(kwargs.get("enumerator"), kwargs.get("storage_reservation"))
             self.lower_bound_ms, self.lower_bound_kind = found if found is not None else (None, None)
@@ -257,7 +257,7 @@ def reusable_model(spec: PlanSpec, build: Callable[[], Any]) -> Any:
 
 def plan_entries(best: List[ShardingOption]) -> Any:
     """A found plan's options as the balanced search's entries, for a sweep planned together to choose from."""
-    from runner.plan.torchrec_adapter.balanced.proposer import entries_of
+    from runner.plan.torchrec_adapter.runner_planner import entries_of
 
     return entries_of(best)
 

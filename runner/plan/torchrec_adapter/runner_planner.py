@@ -19,8 +19,9 @@ from runner.plan.facts import PlanFacts
 from runner.plan.proposer_build import build_proposer, declared
 from runner.plan.step_estimate import step_perf_model
 from runner.plan.topology import build_storage_reservation
+from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 from runner.plan.torchrec_adapter.balanced.planner import BalancedPlanner
-from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, job_facts
+from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entries_of, job_facts
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
 from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.torchrec_adapter.enumeration_reuse import ReusingEnumerator, enumeration_key
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
     from runner.plan.facts import PlanChoices
     from runner.plan.plan_spec import PlanSpec
+
+# what the planner outside the adapter reads of the balanced search, through this module only
+__all__ = ["entries_of", "explain_planner_error", "plan_bound", "plan_with_runner", "runner_planner"]
 
 Inputs = Tuple[Any, int, Dict[str, Any]]  # the topology, the per-rank batch and the tables' constraints
 
