@@ -10,6 +10,7 @@ and devices. Where the fork fails or dies, the bound is computed here as before:
 
 from __future__ import annotations
 
+import time
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -17,13 +18,15 @@ from runner.plan.torchrec_adapter.balanced.problem import Problem
 from runner.runtime.process_end import fork_helper, reap
 
 ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes seconds
+WAIT_STEP_S = 1.0  # the wait for it says so this often (the job prints a line every 10 s)
 
 _AHEAD: List[Any] = []  # [search space, problem, pid, connection], the latest only
 
 
-def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], Tuple[float, str]]) -> None:
+def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], Tuple[float, str]],
+                progress: Optional[Callable[[str], None]] = None) -> None:
     """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound_of`) for the problem of these
-    options."""
+    options; ``progress`` is told, every second, that the plan waits for it (where it does)."""
     end_bound_fork()
     ours, theirs = Pipe(duplex=False)
 
@@ -34,7 +37,7 @@ def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Prob
 
     pid = fork_helper(work)
     theirs.close()
-    _AHEAD[:] = [search_space, problem, pid, ours]
+    _AHEAD[:] = [search_space, problem, pid, ours, progress]
 
 
 def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
@@ -46,9 +49,14 @@ def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
         end_bound_fork()
         return None
     conn: Connection = _AHEAD[3]
+    progress = _AHEAD[4]
     try:
-        if not conn.poll(ANSWER_TIMEOUT_S):
-            return None
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while not conn.poll(min(WAIT_STEP_S, max(deadline - time.monotonic(), 0.0))):
+            if time.monotonic() >= deadline:
+                return None
+            if progress is not None:
+                progress("the plan's lower bound (computed beside the search)")
         value, kind = conn.recv()
         return float(value), str(kind)
     except (EOFError, OSError):

@@ -92,7 +92,7 @@ class BalancedPlanner(SearchLoopPlanner):
         for c in (c for options in problem.tables for c in options):  # read by the bound and the starts alike:
             c.total, c.largest, c.storage  # noqa: B018  (computed before the bound's fork, once for both)
         if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start_bound(space, problem, lower_bound_of)
+            bound_ahead.start_bound(space, problem, lower_bound_of, self._phase)
         if self.balanced.choose_from is not None:
             chosen = self._choose(problem, table_options)
             if chosen is not None:
