@@ -67,32 +67,17 @@ def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any
         found = even_row_wise(arguments)
         if found is None:
             sizes, offsets = _calculate(**arguments)
-            found = _all_alike(sizes, offsets) or _distinct(sizes, offsets)
+            keys = list(map(tuple, sizes))
+            ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # distinct sizes, in order of first occurrence
+            index = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=len(keys))
+            at = [keys.index(k) for k in ids]  # each distinct size's first real shard
+            found = [list(sizes[p]) for p in at], [list(offsets[p]) for p in at], index
         record.append(Layout(found[2], arguments))
         if progress is not None and time.perf_counter() - last[0] >= 1.0:
             last[0] = time.perf_counter()
             progress({"phase": "enumerating", "done": len(record)})
         return found[0], found[1]
     return compact
-
-
-def _distinct(sizes: List[List[int]], offsets: List[List[int]]) -> Tuple[List[List[int]], List[List[int]], np.ndarray]:
-    """Distinct sizes and their first offsets, in order of first occurrence, and each shard's index into them."""
-    keys = list(map(tuple, sizes))
-    ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-    index = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=len(keys))
-    at = [keys.index(k) for k in ids]  # each distinct size's first real shard
-    return [list(sizes[p]) for p in at], [list(offsets[p]) for p in at], index
-
-
-def _all_alike(sizes: List[List[int]], offsets: List[List[int]]
-               ) -> Optional[Tuple[List[List[int]], List[List[int]], np.ndarray]]:
-    """The compact form where every shard has the same size (a data-parallel option: one list repeated per rank,
-    8,192 of them at 8,192 GPUs), found without a tuple and a dict entry per shard; None otherwise. The same
-    answer as the general path: the one size, its first offset, index 0 for every shard."""
-    if not sizes or sizes.count(sizes[0]) != len(sizes):  # the same list object: compared by identity first
-        return None
-    return [list(sizes[0])], [list(offsets[0])], np.zeros(len(sizes), dtype=np.int32)
 
 
 def even_row_wise(arguments: Dict[str, Any]) -> Optional[Tuple[List[List[int]], List[List[int]], np.ndarray]]:
