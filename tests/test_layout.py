@@ -265,3 +265,32 @@ def test_the_whole_config_is_read_only_where_a_job_s_parts_are_built() -> None:
     outside = sorted(f for f in found if not f.startswith("runner.config.") and f not in BUILDERS)
     assert not outside, f"these take the whole config; give them the part or the values they read: {outside}"
     assert len(found) <= MAX_CONFIG_READERS, sorted(found)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says what it owns, once: no two modules of the package (``__init__`` aside) have one name."""
+    names: Dict[str, Set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, set()).add(_module(path))
+    assert not {n: sorted(m) for n, m in names.items() if len(m) > 1}
+
+
+MAX_ANY_SHARE, MAX_TYPE_IGNORES = 0.10, 15
+
+
+def test_types_say_what_they_hold() -> None:
+    """At most ``MAX_ANY_SHARE`` of the package's functions have a parameter annotated ``Any`` (``*args`` and
+    ``**kwargs`` counted), and at most ``MAX_TYPE_IGNORES`` ``type: ignore`` comments (mypy runs in ``make lint``)."""
+    functions = with_any = ignores = 0
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        ignores += text.count("type: ignore")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions += 1
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p is not None)]
+                with_any += any(p.annotation is not None and ast.unparse(p.annotation) == "Any" for p in params)
+    assert with_any <= MAX_ANY_SHARE * functions, (with_any, functions)
+    assert ignores <= MAX_TYPE_IGNORES, ignores

@@ -57,7 +57,8 @@ class Proposer:
 PROPOSERS: Dict[str, Proposer] = {p.name: p for p in (
     Proposer("default", "TorchRec's default list: grid search, greedy, uniform"),
     Proposer("balanced", "the runner's search for the plan with the least loaded busiest rank, never worse than "
-             "its starts (docs/planning.md)", builds=_ADAPTER + "balanced.planner:build", torchrecs_answer=False,
+             "its starts (docs/planning.md)", builds=_ADAPTER + "balanced.balanced_planner:build",
+             torchrecs_answer=False,
              knobs=("balanced_work", "balanced_patience", "balanced_gap", "balanced_compare", "dp_hbm_bins"),
              plans_sweeps_together=True,
              own_planner=True),

@@ -108,7 +108,8 @@ def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) 
     created = not run_id
     if created:
         try:
-            run_id = open_kept(run_dir, uri, pending, parent)  # type: ignore[arg-type]  # no run id: pending
+            assert pending is not None  # no run id: the record of the run kept while the store was away
+            run_id = open_kept(run_dir, uri, pending, parent)
         except Exception as exc:  # noqa: BLE001
             return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
                     "run sync again later")

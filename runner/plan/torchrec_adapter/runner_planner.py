@@ -19,8 +19,8 @@ from runner.plan.facts import PlanFacts
 from runner.plan.proposer_build import build_proposer, declared
 from runner.plan.step_estimate import step_perf_model
 from runner.plan.topology import build_storage_reservation
+from runner.plan.torchrec_adapter.balanced.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.bound import plan_bound
-from runner.plan.torchrec_adapter.balanced.planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entries_of, job_facts
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
 from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only

@@ -5,8 +5,8 @@ TorchRec's planner has no hooks for what the runner's speed-ups do: one search l
 (:mod:`.planning_loop`), enumerations shared across a sweep (:mod:`.enumeration_reuse`), cheap copies of
 sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mod:`.shared_placements`),
 the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
-proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced.planner`). They read or override the private attributes
-below, patch one private method and import names TorchRec does not export.
+proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced.balanced_planner`). They read or override the
+private attributes below, patch one private method and import names TorchRec does not export.
 The pin ``torchrec==1.9.2`` is their first protection. This list and a conformance check are the second:
 
 - ``tests/plan/test_torchrec_seam.py`` checks every name on the installed TorchRec;

@@ -43,26 +43,26 @@ class Choice:
     @functools.cached_property
     def total(self) -> float:
         """``perf.sum()``: the option's summed shard perf."""
-        return self.perf.sum()  # type: ignore[no-any-return]
+        return float(self.perf.sum())
 
     @functools.cached_property
     def largest(self) -> float:
         """``perf.max(initial=0.0)``: its largest shard's perf."""
-        return self.perf.max(initial=0.0)  # type: ignore[no-any-return]
+        return float(self.perf.max(initial=0.0))
 
     @functools.cached_property
     def peak(self) -> np.ndarray:
         """Each storage kind's largest shard (every shard fits within ``x`` where ``(peak <= x).all()``)."""
         if not len(self.mem):
             return np.full(self.mem.shape[1:], np.iinfo(np.int64).min)
-        return (self.mem[:1] if self.mem.strides[0] == 0 else self.mem).max(0)  # type: ignore[no-any-return]
+        return np.asarray((self.mem[:1] if self.mem.strides[0] == 0 else self.mem).max(0))
 
     @functools.cached_property
     def storage(self) -> np.ndarray:
         """``mem.sum(0)``: the option's storage of each kind, all shards together."""
         if len(self.mem) and self.mem.strides[0] == 0:
-            return self.mem[0] * len(self.mem)  # type: ignore[no-any-return]
-        return self.mem.sum(0)  # type: ignore[no-any-return]
+            return np.asarray(self.mem[0] * len(self.mem))
+        return np.asarray(self.mem.sum(0))
 
 
 @dataclass

@@ -11,7 +11,7 @@ and the plan with the lowest rating wins:
 3. the plans of earlier points of this process (a sweep's points), where they are still valid here
    (:func:`remember`, :func:`pooled`).
 
-The planner that runs it is :class:`.planner.BalancedPlanner`; what each start rated is kept in
+The planner that runs it is :class:`.balanced_planner.BalancedPlanner`; what each start rated is kept in
 :attr:`BalancedProposer.facts` for the report (:func:`balanced_note`, :func:`compared_metrics`).
 """
 
