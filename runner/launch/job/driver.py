@@ -104,20 +104,17 @@ def _mark_start() -> None:
 
 
 def _plan_choices() -> Any:
-    """The plans a plan-only point chooses from (:func:`_sweep_choices`), where the runner's planner plans (TorchRec's
-    stock planner: none, no plan reused); asked inside the job's cores and its run's error handling."""
-    from runner.plan.planner import runners_planner
-
-    return _sweep_choices() if runners_planner() else None
-
-
-def _sweep_choices() -> Any:
-    """This point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None."""
+    """This plan-only point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None
+    (no such sweep; TorchRec's stock planner: no plan reused); asked inside the job's cores and its run's error
+    handling."""
     from hydra.core.hydra_config import HydraConfig
 
     from runner.launch.sweep.plan_together import choices_for
+    from runner.plan.planner import runners_planner
 
-    return choices_for(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
+    if not runners_planner() or not HydraConfig.initialized():
+        return None
+    return choices_for(list(HydraConfig.get().overrides.task))
 
 
 def plan_sweep_together(args: List[str]) -> None:

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
-from runner.config.roles import config_hash
 from runner.launch.processes.prewarm import took_warm
-from runner.plan.calibration import hashed
+from runner.launch.sweep.resume import config_digest
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
@@ -59,7 +58,7 @@ def driver_run(cfg: RunnerConfig, hydra_job: HydraJob, config: Dict[str, Any], p
     shape = JobShape(cfg.mode, cfg.cluster.nodes, cfg.cluster.node_rank, cfg.sweep.verbose)
     return DriverRun(cfg.tracking, shape, hydra_job.run_dir, config, port, lambda: run_record(
         hydra_job, config, attempt, scheduler.run_tags(), cfg.tracking.run_name,
-        config_hash(hashed(cfg.cluster, cfg.mode, dict(config))), data), scheduler.static_rendezvous)
+        config_digest(cfg.cluster, cfg.mode, dict(config)), data), scheduler.static_rendezvous)
 
 
 def run_record(hydra_job: HydraJob, config: Dict[str, Any], attempt: int, scheduler_tags: Dict[str, str],
