@@ -90,19 +90,28 @@ PRUNE_MARGIN = 1e-9  # relative: a table is passed over only where it is clearly
 Move = Tuple[float, int, int, np.ndarray]  # (worst load it leaves on the ranks it touches, table, option, ranks)
 
 
+def _floors(s: _State, r: int) -> List[Tuple[float, int]]:
+    """The tables on rank ``r``, each with its floor, the lowest first: whatever a table's move, rank ``r`` keeps
+    its load less that table's shards there, so where a table's floor is no better than the best move found
+    so far, neither its move nor any later table's can be (ties: the lowest table first)."""
+    out = []
+    for t in s.on(r):
+        c, ranks = s.choice(t), s.solution.ranks[t]
+        out.append((float(s.load[r] - (c.perf[r] if c.kind == UNIFORM else c.perf[ranks == r].sum())), t))
+    out.sort()
+    return out
+
+
 def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
     """The move that lowers rank ``r`` and leaves every rank it touches below ``limit``, with the lowest
     such load: a table of ``r`` placed again with any of its options, or one of its device shards moved."""
     best: Optional[Move] = None
     tables = s.problem.tables
-    for t in sorted(s.on(r)):
+    for floor, t in _floors(s, r):
         old_o, old_ranks = s.solution.picks[t], s.solution.ranks[t]
         old = s.choice(t)
-        # whatever the move, rank r keeps its load less t's shards there: where that is no better than the
-        # best move so far (or the limit), no move of t can be (a hair of margin for the rounding of take/put)
-        floor = s.load[r] - (old.perf[r] if old.kind == UNIFORM else old.perf[old_ranks == r].sum())
         if floor > (limit if best is None else best[0]) * (1 + PRUNE_MARGIN):
-            continue
+            break  # this table's floor, and every later one's, is above the best move so far
         s.work += len(tables[t]) * s.unit
         if old.kind == DEVICE:
             for j in np.flatnonzero(old_ranks == r):
@@ -112,7 +121,7 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
                 after = np.where(ok, s.load + old.perf[j], np.inf)
                 q = int(np.argmin(after))
                 score = max(after[q], s.load[r] - old.perf[j])
-                if score < limit and (best is None or score < best[0]):
+                if score < limit and (best is None or (score, t) < best[:2]):
                     ranks = old_ranks.copy()
                     ranks[j] = q
                     best = (score, t, old_o, ranks)
@@ -129,7 +138,7 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
                     after = s.load[touched].copy()
                     np.add.at(after, np.searchsorted(touched, ranks), c.perf)
                     score = float(after.max())
-                if score < limit and (best is None or score < best[0]):
+                if score < limit and (best is None or (score, t) < best[:2]):
                     best = (score, t, o, ranks)
         finally:
             s.put(t, old_o, old_ranks)
