@@ -96,21 +96,68 @@ def plan_to_dict(plan: ShardingPlan, specs: List[TableSpec]) -> Dict[str, Dict[s
     return out
 
 
+COLUMN_MAX = 40  # a longer cell (a table's scattered ranks) runs on past its column
+
+
 def plan_table(plan_dict: Dict[str, Dict[str, Any]]) -> str:
-    """Readable fixed-width table of a plan dict: one line per table."""
+    """Readable table of a plan dict: one line per table; runs of ranks as ``a-b``, runs of shards on consecutive
+    ranks with one size as ``ra-b@offsets:sizes`` (replicas: the same offsets) or ``ra-b@offsets..:sizes`` (each
+    shard where the one before it ends), so that a table over 8,192 GPUs takes one short line."""
     rows = [("module", "table", "sharding_type", "kernel", "ranks", "shards (offsets:sizes)")]
     for module, tables in plan_dict.items():
         for table, p in tables.items():
-            ranks = "all" if p["ranks"] is None else ",".join(map(str, p["ranks"]))
-            shards = " ".join(
-                f"r{s['rank']}@{'x'.join(map(str, s['offsets']))}:{'x'.join(map(str, s['sizes']))}"
-                for s in p["shards"]
-            ) or "replicated"
+            ranks = "all" if p["ranks"] is None else rank_ranges(p["ranks"])
+            shards = " ".join(_shard_runs(p["shards"])) or "replicated"
             rows.append((module or "<root>", table, p["sharding_type"], p["compute_kernel"], ranks, shards))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    widths = [min(max(len(r[i]) for r in rows), COLUMN_MAX) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines) + "\n"
+
+
+def rank_ranges(ranks: List[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` as ``0-2,5,7-8``: runs of consecutive ranks, in the order given."""
+    out: List[str] = []
+    start = prev = None
+    for r in ranks:
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    if start is not None:
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def _shard_runs(shards: List[Dict[str, Any]]) -> List[str]:
+    """Shards as runs: consecutive ranks, the same sizes, and offsets that either stay (replicas) or go on
+    where the shard before ended (``..``)."""
+    out: List[str] = []
+    i = 0
+    while i < len(shards):
+        first, j, step = shards[i], i + 1, None
+        while j < len(shards):
+            prev, s = shards[j - 1], shards[j]
+            if None in (s["rank"], prev["rank"]) or s["rank"] != prev["rank"] + 1 or s["sizes"] != first["sizes"]:
+                break
+            moved = [o - q for o, q in zip(s["offsets"], prev["offsets"], strict=True)]
+            kind = "same" if not any(moved) else "next" if _continues(moved, first["sizes"]) else None
+            if kind is None or (step is not None and kind != step):
+                break
+            step, j = kind, j + 1
+        where = "x".join(map(str, first["offsets"])) + (".." if step == "next" else "")
+        ranks = f"{first['rank']}" if j == i + 1 else f"{first['rank']}-{shards[j - 1]['rank']}"
+        out.append(f"r{ranks}@{where}:{'x'.join(map(str, first['sizes']))}")
+        i = j
+    return out
+
+
+def _continues(moved: List[int], sizes: List[int]) -> bool:
+    """Whether an offset change of ``moved`` is one shard's ``sizes`` along one dimension (rows or columns)."""
+    steps = [(d, m) for d, m in enumerate(moved) if m]
+    return len(steps) == 1 and steps[0][1] == sizes[steps[0][0]]
 
 
 def sharding_types_used(plan_dict: Dict[str, Dict[str, Any]]) -> Dict[str, int]:

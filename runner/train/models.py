@@ -21,7 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from runner.config.precisions import TABLE_DTYPES
 from runner.config.tables import table_specs
-from runner.train.optimizers import apply_sparse_optimizer
+from runner.train.optimizers import mark_sparse_optimizer
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
@@ -227,5 +227,5 @@ def planning_model(cfg: RunnerConfig) -> nn.Module:
     """The model on the meta device with its tables' fused optimizer set (the planner's storage estimate
     reads it): what ``mode=plan`` plans, allocating nothing."""
     model = build_model(cfg, torch.device("meta"))
-    apply_sparse_optimizer(model, cfg.optimizer)
+    mark_sparse_optimizer(model, cfg.optimizer)
     return model

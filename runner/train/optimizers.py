@@ -54,6 +54,17 @@ def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: OptimizerSchema) -> 
     apply_optimizer_in_backward(cls, sparse_parameters(model), kwargs)
 
 
+def mark_sparse_optimizer(model: torch.nn.Module, opt_cfg: OptimizerSchema) -> None:
+    """What :func:`apply_sparse_optimizer` leaves on each table that TorchRec's planner and sharders read (the
+    optimizer's class and keyword arguments, as ``apply_optimizer_in_backward`` records them), without building an
+    optimizer per table: for a model that is only planned (on the meta device; 20,000 tables took 11 s to get
+    their optimizers). ``tests/plan/test_planning.py`` checks TorchRec enumerates the same options after either."""
+    cls, kwargs = sparse_optimizer(opt_cfg)
+    for param in sparse_parameters(model):
+        setattr(param, "_optimizer_classes", [cls])  # noqa: B010 - torch's attribute names, listed in the seam test
+        setattr(param, "_optimizer_kwargs", [kwargs])  # noqa: B010
+
+
 class ClippedOptimizer(KeyedOptimizerWrapper):
     """The dense optimizer; its ``step()`` clips the (already all-reduced) gradients first."""
 

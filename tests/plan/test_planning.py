@@ -305,3 +305,25 @@ def test_the_traffic_sums_equal_one_send_per_pair_of_ranks() -> None:
         bulk, pairs = comms_per_rank(plan, world, local, 64, {}), _pairwise_comms(plan, world, local, 64)
         for key in pairs:
             assert bulk[key] == pytest.approx(pairs[key], rel=1e-12, abs=1e-6), (world, local, key)
+
+
+@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
+def test_a_planned_model_marked_with_its_optimizer_enumerates_as_one_given_the_optimizers(sparse: str) -> None:
+    """``planning_model`` records each table's fused optimizer without building one per table
+    (``mark_sparse_optimizer``): TorchRec enumerates the same options, storage and perf as after
+    ``apply_optimizer_in_backward``."""
+    from runner.plan.planner import build_planner
+    from runner.plan.sharders import sharders_for
+    from runner.train.optimizers import mark_sparse_optimizer, sparse_optimizer
+
+    cfg = cfg_for("mode=plan", "cluster=gpu_2x8", f"optimizer.sparse={sparse}")
+    found = []
+    for mark in (apply_sparse_optimizer, mark_sparse_optimizer):
+        model = build_model(cfg, torch.device("meta"))
+        mark(model, cfg.optimizer)
+        planner = build_planner(plan_spec(cfg), 16, 8, "cuda")
+        options = planner._enumerator.enumerate(module=model, sharders=sharders_for(cfg.precision))
+        found.append([(o.fqn, o.sharding_type, o.compute_kernel, o.tensor._optimizer_classes,
+                       [(s.storage.hbm, s.storage.ddr, s.perf.total) for s in o.shards]) for o in options])
+    assert found[0] == found[1] and len(found[0]) > 10
+    assert {tuple(o[3]) for o in found[0]} == {(sparse_optimizer(cfg.optimizer)[0],)}

@@ -71,3 +71,27 @@ def test_a_run_logs_every_ranks_metrics_up_to_64_ranks_and_the_busiest_beyond() 
     busiest = sorted(range(1024), key=lambda r: -((r * 37) % 1024))[:BUSIEST_LOGGED]
     assert ranks == set(busiest) and "plan/est_step_ms" in logged
     assert all(f"plan/rank{r}/hbm_bytes" in logged for r in busiest)
+
+
+def test_the_plan_table_gives_a_table_over_thousands_of_ranks_one_short_line() -> None:
+    """Runs of ranks and of shards are written as ranges (a data-parallel table over 8,192 GPUs was a line of
+    150,000 characters, and every line was padded to it: 800 MB for 20,000 tables); what they say is kept."""
+    from runner.plan.plan_file import plan_table, rank_ranges
+
+    assert rank_ranges([0, 1, 2, 5, 7, 8, 3]) == "0-2,5,7-8,3"
+    world = 8192
+    plan = {"ebc": {
+        "dp": {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": list(range(world)),
+               "shards": [{"rank": r, "offsets": [0, 0], "sizes": [1000, 64]} for r in range(world)]},
+        "rw": {"sharding_type": "row_wise", "compute_kernel": "fused", "ranks": list(range(4)),
+               "shards": [{"rank": r, "offsets": [25 * r, 0], "sizes": [25, 64]} for r in range(3)]
+               + [{"rank": 3, "offsets": [75, 0], "sizes": [20, 64]}]},
+        "cw": {"sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [9, 4],
+               "shards": [{"rank": 9, "offsets": [0, 0], "sizes": [100, 32]},
+                          {"rank": 4, "offsets": [0, 32], "sizes": [100, 32]}]}}}
+    lines = plan_table(plan).splitlines()
+    assert max(len(line) for line in lines) < 120
+    dp, rw, cw = lines[2:]
+    assert dp.split()[-2:] == ["0-8191", "r0-8191@0x0:1000x64"]
+    assert rw.split()[-3:] == ["0-3", "r0-2@0x0..:25x64", "r3@75x0:20x64"]
+    assert cw.split()[-3:] == ["9,4", "r9@0x0:100x32", "r4@0x32:100x32"]

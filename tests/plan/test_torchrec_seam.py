@@ -121,6 +121,8 @@ OTHER_PRIVATE = {
     "_terminate_process_handler": "torch elastic", "_replace": "NamedTuple", "_run_exitfuncs": "atexit",
     "_shutdown": "threading", "_target_": "Hydra's instantiation key", "_to_mlflow_entity": "mlflow's datasets",
     "_core": "Hydra's joblib launcher (the arguments it gives joblib)", "_executor": "joblib's loky pool",
+    "_optimizer_classes": "torch's apply_optimizer_in_backward (what it records on a parameter)",
+    "_optimizer_kwargs": "torch's apply_optimizer_in_backward",
 }
 
 

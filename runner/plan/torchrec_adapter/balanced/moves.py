@@ -122,9 +122,9 @@ def _best_move(s: _State, r: int, limit: float) -> Optional[Move]:
                 q = int(np.argmin(after))
                 score = max(after[q], s.load[r] - old.perf[j])
                 if score < limit and (best is None or (score, t) < best[:2]):
-                    ranks = old_ranks.copy()
-                    ranks[j] = q
-                    best = (score, t, old_o, ranks)
+                    moved = old_ranks.copy()
+                    moved[j] = q
+                    best = (score, t, old_o, moved)
         s.take(t)
         try:
             for o, c in enumerate(tables[t]):
