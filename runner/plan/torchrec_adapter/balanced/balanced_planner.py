@@ -11,10 +11,8 @@ loop ends.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
@@ -45,25 +43,10 @@ from runner.plan.torchrec_adapter.dp_proposer import placeable_only
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
-from runner.runtime.cores import may_fork
+from runner.runtime.cores import collector_paused, may_fork
 
 if TYPE_CHECKING:
     from runner.config.schema_model import ShardingSchema
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a plan is made: the plan creates a few hundred thousand
-    small objects (a data-parallel option at 1,024 GPUs has 1,024 shards), which set off collections that each
-    walk every object alive, the sweep's kept options too (in a 9-point study at 5,384 x 1,024: 30 s of 175).
-    Planning makes no reference cycles worth collecting meanwhile; the collector resumes as it was."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class BalancedPlanner(SearchLoopPlanner):
@@ -78,7 +61,7 @@ class BalancedPlanner(SearchLoopPlanner):
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         if self.plan_loader is not None:
             return super().plan(module, sharders)
-        with quick_copies(), _collector_paused():
+        with quick_copies(), collector_paused():
             return self._plan_balanced(module, sharders)
 
     def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
