@@ -222,8 +222,12 @@ def test_a_sweep_planned_together_agrees_and_is_monotone(monkeypatch: pytest.Mon
     try:
         found = {(float(b), float(r)): _point(cfg_for(*p), sweep_plans.choices_for(p))
                  for (b, r), p in zip(grid, points, strict=True)}
+        carried = {(float(b), float(r)): sweep_plans.choices_for(p)[1]["bound"]
+                   for (b, r), p in zip(grid, points, strict=True)}
     finally:
         path.unlink()
+    for k, (_, problem, _) in found.items():  # the bound the first pass found, which the second pass reuses
+        assert tuple(carried[k]) == lower_bound_of(problem), k
     rated = {k: rating(problem, solution_of(options, plan)) for k, (plan, problem, options) in found.items()}
     for (b, r), mine in rated.items():
         for (b2, r2), theirs in rated.items():

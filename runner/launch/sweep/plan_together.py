@@ -121,8 +121,10 @@ def _plan_point(i: int, spec: PlanSpec, build_model: Callable[[], Any], count: i
     except PlanError:
         return None, {}
     entry = {k: list(v) for k, v in plan_entries(best).items()}
+    bound = facts.get("lower_bound_ms")
     return entry, {"compared": facts.get("compared", {}), "torchrec": facts.get("torchrec", {}),
-                   "skipped": facts.get("skipped", {})}
+                   "skipped": facts.get("skipped", {}),
+                   "bound": None if bound is None else [bound, facts.get("lower_bound_kind")]}
 
 
 def _key(overrides: Sequence[str]) -> str:

@@ -26,6 +26,7 @@ from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of
+from runner.plan.torchrec_adapter.balanced.bound import remember as remember_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (
@@ -77,6 +78,9 @@ class BalancedPlanner(SearchLoopPlanner):
                                message="a table has no sharding option whose every shard fits on a device")
         for c in (c for options in problem.tables for c in options):  # read by the bound and the starts alike:
             c.total, c.largest, c.storage  # noqa: B018  (computed before the bound's fork, once for both)
+        known = self.balanced.choose_from[1].get("bound") if self.balanced.choose_from is not None else None
+        if known:  # a sweep planned together found this point's bound in its first pass
+            remember_bound(space, problem, (float(known[0]), str(known[1])))
         if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
             bound_ahead.start_bound(space, problem, lower_bound_of, self._phase)
         if self.balanced.choose_from is not None:

@@ -156,6 +156,12 @@ def known(space: Any, problem: Problem) -> bool:
     return _key(space, problem.local, problem.capacity) in _KNOWN
 
 
+def remember(space: Any, problem: Problem, found: Tuple[float, str]) -> None:
+    """Keep ``found`` as the bound for these options on the problem's devices (a sweep's point whose bound its
+    first pass found, in another process)."""
+    _KNOWN[_key(space, problem.local, problem.capacity)] = found
+
+
 def _key(space: Any, local: int, capacity: np.ndarray) -> Tuple[int, int, bytes]:
     if not any(s is space for s in _KEPT):
         _KEPT.append(space)
