@@ -60,10 +60,20 @@ def _enumerators(point: str):
     return theirs, ours, world
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
-def test_every_option_equals_torchrecs_shard_by_shard(point: str) -> None:
+@pytest.mark.parametrize("point", sorted(POINTS) + ["gpu_uneven_rows, forked", "cpu_every_type, forked"])
+def test_every_option_equals_torchrecs_shard_by_shard(point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forked``: the later half of the options estimated in a fork (what a plan of thousands of options does),
+    what it set on each option and shard sent back."""
+    from runner.plan.torchrec_adapter import parallel_estimates
+
+    point, forked = point.split(", ")[0], point.endswith("forked")
+    if forked:
+        monkeypatch.setattr(parallel_estimates, "FORK_MIN_OPTIONS", 2)
+    before = len(parallel_estimates.FORKED)
     theirs, ours, world = _enumerators(point)
+    assert (len(parallel_estimates.FORKED) > before) == forked
     assert len(ours) == len(theirs) > 0
+    assert [o.is_weighted for o in ours] == [o.is_weighted for o in theirs]
     kinds = {(o.sharding_type, o.compute_kernel) for o in theirs}
     held_once = 0
     for full, compact, expanded in zip(theirs, ours, expand_all(ours), strict=True):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
+from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
 from runner.track.reporter import Reporter
 
@@ -76,17 +77,11 @@ def _phase_text(counts: Dict[str, Any]) -> str:
     return str(counts.get("detail") or phase)
 
 
+@collector_paused()  # a short job: the plan's millions of objects are not walked by collections
 def plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
     """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``
     once ``run`` (the job's MLflow run) is open; write and log the report; return the results. ``choose_from``: the
     plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
-    from runner.runtime.cores import collector_paused
-
-    with collector_paused():  # a short job: the plan's millions of objects are not walked by collections
-        return _plan_only(cfg, run, choose_from)
-
-
-def _plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Optional[PlanChoices]) -> Dict[str, Any]:
     from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan, reusable_model
     from runner.plan.report import write_plan_report

@@ -32,13 +32,13 @@ from torchrec.distributed.planner import enumerators as _enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import Shard, ShardingOption
 
+from runner.plan.torchrec_adapter import parallel_estimates
 from runner.plan.torchrec_adapter.record_copies import shallow_copy
 
 if TYPE_CHECKING:
     from torch import nn
 
 LAYOUT = "runner_layout"  # the attribute of a compact option that holds its Layout
-CHUNK = 2000  # options estimated between two progress reports
 
 _calculate = _enumerators.calculate_shard_sizes_and_offsets  # TorchRec's own; the enumerator calls it by this name
 
@@ -221,15 +221,9 @@ def estimator_input(enumerator: EmbeddingEnumerator) -> Dict[str, Any]:
 def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
                        progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
     """TorchRec's estimators over ``options``, a chunk at a time (each option's estimates do not depend on
-    the others'), reporting how far between chunks."""
-    t0 = time.perf_counter()
-    for start in range(0, len(options), CHUNK):
-        chunk = options[start:start + CHUNK]
-        for estimator in estimators:
-            estimator.estimate(chunk, **inputs)
-        if progress is not None:
-            progress({"phase": "estimating", "done": start + len(chunk), "of": len(options),
-                      "seconds": time.perf_counter() - t0})
+    the others'), reporting how far between chunks; thousands of options on both cores
+    (:mod:`.parallel_estimates`)."""
+    parallel_estimates.estimate(estimators, options, inputs, progress)
 
 
 def layout_of(option: ShardingOption) -> Optional[Layout]:

@@ -25,8 +25,7 @@ from runner.config.parts import part
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
-from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of
-from runner.plan.torchrec_adapter.balanced.bound import remember as remember_bound
+from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of, remember_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (

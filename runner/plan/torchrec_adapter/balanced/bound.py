@@ -156,7 +156,7 @@ def known(space: Any, problem: Problem) -> bool:
     return _key(space, problem.local, problem.capacity) in _KNOWN
 
 
-def remember(space: Any, problem: Problem, found: Tuple[float, str]) -> None:
+def remember_bound(space: Any, problem: Problem, found: Tuple[float, str]) -> None:
     """Keep ``found`` as the bound for these options on the problem's devices (a sweep's point whose bound its
     first pass found, in another process)."""
     _KNOWN[_key(space, problem.local, problem.capacity)] = found

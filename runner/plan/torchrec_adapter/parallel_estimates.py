@@ -1,0 +1,104 @@
+"""TorchRec's estimators over thousands of sharding options, on both cores.
+
+Each option's estimates depend on that option alone (TorchRec's perf and storage estimators read its shards'
+sizes and its table, and write its shards' ``perf`` and ``storage``, and the option's ``is_weighted``). At 5,384
+tables on 1,024 GPUs the 32,304 options' estimates take about 4 s of a 6-s enumeration, at 20,000 tables 20 s,
+while the other core waits. :func:`estimate` forks the planning process (where a fork is safe and a core is
+spare: :func:`runner.runtime.cores.may_fork`); the fork estimates the later half of the options and sends back
+whatever the estimators set on each option and shard (every attribute whose value changed, as it is: the same
+objects' copies, whatever the TorchRec release sets); this process estimates the earlier half and then sets
+what the fork sent. Where the fork fails or dies, the later half is estimated here. The numbers are TorchRec's
+either way (``tests/plan/test_compact_enumeration.py`` compares both paths with TorchRec's own enumeration).
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection, Pipe
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from torchrec.distributed.planner.types import ShardingOption
+
+from runner.runtime.cores import may_fork
+from runner.runtime.process_end import fork_helper, reap
+
+CHUNK = 2000  # options estimated between two progress reports
+FORK_MIN_OPTIONS = 4000  # fewer: estimated here (a fork and the answers' pickling would cost more than half)
+ANSWER_TIMEOUT_S = 3600.0
+FORKED: List[int] = []  # options estimated in a fork, per estimate that forked (read by a test)
+Changes = List[Tuple[Dict[str, Any], List[Dict[str, Any]]]]  # per option: its changed attributes, its shards'
+
+
+def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
+             progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+             fork_min: Optional[int] = None) -> None:
+    """TorchRec's ``estimators`` over ``options`` (``inputs``: their keyword arguments), a chunk at a time,
+    ``progress`` told how far between chunks; the later half in a fork where there are ``fork_min``
+    (:data:`FORK_MIN_OPTIONS`) options or more."""
+    t0 = time.perf_counter()
+    fork_min = FORK_MIN_OPTIONS if fork_min is None else fork_min
+    half = len(options) // 2 if len(options) >= fork_min and may_fork() else len(options)
+    helper = _start(estimators, options[half:], inputs) if half < len(options) else None
+    here = options if helper is None else options[:half]
+    for start in range(0, len(here), CHUNK):
+        chunk = here[start:start + CHUNK]
+        for estimator in estimators:
+            estimator.estimate(chunk, **inputs)
+        if progress is not None:
+            progress({"phase": "estimating", "done": start + len(chunk), "of": len(options),
+                      "seconds": time.perf_counter() - t0})
+    if helper is None:
+        return
+    later = options[half:]
+    changes = _collect(*helper)
+    if changes is None or len(changes) != len(later):  # the fork failed: estimated here
+        estimate(estimators, later, inputs, fork_min=len(later) + 1)
+        return
+    FORKED.append(len(later))
+    for option, (attrs, shards) in zip(later, changes, strict=True):
+        option.__dict__.update(attrs)
+        for shard, shard_attrs in zip(option.shards, shards, strict=True):
+            shard.__dict__.update(shard_attrs)
+    if progress is not None:
+        progress({"phase": "estimating", "done": len(options), "of": len(options),
+                  "seconds": time.perf_counter() - t0})
+
+
+def _changed(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in after.items() if k not in before or before[k] is not v}
+
+
+def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any]
+           ) -> Optional[Tuple[int, Connection]]:
+    ours, theirs = Pipe(duplex=False)
+
+    def work() -> None:  # in the fork: the options' estimates, then what they changed, a chunk at a time
+        ours.close()
+        for start in range(0, len(options), CHUNK):
+            chunk = options[start:start + CHUNK]
+            before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in chunk]
+            for estimator in estimators:
+                estimator.estimate(chunk, **inputs)
+            theirs.send([(_changed(b, o.__dict__),
+                          [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
+                         for (b, shards), o in zip(before, chunk, strict=True)])
+
+    try:
+        pid = fork_helper(work)
+    except OSError:
+        return None
+    theirs.close()
+    return pid, ours
+
+
+def _collect(pid: int, conn: Connection) -> Optional[Changes]:
+    out: Changes = []
+    try:
+        while conn.poll(ANSWER_TIMEOUT_S):
+            out.extend(conn.recv())
+    except (EOFError, OSError):
+        pass  # the fork is done (or died): what it sent is all there is
+    finally:
+        conn.close()
+        reap(pid, kill=True)
+    return out
