@@ -72,16 +72,18 @@ def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[st
            ) -> Optional[Tuple[int, Connection]]:
     ours, theirs = Pipe(duplex=False)
 
-    def work() -> None:  # in the fork: the options' estimates, then what they changed, a chunk at a time
-        ours.close()
+    def work() -> None:  # in the fork: the options' estimates, then what they changed, sent at the end (a send
+        ours.close()  # while this process still estimates its own half would wait for it to read)
+        changes: Changes = []
         for start in range(0, len(options), CHUNK):
             chunk = options[start:start + CHUNK]
             before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in chunk]
             for estimator in estimators:
                 estimator.estimate(chunk, **inputs)
-            theirs.send([(_changed(b, o.__dict__),
-                          [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
-                         for (b, shards), o in zip(before, chunk, strict=True)])
+            changes += [(_changed(b, o.__dict__),
+                         [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
+                        for (b, shards), o in zip(before, chunk, strict=True)]
+        theirs.send(changes)
 
     try:
         pid = fork_helper(work)
@@ -92,13 +94,10 @@ def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[st
 
 
 def _collect(pid: int, conn: Connection) -> Optional[Changes]:
-    out: Changes = []
     try:
-        while conn.poll(ANSWER_TIMEOUT_S):
-            out.extend(conn.recv())
+        return conn.recv() if conn.poll(ANSWER_TIMEOUT_S) else None
     except (EOFError, OSError):
-        pass  # the fork is done (or died): what it sent is all there is
+        return None  # the fork died: its half is estimated here
     finally:
         conn.close()
         reap(pid, kill=True)
-    return out
