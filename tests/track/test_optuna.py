@@ -55,13 +55,13 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
 
 def test_optuna_trials_run_asynchronously_and_a_multi_objective_study_keeps_its_pareto_front(
         store: str, tmp_path: Path) -> None:
-    """Two trials at once (joblib's processes), a slow one (1,000 tables) and a fast one (10): the third trial
+    """Two trials at once (joblib's processes), a slow one (1,600 tables) and a fast one (10): the third trial
     starts as soon as the fast one ends, before the slow one has; the study has two objectives (estimated step,
     memory), and what it prints and keeps as its Pareto front is the non-dominated set of its trials."""
     import yaml
 
     proc = run_cli(["-m", "experiment=plan_many_tables", "cluster=gpu_4x8", "cluster.nodes=16",
-                    "model.generated_tables.count=choice(10,1000)", "hydra/sweeper=optuna",
+                    "model.generated_tables.count=choice(10,1600)", "hydra/sweeper=optuna",
                     "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2",
                     "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.direction=[minimize,minimize]",
                     "tracking.objective.more_metrics=[plan/max_mem_bytes]", f"tracking.uri={store}",
@@ -70,7 +70,7 @@ def test_optuna_trials_run_asynchronously_and_a_multi_objective_study_keeps_its_
     _, children = split(store, "async")
     assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
     count = {int(c.data.tags["runner.job"]): int(c.data.params["model.generated_tables.count"]) for c in children}
-    assert sorted(count.values())[0] == 10 and sorted(count.values())[-1] == 1000  # the grid gave both at first
+    assert sorted(count.values())[0] == 10 and sorted(count.values())[-1] == 1600  # the grid gave both at first
     slow, fast = sorted(children[:2], key=lambda c: -int(c.data.params["model.generated_tables.count"]))
     third = children[2]
     assert fast.info.end_time < slow.info.end_time, "the 10-table trial ended first"
