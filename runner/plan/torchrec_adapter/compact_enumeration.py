@@ -208,7 +208,7 @@ class CompactEnumerator(EmbeddingEnumerator):
             for option, layout in zip(sharding_options, self._layouts, strict=True):
                 setattr(option, LAYOUT, layout)
         self._layouts = []
-        estimate_in_chunks(self._estimators, sharding_options, estimator_input(self), self.progress)
+        parallel_estimates.estimate(self._estimators, sharding_options, estimator_input(self), self.progress)
 
 
 def estimator_input(enumerator: EmbeddingEnumerator) -> Dict[str, Any]:
@@ -216,14 +216,6 @@ def estimator_input(enumerator: EmbeddingEnumerator) -> Dict[str, Any]:
     data (TorchRec 1.7 on) or the sharders themselves (1.6, whose enumerator has no ``_sharder_data_map``)."""
     data = getattr(enumerator, "_sharder_data_map", None)
     return {"sharder_data_map": data} if data is not None else {"sharder_map": enumerator._sharder_map}
-
-
-def estimate_in_chunks(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
-                       progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
-    """TorchRec's estimators over ``options``, a chunk at a time (each option's estimates do not depend on
-    the others'), reporting how far between chunks; thousands of options on both cores
-    (:mod:`.parallel_estimates`)."""
-    parallel_estimates.estimate(estimators, options, inputs, progress)
 
 
 def layout_of(option: ShardingOption) -> Optional[Layout]:

@@ -23,12 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 from torchrec.distributed.planner.types import ShardingOption
 
-from runner.plan.torchrec_adapter.compact_enumeration import (
-    CompactEnumerator,
-    estimate_in_chunks,
-    estimator_input,
-    search_space_kept,
-)
+from runner.plan.torchrec_adapter import parallel_estimates
+from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimator_input, search_space_kept
 
 if TYPE_CHECKING:
     from torch import nn
@@ -92,7 +88,7 @@ class ReusingEnumerator(CompactEnumerator):
             return options
         options = copy.deepcopy(near[0])
         perf = [e for e in self._estimators if "Storage" not in type(e).__name__]  # storage is the same
-        estimate_in_chunks(perf, options, near[2], self.progress)  # perf reads this point's bandwidths
+        parallel_estimates.estimate(perf, options, near[2], self.progress)  # perf reads this point's bandwidths
         _OPTIONS[self._bw_key] = (options, near[1], near[2])
         return self._hand_out(_OPTIONS[self._bw_key], module, sharders)
 

@@ -36,32 +36,39 @@ def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[
     ``progress`` told how far between chunks; the later half in a fork where there are ``fork_min``
     (:data:`FORK_MIN_OPTIONS`) options or more."""
     t0 = time.perf_counter()
+
+    def said(done: int) -> None:
+        if progress is not None:
+            progress({"phase": "estimating", "done": done, "of": len(options), "seconds": time.perf_counter() - t0})
+
     fork_min = FORK_MIN_OPTIONS if fork_min is None else fork_min
     half = len(options) // 2 if len(options) >= fork_min and may_fork() else len(options)
     helper = _start(estimators, options[half:], inputs) if half < len(options) else None
-    here = options if helper is None else options[:half]
-    for start in range(0, len(here), CHUNK):
-        chunk = here[start:start + CHUNK]
-        for estimator in estimators:
-            estimator.estimate(chunk, **inputs)
-        if progress is not None:
-            progress({"phase": "estimating", "done": start + len(chunk), "of": len(options),
-                      "seconds": time.perf_counter() - t0})
+    _in_chunks(estimators, options[:half], inputs, said)
     if helper is None:
         return
     later = options[half:]
     changes = _collect(*helper)
     if changes is None or len(changes) != len(later):  # the fork failed: estimated here
-        estimate(estimators, later, inputs, fork_min=len(later) + 1)
+        _in_chunks(estimators, later, inputs, lambda done: said(half + done))
         return
     FORKED.append(len(later))
     for option, (attrs, shards) in zip(later, changes, strict=True):
         option.__dict__.update(attrs)
         for shard, shard_attrs in zip(option.shards, shards, strict=True):
             shard.__dict__.update(shard_attrs)
-    if progress is not None:
-        progress({"phase": "estimating", "done": len(options), "of": len(options),
-                  "seconds": time.perf_counter() - t0})
+    said(len(options))
+
+
+def _in_chunks(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
+               said: Optional[Callable[[int], None]] = None) -> None:
+    """The estimators over ``options``, a chunk at a time, ``said`` told how many are done after each chunk."""
+    for start in range(0, len(options), CHUNK):
+        chunk = options[start:start + CHUNK]
+        for estimator in estimators:
+            estimator.estimate(chunk, **inputs)
+        if said is not None:
+            said(start + len(chunk))
 
 
 def _changed(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
@@ -72,18 +79,13 @@ def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[st
            ) -> Optional[Tuple[int, Connection]]:
     ours, theirs = Pipe(duplex=False)
 
-    def work() -> None:  # in the fork: the options' estimates, then what they changed, sent at the end (a send
-        ours.close()  # while this process still estimates its own half would wait for it to read)
-        changes: Changes = []
-        for start in range(0, len(options), CHUNK):
-            chunk = options[start:start + CHUNK]
-            before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in chunk]
-            for estimator in estimators:
-                estimator.estimate(chunk, **inputs)
-            changes += [(_changed(b, o.__dict__),
-                         [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
-                        for (b, shards), o in zip(before, chunk, strict=True)]
-        theirs.send(changes)
+    def work() -> None:  # in the fork: the options' estimates, then what they changed, sent once at the end (a
+        ours.close()  # send while this process still estimates its own half would wait for it to read)
+        before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in options]
+        _in_chunks(estimators, options, inputs)
+        theirs.send([(_changed(b, o.__dict__),
+                      [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
+                     for (b, shards), o in zip(before, options, strict=True)])
 
     try:
         pid = fork_helper(work)
