@@ -7,6 +7,7 @@ sends per step, split into traffic within its node and across nodes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
@@ -158,3 +159,13 @@ def plan_metrics(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], t
     m["plan/max_intra_node_bytes"] = max(comms["intra_node_bytes"], default=0.0)
     m["plan/max_cross_node_bytes"] = max(comms["cross_node_bytes"], default=0.0)
     return m
+
+
+def plan_description(folder: Path) -> str:
+    """The plan's short markdown (heading, settings, tables per sharding type) from ``report.md`` in
+    ``folder``, for the run's Description; empty when there is none."""
+    path = folder / "report.md"
+    if not path.exists():
+        return ""
+    text = path.read_text().split("\n## Per-rank estimates", 1)[0].rstrip()
+    return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)

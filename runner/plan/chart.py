@@ -59,6 +59,12 @@ def _bars(count: int) -> Any:
     return per_bar if count <= PER_RANK_UP_TO else outline
 
 
+def load_matplotlib() -> None:
+    """What :func:`chart` imports, imported (about a second)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+
 def chart(ranks: List[Dict[str, float]], comms: Dict[str, List[float]], device_type: str, path: Path,
           title: str, local: int = 0) -> None:
     """PNG: estimated memory, step time (by component) and traffic side by side; per node when there are more

@@ -81,16 +81,6 @@ INDENTED_ENTRIES = 100_000  # a plan.json with more shards and ranks listed is w
 # on 8,192 GPUs: 104 MB indented, a data-parallel table's 8,192 ranks a line each); plan.txt is its readable form
 
 
-def plan_description(folder: Path) -> str:
-    """The plan's short markdown (heading, settings, tables per sharding type) from ``report.md`` in
-    ``folder``, for the run's Description; empty when there is none."""
-    path = folder / "report.md"
-    if not path.exists():
-        return ""
-    text = path.read_text().split("\n## Per-rank estimates", 1)[0].rstrip()
-    return text.replace("# Sharding plan:", "### Sharding plan:", 1).replace("\n## Tables per", "\n#### Tables per", 1)
-
-
 def bound_metrics(est_step_ms: Optional[float], facts: Optional[PlanFacts]) -> Dict[str, float]:
     """``plan/lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and ``plan/gap_to_bound`` (estimated
     step / bound - 1), with the ratings of TorchRec's plans the balanced proposer compared (``facts`` from

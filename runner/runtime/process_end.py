@@ -16,11 +16,16 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import pickle
+import select
 import signal
 import sys
 import threading
 import time
-from typing import Callable, NoReturn, Optional
+import traceback
+from typing import Any, Callable, NoReturn, Optional, Tuple
+
+from runner.config.errors import WorkerFailure
 
 PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0  # the fallback's polling interval
@@ -109,3 +114,64 @@ def reap(pid: int, kill: bool = False) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> Tuple[int, int]:
+    """Fork a process that does ``work()`` and sends back its value, or the exception it raised with its traceback,
+    then ends (no interpreter teardown; ended when this process dies); ``(pid, fd)`` for :func:`answer_of`. Signals
+    as in this process (Ctrl-C reaches both). Raises ``OSError`` where the fork fails."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            die_with_parent(env_var)
+            answer: Tuple[Any, ...] = ("value", work())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the parent
+            answer = ("raised", exc, traceback.format_exc())
+        try:
+            data = pickle.dumps(answer)
+        except Exception as exc:  # noqa: BLE001 - what does not pickle: its type and line
+            what = answer[1] if answer[0] == "raised" else exc
+            data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), answer[-1]
+                                 if answer[0] == "raised" else traceback.format_exc()))
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        with os.fdopen(write, "wb") as pipe:  # its length first: a fork of that process may hold the pipe open
+            pipe.write(len(data).to_bytes(8, "little") + data)
+        os._exit(0)
+    os.close(write)
+    return pid, read
+
+
+def answer_of(pid: int, fd: int, meanwhile: Callable[[], None], every_s: float = 0.05, name: str = "the process"
+              ) -> Any:
+    """The value the process of :func:`fork_answer` sent, or its exception raised here (its traceback in a note),
+    calling ``meanwhile()`` every ``every_s`` while it works; the process reaped. Where it ended with no answer
+    (killed): :class:`WorkerFailure` naming it (``name``) and how it ended."""
+    data = bytearray()
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+            if select.select([pipe], [], [], every_s)[0]:
+                chunk = pipe.read(1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+            else:
+                meanwhile()
+    _, status = os.waitpid(pid, 0)
+    if len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+        raise WorkerFailure(f"{name} (pid {pid}) ended with no answer: {_ended_how(status)}", fault=True)
+    answer = pickle.loads(bytes(data[8:]))
+    if answer[0] == "value":
+        return answer[1]
+    exc: BaseException = answer[1]
+    exc.add_note(f"(raised in process {pid}:)\n{answer[2].rstrip()}")
+    raise exc
+
+
+def _ended_how(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status))
+        return f"killed by {sig.name}" + (" (the out-of-memory killer, or kill -9)" if sig == signal.SIGKILL else "")
+    return f"exit status {os.waitstatus_to_exitcode(status)}"

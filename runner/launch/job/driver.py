@@ -46,7 +46,7 @@ from runner.runtime.device import (
     job_gpus,
     visible_gpus,
 )
-from runner.track import store, store_open
+from runner.track import store
 from runner.track.driver_run import DriverRun
 from runner.track.sweep_points import sweep_info
 from runner.track.sync import end_if_lost
@@ -248,18 +248,25 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
     run = driver_run(cfg, hydra_job, config, port, scheduler, data if cfg.mode == "train" else None, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
-    if hydra_job.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
-        # (the sweep began with the store there) goes on and keeps its run for later. Plan-only: a local store
-        # opened beside the planner's imports and model, checked before the run opens (:func:`.plan_only.plan_only`)
-        (store_open.open_store_beside if cfg.mode == "plan" else store.check_store)(run.uri)
+    if hydra_job.job_num is None and cfg.mode != "plan":  # an unreachable server is refused before any worker
+        # starts; a sweep's point (the sweep began with the store there) goes on and keeps its run for later.
+        # Plan-only: checked while the plan is made (:func:`.plan_only.plan_beside`)
+        store.check_store(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if cfg.mode in WORKER_MODES and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
     if cfg.mode == "plan":
-        from runner.launch.job.plan_only import plan_only
+        from runner.launch.job.plan_only import plan_beside, plan_only
 
-        work: Callable[[], Optional[Dict[str, Any]]] = lambda: plan_only(cfg, run, _plan_choices())  # noqa: E731
+        def plan_work() -> Dict[str, Any]:
+            plan = lambda: plan_only(cfg, run.run_dir, _plan_choices())  # noqa: E731
+            if hydra_job.job_num is None:  # the plan made in a fork while this process opens and feeds the run
+                return plan_beside(plan, run, chart)
+            run.open()  # a sweep's point: its process plans its next points with the same model
+            return plan()
+
+        work: Callable[[], Optional[Dict[str, Any]]] = plan_work
     else:
         assert data is not None  # a worker mode's
         work = lambda: _train(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from runner.launch.job.outcome import Outcome, finished
-from runner.plan.analysis import CHART, ESTIMATES
+from runner.plan.analysis import CHART, ESTIMATES, plan_description
 from runner.plan.chart import draw_plan_chart
 from runner.runtime import rundir
 from runner.track.driver_run import DriverRun
@@ -38,6 +38,12 @@ class PlanChart:
         self.folder = run_dir / rundir.PLAN
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
+
+    def load(self) -> None:
+        """Import matplotlib now (a plan-only job's driver, while its plan is made in a fork)."""
+        from runner.plan.chart import load_matplotlib
+
+        load_matplotlib()
 
     def start(self) -> None:
         """Start drawing once the plan report is there (nothing before, nothing twice)."""
@@ -72,8 +78,6 @@ def end_finished_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict
     run.deliver()
     results.update(run_id=run.run_id, tracking_uri=run.uri)
     if results.get("plan_status") == "feasible" and run.opened:  # a plan-only answer: its plan in the description
-        from runner.plan.report import plan_description
-
         section = plan_description(run_dir / rundir.PLAN)
         if section:
             run.add_to_note(section)

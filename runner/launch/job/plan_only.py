@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, cast
 
 from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
 from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
+from runner.runtime.process_end import answer_of, fork_answer, reap
 from runner.track.reporter import Reporter
+from runner.track.store import check_store
 
 # what a plan-only job imports as it runs (``runner.plan.planner`` reaches the TorchRec adapter only after its version
 # check): a sweep's pool of processes imports them before its first points (``Scheduler.warm_pool``)
@@ -27,6 +30,7 @@ IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.mod
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.launch.job.end import PlanChart
     from runner.plan.facts import PlanChoices, PlanFacts
     from runner.track.driver_run import DriverRun
 
@@ -77,22 +81,45 @@ def _phase_text(counts: Dict[str, Any]) -> str:
     return str(counts.get("detail") or phase)
 
 
+def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanChart) -> Dict[str, Any]:
+    """A single plan-only job: ``plan()`` (:func:`plan_only`: TorchRec's import, the plan, its report) in a fork,
+    the job's critical path, while this process checks the store, opens the job's MLflow run (MLflow's import),
+    loads the chart's matplotlib and delivers the report as it comes; the fork's results, or its error raised here.
+    Where no fork can be made, all of it here, one after the other."""
+    try:
+        pid, answer = fork_answer(plan)
+    except OSError:
+        check_store(run.uri)
+        run.open()
+        return plan()
+
+    def meanwhile() -> None:
+        run.pump()
+        chart.start()
+
+    try:
+        check_store(run.uri)  # refused in one line (the fork ended below)
+        run.open()
+        chart.load()
+        return cast(Dict[str, Any], answer_of(pid, answer, meanwhile, name="the planning process"))
+    finally:
+        reap(pid, kill=True)  # done, or given up on (the store refused, Ctrl-C)
+
+
 @collector_paused()  # a short job: the plan's millions of objects are not walked by collections
-def plan_only(cfg: RunnerConfig, run: DriverRun, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
-    """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``
-    once ``run`` (the job's MLflow run) is open; write and log the report; return the results. ``choose_from``: the
-    plans of a sweep planned together (:mod:`runner.launch.sweep.plan_together`)."""
+def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
+    """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``;
+    write the report and report it to the job's run folder ``run_dir`` (its event log, for the run's holder to
+    deliver); return the results. ``choose_from``: the plans of a sweep planned together
+    (:mod:`runner.launch.sweep.plan_together`)."""
     from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan, reusable_model
     from runner.plan.report import write_plan_report
     from runner.plan.step_estimate import step_phrase
-    from runner.track import store_open
     from runner.train.models import planning_model
 
-    spec, run_dir = plan_spec(cfg), run.run_dir
+    spec = plan_spec(cfg)
     model = reusable_model(spec, lambda: planning_model(cfg))
-    store_open.settle_store(run.uri)  # where it was opened beside the above: waited for, and refused in one line
-    run.open()
 
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # the planner's INFO lines, per proposal
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node

@@ -1,0 +1,67 @@
+"""A single plan-only job plans in a fork while its driver opens the run (:func:`runner.launch.job.plan_only.
+plan_beside`): what the fork answers comes back as the job would have seen it in one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from runner.config.errors import ConfigError, SchedulerError, WorkerFailure
+from runner.runtime.process_end import answer_of, fork_answer
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_a_forked_answer_comes_back_as_its_value_its_error_or_how_its_process_ended() -> None:
+    def slow() -> dict:
+        time.sleep(0.4)
+        return {"plan_status": "feasible", "est_step_ms": 38.062}
+
+    calls: list = []
+    pid, fd = fork_answer(slow)
+    assert answer_of(pid, fd, lambda: calls.append(1), every_s=0.05) == {"plan_status": "feasible",
+                                                                         "est_step_ms": 38.062}
+    assert len(calls) >= 3 and _gone(pid)  # the driver's work went on meanwhile; the process reaped
+
+    def refused() -> None:
+        raise ConfigError("sharding.proposer", "nope", "one of balanced, dynamic_programming")
+
+    pid, fd = fork_answer(refused)
+    with pytest.raises(ConfigError, match=r"^sharding.proposer='nope' is not allowed") as info:
+        answer_of(pid, fd, lambda: None)
+    assert info.value.key == "sharding.proposer"  # the same error, as the job's one line is made from it
+    assert any("in refused" in note for note in info.value.__notes__)  # where the fork raised it
+
+    def with_state() -> None:
+        raise SchedulerError("slurm: no partition named gpu", scheduler="slurm")
+
+    pid, fd = fork_answer(with_state)
+    with pytest.raises(SchedulerError) as state:
+        answer_of(pid, fd, lambda: None)
+    assert state.value.scheduler == "slurm"
+
+    def unpicklable() -> None:
+        class Local(Exception):  # a class pickle cannot name
+            pass
+
+        raise Local("the planner's own error")
+
+    pid, fd = fork_answer(unpicklable)
+    with pytest.raises(RuntimeError, match="Local: the planner's own error"):
+        answer_of(pid, fd, lambda: None)
+
+    pid, fd = fork_answer(lambda: os.kill(os.getpid(), signal.SIGKILL))  # e.g. the OOM killer
+    killed = r"^the planner \(pid \d+\) ended with no answer: killed by SIGKILL"
+    with pytest.raises(WorkerFailure, match=killed) as dead:
+        answer_of(pid, fd, lambda: None, name="the planner")
+    assert dead.value.fault  # not the job's own error: a sweep's retry may run it
+    assert _gone(pid)
