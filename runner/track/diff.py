@@ -9,7 +9,6 @@ artifact and metrics in the store.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -43,13 +42,6 @@ class DiffError(Exception):
     pass
 
 
-def _json(path: Path) -> Optional[Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def from_folder(folder: Path) -> RunView:
     """A run folder's config, plan and headline metrics (from its files: no store needed)."""
     import yaml
@@ -58,15 +50,15 @@ def from_folder(folder: Path) -> RunView:
     if not resolved.exists():
         raise DiffError(f"{folder} is not a run folder (no {rundir.RESOLVED})")
     config = store.flatten(yaml.safe_load(resolved.read_text()) or {})
-    results = _json(folder / rundir.RESULTS) or {}
+    results = rundir.read_json(folder / rundir.RESULTS) or {}
     metrics = {metric: float(results[key]) for _, metric, key in HEADLINE if results.get(key) is not None}
-    estimates = _json(folder / rundir.PLAN / "estimates.json") or {}
+    estimates = rundir.read_json(folder / rundir.PLAN / "estimates.json") or {}
     ranks = estimates.get("per_rank") or []
     if ranks and estimates.get("estimated", True):
         mem = "hbm_bytes" if estimates.get("device") == "cuda" else "ddr_bytes"
         metrics.setdefault("plan/est_step_ms", max(r["total_ms"] for r in ranks))
         metrics.setdefault("plan/max_mem_bytes", max(r[mem] for r in ranks))
-    return RunView(str(folder), config, _json(folder / rundir.PLAN / "plan.json"), metrics)
+    return RunView(str(folder), config, rundir.read_json(folder / rundir.PLAN / "plan.json"), metrics)
 
 
 def from_run_id(uri: str, run_id: str) -> RunView:
@@ -85,7 +77,7 @@ def from_run_id(uri: str, run_id: str) -> RunView:
     plan = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            plan = _json(Path(store.client(uri).download_artifacts(run_id, "plan/plan.json", tmp)))
+            plan = rundir.read_json(Path(store.client(uri).download_artifacts(run_id, "plan/plan.json", tmp)))
         except Exception:  # noqa: BLE001 - a run without a plan (refused before planning)
             plan = None
     return RunView(f"{run.info.run_name} ({run_id})", dict(run.data.params), plan, dict(run.data.metrics))

@@ -20,7 +20,9 @@ from runner.track.events import EventLog
 from runner.track.sweep_points import sweep_of
 
 
-class _Silent:
+class SilentBar:
+    """A progress bar that shows nothing (a quiet rank, a calibration's timed loop)."""
+
     def update(self, n: int = 1) -> None:
         pass
 
@@ -201,7 +203,7 @@ class Reporter:
     @contextlib.contextmanager
     def progress(self, steps: int, initial: int = 0) -> Iterator[Any]:
         if not self.active:
-            yield _Silent()
+            yield SilentBar()
             return
         from tqdm import tqdm
 

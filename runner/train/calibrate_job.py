@@ -26,6 +26,7 @@ def step_samples(cfg: RunnerConfig, batch: int, rank: int, world: int, local: in
     from runner.data.pipeline import batches_for
     from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
+    from runner.track.reporter import SilentBar
     from runner.train.loop import LoopHooks, train
     from runner.train.models import autocast_forward, build_model
     from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
@@ -49,15 +50,7 @@ def step_samples(cfg: RunnerConfig, batch: int, rank: int, world: int, local: in
                           low_loops=tiny.cluster.gloo_loop_priority == "low")
     try:
         result = train(dmp, combined_optimizer(dmp, tiny.optimizer), batches, 0, steps, device, tiny.train,
-                       tiny.optimizer, list(tiny.model.tasks), LoopHooks(lambda step, metrics: None, _NoBar()), None)
+                       tiny.optimizer, list(tiny.model.tasks), LoopHooks(lambda step, metrics: None, SilentBar()), None)
     finally:
         getattr(batches, "close", lambda: None)()
     return [result.step_time_ms]
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass

@@ -39,12 +39,6 @@ class PlanChart:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
 
-    def load(self) -> None:
-        """Import matplotlib now (a plan-only job's driver, while its plan is made in a fork)."""
-        from runner.plan.chart import load_matplotlib
-
-        load_matplotlib()
-
     def start(self) -> None:
         """Start drawing once the plan report is there (nothing before, nothing twice)."""
         if self._thread is None and (self.folder / ESTIMATES).exists():

@@ -100,7 +100,9 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
     try:
         check_store(run.uri)  # refused in one line (the fork ended below)
         run.open()
-        chart.load()
+        from runner.plan.chart import load_matplotlib
+
+        load_matplotlib()  # the chart's, while the plan is made
         return cast(Dict[str, Any], answer_of(pid, answer, meanwhile, name="the planning process"))
     finally:
         reap(pid, kill=True)  # done, or given up on (the store refused, Ctrl-C)
