@@ -154,6 +154,43 @@ def test_driver_killed_takes_every_process_along(store: str, tmp_path: Path) -> 
     assert sync([str(job.run_dir)]) == 0 and only_run(store, "fault_kill_driver").info.end_time == run.info.end_time
 
 
+def test_a_plan_only_job_whose_planning_process_is_killed_fails_in_one_line(store: str, tmp_path: Path) -> None:
+    """A single plan-only job plans in a fork of its driver (``plan_only.plan_beside``); the OOM killer's SIGKILL
+    there is the job's one line, the run FAILED, nothing left."""
+    job = Job(tmp_path, store, "fault_kill_planner", ["mode=plan"])
+    planner: List[int] = []
+
+    def forked() -> bool:  # the driver's own fork: its child of the same command line (not a prewarmed agent)
+        driver = _cmdline(job.proc.pid)
+        planner.extend(p for p in descendants(job.proc.pid)
+                       if b"runner" in driver and _cmdline(p) == driver and _parent(p) == job.proc.pid)
+        return bool(planner)
+
+    job.until(forked, 60, "no planning process")
+    tree = descendants(job.proc.pid)
+    os.kill(planner[0], signal.SIGKILL)
+    assert job.finish() == 1, job.out.read_text()[-2000:]
+    line = one_clean_line(job)
+    assert "the planning process" in line and "killed by SIGKILL" in line, line
+    assert wait_gone(tree, 10) == []
+    run = only_run(store, "fault_kill_planner")
+    assert run.info.status == "FAILED" and "SIGKILL" in run.data.tags["error"]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.mark.parametrize("target", ["agent", "worker"])
 def test_killed_agent_or_worker_is_named(store: str, tmp_path: Path, target: str) -> None:
     exp = f"fault_kill_{target}"
