@@ -12,6 +12,7 @@ the job's ``MlflowRun`` (:func:`runner.track.mlflow_run.torchrun_run`).
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
@@ -99,7 +100,8 @@ class DriverRun:
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
         if self.job.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
-            print(f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}", flush=True)
+            line = f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}"  # over a plan's count line, on
+            print(f"\r{line}\x1b[K" if sys.stdout.isatty() else line, flush=True)  # a terminal (plan_beside)
         self._run.system = self._system_metrics(run_id, self.job.node_rank or 0)
         if record.datasets:
             from runner.track.inputs import log_datasets
