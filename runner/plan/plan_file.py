@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -162,11 +163,7 @@ def _continues(moved: List[int], sizes: List[int]) -> bool:
 
 def sharding_types_used(plan_dict: Dict[str, Dict[str, Any]]) -> Dict[str, int]:
     """Number of tables per sharding type."""
-    counts: Dict[str, int] = {}
-    for tables in plan_dict.values():
-        for p in tables.values():
-            counts[p["sharding_type"]] = counts.get(p["sharding_type"], 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(p["sharding_type"] for tables in plan_dict.values() for p in tables.values()).items()))
 
 
 def _placement(rank: int, device_type: str, local_world: int) -> str:

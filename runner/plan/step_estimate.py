@@ -16,6 +16,7 @@ wait for each other at every collective.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
@@ -173,11 +174,7 @@ def step_markdown(facts: Dict[str, Any]) -> str:
 
 def family_tables(best_plan: List[Any]) -> Dict[str, int]:
     """How many tables each family of sharded lookup holds in a plan."""
-    out: Dict[str, int] = {}
-    for option in best_plan:
-        family = FAMILY.get(option.sharding_type, "table_wise")
-        out[family] = out.get(family, 0) + 1
-    return out
+    return dict(Counter(FAMILY.get(option.sharding_type, "table_wise") for option in best_plan))
 
 
 def lookups_ms(cal: Calibration, families: Dict[str, int], batch: int) -> Dict[str, float]:

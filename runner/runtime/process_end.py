@@ -14,6 +14,7 @@ job, one after the other (docs/benchmarks.md, "Figures behind the code's choices
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import pickle
@@ -106,14 +107,10 @@ def fork_helper(work: Callable[[], None], env_var: str = "RUNNER_PLAN_HELPER_PAR
 def reap(pid: int, kill: bool = False) -> None:
     """Wait for the helper ``pid`` to end (``kill``: SIGKILL it first: it is done, or given up on)."""
     if kill:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
 
 
 def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> Tuple[int, int]:

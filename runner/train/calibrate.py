@@ -70,32 +70,21 @@ def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _P
     return out
 
 
-def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.device, say: _Progress
+def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.device, say: _Progress, uvm: bool = False
              ) -> List[Dict[str, Any]]:
+    """The embedding kernel's samples over the grid's shapes; ``uvm``: the UVM-caching kernel's, on a GPU (none
+    where FBGEMM's build cannot run it here: the calibration then keeps TorchRec's host-to-GPU bandwidth, and its
+    report says so)."""
     from runner.train.optimizers import sparse_optimizer
 
     shapes, out = kernel_shapes(c.grid, device.type), []
     for i, shape in enumerate(shapes):
-        say("embedding kernels", i, len(shapes), force=i == 0)
-        fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats)
-        out.append({"shape": shape, "fwd": fwd, "bwd": bwd})
-    return out
-
-
-def _uvm_kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.device, say: _Progress
-                 ) -> List[Dict[str, Any]]:
-    """On a GPU, the UVM-caching kernel over the same shapes (none where FBGEMM's build cannot run it here: the
-    calibration then keeps TorchRec's host-to-GPU bandwidth, and its report says so)."""
-    from runner.train.optimizers import sparse_optimizer
-
-    if device.type != "cuda":
-        return []
-    shapes, out = kernel_shapes(c.grid, device.type), []
-    for i, shape in enumerate(shapes):
-        say("UVM-caching kernels", i, len(shapes), force=i == 0)
+        say("UVM-caching kernels" if uvm else "embedding kernels", i, len(shapes), force=i == 0)
         try:
-            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats, True)
+            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats, uvm)
         except Exception as exc:  # noqa: BLE001 - a build without UVM: the rest of the calibration stands
+            if not uvm:
+                raise
             print(f"[runner] calibrate: the UVM-caching kernel did not run here ({type(exc).__name__}): TorchRec's "
                   "host-to-GPU bandwidth is kept", flush=True)
             return []
@@ -182,7 +171,7 @@ def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torc
     mine: Dict[str, Any] = {"collectives": _collectives(c, env, device, say)}
     mine["kernels"] = _kernels(c, cfg.optimizer, device, say)
     if device.type == "cuda":  # (an empty list would gather as every rank's empty list)
-        mine["uvm_kernels"] = _uvm_kernels(c, cfg.optimizer, device, say)
+        mine["uvm_kernels"] = _kernels(c, cfg.optimizer, device, say, uvm=True)
     mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, c.repeats, env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)

@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
     from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ClusterSchema
     from runner.data.layout import JobData
     from runner.launch.schedulers import Scheduler
 
@@ -86,12 +85,6 @@ def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Op
                 print(line, flush=True)
         return dataclasses.replace(place or Place(cfg.cluster.scheduler), ddr_cap_gib=ddr)
     return place or Place(cfg.cluster.scheduler)
-
-
-def _agent_threads(c: ClusterSchema, threads: Optional[int]) -> int:
-    """The OpenMP thread count a job's agents load torch with (``threads``: ``train.threads_per_worker``; its
-    workers inherit it)."""
-    return threads_per_worker(threads, workers_on_host(c.nodes, c.workers_per_node, c.node_rank))
 
 
 _JOBS = itertools.count()
@@ -159,7 +152,9 @@ def _train(cfg: RunnerConfig, data: JobData, hydra_job: HydraJob, run: DriverRun
 
     pre_launch_checks(cfg, data, run_dir, place).write(run_dir)  # the workers read it (place.json)
     try:
-        threads = _agent_threads(cfg.cluster, cfg.train.threads_per_worker)
+        c = cfg.cluster  # the OpenMP threads the agents load torch with (their workers inherit them)
+        threads = threads_per_worker(cfg.train.threads_per_worker, workers_on_host(c.nodes, c.workers_per_node,
+                                                                                   c.node_rank))
         launch(cfg.cluster, run_dir, run.port, scheduler, while_starting=run.open if run.opens_early else None,
                pump=pump, threads=threads)
         _prewarm_next(threads, hydra_job, scheduler)

@@ -11,6 +11,7 @@ most) and reached only through the functions below.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -82,10 +83,8 @@ def spawn_agent(args: List[str], **kwargs: Any) -> subprocess.Popen:
 
 def kill_group(proc: subprocess.Popen, sig: int) -> None:
     """Signal ``proc``'s whole process group (an agent runs in its own session, with its workers)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def prewarm(threads: int) -> None:

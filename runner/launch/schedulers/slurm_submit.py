@@ -58,10 +58,8 @@ def _this_host(addr: str) -> bool:
     if addr in ("localhost", "::1") or addr.startswith("127."):
         return True
     names = {socket.gethostname(), socket.getfqdn()}
-    try:
+    with contextlib.suppress(OSError):
         names.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
     return addr in names
 
 

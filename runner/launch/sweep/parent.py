@@ -11,6 +11,7 @@ report, logs what the sweep found, and ends the parent FINISHED, or FAILED namin
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -82,10 +83,8 @@ def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Pa
     uri, run_id, sweep_dir = running
     why, status = (failed, "FAILED") if failed else (f"stopped by {signame}", "KILLED")
     if run_id is None:  # the parent is kept in the folder (the store was away): its ending waits there too
-        try:
+        with contextlib.suppress(OSError):
             rundir.update_json(sweep_dir / PARENT_DIR / rundir.DELIVERED, final={"status": status, "error": why})
-        except OSError:
-            pass
         return sweep_dir
     try:
         store = client(uri)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -180,9 +181,7 @@ def _summary(p: Dict[str, Any]) -> str:
     reused = f" (reused: run {p['reused_from']})" if p["reused_from"] else ""
     if p["status"] == "infeasible":
         return f"**infeasible**: {p['reason']}{reused}"
-    counts: Dict[str, int] = {}
-    for v in p["types"].values():
-        counts[v] = counts.get(v, 0) + 1
+    counts = Counter(p["types"].values())
     return ", ".join(f"{n} {t}" for t, n in sorted(counts.items())) + reused
 
 

@@ -4,7 +4,8 @@ TorchRec's silently proposes nothing."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from collections import Counter
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from torchrec.distributed.planner.proposers import GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import ShardingOption
@@ -22,9 +23,7 @@ class BoundedGridSearchProposer(GridSearchProposer):
     planner then reports a misleading "insufficient storage": here that is one line naming the limit."""
 
     def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
-        per_table: Dict[str, int] = {}
-        for option in search_space:
-            per_table[option.fqn] = per_table.get(option.fqn, 0) + 1
+        per_table = Counter(option.fqn for option in search_space)
         total = math.prod(per_table.values())
         if total > self._max_proposals:
             raise PlanError(

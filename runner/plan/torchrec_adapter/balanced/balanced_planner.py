@@ -27,11 +27,12 @@ from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of, remember_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
-from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid
+from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, loads, rating, valid
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
     from_torchrec,
+    option_index,
     pooled,
     problem_of,
     remember,
@@ -133,13 +134,16 @@ class BalancedPlanner(SearchLoopPlanner):
         assert self.balanced.choose_from is not None
         plans, known = self.balanced.choose_from
         best: Optional[Tuple[float, Solution]] = None
-        count = 0
+        count, index = 0, option_index(table_options)
         for plan in plans:
-            solution = solution_of(table_options, {k: (v[0], v[1], tuple(v[2])) for k, v in plan.items()})
-            if solution is None or valid(problem, solution) is not None:
+            solution = solution_of(table_options, {k: (v[0], v[1], tuple(v[2])) for k, v in plan.items()}, index)
+            if solution is None:
+                continue
+            load, used = loads(problem, solution)
+            if valid(problem, solution, used) is not None:
                 continue
             count += 1
-            r = rating(problem, solution)
+            r = float(load.max())  # its rating
             if best is None or r < best[0]:
                 best = (r, solution)
         if best is None:

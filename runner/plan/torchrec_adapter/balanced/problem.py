@@ -95,13 +95,15 @@ def changed(a: Solution, b: Solution) -> bool:
 
 
 def loads(problem: Problem, solution: Solution) -> Tuple[np.ndarray, np.ndarray]:
-    """Each rank's summed shard perf and storage under ``solution``."""
-    load = np.zeros(problem.world)
+    """Each rank's summed shard perf and storage under ``solution``: every shard added in table order, in one
+    call each (``bincount`` adds in its input's order, as one ``add.at`` per table did: the same sums)."""
     used = np.zeros_like(problem.capacity)
-    for t, (o, ranks) in enumerate(zip(solution.picks, solution.ranks, strict=True)):
-        c = problem.tables[t][o]
-        np.add.at(load, ranks, c.perf)
-        np.add.at(used, ranks, c.mem)
+    if not solution.picks:
+        return np.zeros(problem.world), used
+    chosen = [problem.tables[t][o] for t, o in enumerate(solution.picks)]
+    ranks = np.concatenate(solution.ranks)
+    load = np.bincount(ranks, weights=np.concatenate([c.perf for c in chosen]), minlength=problem.world)
+    np.add.at(used, ranks, np.concatenate([c.mem for c in chosen]))
     return load, used
 
 
@@ -132,9 +134,9 @@ def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> fl
     return max(simple_parts(problem, kept))  # nan, nan: nan
 
 
-def valid(problem: Problem, solution: Solution) -> Optional[str]:
+def valid(problem: Problem, solution: Solution, used: Optional[np.ndarray] = None) -> Optional[str]:
     """None when every shard is placed by its option's rule and every rank's storage is within capacity;
-    else what is wrong."""
+    else what is wrong (``used``: each rank's storage under ``solution``, where the caller has :func:`loads`)."""
     w, local = problem.world, problem.local
     for t, (o, ranks) in enumerate(zip(solution.picks, solution.ranks, strict=True)):
         c = problem.tables[t][o]
@@ -152,7 +154,8 @@ def valid(problem: Problem, solution: Solution) -> Optional[str]:
             if (blocks != blocks[:, :1]).any() or len(set(blocks[:, 0])) != len(blocks) or not np.array_equal(
                     ranks % local, np.tile(np.arange(local), len(blocks))):
                 return f"table {t}: a grid option not one host per block"
-    _, used = loads(problem, solution)
+    if used is None:
+        _, used = loads(problem, solution)
     if (used > problem.capacity).any():
         return f"rank {int(np.flatnonzero((used > problem.capacity).any(1))[0])}: storage over capacity"
     return None

@@ -128,20 +128,26 @@ def _signature(option: ShardingOption) -> Tuple[str, str]:
     return option.sharding_type, option.compute_kernel
 
 
-def solution_of(table_options: List[List[ShardingOption]], plan: Dict[str, Tuple[str, str, Tuple[int, ...]]]
-                ) -> Optional[Solution]:
-    """A plan given as table -> (sharding type, kernel, shard ranks) on this problem's options; None where
-    one of its options is not among them (or has another shard count)."""
+OptionIndex = List[Dict[Tuple[str, str, int], int]]  # per table: (sharding type, kernel, shards) -> its first option
+
+
+def option_index(table_options: List[List[ShardingOption]]) -> OptionIndex:
+    """Each table's first option of each sharding type, kernel and shard count (reversed: the first is kept)."""
+    return [dict(reversed([((*_signature(opt), shard_count(opt)), o) for o, opt in enumerate(options)]))
+            for options in table_options]
+
+
+def solution_of(table_options: List[List[ShardingOption]], plan: Dict[str, Tuple[str, str, Tuple[int, ...]]],
+                index: Optional[OptionIndex] = None) -> Optional[Solution]:
+    """A plan given as table -> (sharding type, kernel, shard ranks) on this problem's options; None where one of
+    its options is not among them (or has another shard count). ``index``: :func:`option_index`, for many plans."""
     picks, ranks = [], []
-    for options in table_options:
+    for options, found in zip(table_options, index or option_index(table_options), strict=True):
         entry = plan.get(options[0].fqn)
-        if entry is None:
+        o = None if entry is None else found.get((entry[0], entry[1], len(entry[2])))
+        if entry is None or o is None:
             return None
-        found = [o for o, opt in enumerate(options) if _signature(opt) == entry[:2]
-                 and shard_count(opt) == len(entry[2])]
-        if not found:
-            return None
-        picks.append(found[0])
+        picks.append(o)
         ranks.append(np.array(entry[2], dtype=np.int64))
     return Solution(picks, ranks)
 
@@ -167,12 +173,9 @@ def _pool_key(problem: Problem, table_options: List[List[ShardingOption]]) -> Tu
 
 def pooled(problem: Problem, table_options: List[List[ShardingOption]]) -> List[Solution]:
     """Earlier points' plans (this process) that are valid on this problem."""
-    out = []
-    for plan in _POOL.get(_pool_key(problem, table_options), []):
-        s = solution_of(table_options, plan)
-        if s is not None and valid(problem, s) is None:
-            out.append(s)
-    return out
+    index = option_index(table_options)
+    found = (solution_of(table_options, plan, index) for plan in _POOL.get(_pool_key(problem, table_options), []))
+    return [s for s in found if s is not None and valid(problem, s) is None]
 
 
 def remember(problem: Problem, table_options: List[List[ShardingOption]], solution: Solution) -> None:
@@ -195,9 +198,7 @@ def search(problem: Problem, starts: Dict[str, Solution], effort: Effort, rounds
     the safety stop's clock aside (:mod:`.effort`), so the answer does not depend on the machine.
     Returns the winner and, per start, its rating before and after. Ties keep the earlier start (the runner's
     own first). ``report`` is told each step (what, the best rating so far)."""
-    def say(text: str, best: Optional[float]) -> None:
-        if report is not None:
-            report(text, best)
+    say: Callable[[str, Optional[float]], None] = report or (lambda text, best: None)
     tick = ticker(None if report is None else lambda text: report(text, None), "balanced search: the starts")
     own = construct(problem, tick=tick)
     rng = random.Random(0)
@@ -246,8 +247,7 @@ def entries_of(best_plan: List[ShardingOption]) -> PlanEntries:
 
 
 def compared_metrics(facts: Dict[str, Any]) -> Dict[str, float]:
-    """``plan/torchrec_<proposer>_ms``: the rating of TorchRec's plan for each proposer compared (where it
-    found one)."""
+    """``plan/torchrec_<proposer>_ms``: each compared TorchRec proposer's plan's rating (where it found one)."""
     return {f"plan/torchrec_{name}_ms": float(r) for name, r in facts.get("torchrec", {}).items() if r is not None}
 
 
@@ -293,8 +293,7 @@ def balanced_note(facts: Dict[str, Any]) -> str:
 def skipped_text(facts: Dict[str, Any]) -> str:
     """The note's words on TorchRec's plans not tried as starts at this size (empty where none was skipped)."""
     skipped = facts.get("skipped") or {}
-    if not skipped:
-        return ""
     names = ", ".join(skipped)
-    return (f"; TorchRec's {names} plan not tried as a start at this size ({max(skipped.values()):,} shards in the "
-            f"sharding options, above {COMPARE_MAX_SHARDS:,}): sharding.balanced_compare=[{names}] tries it")
+    return "" if not skipped else (
+        f"; TorchRec's {names} plan not tried as a start at this size ({max(skipped.values()):,} shards in the "
+        f"sharding options, above {COMPARE_MAX_SHARDS:,}): sharding.balanced_compare=[{names}] tries it")
