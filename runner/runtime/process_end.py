@@ -27,6 +27,7 @@ import traceback
 from typing import Any, Callable, NoReturn, Optional, Tuple
 
 from runner.config.errors import WorkerFailure
+from runner.runtime import signals
 
 PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0  # the fallback's polling interval
@@ -115,28 +116,36 @@ def reap(pid: int, kill: bool = False) -> None:
 
 def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> Tuple[int, int]:
     """Fork a process that does ``work()`` and sends back its value, or the exception it raised with its traceback,
-    then ends (no interpreter teardown; ended when this process dies); ``(pid, fd)`` for :func:`answer_of`. Signals
-    as in this process (Ctrl-C reaches both). Raises ``OSError`` where the fork fails."""
+    then ends, whatever happens (no interpreter teardown; stop signals at their defaults; ended when this process
+    dies); ``(pid, fd)`` for :func:`answer_of`. Raises ``OSError`` where the fork fails."""
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(read)
         try:
+            os.close(read)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)
             die_with_parent(env_var)
-            answer: Tuple[Any, ...] = ("value", work())
-        except BaseException as exc:  # noqa: BLE001 - raised again in the parent
-            answer = ("raised", exc, traceback.format_exc())
-        try:
-            data = pickle.dumps(answer)
-        except Exception as exc:  # noqa: BLE001 - what does not pickle: its type and line
-            what = answer[1] if answer[0] == "raised" else exc
-            data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), answer[-1]
-                                 if answer[0] == "raised" else traceback.format_exc()))
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        with os.fdopen(write, "wb") as pipe:  # its length first: a fork of that process may hold the pipe open
-            pipe.write(len(data).to_bytes(8, "little") + data)
-        os._exit(0)
+            try:
+                answer: Tuple[Any, ...] = ("value", work())
+            except BaseException as exc:  # noqa: BLE001 - raised again in the parent
+                answer = ("raised", exc, traceback.format_exc())
+            try:
+                data = pickle.dumps(answer)
+            except Exception as exc:  # noqa: BLE001 - what does not pickle: its type and line
+                what = answer[1] if answer[0] == "raised" else exc
+                data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), answer[-1]
+                                     if answer[0] == "raised" else traceback.format_exc()))
+            for stream in (sys.stdout, sys.stderr):  # a closed pipe (`| head`) must not keep this process going
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            with os.fdopen(write, "wb") as pipe:  # its length first: a fork of this process may hold the pipe open
+                pipe.write(len(data).to_bytes(8, "little") + data)
+        finally:
+            os._exit(0)
     os.close(write)
     return pid, read
 
@@ -144,27 +153,39 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
 def answer_of(pid: int, fd: int, meanwhile: Callable[[], None], every_s: float = 0.05, name: str = "the process"
               ) -> Any:
     """The value the process of :func:`fork_answer` sent, or its exception raised here (its traceback in a note),
-    calling ``meanwhile()`` every ``every_s`` while it works; the process reaped. Where it ended with no answer
-    (killed): :class:`WorkerFailure` naming it (``name``) and how it ended."""
-    data = bytearray()
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
-            if select.select([pipe], [], [], every_s)[0]:
-                chunk = pipe.read(1 << 20)
-                if not chunk:
-                    break
-                data += chunk
-            else:
-                meanwhile()
-    _, status = os.waitpid(pid, 0)
+    calling ``meanwhile()`` every ``every_s`` while it works; the process reaped (killed first where this ends
+    before it: ``meanwhile`` raised, a stop). Where it ended with no answer: :class:`signals.Stopped` for a stop
+    signal, else :class:`WorkerFailure` naming it (``name``) and how it ended."""
+    data, status = bytearray(), None
+    try:
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+                signals.check()
+                if select.select([pipe], [], [], every_s)[0]:
+                    chunk = pipe.read(1 << 20)
+                    if not chunk:
+                        break
+                    data += chunk
+                else:
+                    meanwhile()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        if status is None:
+            reap(pid, kill=True)
     if len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                                              signal.SIGQUIT):
+            raise signals.Stopped(os.WTERMSIG(status))
         raise WorkerFailure(f"{name} (pid {pid}) ended with no answer: {_ended_how(status)}", fault=True)
-    answer = pickle.loads(bytes(data[8:]))
+    try:
+        answer = pickle.loads(bytes(data[8:]))
+    except Exception as exc:  # noqa: BLE001 - e.g. an exception whose arguments do not make it again
+        raise RuntimeError(f"{name} (pid {pid}) sent an answer that does not load here: {exc}") from None
     if answer[0] == "value":
         return answer[1]
-    exc: BaseException = answer[1]
-    exc.add_note(f"(raised in process {pid}:)\n{answer[2].rstrip()}")
-    raise exc
+    raised: BaseException = answer[1]
+    raised.add_note(f"(raised in process {pid}:)\n{answer[2].rstrip()}")
+    raise raised
 
 
 def _ended_how(status: int) -> str:

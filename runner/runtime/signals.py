@@ -37,6 +37,9 @@ class Stopped(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = int(signum)
 
+    def __reduce__(self) -> tuple:  # made again from its number (its args hold the name)
+        return (Stopped, (self.signum,))
+
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name

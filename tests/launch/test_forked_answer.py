@@ -10,6 +10,7 @@ import time
 import pytest
 
 from runner.config.errors import ConfigError, SchedulerError, WorkerFailure
+from runner.runtime import signals
 from runner.runtime.process_end import answer_of, fork_answer
 
 
@@ -65,3 +66,27 @@ def test_a_forked_answer_comes_back_as_its_value_its_error_or_how_its_process_en
         answer_of(pid, fd, lambda: None, name="the planner")
     assert dead.value.fault  # not the job's own error: a sweep's retry may run it
     assert _gone(pid)
+
+
+def test_a_forked_process_stopped_or_given_up_on_ends_as_a_stop_and_is_never_left_behind() -> None:
+    pid, fd = fork_answer(lambda: os.kill(os.getpid(), signal.SIGTERM))  # a stop sent to it alone
+    with pytest.raises(signals.Stopped) as stop:
+        answer_of(pid, fd, lambda: None)
+    assert stop.value.signum == signal.SIGTERM and _gone(pid)
+
+    def stopped() -> None:
+        raise signals.Stopped(signal.SIGHUP)
+
+    pid, fd = fork_answer(stopped)  # the runner's stop, raised there: the same stop here (it pickles by number)
+    with pytest.raises(signals.Stopped) as raised:
+        answer_of(pid, fd, lambda: None)
+    assert raised.value.signum == signal.SIGHUP
+
+    def boom() -> None:
+        raise OSError("the store went away")
+
+    pid, fd = fork_answer(lambda: time.sleep(60))  # this side fails while it works: killed and reaped at once
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="the store went away"):
+        answer_of(pid, fd, boom)
+    assert _gone(pid) and time.monotonic() - t0 < 10

@@ -31,6 +31,7 @@ from runner.plan.torchrec_adapter.balanced.problem import (
     Solution,
     rating,
     valid,
+    valid_rating,
 )
 from runner.plan.torchrec_adapter.balanced.proposer import entries_of, problem_of, search, solution_of
 from runner.train.models import planning_model
@@ -131,6 +132,9 @@ def test_tiny_cases_find_the_optimum_and_the_bound_stays_below_it() -> None:
             continue
         assert valid(problem, ours) is None, (seed, valid(problem, ours))
         mine = rating(problem, ours)
+        assert valid_rating(problem, ours) == mine  # (a sweep's point rates the sweep's plans so)
+        wider = Solution(ours.picks, [r + problem.world for r in ours.ranks])  # a larger cluster's plan: refused
+        assert valid_rating(problem, wider) is None and valid(problem, wider) is not None
         optimum, better = _optimum(problem, mine)
         assert better is None or valid(problem, better) is None
         solved += 1

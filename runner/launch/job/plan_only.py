@@ -10,6 +10,7 @@ the cluster config describes.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
 from runner.runtime.process_end import answer_of, fork_answer, reap
 from runner.track.reporter import Reporter
-from runner.track.store import check_store
+from runner.track.store import check_store, sqlite_folder
 
 # what a plan-only job imports as it runs (``runner.plan.planner`` reaches the TorchRec adapter only after its version
 # check): a sweep's pool of processes imports them before its first points (``Scheduler.warm_pool``)
@@ -83,9 +84,11 @@ def _phase_text(counts: Dict[str, Any]) -> str:
 
 def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanChart) -> Dict[str, Any]:
     """A single plan-only job: ``plan()`` (:func:`plan_only`: TorchRec's import, the plan, its report) in a fork,
-    the job's critical path, while this process checks the store, opens the job's MLflow run (MLflow's import),
-    loads the chart's matplotlib and delivers the report as it comes; the fork's results, or its error raised here.
-    Where no fork can be made, all of it here, one after the other."""
+    the job's critical path, while this process opens the job's MLflow run (MLflow's import; a local store checked
+    meanwhile, any other before the fork, as before any plan), loads the chart's matplotlib and delivers the report
+    as it comes; the fork's results, or its error raised here. Where no fork can be made, all of it here."""
+    if sqlite_folder(run.uri) is None:
+        check_store(run.uri)
     try:
         pid, answer = fork_answer(plan)
     except OSError:
@@ -98,14 +101,16 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
         chart.start()
 
     try:
-        check_store(run.uri)  # refused in one line (the fork ended below)
+        check_store(run.uri)  # refused in one line
         run.open()
         from runner.plan.chart import load_matplotlib
 
         load_matplotlib()  # the chart's, while the plan is made
-        return cast(Dict[str, Any], answer_of(pid, answer, meanwhile, name="the planning process"))
-    finally:
-        reap(pid, kill=True)  # done, or given up on (the store refused, Ctrl-C)
+    except BaseException:
+        os.close(answer)
+        reap(pid, kill=True)
+        raise
+    return cast(Dict[str, Any], answer_of(pid, answer, meanwhile, name="the planning process"))
 
 
 @collector_paused()  # a short job: the plan's millions of objects are not walked by collections

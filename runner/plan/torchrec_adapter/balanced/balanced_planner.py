@@ -27,7 +27,7 @@ from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of, remember_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
-from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, loads, rating, valid
+from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid, valid_rating
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
@@ -137,13 +137,10 @@ class BalancedPlanner(SearchLoopPlanner):
         count, index = 0, option_index(table_options)
         for plan in plans:
             solution = solution_of(table_options, {k: (v[0], v[1], tuple(v[2])) for k, v in plan.items()}, index)
-            if solution is None:
-                continue
-            load, used = loads(problem, solution)
-            if valid(problem, solution, used) is not None:
+            r = None if solution is None else valid_rating(problem, solution)
+            if solution is None or r is None:
                 continue
             count += 1
-            r = float(load.max())  # its rating
             if best is None or r < best[0]:
                 best = (r, solution)
         if best is None:

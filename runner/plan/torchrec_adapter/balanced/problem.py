@@ -134,9 +134,21 @@ def simple_bound(problem: Problem, kept: Optional[List[List[int]]] = None) -> fl
     return max(simple_parts(problem, kept))  # nan, nan: nan
 
 
-def valid(problem: Problem, solution: Solution, used: Optional[np.ndarray] = None) -> Optional[str]:
+def valid(problem: Problem, solution: Solution) -> Optional[str]:
     """None when every shard is placed by its option's rule and every rank's storage is within capacity;
-    else what is wrong (``used``: each rank's storage under ``solution``, where the caller has :func:`loads`)."""
+    else what is wrong."""
+    return _misplaced(problem, solution) or _over_capacity(problem, loads(problem, solution)[1])
+
+
+def valid_rating(problem: Problem, solution: Solution) -> Optional[float]:
+    """:func:`rating` where ``solution`` is :func:`valid` (its shards summed once for both), else None."""
+    if _misplaced(problem, solution) is not None:
+        return None
+    load, used = loads(problem, solution)
+    return None if _over_capacity(problem, used) else float(load.max())
+
+
+def _misplaced(problem: Problem, solution: Solution) -> Optional[str]:
     w, local = problem.world, problem.local
     for t, (o, ranks) in enumerate(zip(solution.picks, solution.ranks, strict=True)):
         c = problem.tables[t][o]
@@ -154,8 +166,10 @@ def valid(problem: Problem, solution: Solution, used: Optional[np.ndarray] = Non
             if (blocks != blocks[:, :1]).any() or len(set(blocks[:, 0])) != len(blocks) or not np.array_equal(
                     ranks % local, np.tile(np.arange(local), len(blocks))):
                 return f"table {t}: a grid option not one host per block"
-    if used is None:
-        _, used = loads(problem, solution)
+    return None
+
+
+def _over_capacity(problem: Problem, used: np.ndarray) -> Optional[str]:
     if (used > problem.capacity).any():
         return f"rank {int(np.flatnonzero((used > problem.capacity).any(1))[0])}: storage over capacity"
     return None
