@@ -11,6 +11,7 @@ within it. A job that finds no free slot runs on all allowed cores, as it would 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import gc
 import hashlib
@@ -158,3 +159,13 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``): arrays freed by the gigabyte stay
+    in this process's footprint otherwise, and what is allocated next (Python's own objects) does not reuse them.
+    Nothing where the C library has no such call."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -31,6 +31,7 @@ from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rat
 from runner.plan.torchrec_adapter.balanced.proposer import (
     COMPARE_MAX_SHARDS,
     BalancedProposer,
+    forget_problem,
     from_torchrec,
     option_index,
     pooled,
@@ -44,7 +45,7 @@ from runner.plan.torchrec_adapter.dp_proposer import placeable_only
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
-from runner.runtime.cores import collector_paused, may_fork
+from runner.runtime.cores import collector_paused, may_fork, return_freed_memory
 
 if TYPE_CHECKING:
     from runner.config.schema_model import ShardingSchema
@@ -86,7 +87,9 @@ class BalancedPlanner(SearchLoopPlanner):
         if self.balanced.choose_from is not None:
             chosen = self._choose(problem, table_options)
             if chosen is not None:
-                return self._done(module, sharders, problem, table_options, reserved, *chosen, start_time)
+                ours = self._settled(problem, table_options, space, chosen[0])
+                del problem  # (let go, where _settled let its numbers go)
+                return self._done(module, sharders, table_options, reserved, *chosen, *ours, start_time)
         facts: Dict[str, Any] = {"torchrec": {}, "skipped": {}}
         starts: Dict[str, Solution] = {}
         shards = sum(shard_count(o) for o in space)
@@ -116,7 +119,9 @@ class BalancedPlanner(SearchLoopPlanner):
             raise PlannerError(error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
                                message="the balanced search found no placement that fits") from None
         facts.update(found_facts, pooled=sum(k.startswith("point_") for k in starts))
-        return self._done(module, sharders, problem, table_options, reserved, solution, facts, start_time)
+        ours = self._settled(problem, table_options, space, solution)
+        del problem, starts
+        return self._done(module, sharders, table_options, reserved, solution, facts, *ours, start_time)
 
     def _report(self) -> None:
         if self._counts:
@@ -150,15 +155,32 @@ class BalancedPlanner(SearchLoopPlanner):
                  "starts": {"sweep": {"rating": best[0], "improved": best[0], "changed": True}}, "chosen_of": count}
         return best[1], facts
 
-    def _done(self, module: nn.Module, sharders: List[Any], problem: Problem, table_options: List[List[ShardingOption]],
-              reserved: Topology, solution: Solution, facts: Dict[str, Any], start_time: float) -> ShardingPlan:
+    RELEASE_SHARDS = 50_000_000  # shards in a problem's options above which its numbers are let go once planned
+
+    @staticmethod
+    def _settled(problem: Problem, table_options: List[List[ShardingOption]], space: List[ShardingOption],
+                 solution: Solution) -> Tuple[float, bool]:
+        """The chosen plan checked on the search's numbers and remembered for later points; its rating there, and
+        whether the numbers are let go. Above
+        :attr:`RELEASE_SHARDS` shards those numbers are let go (a later point of this process builds them again), so
+        that the chosen plan's TorchRec objects are not built on top of them (20,000 x 8,192: 5 GB)."""
         problem_check = valid(problem, solution)
         assert problem_check is None, f"the balanced search's plan is not valid: {problem_check}"
         remember(problem, table_options, solution)
+        released = sum(len(c.perf) for options in problem.tables for c in options) > BalancedPlanner.RELEASE_SHARDS
+        if released:
+            forget_problem(space)
+        return rating(problem, solution), released
+
+    def _done(self, module: nn.Module, sharders: List[Any], table_options: List[List[ShardingOption]],
+              reserved: Topology, solution: Solution, facts: Dict[str, Any], ours: float, released: bool,
+              start_time: float) -> ShardingPlan:
+        if released:  # the search's numbers, freed: their pages back before TorchRec's objects are built
+            return_freed_memory()
         # TorchRec's full options (every shard, with its own estimates), private copies, for the chosen plan only
         options = [expand(options[o]) for options, o in zip(table_options, solution.picks, strict=True)]
         ranks = [r.tolist() for r in solution.ranks]
-        facts["rating"] = self._torchrec_rating(options, ranks, reserved, rating(problem, solution))
+        facts["rating"] = self._torchrec_rating(options, ranks, reserved, ours)
         self.balanced.facts = facts
         self._counts.update(best=facts["rating"], seconds=time.perf_counter() - start_time)
         self._report()

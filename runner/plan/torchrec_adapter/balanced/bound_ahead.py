@@ -14,6 +14,8 @@ import time
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable, List, Optional, Tuple
 
+import numpy as np
+
 from runner.plan.torchrec_adapter.balanced.problem import Problem
 from runner.runtime.process_end import fork_helper, reap
 
@@ -37,15 +39,17 @@ def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Prob
 
     pid = fork_helper(work)
     theirs.close()
-    _AHEAD[:] = [search_space, problem, pid, ours, progress]
+    _AHEAD[:] = [search_space, Problem([], problem.capacity, problem.local), pid, ours, progress]  # its devices only
 
 
 def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
     """The bound the fork computed for these options (the same object) on devices like these (the same
     storage left), waiting for it; None where none was started for them or the fork gave none."""
-    from runner.plan.torchrec_adapter.balanced.proposer import same_devices
+    from runner.plan.torchrec_adapter.balanced.proposer import capacity_of
 
-    if not _AHEAD or _AHEAD[0] is not search_space or not same_devices(_AHEAD[1], reserved):
+    devices: Problem = _AHEAD[1] if _AHEAD else Problem([], np.zeros((0, 3), dtype=np.int64), 0)
+    if not _AHEAD or _AHEAD[0] is not search_space or devices.local != reserved.local_world_size or (
+            not np.array_equal(devices.capacity, capacity_of(reserved))):
         end_bound_fork()
         return None
     conn: Connection = _AHEAD[3]

@@ -94,16 +94,19 @@ def changed(a: Solution, b: Solution) -> bool:
     return a.picks != b.picks or any(not np.array_equal(x, y) for x, y in zip(a.ranks, b.ranks, strict=True))
 
 
+LOADS_TABLES = 256  # tables summed per call by :func:`loads` (a call's arrays: at most tens of MB at 8,192 ranks)
+
+
 def loads(problem: Problem, solution: Solution) -> Tuple[np.ndarray, np.ndarray]:
-    """Each rank's summed shard perf and storage under ``solution``: every shard added in table order, in one
-    call each (``bincount`` adds in its input's order, as one ``add.at`` per table did: the same sums)."""
-    used = np.zeros_like(problem.capacity)
-    if not solution.picks:
-        return np.zeros(problem.world), used
-    chosen = [problem.tables[t][o] for t, o in enumerate(solution.picks)]
-    ranks = np.concatenate(solution.ranks)
-    load = np.bincount(ranks, weights=np.concatenate([c.perf for c in chosen]), minlength=problem.world)
-    np.add.at(used, ranks, np.concatenate([c.mem for c in chosen]))
+    """Each rank's summed shard perf and storage under ``solution``: every shard added in table order, one call per
+    :data:`LOADS_TABLES` tables (``add.at`` adds in order: the same sums as one call per table)."""
+    load, used = np.zeros(problem.world), np.zeros_like(problem.capacity)
+    for start in range(0, len(solution.picks), LOADS_TABLES):
+        picks = solution.picks[start:start + LOADS_TABLES]
+        chosen = [problem.tables[t][o] for t, o in enumerate(picks, start)]
+        ranks = np.concatenate(solution.ranks[start:start + LOADS_TABLES])
+        np.add.at(load, ranks, np.concatenate([c.perf for c in chosen]))
+        np.add.at(used, ranks, np.concatenate([c.mem for c in chosen]))
     return load, used
 
 

@@ -92,13 +92,14 @@ def _kind(option: ShardingOption) -> Optional[int]:
 _LAST_PROBLEM: List[Any] = []  # [search space, its numbers per table and options per table], the latest only
 
 
+def forget_problem(search_space: List[ShardingOption]) -> None:  # (problem_of builds them again where asked)
+    if _LAST_PROBLEM and _LAST_PROBLEM[0] is search_space:
+        _LAST_PROBLEM.clear()
+
+
 def capacity_of(reserved: Topology) -> np.ndarray:
     """Every device's storage left for tables (hbm, ddr, ssd bytes), as the problem holds it."""
     return np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in reserved.devices], dtype=np.int64)
-
-
-def same_devices(problem: Problem, reserved: Topology) -> bool:  # made for devices like ``reserved``?
-    return problem.local == reserved.local_world_size and np.array_equal(problem.capacity, capacity_of(reserved))
 
 
 def problem_of(search_space: List[ShardingOption], reserved: Topology, tick: Optional[Callable[[], None]] = None

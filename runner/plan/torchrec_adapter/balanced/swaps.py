@@ -9,27 +9,29 @@ shards are scanned in the order a gathering would list them and the same swap wi
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import weakref
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.effort import SWAP_SCAN
 from runner.plan.torchrec_adapter.balanced.problem import DEVICE, Choice, Problem
 
-_LAYOUT: List[Tuple[Problem, Tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
-"""The latest problem and its slots: (slot offset per table, table per slot, shard per slot)."""
+_LAYOUT: List[Tuple[Any, Tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+"""The latest problem (a weak reference: this cache does not keep its numbers) and its slots: (slot offset per
+table, table per slot, shard per slot)."""
 
 
 def _layout(problem: Problem) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per table its first slot (as many slots as its largest device option has shards), and per slot its table
     and shard index."""
-    if not (_LAYOUT and _LAYOUT[0][0] is problem):
+    if not (_LAYOUT and _LAYOUT[0][0]() is problem):
         width = np.array([max((len(c.perf) for c in options if c.kind == DEVICE), default=0)
                           for options in problem.tables], dtype=np.int64)
         offset = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
         table = np.repeat(np.arange(len(width), dtype=np.int64), width)
         shard = np.arange(len(table), dtype=np.int64) - offset[table]
-        _LAYOUT[:] = [(problem, (offset, table, shard))]
+        _LAYOUT[:] = [(weakref.ref(problem), (offset, table, shard))]
     return _LAYOUT[0][1]
 
 
