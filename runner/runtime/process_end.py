@@ -126,7 +126,7 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
     if pid == 0:
         try:
             os.close(read)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            for sig in signals.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             die_with_parent(env_var)
             try:
@@ -136,9 +136,8 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
             try:
                 data = pickle.dumps(answer)
             except Exception as exc:  # noqa: BLE001 - what does not pickle: its type and line
-                what = answer[1] if answer[0] == "raised" else exc
-                data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), answer[-1]
-                                     if answer[0] == "raised" else traceback.format_exc()))
+                what, where = (answer[1], answer[2]) if answer[0] == "raised" else (exc, traceback.format_exc())
+                data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), where))
             for stream in (sys.stdout, sys.stderr):  # a closed pipe (`| head`) must not keep this process going
                 with contextlib.suppress(OSError, ValueError):
                     stream.flush()
@@ -157,9 +156,13 @@ def answer_of(pid: int, fd: int, meanwhile: Callable[[], None], every_s: float =
     before it: ``meanwhile`` raised, a stop). Where it ended with no answer: :class:`signals.Stopped` for a stop
     signal, else :class:`WorkerFailure` naming it (``name``) and how it ended."""
     data, status = bytearray(), None
+
+    def whole() -> bool:  # its length, then that many bytes
+        return len(data) >= 8 and len(data) >= 8 + int.from_bytes(data[:8], "little")
+
     try:
         with os.fdopen(fd, "rb", buffering=0) as pipe:
-            while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+            while not whole():
                 signals.check()
                 if select.select([pipe], [], [], every_s)[0]:
                     chunk = pipe.read(1 << 20)
@@ -172,9 +175,8 @@ def answer_of(pid: int, fd: int, meanwhile: Callable[[], None], every_s: float =
     finally:
         if status is None:
             reap(pid, kill=True)
-    if len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
-                                                              signal.SIGQUIT):
+    if not whole():
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) in signals.STOP_SIGNALS:
             raise signals.Stopped(os.WTERMSIG(status))
         raise WorkerFailure(f"{name} (pid {pid}) ended with no answer: {_ended_how(status)}", fault=True)
     try:

@@ -85,7 +85,7 @@ def check() -> None:
         raise Stopped(_guard.received)
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 
 
 class _Fork:
@@ -94,11 +94,11 @@ class _Fork:
 
 def _enter_fork() -> None:  # registered last, so it runs before logging's handler takes its lock
     _Fork.under_way = True
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 def _leave_fork() -> None:  # in the parent; registered last, so it runs after logging's handler
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _Fork.under_way = False
 
 
@@ -106,12 +106,12 @@ def _start_worker() -> None:
     """In a forked worker: stop signals end it at once, quietly, as in a spawned one (the agent's handler,
     inherited, would raise wherever the worker happens to be, even before its first line, and print a
     traceback); then the signals held across the fork arrive."""
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         try:
             signal.signal(sig, signal.SIG_DFL)
         except ValueError:  # forked from a thread other than the main one: nothing to reset there
             break
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _Fork.under_way = False
 
 

@@ -87,12 +87,14 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
     the job's critical path, while this process opens the job's MLflow run (MLflow's import; a local store checked
     meanwhile, any other before the fork, as before any plan), loads the chart's matplotlib and delivers the report
     as it comes; the fork's results, or its error raised here. Where no fork can be made, all of it here."""
-    if sqlite_folder(run.uri) is None:
+    local = sqlite_folder(run.uri) is not None
+    if not local:
         check_store(run.uri)
     try:
         pid, answer = fork_answer(plan)
     except OSError:
-        check_store(run.uri)
+        if local:
+            check_store(run.uri)
         run.open()
         return plan()
 
@@ -101,7 +103,8 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
         chart.start()
 
     try:
-        check_store(run.uri)  # refused in one line
+        if local:
+            check_store(run.uri)  # refused in one line
         run.open()
         from runner.plan.chart import load_matplotlib
 

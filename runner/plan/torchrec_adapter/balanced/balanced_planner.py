@@ -160,17 +160,16 @@ class BalancedPlanner(SearchLoopPlanner):
     @staticmethod
     def _settled(problem: Problem, table_options: List[List[ShardingOption]], space: List[ShardingOption],
                  solution: Solution) -> Tuple[float, bool]:
-        """The chosen plan checked on the search's numbers and remembered for later points; its rating there, and
-        whether the numbers are let go. Above
-        :attr:`RELEASE_SHARDS` shards those numbers are let go (a later point of this process builds them again), so
-        that the chosen plan's TorchRec objects are not built on top of them (20,000 x 8,192: 5 GB)."""
-        problem_check = valid(problem, solution)
-        assert problem_check is None, f"the balanced search's plan is not valid: {problem_check}"
+        """The chosen plan checked on the search's numbers and remembered for later points: its rating there, and
+        whether those numbers are let go (above :attr:`RELEASE_SHARDS` shards: a later point of this process builds
+        them again), so that the chosen plan's TorchRec objects are not built on top of them (20,000 x 8,192: 5 GB)."""
+        ours = valid_rating(problem, solution)
+        assert ours is not None, f"the balanced search's plan is not valid: {valid(problem, solution)}"
         remember(problem, table_options, solution)
         released = sum(len(c.perf) for options in problem.tables for c in options) > BalancedPlanner.RELEASE_SHARDS
         if released:
             forget_problem(space)
-        return rating(problem, solution), released
+        return ours, released
 
     def _done(self, module: nn.Module, sharders: List[Any], table_options: List[List[ShardingOption]],
               reserved: Topology, solution: Solution, facts: Dict[str, Any], ours: float, released: bool,

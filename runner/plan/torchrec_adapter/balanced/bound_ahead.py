@@ -45,11 +45,7 @@ def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Prob
 def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
     """The bound the fork computed for these options (the same object) on devices like these (the same
     storage left), waiting for it; None where none was started for them or the fork gave none."""
-    from runner.plan.torchrec_adapter.balanced.proposer import capacity_of
-
-    devices: Problem = _AHEAD[1] if _AHEAD else Problem([], np.zeros((0, 3), dtype=np.int64), 0)
-    if not _AHEAD or _AHEAD[0] is not search_space or devices.local != reserved.local_world_size or (
-            not np.array_equal(devices.capacity, capacity_of(reserved))):
+    if not _AHEAD or _AHEAD[0] is not search_space or not _same_devices(_AHEAD[1], reserved):
         end_bound_fork()
         return None
     conn: Connection = _AHEAD[3]
@@ -67,6 +63,12 @@ def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
         return None
     finally:
         end_bound_fork()
+
+
+def _same_devices(devices: Problem, reserved: Any) -> bool:  # the bound's devices are like ``reserved``?
+    from runner.plan.torchrec_adapter.balanced.proposer import capacity_of
+
+    return devices.local == reserved.local_world_size and np.array_equal(devices.capacity, capacity_of(reserved))
 
 
 def end_bound_fork() -> None:
