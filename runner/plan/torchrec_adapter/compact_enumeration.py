@@ -48,7 +48,7 @@ class Layout:
     """Which distinct shard each of an option's real shards is (``index``, one entry per real shard), and the
     arguments TorchRec's ``calculate_shard_sizes_and_offsets`` gave the real sizes and offsets from."""
 
-    index: np.ndarray  # (real shards,) int32
+    index: np.ndarray  # (real shards,) integers (a broadcast view where all are 0)
     arguments: Dict[str, Any]
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Layout:
@@ -67,6 +67,8 @@ def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any
         found = even_row_wise(arguments)
         if found is None:
             sizes, offsets = _calculate(**arguments)
+            found = _all_alike(sizes, offsets)
+        if found is None:
             keys = list(map(tuple, sizes))
             ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # distinct sizes, in order of first occurrence
             index = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=len(keys))
@@ -78,6 +80,16 @@ def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any
             progress({"phase": "enumerating", "done": len(record)})
         return found[0], found[1]
     return compact
+
+
+def _all_alike(sizes: List[List[int]], offsets: List[List[int]]
+               ) -> Optional[Tuple[List[List[int]], List[List[int]], np.ndarray]]:
+    """The compact form where every shard has one size (a data-parallel option: one list repeated per rank, 8,192
+    at 8,192 GPUs), as the general path gives it (the size, its first offset, index 0 for every shard) without a
+    tuple and a dict entry per shard; its index a read-only broadcast view (no bytes per shard). None otherwise."""
+    if not sizes or sizes.count(sizes[0]) != len(sizes):  # the same list object: compared by identity first
+        return None
+    return [list(sizes[0])], [list(offsets[0])], np.broadcast_to(np.int32(0), (len(sizes),))
 
 
 def even_row_wise(arguments: Dict[str, Any]) -> Optional[Tuple[List[List[int]], List[List[int]], np.ndarray]]:
@@ -98,7 +110,7 @@ def even_row_wise(arguments: Dict[str, Any]) -> Optional[Tuple[List[List[int]], 
     last = rows // block
     tail = rows - block * last  # rows on rank ``last`` (where it exists); none on the ranks after it
     sizes, offsets = [[block, columns]], [[0, 0]]
-    index = np.zeros(world, dtype=np.int32)
+    index = np.zeros(world, dtype=np.int8)  # at most 3 distinct sizes: a byte a shard (8,192 an option at 8,192 GPUs)
     if last < world:
         if tail:
             sizes.append([tail, columns])
