@@ -20,6 +20,17 @@ def test_the_summary_is_what_the_per_rank_table_sums_to() -> None:
     from runner.plan.analysis import per_rank_estimates
 
     ranks = per_rank_estimates(best, 16)
+    by_hand = [dict.fromkeys(ranks[0], 0.0) for _ in range(16)]  # shard by shard, in plan order: the same floats
+    for option in best:
+        for shard in option.shards:
+            r, s, p = by_hand[shard.rank], shard.storage, shard.perf
+            r["hbm_bytes"] += s.hbm
+            r["ddr_bytes"] += s.ddr
+            for key, value in (("fwd_compute_ms", p.fwd_compute), ("fwd_comms_ms", p.fwd_comms),
+                               ("bwd_compute_ms", p.bwd_compute), ("bwd_comms_ms", p.bwd_comms),
+                               ("total_ms", p.total)):
+                r[key] += value
+    assert ranks == by_hand and len({id(s.perf) for o in best for s in o.shards}) < sum(len(o.shards) for o in best)
     m = summary_metrics(ranks, 8)
     for col in COLUMNS:
         values = [r[col] for r in ranks]

@@ -240,18 +240,19 @@ def shard_count(option: ShardingOption) -> int:
     return len(option.shards) if layout is None else layout.count
 
 
-def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray]:
+def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each real shard's total perf (ms) and storage (hbm, ddr, ssd bytes): ``(shards,)`` float64 and
-    ``(shards, 3)`` int64. Where every shard is the same, read-only broadcast views of one shard's numbers."""
+    ``(shards, 3)`` int64; and the distinct shards' storage (every row of the second is one of its rows). Where
+    every shard is the same, read-only broadcast views of one shard's numbers."""
     perf = np.array([s.perf.total for s in option.shards], dtype=np.float64)  # type: ignore[union-attr]
     mem = np.array([(s.storage.hbm, s.storage.ddr, s.storage.ssd) for s in option.shards],  # type: ignore[union-attr]
                    dtype=np.int64).reshape(-1, 3)
     layout = layout_of(option)
     if layout is None or len(option.shards) == layout.count:
-        return perf, mem
+        return perf, mem, mem
     if len(option.shards) == 1:
-        return np.broadcast_to(perf, (layout.count,)), np.broadcast_to(mem, (layout.count, 3))
-    return perf[layout.index], mem[layout.index]
+        return np.broadcast_to(perf, (layout.count,)), np.broadcast_to(mem, (layout.count, 3)), mem
+    return perf[layout.index], mem[layout.index], mem
 
 
 def shard_storages(option: ShardingOption) -> List[Any]:

@@ -37,6 +37,7 @@ class Choice:
     kind: int
     perf: np.ndarray  # (shards,) float64
     mem: np.ndarray  # (shards, kinds) int64: hbm, ddr (ssd) per shard
+    rows: Optional[np.ndarray] = None  # the distinct rows of ``mem``, where known (its peak read from them)
 
     # read for every option by the bounds, the starts and the moves: computed once (an option over 8,192 ranks
     # has 8,192 shards; a broadcast view of one shard's numbers is read once)
@@ -55,7 +56,8 @@ class Choice:
         """Each storage kind's largest shard (every shard fits within ``x`` where ``(peak <= x).all()``)."""
         if not len(self.mem):
             return np.full(self.mem.shape[1:], np.iinfo(np.int64).min)
-        return np.asarray((self.mem[:1] if self.mem.strides[0] == 0 else self.mem).max(0))
+        rows = self.rows if self.rows is not None else self.mem[:1] if self.mem.strides[0] == 0 else self.mem
+        return np.asarray(rows.max(0))
 
     @functools.cached_property
     def storage(self) -> np.ndarray:
