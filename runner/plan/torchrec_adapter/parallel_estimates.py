@@ -14,17 +14,15 @@ either way (``tests/plan/test_compact_enumeration.py`` compares both paths with 
 from __future__ import annotations
 
 import time
-from multiprocessing.connection import Connection, Pipe
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.runtime.cores import may_fork
-from runner.runtime.process_end import fork_helper, reap
+from runner.runtime.process_end import answer_of, fork_answer
 
 CHUNK = 2000  # options estimated between two progress reports
 FORK_MIN_OPTIONS = 4000  # fewer: estimated here (a fork and the answers' pickling would cost more than half)
-ANSWER_TIMEOUT_S = 3600.0
 FORKED: List[int] = []  # options estimated in a fork, per estimate that forked (read by a test)
 Changes = List[Tuple[Dict[str, Any], List[Dict[str, Any]]]]  # per option: its changed attributes, its shards'
 
@@ -76,30 +74,21 @@ def _changed(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any]
-           ) -> Optional[Tuple[int, Connection]]:
-    ours, theirs = Pipe(duplex=False)
-
-    def work() -> None:  # in the fork: the options' estimates, then what they changed, sent once at the end (a
-        ours.close()  # send while this process still estimates its own half would wait for it to read)
+           ) -> Optional[Tuple[int, int]]:
+    def work() -> Changes:  # in the fork: the options' estimates, then what they changed, sent once at the end
         before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in options]
         _in_chunks(estimators, options, inputs)
-        theirs.send([(_changed(b, o.__dict__),
-                      [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
-                     for (b, shards), o in zip(before, options, strict=True)])
+        return [(_changed(b, o.__dict__), [_changed(bs, s.__dict__) for bs, s in zip(shards, o.shards, strict=True)])
+                for (b, shards), o in zip(before, options, strict=True)]
 
     try:
-        pid = fork_helper(work)
+        return fork_answer(work)
     except OSError:
         return None
-    theirs.close()
-    return pid, ours
 
 
-def _collect(pid: int, conn: Connection) -> Optional[Changes]:
+def _collect(pid: int, answer: int) -> Optional[Changes]:
     try:
-        return conn.recv() if conn.poll(ANSWER_TIMEOUT_S) else None
-    except (EOFError, OSError):
-        return None  # the fork died: its half is estimated here
-    finally:
-        conn.close()
-        reap(pid, kill=True)
+        return cast(Changes, answer_of(pid, answer, lambda: None, name="the estimating process"))
+    except Exception:  # noqa: BLE001 - it failed or died: its half is estimated here (a stop is not an Exception)
+        return None

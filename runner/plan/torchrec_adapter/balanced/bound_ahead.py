@@ -10,36 +10,31 @@ and devices. Where the fork fails or dies, the bound is computed here as before:
 
 from __future__ import annotations
 
+import os
 import time
-from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.problem import Problem
-from runner.runtime.process_end import fork_helper, reap
+from runner.runtime.process_end import answer_of, fork_answer, reap
 
-ANSWER_TIMEOUT_S = 600.0  # the bound at 6,400 tables on 2,048 GPUs takes seconds
 WAIT_STEP_S = 1.0  # the wait for it says so this often (the job prints a line every 10 s)
 
-_AHEAD: List[Any] = []  # [search space, problem, pid, connection], the latest only
+_AHEAD: List[Any] = []  # [search space, its devices, pid, the answer's pipe, progress], the latest only
 
 
 def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], Tuple[float, str]],
                 progress: Optional[Callable[[str], None]] = None) -> None:
     """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound_of`) for the problem of these
-    options; ``progress`` is told, every second, that the plan waits for it (where it does)."""
+    options; ``progress`` is told, every second, that the plan waits for it (where it does). Where no fork can be
+    made, nothing: the bound is computed here when asked."""
     end_bound_fork()
-    ours, theirs = Pipe(duplex=False)
-
-    def work() -> None:  # in the fork; where it fails, the planning process computes the bound
-        ours.close()
-        value, kind = bound(problem)
-        theirs.send((float(value), str(kind)))
-
-    pid = fork_helper(work)
-    theirs.close()
-    _AHEAD[:] = [search_space, Problem([], problem.capacity, problem.local), pid, ours, progress]  # its devices only
+    try:
+        pid, answer = fork_answer(lambda: bound(problem))
+    except OSError:
+        return
+    _AHEAD[:] = [search_space, Problem([], problem.capacity, problem.local), pid, answer, progress]  # its devices
 
 
 def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
@@ -48,21 +43,20 @@ def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
     if not _AHEAD or _AHEAD[0] is not search_space or not _same_devices(_AHEAD[1], reserved):
         end_bound_fork()
         return None
-    conn: Connection = _AHEAD[3]
-    progress = _AHEAD[4]
+    pid, answer, progress = _AHEAD[2:]
+    _AHEAD.clear()
+    said = [time.monotonic()]
+
+    def meanwhile() -> None:
+        if progress is not None and time.monotonic() - said[0] >= WAIT_STEP_S:
+            said[0] = time.monotonic()
+            progress("the plan's lower bound (computed beside the search)")
+
     try:
-        deadline = time.monotonic() + ANSWER_TIMEOUT_S
-        while not conn.poll(min(WAIT_STEP_S, max(deadline - time.monotonic(), 0.0))):
-            if time.monotonic() >= deadline:
-                return None
-            if progress is not None:
-                progress("the plan's lower bound (computed beside the search)")
-        value, kind = conn.recv()
-        return float(value), str(kind)
-    except (EOFError, OSError):
+        value, kind = answer_of(pid, answer, meanwhile, name="the lower bound's process")
+    except Exception:  # noqa: BLE001 - it failed or died: the bound is computed here (a stop is not an Exception)
         return None
-    finally:
-        end_bound_fork()
+    return float(value), str(kind)
 
 
 def _same_devices(devices: Problem, reserved: Any) -> bool:  # the bound's devices are like ``reserved``?
@@ -75,7 +69,7 @@ def end_bound_fork() -> None:
     """End the fork (if any is left) and drop what it was for."""
     if not _AHEAD:
         return
-    pid, conn = _AHEAD[2], _AHEAD[3]
+    pid, answer = _AHEAD[2], _AHEAD[3]
     _AHEAD.clear()
-    conn.close()
+    os.close(answer)
     reap(pid, kill=True)
