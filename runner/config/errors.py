@@ -81,8 +81,7 @@ class WorkerFailure(RuntimeError):
 
 _KINDS = ((ConfigError, "config error"), (PlanError, "plan error"), (CheckpointError, "checkpoint error"),
           (TrackingError, "tracking error"), (DataError, "data error"), (TrainingError, "training error"),
-          (SchedulerError, "scheduler error"),
-          (WorkerFailure, "job failed"))
+          (SchedulerError, "scheduler error"), (WorkerFailure, "job failed"))
 
 
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}

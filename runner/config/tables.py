@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from runner.config.schema_model import ModelSchema
 
 
-
 @dataclass(frozen=True)
 class TableSpec:
     name: str

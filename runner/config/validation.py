@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, ScheduleSchema, TrainSchema
 
 
-
 def check_choices(cls: type, node: Any, prefix: str = "") -> None:
     """Every key of ``node`` (a config of the dataclass ``cls``, and of its nested dataclasses) that the schema
     gives a closed set of values holds one of them (each item, for a list); else :class:`ConfigError`
@@ -78,8 +77,7 @@ def _validate_model(m: ModelSchema) -> None:
     _check(m.num_experts >= 1, "model.num_experts", m.num_experts, "an integer >= 1")
     g = m.generated_tables
     _check(g.count >= 0, "model.generated_tables.count", g.count, ">= 0")
-    _check(0 < g.min_rows <= g.max_rows, "model.generated_tables.min_rows", g.min_rows,
-           "0 < min_rows <= max_rows")
+    _check(0 < g.min_rows <= g.max_rows, "model.generated_tables.min_rows", g.min_rows, "0 < min_rows <= max_rows")
     _check(len(g.dims) > 0 and all(d > 0 for d in g.dims), "model.generated_tables.dims", list(g.dims),
            "a list of positive widths")
     _check(len(m.tables) + g.count > 0, "model.tables", list(m.tables), "at least one table")
@@ -89,16 +87,12 @@ def _validate_model(m: ModelSchema) -> None:
                f"null or model.embedding_dim ({m.embedding_dim}) for model.family={m.family}")
     _check(m.dcn_num_layers > 0 and m.dcn_low_rank_dim > 0, "model.dcn_num_layers", m.dcn_num_layers,
            "positive layers and low-rank dim")
-    _check(
-        len(m.dense_arch_layer_sizes) > 0
-        and (not family.dense_out_is_dim or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
-        "model.dense_arch_layer_sizes", list(m.dense_arch_layer_sizes),
-        f"a list ending with model.embedding_dim ({m.embedding_dim})",
-    )
-    _check(
-        len(m.over_arch_layer_sizes) > 0 and m.over_arch_layer_sizes[-1] == 1,
-        "model.over_arch_layer_sizes", list(m.over_arch_layer_sizes), "a list ending with 1",
-    )
+    _check(len(m.dense_arch_layer_sizes) > 0
+           and (not family.dense_out_is_dim or m.dense_arch_layer_sizes[-1] == m.embedding_dim),
+           "model.dense_arch_layer_sizes", list(m.dense_arch_layer_sizes),
+           f"a list ending with model.embedding_dim ({m.embedding_dim})")
+    _check(len(m.over_arch_layer_sizes) > 0 and m.over_arch_layer_sizes[-1] == 1, "model.over_arch_layer_sizes",
+           list(m.over_arch_layer_sizes), "a list ending with 1")
 
 
 def table_constraint(sharding: ShardingSchema, table: str) -> Any:
@@ -203,10 +197,9 @@ def _validate_run(p: PrecisionSchema, d: DataSchema, t: TrainSchema) -> None:
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")
     g = p.grad_scaler
     _check(g.init_scale > 0 and g.growth_factor > 1 and 0 < g.backoff_factor < 1 and g.growth_interval > 0,
-           "precision.grad_scaler", {k: getattr(g, k) for k in ("init_scale", "growth_factor", "backoff_factor",
-                                                                 "growth_interval")},
-           "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,"
-           " growth_interval > 0")
+           "precision.grad_scaler",
+           {k: getattr(g, k) for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")},
+           "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0")
     for key in ("steps", "batch_size", "log_every", "grad_accumulation_steps"):
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",

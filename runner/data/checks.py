@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 def check_data(data: JobData) -> None:
     """One line, before launch, for a data config that cannot be read (its source's declared checks)."""
-    d = data.settings
-    spec = data.source
+    d, spec = data.settings, data.source
     if not spec.reads_files:
         return
     assert spec.lists is not None

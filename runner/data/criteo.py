@@ -19,12 +19,8 @@ from runner.data.layout import make_batch, shard_range
 from runner.data.sharded import ShardedSource
 
 _HEX = np.zeros(256, dtype=np.uint64)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-
-
+_HEX[list(b"0123456789abcdef")] = np.arange(16)
+_HEX[list(b"ABCDEF")] = np.arange(10, 16)
 _POWERS = np.array([16 ** (15 - i) for i in range(16)], dtype=np.uint64)
 
 
@@ -79,12 +75,11 @@ class CriteoSource(ShardedSource):
         types = {"label": pa.float32(), **{f"I{j}": pa.float64() for j in range(1, CRITEO_DENSE + 1)},
                  **{f"C{j}": pa.string() for j in range(1, CRITEO_SPARSE + 1)}}
         try:
-            return pcsv.read_csv(io.BytesIO(block),
-                                 read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
-                                                               block_size=len(block) + 1),
-                                 parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
-                                 convert_options=pcsv.ConvertOptions(column_types=types,
-                                                                     strings_can_be_null=False))
+            return pcsv.read_csv(
+                io.BytesIO(block),
+                read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1),
+                parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
+                convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False))
         except pa.ArrowInvalid as exc:
             raise DataError(bad_line(path) or f"{path}: not the Criteo layout ({CRITEO_LAYOUT}): "
                             f"{str(exc).splitlines()[0]}") from None

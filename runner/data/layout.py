@@ -63,8 +63,7 @@ def job_data(cfg: RunnerConfig) -> JobData:
                    samples_per_step(cfg.train), int(cfg.train.seed), str(cfg.model.name))
 
 
-def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray,
-                values: np.ndarray) -> Any:
+def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> Any:
     """``lengths``: (features, rows); ``values``: ids in feature-major order (KJT's layout)."""
     import torch  # here, not at the top: the driver reads layouts (dataset lineage) without loading torch
     from torchrec.datasets.utils import Batch

@@ -68,8 +68,7 @@ def criteo_described(path: str) -> Tuple[List[Tuple[str, int, int]], Optional[Li
 def datasets(data: JobData) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
-    d, lay = data.settings, data.layout
-    spec = data.source
+    d, lay, spec = data.settings, data.layout, data.source
     if not spec.reads_files:
         tables = [[t, n] for t, n in zip(lay.features, lay.sizes, strict=True)]
         settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": data.seed, "tasks": list(lay.tasks),
@@ -86,4 +85,3 @@ def datasets(data: JobData) -> List[Dict[str, Any]]:
         out.append({"name": name, "source": str(path), "digest": _digest(files), "columns": columns,
                     "context": context, "files": len(files)})
     return out
-

@@ -91,8 +91,7 @@ class Prefetcher:
         self._queue: Any = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
-        self._thread = threading.Thread(target=self._fill, args=(iter(batches),), name="runner-prefetch",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._fill, args=(iter(batches),), name="runner-prefetch", daemon=True)
         self._thread.start()
 
     def _put(self, item: Any) -> bool:
@@ -150,8 +149,7 @@ def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: i
     if pin:
         batches = _pinned(batches)
     if data.source.reads_files:  # generated sources have the same length on every rank; files may not
-        batches = AllRanksIterator(batches, "eval" if eval_split else "train",
-                                   low_loops=low_loops)
+        batches = AllRanksIterator(batches, "eval" if eval_split else "train", low_loops=low_loops)
     if not eval_split and d.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too
         batches = Prefetcher(batches, d.prefetch_batches)
     return batches

@@ -24,8 +24,7 @@ def source(data: JobData, rank: int, world: int, eval_split: bool, start_batch: 
            num_batches: Optional[int] = None) -> Any:
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
-    d, lay, size = data.settings, data.layout, data.rows
-    spec = data.source
+    d, lay, size, spec = data.settings, data.layout, data.rows, data.source
     if not spec.reads_files:
         return part(spec.opens)(data, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path

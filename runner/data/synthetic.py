@@ -38,13 +38,9 @@ class SyntheticClicks:
                  batch_size: int, num_batches: int, seed: int, rank: int, eval_split: bool = False,
                  label_noise: float = 0.5, start_batch: int = 0, ids_per_feature: int = 1,
                  variable_lengths: bool = False, zipf_alpha: float = 0.0, tasks: int = 1) -> None:
-        self.feature_names = list(feature_names)
-        self.num_embeddings = list(num_embeddings)
-        self.num_dense = num_dense
-        self.batch_size = batch_size
-        self.num_batches = num_batches
-        self.start_batch = start_batch
-        self.label_noise = label_noise
+        self.feature_names, self.num_embeddings = list(feature_names), list(num_embeddings)
+        self.num_dense, self.batch_size, self.num_batches = num_dense, batch_size, num_batches
+        self.start_batch, self.label_noise = start_batch, label_noise
         self.ids_per_feature, self.variable_lengths, self.zipf_alpha = ids_per_feature, variable_lengths, zipf_alpha
         self._seed = seed * 7919 + rank * 104729 + (_EVAL_STREAM if eval_split else 0)
         g = torch.Generator().manual_seed(_TRUTH_SEED)

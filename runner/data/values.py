@@ -158,7 +158,6 @@ def normalized(table: pa.Table, lay: Layout) -> Any:
             if want == number or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
                 col = col.cast(want)
             else:  # one id per row: a list of one
-                col = pa.ListArray.from_arrays(pa.array(np.arange(len(col) + 1, dtype=np.int32)),
-                                               col.cast(pa.int64()))
+                col = pa.ListArray.from_arrays(pa.array(np.arange(len(col) + 1, dtype=np.int32)), col.cast(pa.int64()))
         columns.append(col)
     return pa.table(columns, names=table.column_names) if changed else table

@@ -51,8 +51,7 @@ def write_parquet(data: JobData, out: Path, rows: int, files: int, eval_rows: in
             gen = synthetic(data, chunk, -(-n // chunk), i, split == "eval")  # file i: the stream of "rank" i
             path = folder / f"part-{i:05d}.parquet"
             tmp = path.with_suffix(".parquet.tmp")
-            writer = None
-            left = n
+            writer, left = None, n
             for b in gen:
                 table = _arrow_table(lay, b, min(left, chunk))
                 writer = writer or pq.ParquetWriter(tmp, table.schema)
@@ -77,6 +76,5 @@ def write_data(cfg: RunnerConfig) -> Dict[str, Any]:
           f"{cfg.data.write_eval_rows} held-out rows to {out / 'eval'}: {size / 2**20:.1f} MiB in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     print(f"[runner] train on it: python -m runner data=parquet data.path={out / 'train'} "
-          f"data.eval_path={out / 'eval'} model={cfg.model.name}",
-          flush=True)
+          f"data.eval_path={out / 'eval'} model={cfg.model.name}", flush=True)
     return {"files": [str(f) for f in files]}

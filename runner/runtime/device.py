@@ -9,6 +9,7 @@ CUDA (:func:`cuda_present`). CUDA workers are spawned, never forked (:func:`chec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
@@ -73,9 +74,8 @@ def cuda_decision(listed: int, torch_count: int, torch_cuda: Optional[str], torc
     version and older ones (CUDA's minor-version compatibility), not a newer major."""
     if listed and torch_cuda is not None and driver_cuda and driver_cuda // 1000 < int(torch_cuda.split(".")[0]):
         return False, (f"[runner] note: the NVIDIA driver runs CUDA {cuda_text(driver_cuda)} but torch {torch_version} "
-                       "is built for "
-                       f"CUDA {torch_cuda}: cluster.device=auto runs on CPU (update the driver, or build the "
-                       f"environment from PyTorch's index for a CUDA {driver_cuda // 1000}.x build: make gpu-env "
+                       f"is built for CUDA {torch_cuda}: cluster.device=auto runs on CPU (update the driver, or build "
+                       f"the environment from PyTorch's index for a CUDA {driver_cuda // 1000}.x build: make gpu-env "
                        "TORCH_INDEX=..., docs/gpu.md)")
     if listed == 0 or torch_count > 0 or torch_cuda is not None:  # a CUDA torch seeing none: hidden on purpose
         return torch_count > 0, ""                                  # (CUDA_VISIBLE_DEVICES="")
@@ -148,13 +148,9 @@ def visible_gpus(count: Optional[int] = None) -> List[str]:
     that variable, ``0 .. count-1`` (``count``: torch's device count, read through NVML when it can, so
     that no CUDA context is created)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        names = []
-        for name in (n.strip() for n in listed.split(",")):
-            if not name or name.startswith("-"):  # CUDA stops at the first invalid entry
-                break
-            names.append(name)
-        return names
+    if listed is not None:  # CUDA stops at the first invalid entry
+        names = (n.strip() for n in listed.split(","))
+        return list(itertools.takewhile(lambda name: bool(name) and not name.startswith("-"), names))
     if count is None:
         import torch
 

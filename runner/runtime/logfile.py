@@ -30,13 +30,11 @@ def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and name.split(".")[0] in _LIBRARIES:
             logger.handlers, logger.propagate = [], True  # torch installs terminal handlers of its own
-    for name in _LIBRARIES:
-        logging.getLogger(name).handlers = []
-        logging.getLogger(name).propagate = True
-        logging.getLogger(name).setLevel(level)
+    for logger in map(logging.getLogger, _LIBRARIES):
+        logger.handlers, logger.propagate = [], True
+        logger.setLevel(level)
     warnings.simplefilter("once")
     logging.captureWarnings(True)
-
 
 
 def thread_errors_to_log(who: str) -> None:

@@ -21,8 +21,7 @@ from runner.track import store
 
 # (label, MLflow metric, results.json key); memory shown in GiB
 HEADLINE = [("final loss", "train/final_loss", "final_loss"), ("eval AUC", "eval/auc", "eval_auc"),
-            ("eval NE", "eval/ne", "eval_ne"),
-            ("samples/s", "train/avg_samples_per_s", "samples_per_s"),
+            ("eval NE", "eval/ne", "eval_ne"), ("samples/s", "train/avg_samples_per_s", "samples_per_s"),
             ("estimated step ms", "plan/est_step_ms", "est_step_ms"),
             ("max memory per rank GiB", "plan/max_mem_bytes", "max_mem_bytes")]
 MAX_KEYS = 40  # config keys listed before "... and N more"

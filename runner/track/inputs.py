@@ -13,14 +13,12 @@ def _schema(columns: Optional[List[Any]]) -> Any:
 
     if not columns:
         return None
-    specs = []
-    for name, kind in columns:
-        if kind.startswith("list<"):
-            inner = kind[len("list<"):-1]
-            specs.append(ColSpec(Array(DataType[inner] if inner in DataType.__members__ else DataType.binary), name))
-        else:
-            specs.append(ColSpec(DataType[kind] if kind in DataType.__members__ else DataType.binary, name))
-    return Schema(specs)
+
+    def dtype(kind: str) -> Any:
+        return DataType[kind] if kind in DataType.__members__ else DataType.binary
+
+    return Schema([ColSpec(Array(dtype(kind[len("list<"):-1])) if kind.startswith("list<") else dtype(kind), name)
+                   for name, kind in columns])
 
 
 def _source(d: Dict[str, Any]) -> Any:

@@ -112,8 +112,7 @@ class Reporter:
 
     def started(self, step: int, restarts: int, source: Optional[Path]) -> None:
         """Where training starts: from scratch, a resumed checkpoint, or after an elastic restart."""
-        self.extra.update({"start_step": step, "restarts": restarts,
-                           "resumed_from": str(source) if source else None})
+        self.extra.update({"start_step": step, "restarts": restarts, "resumed_from": str(source) if source else None})
         if not self.active:
             return
         tags: Dict[str, Any] = {"runner.restarts": restarts}
@@ -141,8 +140,7 @@ class Reporter:
         self.extra["data_ended_at_step"] = step
         if not self.active:
             return
-        print(f"[runner] data ended after step {step} of {self.steps} (every rank stopped there)",
-              flush=True)
+        print(f"[runner] data ended after step {step} of {self.steps} (every rank stopped there)", flush=True)
         self._tags({"runner.data_ended_at_step": step})
 
     def pruned(self, step: int, metric: str, value: Optional[float]) -> None:
@@ -228,13 +226,10 @@ class Reporter:
                           "train/avg_step_ms": result.step_time_ms})
         self._log(final, self.steps)
         self.flush()
-        results = {
-            "world_size": world,
-            "final_loss": result.final_loss, "losses": result.losses, "samples_per_s": result.samples_per_s,
-            "eval_auc": eval_metrics["eval/auc"], "eval_logloss": eval_metrics["eval/logloss"],
-            "eval_ne": eval_metrics.get("eval/ne"),
-            "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra,
-        }
+        results = {"world_size": world, "final_loss": result.final_loss, "losses": result.losses,
+                   "samples_per_s": result.samples_per_s, "eval_auc": eval_metrics["eval/auc"],
+                   "eval_logloss": eval_metrics["eval/logloss"], "eval_ne": eval_metrics.get("eval/ne"),
+                   "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra}
         rundir.write_json(self.run_dir / rundir.RESULTS, results)
         return results
 
@@ -275,9 +270,7 @@ def summary_line(results: Dict[str, Any]) -> str:
             est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
         return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
                 f"{results['plan_seconds']:.1f}s; MLflow run {run}; {view}")
-    return (
-        f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}"
-        + (f", NE {results['eval_ne']:.4f}, " if results.get("eval_ne") is not None else ", ") +
-        f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}"
-    )
+    return (f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}"
+            + (f", NE {results['eval_ne']:.4f}, " if results.get("eval_ne") is not None else ", ")
+            + f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}")
 

@@ -50,8 +50,6 @@ def tracking_uri(configured: Optional[str]) -> str:
     return uri or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 
 
-
-
 @functools.lru_cache(maxsize=8)
 def client(uri: str) -> Any:
     """One client per store and process: building one (and its SQL engine) costs more than a write."""
@@ -233,8 +231,7 @@ def creation_tags(run_name: str, parent_run_id: Optional[str], tags: Mapping[str
     return {**all_tags, MLFLOW_PARENT_RUN_ID: parent_run_id} if parent_run_id else all_tags
 
 
-def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str],
-              tags: Mapping[str, Any]) -> str:
+def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str], tags: Mapping[str, Any]) -> str:
     """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
     all_tags = creation_tags(run_name, parent_run_id, tags)
     exp = experiment_id(uri, experiment)

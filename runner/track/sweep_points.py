@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -16,19 +16,25 @@ SWEEP_FILE = "sweep.json"
 SHORT_NAMES = {"cross_node_bandwidth": "xbw", "intra_node_bandwidth": "ibw", "storage_reserve_percent": "reserve"}
 
 
-def swept_params(config: DictConfig) -> Dict[str, List[str]]:
-    """Swept key -> its values, from the command line's sweep overrides and ``hydra.sweeper.params``."""
+def _parsed(texts: Iterable[str]) -> Iterator[Tuple[str, Any]]:
+    """Each override text that Hydra parses, with its parsed override (the others passed over)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    for text in texts:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([text])
+        except Exception:  # noqa: BLE001
+            continue
+        yield text, override
+
+
+def swept_params(config: DictConfig) -> Dict[str, List[str]]:
+    """Swept key -> its values, from the command line's sweep overrides and ``hydra.sweeper.params``."""
     texts = list(config.hydra.overrides.task)
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     texts += [f"{k}={v}" for k, v in params.items()]
     out: Dict[str, List[str]] = {}
-    for text in texts:
-        try:
-            (override,) = OverridesParser.create().parse_overrides([text])
-        except Exception:
-            continue
+    for text, override in _parsed(texts):
         if not override.is_sweep_override():
             continue
         key = override.get_key_element().lstrip("+~")
@@ -41,19 +47,9 @@ def swept_params(config: DictConfig) -> Dict[str, List[str]]:
 
 def paired_keys(config: DictConfig) -> List[str]:
     """The swept keys taken position by position (``pair(...)``: :mod:`runner.config.paired`)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from runner.config.paired import is_paired
 
-    out = []
-    for text in config.hydra.overrides.task:
-        try:
-            (override,) = OverridesParser.create().parse_overrides([text])
-        except Exception:  # noqa: BLE001
-            continue
-        if is_paired(override):
-            out.append(override.get_key_element().lstrip("+~"))
-    return out
+    return [o.get_key_element().lstrip("+~") for _, o in _parsed(config.hydra.overrides.task) if is_paired(o)]
 
 
 def grid_size(swept: Dict[str, List[str]], paired: List[str]) -> int:

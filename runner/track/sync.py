@@ -106,21 +106,17 @@ def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) 
     state = state if isinstance(state, dict) else {}
     uri, run_id = info["tracking_uri"], info.get("run_id")
     created = not run_id
-    if created:
-        try:
+    try:
+        if created:
             assert pending is not None  # no run id: the record of the run kept while the store was away
             run_id = open_kept(run_dir, uri, pending, parent)
-        except Exception as exc:  # noqa: BLE001
-            return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
-                    "run sync again later")
-    if parent and not created:
-        try:  # created while the sweep ran, before its parent existed
+        elif parent:  # created while the sweep ran, before its parent existed
             run = client(uri).get_run(str(run_id))
             if PARENT_TAG not in run.data.tags:
                 client(uri).set_tag(str(run_id), PARENT_TAG, parent)
-        except Exception as exc:  # noqa: BLE001
-            return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
-                    "run sync again later")
+    except Exception as exc:  # noqa: BLE001
+        return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
+                "run sync again later")
     pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None)
     before = pump.pending()
     final = state.get("final")

@@ -64,8 +64,7 @@ def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _P
         members, group = next((m, g) for m, g in made if env.rank in m)
         for i, name in enumerate(COLLECTIVES):
             say(f"collectives ({scope}-node)", i, len(COLLECTIVES), force=i == 0)
-            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, c.repeats)
-                                for n in sizes}
+            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, c.repeats) for n in sizes}
         dist.barrier()
     return out
 

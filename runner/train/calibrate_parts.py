@@ -131,11 +131,10 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
     from runner.plan.torchrec_adapter.moved import fused_tbe_class, tbe_placement
 
     cls, kwargs = sparse_optimizer
-    tbe = fused_tbe_class()(
-        [(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda", uvm_caching))],
-        **({"cache_load_factor": UVM_CACHE_RATIO} if uvm_caching else {}),
-        optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
-        eps=kwargs.get("eps", 1e-8), device=device)
+    tbe = fused_tbe_class()([(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda", uvm_caching))],
+                            **({"cache_load_factor": UVM_CACHE_RATIO} if uvm_caching else {}),
+                            optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
+                            eps=kwargs.get("eps", 1e-8), device=device)
     lookups = shape["batch"] * shape["pooling"]
     ids = torch.randint(shape["rows"], (lookups,), device=device)
     offsets = torch.arange(0, lookups + 1, shape["pooling"], device=device)

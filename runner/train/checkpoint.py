@@ -134,8 +134,7 @@ def load(path: Path, dmp: torch.nn.Module, optimizer: CombinedOptimizer, resume_
         _materialise_dense_state(optimizer)
     state = _state(dmp, optimizer, resume_optimizer)
     try:
-        dcp.load(state, checkpoint_id=str(path),
-                 planner=DefaultLoadPlanner(allow_partial_load=not resume_optimizer))
+        dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not resume_optimizer))
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         detail = _failure_detail(exc)
         if resume_optimizer and "optim" in detail:

@@ -30,8 +30,8 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     nothing (no backward, no optimizer). None where the model has no sharded collection or a rank has no batch.
     Every rank must call it (the lookup's collectives)."""
     import statistics
-    import time
 
+    from runner.train.calibrate_parts import timed
     from runner.train.loop import device_sync
 
     ebc = next((m for m in dmp.modules() if type(m).__name__.startswith("ShardedEmbeddingBagCollection")), None)
@@ -40,15 +40,13 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     dist.all_gather_object(ready, ebc is not None and batch is not None)
     if not all(ready) or ebc is None or batch is None:
         return None
-    features, sync, times = batch.to(device).sparse_features, device_sync(device), []
-    for _ in range(repeats + 1):
-        sync()
-        start = time.perf_counter()
+    features = batch.to(device).sparse_features
+
+    def lookup() -> None:
         out = ebc(features)
         (out.wait() if hasattr(out, "wait") else out).values()
-        sync()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times[1:])
+
+    return statistics.median(timed(lookup, repeats, device_sync(device)))
 
 
 def gather_measurements(result: TrainResult, device: torch.device, cores: Optional[List[int]] = None,

@@ -31,11 +31,8 @@ if TYPE_CHECKING:
 def table_configs(model_cfg: ModelSchema, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One TorchRec table per configured table; its single feature carries the table's name."""
     data_type = DataType[TABLE_DTYPES[embedding_dtype].member]
-    return [
-        EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
-                           feature_names=[t.name], data_type=data_type)
-        for t in table_specs(model_cfg)
-    ]
+    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                               feature_names=[t.name], data_type=data_type) for t in table_specs(model_cfg)]
 
 
 class EmbeddingMLP(nn.Module):

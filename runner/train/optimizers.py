@@ -41,8 +41,7 @@ def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
     if o.sparse_weight_decay > 0:
         kwargs["weight_decay"] = o.sparse_weight_decay
         modes = weight_decay_mode()
-        kwargs["weight_decay_mode"] = (modes.DECOUPLE if o.sparse_weight_decay_mode == "decoupled"
-                                       else modes.L2)
+        kwargs["weight_decay_mode"] = (modes.DECOUPLE if o.sparse_weight_decay_mode == "decoupled" else modes.L2)
     return getattr(trec, spec.torchrec_class), kwargs
 
 

@@ -78,17 +78,6 @@ def loss_scale_for(precision: PrecisionSchema) -> LossScale | None:
     return LossScale(g.init_scale, g.growth_factor, g.backoff_factor, g.growth_interval)
 
 
-def _sharded_embedding_modules(dmp: torch.nn.Module) -> List[torch.nn.Module]:
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
-    return [m for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
-
-
-def _ddp(dmp: DistributedModelParallel) -> Any:
-    wrapped = getattr(dmp, "_dmp_wrapped_module", None)
-    return wrapped if hasattr(wrapped, "no_sync") else None
-
-
 class Unpaused:
     """A step that keeps no hold on the model between calls: the training loop's pause (``detach`` before
     evaluating or saving outside the step, ``attach`` after) has nothing to do. TorchRec's sparse pipeline
@@ -110,17 +99,19 @@ class SplitStep(Unpaused):
     """
 
     def __init__(self, dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
-                 micro_batches: int,
-                 loss_scale: LossScale | None) -> None:
+                 micro_batches: int, loss_scale: LossScale | None) -> None:
+        from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
         self.dmp, self.optimizer, self.device = dmp, optimizer, device
         self.micro_batches, self.loss_scale = micro_batches, loss_scale
-        self.embedding_modules = _sharded_embedding_modules(dmp)
+        self.embedding_modules = [m for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
         plan_types = {ps.sharding_type for module_plan in dmp.plan.plan.values() for ps in module_plan.values()}
         if "data_parallel" in plan_types:
             raise ConfigError("sharding", "a plan with data_parallel tables",
                               "tables sharded by TorchRec (no data_parallel) with train.grad_accumulation_steps > 1"
                               " or fp16 loss scaling")
-        self._ddp = _ddp(dmp)
+        wrapped = getattr(dmp, "_dmp_wrapped_module", None)
+        self._ddp = wrapped if hasattr(wrapped, "no_sync") else None
         self._dense = list(optimizer.optimizers[1][1].params.values())  # (name, ClippedOptimizer)
 
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -53,8 +53,7 @@ def check_gpu(autocast: Optional[str], device: torch.device) -> None:
     """What this GPU cannot do, refused before anything runs on it (``precision.autocast`` bf16 on a pre-Ampere
     GPU)."""
     if device.type == "cuda":
-        check_autocast(autocast, torch.cuda.get_device_capability(device),
-                   torch.cuda.get_device_name(device))
+        check_autocast(autocast, torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
 
 
 def gpu_memory_cap(hbm_cap_gib: Optional[float], device: torch.device) -> Optional[int]:

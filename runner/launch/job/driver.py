@@ -80,9 +80,8 @@ def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Op
         check_autocast_before_launch(cfg.precision.autocast, job_gpus(host_gpus(), visible, workers))
         note = check_gpu_count(workers, c.workers_per_node, visible)
         ddr, ddr_note = ddr_cap_for_host(c.ddr_cap_gib, workers, *memory)  # each worker plans with it
-        for line in (note, ddr_note):
-            if line:
-                print(line, flush=True)
+        for line in filter(None, (note, ddr_note)):
+            print(line, flush=True)
         return dataclasses.replace(place or Place(cfg.cluster.scheduler), ddr_cap_gib=ddr)
     return place or Place(cfg.cluster.scheduler)
 
@@ -191,8 +190,7 @@ def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     if earlier is not None:
         print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
               "for train.resume=latest)", flush=True)
-        lost = end_if_lost(earlier)
-        if lost:
+        if lost := end_if_lost(earlier):
             print(lost, flush=True)
     (hydra_job.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
     return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None

@@ -72,8 +72,7 @@ def end_finished_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict
     run.deliver()
     results.update(run_id=run.run_id, tracking_uri=run.uri)
     if results.get("plan_status") == "feasible" and run.opened:  # a plan-only answer: its plan in the description
-        section = plan_description(run_dir / rundir.PLAN)
-        if section:
+        if section := plan_description(run_dir / rundir.PLAN):
             run.add_to_note(section)
     sweep = sweep_of(run_dir)
     if not run.end("FINISHED"):  # a sweep's point: delivered by the sweep's one sync command

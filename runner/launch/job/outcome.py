@@ -10,6 +10,7 @@ either.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,10 +66,8 @@ def of_error(exc: BaseException, scheduler: Scheduler, run_dir: Path, stopped_by
         if line.startswith("unexpected error"):
             line += f" (traceback in {run_dir / rundir.LOG})"
         outcome = Outcome("FAILED", line, exit_code=1)
-    try:
-        setattr(exc, _KEPT, outcome)
-    except AttributeError:  # an exception that takes no attributes: computed again, to the same value
-        pass
+    with contextlib.suppress(AttributeError):
+        setattr(exc, _KEPT, outcome)  # an exception that takes no attributes: computed again, to the same value
     return outcome
 
 

@@ -155,16 +155,14 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
                                     " ".join(notes), facts))
     reporter.flush()
     m = reporter.plan_metrics
+    est = m.get("plan/est_step_ms")
     results = {
-        **base, "plan_status": "feasible",
-        "plan_seconds": seconds, "est_step_ms": m.get("plan/est_step_ms"),
+        **base, "plan_status": "feasible", "plan_seconds": seconds, "est_step_ms": est,
         "est_whole_step_ms": m.get("plan/est_whole_step_ms"),
-        "step_phrase": (step_phrase(dict(facts), m["plan/est_step_ms"]) if m.get("plan/est_step_ms") is not None
-                        else None),
-        "max_mem_bytes": m.get("plan/max_mem_bytes"),
-        "lower_bound_ms": m.get("plan/lower_bound_ms"), "gap_to_bound": m.get("plan/gap_to_bound"),
+        "step_phrase": step_phrase(dict(facts), est) if est is not None else None,
+        "max_mem_bytes": m.get("plan/max_mem_bytes"), "lower_bound_ms": m.get("plan/lower_bound_ms"),
+        "gap_to_bound": m.get("plan/gap_to_bound"),
         "compared_ms": {k: v for k, v in m.items() if k.startswith("plan/torchrec_")},
-        "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")},
-    }
+        "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")}}
     rundir.write_json(run_dir / rundir.RESULTS, results)
     return results

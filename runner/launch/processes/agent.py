@@ -14,6 +14,7 @@ agent rendezvouses with the others (c10d, or static: rank 0 on node 0) at ``clus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -83,11 +84,9 @@ def _own_gpus(c: ClusterSchema, node_rank: int) -> None:
 
 def _rank_of(run_dir: Path, pid: int) -> str:
     for f in (run_dir / rundir.PIDS).glob("rank*.pid"):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if int(f.read_text().strip()) == pid:
                 return f.stem[len("rank"):]
-        except (OSError, ValueError):
-            continue
     return "?"
 
 
@@ -121,12 +120,10 @@ def _record_unloadable(run_dir: Path, node_rank: int, workers: int, exc: BaseExc
     """The node's workers cannot start: torch, TorchRec or FBGEMM does not load here (the loader's reason)."""
     cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
     line = f"torch, TorchRec or FBGEMM does not load on node {node_rank}: {str(exc).strip()}{cause}"
-    try:
+    with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
         rundir.record_error(run_dir, f"agent{node_rank}-libraries",
                             {"rank": node_rank * workers, "time": time.time(), "error": line.splitlines()[0],
                              "source": "agent", "signal": None, "node": node_rank, "pid": os.getpid()})
-    except OSError:  # a full run folder: the driver's own line names it
-        pass
 
 
 def likely_cause(pid: int, signal_name: str) -> str:
@@ -204,10 +201,8 @@ def main(argv: list[str]) -> int:
     try:
         elastic_launch(config, elastic_entry)(str(run_dir))
     except ChildFailedError as exc:
-        try:
+        with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
             _record_failures(run_dir, node_rank, exc, watch)
-        except OSError:  # a full run folder: the driver's own line names it
-            pass
         return 1
     except SignalException as exc:  # the driver stopped the job: torch elastic has stopped the workers
         return 128 + int(exc.sigval)

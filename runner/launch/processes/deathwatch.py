@@ -9,6 +9,7 @@ notes the signal and the time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -22,10 +23,8 @@ TICK_S = 0.1  # how soon a new worker is watched
 def _children() -> Set[int]:
     pids: Set[int] = set()
     for task in Path("/proc/self/task").glob("*/children"):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             pids.update(int(p) for p in task.read_text().split())
-        except (OSError, ValueError):
-            continue
     return pids
 
 

@@ -192,8 +192,7 @@ def launchers() -> List[str]:
 def of_command(args: Sequence[str]) -> Scheduler:
     """The scheduler a command's ``hydra/launcher=<choice>`` submits its jobs to (this host's by default)."""
     chosen = {a.split("=", 1)[1] for a in args if a.startswith("hydra/launcher=")}
-    return next((s for s in registered().values() if s.launcher is not None and s.launcher in chosen),
-                named("local"))
+    return next((s for s in registered().values() if s.launcher is not None and s.launcher in chosen), named("local"))
 
 
 def pools_points(launcher: DictConfig) -> bool:

@@ -5,6 +5,7 @@ run in a pool of this host's processes (joblib's launcher), which it ends once t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -37,10 +38,8 @@ class LocalScheduler(Scheduler):
         process_joblib_cfg(args)
 
         def warm() -> None:
-            try:
+            with contextlib.suppress(BaseException):  # a head start only: the points import what they need anyway
                 Parallel(**args)(delayed(_imported)(list(modules)) for _ in range(effective_n_jobs(args.get("n_jobs"))))
-            except BaseException:  # noqa: BLE001 - a head start only: the points import what they need anyway
-                pass
         _WARMING.append(threading.Thread(target=warm, name="runner-warm-pool", daemon=True))
         _WARMING[-1].start()
 
@@ -59,8 +58,6 @@ SCHEDULER = LocalScheduler()
 def _imported(modules: List[str]) -> int:
     """In a pool's worker: import ``modules`` (what its first point would import; one that fails is left to it)."""
     for name in modules:
-        try:
+        with contextlib.suppress(Exception):
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001
-            pass
     return os.getpid()

@@ -109,8 +109,7 @@ def _limit_text(task: SlurmTask) -> str:
 def on_time_limit_warning() -> None:
     """Slurm's early signal (SIGUSR2 ``hydra.launcher.signal_delay_s`` before the time limit): say so, go on."""
     def _say(signum: int, frame: Any) -> None:
-        print("[runner] Slurm: the job's time limit is near (SIGUSR2); it will be stopped at the limit",
-              flush=True)
+        print("[runner] Slurm: the job's time limit is near (SIGUSR2); it will be stopped at the limit", flush=True)
 
     signal.signal(signal.SIGUSR2, _say)
 

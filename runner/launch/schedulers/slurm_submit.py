@@ -93,10 +93,9 @@ def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store
         folder = Path(uri)
     kind = filesystem_type(folder) if folder is not None else None
     if kind is not None and kind not in SHARED_FS:
-        raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an "
-                             "mlflow server they reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri "
-                             "sqlite:///<path>; tracking.uri=http://<this host>:5000) or put the store on a shared "
-                             "filesystem")
+        raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an mlflow server they "
+                         "reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<path>; "
+                         "tracking.uri=http://<this host>:5000) or put the store on a shared filesystem")
     host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
         raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
@@ -129,12 +128,8 @@ def parse_node_resources(sinfo_out: str) -> Tuple[int, int]:
             continue
         count, _, gres = line.strip().partition(" ")
         cpus.append(int(count.rstrip("+")))
-        found = 0
-        for item in gres.split(","):
-            parts = item.split("(")[0].split(":")
-            if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
-                found += int(parts[-1])
-        gpus.append(found)
+        parts = [item.split("(")[0].split(":") for item in gres.split(",")]
+        gpus.append(sum(int(p[-1]) for p in parts if p[0] == "gpu" and len(p) > 1 and p[-1].isdigit()))
     return (min(cpus), min(gpus)) if cpus else (0, 0)
 
 
@@ -234,12 +229,10 @@ def _job_return(p: Point) -> Any:
 
     task0 = None if p.job is None else p.job.task(0) if p.job.num_tasks > 1 else p.job
     if task0 is not None and task0.paths.result_pickle.exists():
-        try:
+        with contextlib.suppress(Exception):  # the outcome is in status.json; submitit's pickle holds a traceback
             ret = task0.result()
             if isinstance(ret, JobReturn):
                 return ret
-        except Exception:  # noqa: BLE001  the outcome is in status.json; submitit's pickle holds a traceback
-            pass
     ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.COMPLETED)
     ret.return_value = None
     return ret
@@ -260,7 +253,6 @@ def _wait(points: List[Point]) -> None:
         for p in [p for p in pending if states.get(p.job.job_id) not in ACTIVE]:
             if p.job.job_id not in states and p.job.job_id not in seen and time.monotonic() - since < UNLISTED_S:
                 continue  # not listed yet
-
             pending.remove(p)
             status = _ended(p, states.get(p.job.job_id, "(no longer listed by squeue)"))
             said = status.get("summary", "").replace("[runner] ", "", 1) or f"error: {status.get('error')}"

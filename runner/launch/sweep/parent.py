@@ -56,14 +56,9 @@ class PointOutcome:
 
 def outcomes(sweep_dir: Path) -> List[PointOutcome]:
     """How each point ended, from its ``status.json``; a point that left none did not end by itself."""
-    out = []
-    for d in rundir.point_dirs(sweep_dir):
-        status = rundir.read_status(d)
-        if status is None:
-            out.append(PointOutcome(int(d.name), "FAILED", "ended without recording a status (killed?)"))
-        else:
-            out.append(PointOutcome(int(d.name), status["status"], status.get("error")))
-    return out
+    statuses = [(d, rundir.read_status(d)) for d in rundir.point_dirs(sweep_dir)]
+    return [PointOutcome(int(d.name), "FAILED", "ended without recording a status (killed?)") if status is None
+            else PointOutcome(int(d.name), status["status"], status.get("error")) for d, status in statuses]
 
 
 class _Running:
@@ -94,8 +89,7 @@ def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Pa
             end_run(uri, child.info.run_id, status, why)
         end_run(uri, run_id, status, why)
     except Exception as exc:  # noqa: BLE001 - the store may be the reason; the folder keeps every point's status
-        print(f"[runner] warning: the sweep's runs could not be marked {status} ({exc})", file=sys.stderr,
-              flush=True)
+        print(f"[runner] warning: the sweep's runs could not be marked {status} ({exc})", file=sys.stderr, flush=True)
     return sweep_dir
 
 
@@ -228,8 +222,7 @@ class SweepParentRun(Callback):
         if not (isinstance(info, dict) and info.get("pending")):  # a resumed sweep keeps its parent's record
             pending = {"experiment": config.tracking.experiment, "name": name,
                        "tags": creation_tags(name, None, {**tags, "runner.record_id": uuid.uuid4().hex})}
-            rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": None,
-                                                         "pending": pending})
+            rundir.write_json(folder / rundir.RUN_INFO, {"tracking_uri": self._uri, "run_id": None, "pending": pending})
             log = EventLog(folder / rundir.EVENTS)
             log.params(params)
             log.close()

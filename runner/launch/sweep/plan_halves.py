@@ -13,6 +13,7 @@ here after the others.
 
 from __future__ import annotations
 
+import contextlib
 from multiprocessing.connection import Pipe
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -32,9 +33,8 @@ def plan_in_halves(count: int, plan_point: Callable[[int, bool], Tuple[Optional[
         answers = {i: (i, *plan_point(i, True)) for i in range(count) if i not in later}
         got = _collect(pid, conn, later) if later else []
         answers.update({a[0]: a for a in got})
-        for i in later:  # the fork failed: planned here
-            if i not in answers:
-                answers[i] = (i, *plan_point(i, True))
+        # the fork failed: planned here
+        answers.update({i: (i, *plan_point(i, True)) for i in later if i not in answers})
     finally:
         if pid is not None:
             _end(pid, conn)
@@ -61,11 +61,9 @@ def _collect(pid: Optional[int], conn: Any, points: List[int]) -> List[Answer]:
     out: List[Answer] = []
     if conn is None:
         return out
-    try:
+    with contextlib.suppress(EOFError, OSError):  # it ended early: what it sent is kept
         while len(out) < len(points) and conn.poll(ANSWER_TIMEOUT_S):
             out.append(conn.recv())
-    except (EOFError, OSError):
-        pass  # it ended early: what it sent is kept
     return out
 
 

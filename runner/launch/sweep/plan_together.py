@@ -67,8 +67,7 @@ def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
     from runner.runtime.cores import may_fork
 
     def plan_point(i: int, report: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-        return _plan_point(i, points[i][1], points[i][2], len(points), t0, progress if report else None,
-                           tty and report)
+        return _plan_point(i, points[i][1], points[i][2], len(points), t0, progress if report else None, tty and report)
 
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
@@ -158,6 +157,4 @@ def choices_for(overrides: Sequence[str]) -> Optional[Tuple[List[Dict[str, Any]]
             return None  # gone or damaged: the point plans on its own
     found = _LOADED[name]
     facts = found["facts"].get(_key(overrides))
-    if facts is None:
-        return None
-    return found["plans"], facts
+    return None if facts is None else (found["plans"], facts)

@@ -194,10 +194,8 @@ def check_points(combos: List[List[str]], config_name: Optional[str], loader: Co
     first: Optional[Tuple[List[str], Any]] = None
     for combo in combos:
         where = f" (sweep point: {' '.join(combo)})" if len(combos) > 1 else ""
-        for o in combo:
-            err = _group_error(o, loader)
-            if err:
-                return err + where
+        if err := next(filter(None, (_group_error(o, loader) for o in combo)), None):
+            return err + where
         try:
             cfg = _from_first(first, combo, loader)
             if cfg is None:

@@ -33,14 +33,9 @@ if TYPE_CHECKING:
 def _task(overrides: List[str]) -> Dict[str, str]:
     """Task overrides as key -> value: only keys that can change an answer (:mod:`runner.config.roles`; Hydra's
     own ``hydra.*`` and ``hydra/...`` left out)."""
-    out = {}
-    for text in overrides:
-        key, _, value = text.partition("=")
-        key = key.lstrip("+~")
-        if key.startswith(("hydra.", "hydra/")) or key == "hydra" or roles.role(key) != roles.ANSWER:
-            continue
-        out[key] = value
-    return out
+    pairs = [(key.lstrip("+~"), value) for key, _, value in (text.partition("=") for text in overrides)]
+    return {key: value for key, value in pairs
+            if not (key.startswith(("hydra.", "hydra/")) or key == "hydra" or roles.role(key) != roles.ANSWER)}
 
 
 def changed_overrides(before: List[str], now: List[str]) -> List[str]:

@@ -87,7 +87,5 @@ def stop_reason(sweep_dir: Path) -> Optional[str]:
 
 def raise_if_stopped(sweep_dir: Optional[Path]) -> None:
     """Raise :class:`SweepStopped` once this point's sweep has stopped (called while the point runs)."""
-    if sweep_dir is not None:
-        reason = stop_reason(sweep_dir)
-        if reason:
-            raise SweepStopped(reason)
+    if sweep_dir is not None and (reason := stop_reason(sweep_dir)):
+        raise SweepStopped(reason)

@@ -40,8 +40,7 @@ def journal_storage(folder: Path) -> Any:
                 "cannot read; start the study in a new sweep folder (hydra.sweep.dir=...), or move the file away "
                 "to start it again here (its finished trials' runs stay in MLflow)")
     folder.mkdir(parents=True, exist_ok=True)
-    damage = _damage(path)
-    if damage:
+    if damage := _damage(path):
         refuse(f"the Optuna study journal {path} cannot be read back ({damage}); restore it from a copy, or move "
                 "it away to start the study again in this folder (its finished trials' runs stay in MLflow)")
     return JournalStorage(JournalFileBackend(str(path)))
@@ -115,15 +114,8 @@ def search_space(params: Dict[str, Any], arguments: List[str]) -> Tuple[Dict[str
     texts = {str(k): f"{k}={v}" for k, v in (params or {}).items()}
     for arg in arguments:
         texts[arg.partition("=")[0]] = arg
-    space: Dict[str, Any] = {}
-    fixed: Dict[str, str] = {}
-    for key, text in texts.items():
-        dist = distribution(key, text.partition("=")[2]) if "=" in text else None
-        if dist is None:
-            fixed[key] = text
-        else:
-            space[key] = dist
-    return space, fixed
+    dists = {key: distribution(key, text.partition("=")[2]) if "=" in text else None for key, text in texts.items()}
+    return {k: d for k, d in dists.items() if d is not None}, {k: texts[k] for k, d in dists.items() if d is None}
 
 
 def value_text(value: Any) -> str:
@@ -167,8 +159,7 @@ def write_results(study: optuna.Study, directions: List[str], folder: Path) -> N
     else:
         front = [{"trial": t.number, "params": dict(t.params), "values": list(t.values)} for t in study.best_trials]
         out["pareto_front"] = front
-        print(f"[runner] optuna: Pareto front of {len(front)} trial(s) "
-              f"({' x '.join(directions)}): " + "; ".join(
-                  f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
+        print(f"[runner] optuna: Pareto front of {len(front)} trial(s) ({' x '.join(directions)}): "
+              + "; ".join(f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(out), folder / "optimization_results.yaml")

@@ -72,12 +72,8 @@ def swept_keys(points: List[Dict[str, Any]]) -> List[str]:
 def changed_tables(points: List[Dict[str, Any]]) -> Dict[str, List[str]]:
     """Tables whose sharding type differs between feasible points -> the type at each point."""
     feasible = [p for p in points if p["status"] == "feasible"]
-    out = {}
-    for t in sorted({t for p in feasible for t in p["types"]}):
-        seq = [p["types"].get(t, "-") for p in feasible]
-        if len(set(seq)) > 1:
-            out[t] = seq
-    return out
+    seqs = {t: [p["types"].get(t, "-") for p in feasible] for t in sorted({t for p in feasible for t in p["types"]})}
+    return {t: seq for t, seq in seqs.items() if len(set(seq)) > 1}
 
 
 def _sort_value(v: Any) -> tuple:
@@ -89,14 +85,8 @@ def _sort_value(v: Any) -> tuple:
 
 def axes_of(keys: List[str], paired: List[str]) -> List[List[str]]:
     """The sweep's axes: the paired keys together (where the first of them stands), every other key alone."""
-    out: List[List[str]] = []
-    for k in keys:
-        if k in paired:
-            if k == next(p for p in keys if p in paired):
-                out.append([p for p in keys if p in paired])
-        else:
-            out.append([k])
-    return out
+    together = [p for p in keys if p in paired]
+    return [list(together) if k in paired else [k] for k in keys if k not in paired or k == together[0]]
 
 
 def flips(points: List[Dict[str, Any]], keys: List[str], paired: Optional[List[str]] = None) -> Dict[str, List[str]]:
