@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, NoReturn, Optional, Tuple
+from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
 from runner.config.errors import WorkerFailure
 from runner.runtime import signals
@@ -114,6 +114,16 @@ def reap(pid: int, kill: bool = False) -> None:
         os.waitpid(pid, 0)
 
 
+_PARTING: List[Any] = []  # in a fork_answer process: what it made, dropped by its os._exit, not freed one by one
+
+
+def keep_until_exit(*objects: Any) -> None:
+    """In a process of :func:`fork_answer` (it ends with ``os._exit``), keep ``objects`` to its end, so that
+    freeing them (a chosen plan's millions of shards: seconds) does not delay its answer; elsewhere nothing."""
+    if _PARTING:
+        _PARTING.extend(objects)
+
+
 def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> Tuple[int, int]:
     """Fork a process that does ``work()`` and sends back its value, or the exception it raised with its traceback,
     then ends, whatever happens (no interpreter teardown; stop signals at their defaults; ended when this process
@@ -125,6 +135,7 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
     pid = os.fork()
     if pid == 0:
         try:
+            _PARTING.append(None)  # (this process keeps what it is asked to: keep_until_exit)
             os.close(read)
             for sig in signals.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)

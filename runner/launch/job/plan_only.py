@@ -20,7 +20,7 @@ from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
 from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
-from runner.runtime.process_end import answer_of, fork_answer, reap
+from runner.runtime.process_end import answer_of, fork_answer, keep_until_exit, reap
 from runner.track.reporter import Reporter
 from runner.track.store import check_store, sqlite_folder
 
@@ -151,6 +151,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
         rundir.write_json(run_dir / rundir.RESULTS, results)
         return results
     progress.close()
+    keep_until_exit(plan, best_plan)
     reporter.plan(write_plan_report(spec, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
                                     " ".join(notes), facts))
     reporter.flush()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+import numpy as np
 from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Storage, Topology
@@ -189,16 +190,30 @@ class BalancedPlanner(SearchLoopPlanner):
                          ours: float) -> float:
         """TorchRec's perf model's rating of the plan, after checking every device's storage as TorchRec's
         partitioner checks it (``Storage.fits_in``); it must equal the search's own."""
-        used = [Storage(hbm=0, ddr=0, ssd=0) for _ in reserved.devices]
+        row_of: Dict[int, int] = {}  # each distinct Storage's row (a plan's shards of one size share one)
+        rows: List[Tuple[int, int, int]] = []
+        at: List[int] = []
+        which: List[int] = []
         for option, option_ranks in zip(options, ranks, strict=True):
             for shard, rank in zip(option.shards, option_ranks, strict=True):
                 shard.rank = rank
-                used[rank] += shard.storage
+                row = row_of.get(id(shard.storage))
+                if row is None:
+                    row = row_of[id(shard.storage)] = len(rows)
+                    rows.append((shard.storage.hbm, shard.storage.ddr, shard.storage.ssd))
+                at.append(rank)
+                which.append(row)
         try:
             torchrec_rating = self._perf_model.rate(plan=options)
         finally:
             reset_shard_rank(options)
-        over = [d.rank for d, u in zip(reserved.devices, used, strict=True) if not u.fits_in(d.storage)]
+        used = np.zeros((len(reserved.devices), 3), dtype=np.int64)
+        table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        shard_rank, shard_row = np.array(at, dtype=np.int64), np.array(which, dtype=np.int64)
+        for k in range(3):  # whole bytes: the sums are exact in any order
+            np.add.at(used[:, k], shard_rank, table[shard_row, k])
+        over = [d.rank for d, u in zip(reserved.devices, used.tolist(), strict=True)
+                if not Storage(hbm=u[0], ddr=u[1], ssd=u[2]).fits_in(d.storage)]
         assert not over, f"the balanced plan overfills ranks {over}"
         assert abs(torchrec_rating - ours) <= 1e-9 * max(1.0, abs(ours)), (torchrec_rating, ours)
         return float(torchrec_rating)
