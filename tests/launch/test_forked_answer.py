@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 
 import pytest
 
 from runner.config.errors import ConfigError, SchedulerError, WorkerFailure
 from runner.runtime import signals
-from runner.runtime.process_end import answer_of, fork_answer
+from runner.runtime.process_end import answer_of, fork_answer, keep_until_exit
 
 
 def _gone(pid: int) -> bool:
@@ -90,3 +91,20 @@ def test_a_forked_process_stopped_or_given_up_on_ends_as_a_stop_and_is_never_lef
     with pytest.raises(OSError, match="the store went away"):
         answer_of(pid, fd, boom)
     assert _gone(pid) and time.monotonic() - t0 < 10
+
+
+class _Plan:
+    """Stands for a chosen plan's objects (a weak reference says whether they are still alive)."""
+
+
+def test_a_forked_answer_keeps_what_it_is_asked_to_until_it_exits_and_this_process_does_not() -> None:
+    def work() -> bool:
+        plan = _Plan()
+        alive = weakref.ref(plan)
+        keep_until_exit(plan)
+        del plan
+        return alive() is not None
+
+    pid, fd = fork_answer(work)
+    assert answer_of(pid, fd, lambda: None) is True
+    assert work() is False  # here (no fork_answer process) nothing is kept: freed as usual
