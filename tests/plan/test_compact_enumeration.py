@@ -86,7 +86,8 @@ def test_every_option_equals_torchrecs_shard_by_shard(point: str, monkeypatch: p
             assert (mine.size, mine.offset, mine.storage, mine.perf) == \
                    (torchrec.size, torchrec.offset, torchrec.storage, torchrec.perf), key
         assert expanded.storage_hash() == full.storage_hash() and expanded.total_perf == full.total_perf
-        perf, mem, rows = shard_arrays(compact)
+        perf, mem, rows, summed = shard_arrays(compact)
+        assert summed is None or summed.tolist() == mem.sum(0).tolist(), key
         assert perf.tolist() == [s.perf.total for s in full.shards], key
         assert mem.tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in full.shards], key
         assert sorted(set(map(tuple, rows.tolist()))) == sorted(set(map(tuple, mem.tolist()))), key  # the peak's

@@ -240,19 +240,21 @@ def shard_count(option: ShardingOption) -> int:
     return len(option.shards) if layout is None else layout.count
 
 
-def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """Each real shard's total perf (ms) and storage (hbm, ddr, ssd bytes): ``(shards,)`` float64 and
-    ``(shards, 3)`` int64; and the distinct shards' storage (every row of the second is one of its rows). Where
-    every shard is the same, read-only broadcast views of one shard's numbers."""
+    ``(shards, 3)`` int64; the distinct shards' storage (every row of the second is one of its rows); and, where
+    it is cheaper to sum from them, the second's column sums (None otherwise). Where every shard is the same,
+    read-only broadcast views of one shard's numbers."""
     perf = np.array([s.perf.total for s in option.shards], dtype=np.float64)  # type: ignore[union-attr]
     mem = np.array([(s.storage.hbm, s.storage.ddr, s.storage.ssd) for s in option.shards],  # type: ignore[union-attr]
                    dtype=np.int64).reshape(-1, 3)
     layout = layout_of(option)
     if layout is None or len(option.shards) == layout.count:
-        return perf, mem, mem
+        return perf, mem, mem, None
     if len(option.shards) == 1:
-        return np.broadcast_to(perf, (layout.count,)), np.broadcast_to(mem, (layout.count, 3)), mem
-    return perf[layout.index], mem[layout.index], mem
+        return np.broadcast_to(perf, (layout.count,)), np.broadcast_to(mem, (layout.count, 3)), mem, None
+    counts = np.bincount(layout.index, minlength=len(option.shards))  # each distinct shard's count: whole bytes
+    return perf[layout.index], mem[layout.index], mem, (mem * counts[:, None]).sum(0)
 
 
 def shard_storages(option: ShardingOption) -> List[Any]:
@@ -278,7 +280,8 @@ def expand(option: ShardingOption) -> ShardingOption:
     sizes, offsets = _calculate(**layout.arguments)
     storages = [shallow_copy(s.storage) for s in option.shards]  # the plan's own, one per distinct shard
     perfs = [shallow_copy(s.perf) for s in option.shards]
-    full.shards = [Shard(size=list(size), offset=list(offset), storage=storages[i], perf=perfs[i])
+    # TorchRec's lists of sizes and offsets, as its enumerator keeps them (one list for every data-parallel shard)
+    full.shards = [Shard(size=size, offset=offset, storage=storages[i], perf=perfs[i])
                    for size, offset, i in zip(sizes, offsets, layout.index.tolist(), strict=True)]
     return full
 

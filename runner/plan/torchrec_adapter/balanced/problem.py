@@ -38,6 +38,7 @@ class Choice:
     perf: np.ndarray  # (shards,) float64
     mem: np.ndarray  # (shards, kinds) int64: hbm, ddr (ssd) per shard
     rows: Optional[np.ndarray] = None  # the distinct rows of ``mem``, where known (its peak read from them)
+    summed: Optional[np.ndarray] = None  # ``mem.sum(0)``, where known (summed from the distinct rows)
 
     # read for every option by the bounds, the starts and the moves: computed once (an option over 8,192 ranks
     # has 8,192 shards; a broadcast view of one shard's numbers is read once)
@@ -62,6 +63,8 @@ class Choice:
     @functools.cached_property
     def storage(self) -> np.ndarray:
         """``mem.sum(0)``: the option's storage of each kind, all shards together."""
+        if self.summed is not None:
+            return self.summed
         if len(self.mem) and self.mem.strides[0] == 0:
             return np.asarray(self.mem[0] * len(self.mem))
         return np.asarray(self.mem.sum(0))
