@@ -86,8 +86,7 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
 
     out = []
     for name in proposers:
-        extra = _PROPOSED[name]
-        cfg = _compose(*_POINT, f"sharding.proposer={name}", *extra)
+        cfg = _compose(*_POINT, f"sharding.proposer={name}", *_PROPOSED[name])
         model, sharders, specs = planning_model(cfg), sharders_for(cfg.precision), table_specs(cfg.model)
         answers: List[Any] = []
         for build in (build_planner, torchrec_planner):

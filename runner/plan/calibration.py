@@ -126,10 +126,9 @@ def _is_fit(fit: Any, keys: Tuple[str, ...]) -> bool:
 def cache_dir(configured: Optional[str] = None) -> Path:
     """Where calibrations are kept: ``cluster.calibration_dir``, else ``$RUNNER_CALIBRATION_DIR``, else
     ``$XDG_CACHE_HOME/runner/calibrations`` (``~/.cache/...``)."""
+    configured = configured or os.environ.get("RUNNER_CALIBRATION_DIR")
     if configured:
         return Path(configured).expanduser().absolute()
-    if os.environ.get("RUNNER_CALIBRATION_DIR"):
-        return Path(os.environ["RUNNER_CALIBRATION_DIR"]).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "runner" / "calibrations"
 
@@ -154,9 +153,8 @@ class Chosen:
 
 
 def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool) -> Optional[Calibration]:
-    """The newest trusted calibration in ``folder`` whose fingerprint matches ``here`` (files that cannot be read
-    are passed over: ``auto`` only takes what fits); where the world does not have to match, one of the same world
-    first."""
+    """The newest trusted calibration in ``folder`` whose fingerprint matches ``here`` (files that cannot be read are
+    passed over: ``auto`` only takes what fits); where the world does not have to match, one of the same world first."""
     fits = []
     for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True):
         try:
@@ -223,10 +221,9 @@ def for_config(cluster: ClusterSchema, mode: str, device_type: str) -> Chosen:
 
 
 def hashed(cluster: ClusterSchema, mode: str, config: Dict[str, Any]) -> Dict[str, Any]:
-    """``config`` (a job's config resolved, as a dict; ``cluster`` and ``mode`` its own) as ``runner.config_hash``
-    and ``sweep.reuse`` compare it: for a plan-only job, ``cluster.calibration`` is the calibration it plans with
-    (its file and when it was made), not the word, so that a new calibration is another answer. Other jobs: as it
-    is."""
+    """``config`` (a job's config resolved, as a dict; ``cluster`` and ``mode`` its own) as ``runner.config_hash`` and
+    ``sweep.reuse`` compare it: for a plan-only job, ``cluster.calibration`` is the calibration it plans with (its file
+    and when it was made), not the word, so that a new calibration is another answer. Other jobs: as it is."""
     if mode != "plan":
         return config
     from runner.runtime.device import device_type

@@ -22,11 +22,7 @@ def ticks(count: int, most: int = MAX_TICKS) -> List[int]:
     """Positions 0..count-1 at a round step (1, 2 or 5 times a power of ten), at most ``most`` of them."""
     if count <= 0:
         return []
-    step = 1
-    for power in range(0, 12):
-        step = next((m * 10**power for m in (1, 2, 5) if math.ceil(count / (m * 10**power)) <= most), 0)
-        if step:
-            break
+    step = next((m * 10**p for p in range(12) for m in (1, 2, 5) if math.ceil(count / (m * 10**p)) <= most), 0)
     return list(range(0, count, step))
 
 
@@ -54,8 +50,7 @@ def _bars(count: int) -> Any:
         import numpy as np
 
         low = np.asarray(bottom, dtype=float)
-        ax.stairs(low + np.asarray(values, dtype=float), np.arange(count + 1) - 0.5, baseline=low, fill=True,
-                  **style)
+        ax.stairs(low + np.asarray(values, dtype=float), np.arange(count + 1) - 0.5, baseline=low, fill=True, **style)
     return per_bar if count <= PER_RANK_UP_TO else outline
 
 

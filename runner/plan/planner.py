@@ -101,17 +101,14 @@ def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device
                   progress: Optional[Callable[..., None]] = None,
                   choose_from: Optional[PlanChoices] = None) -> EmbeddingShardingPlanner:
     """The planner for ``spec`` (:func:`runner.plan.plan_spec.plan_spec`) on a world of ``world_size`` ranks,
-    ``local_world_size`` per node. With
-    ``reuse``, enumerated options are shared with this process's later planners
-    (:mod:`.torchrec_adapter.enumeration_reuse`);
-    ``hbm_cap``: bytes per GPU read from the devices (see :func:`make_plan`); ``search_space``: options
-    already enumerated (and the enumerator that did it) instead of a new enumeration; ``progress``: called
-    with the search's counts while it runs (:class:`.torchrec_adapter.planning_loop.SearchLoopPlanner`);
-    ``choose_from``: a
-    sweep's plans for the balanced proposer to choose from (:mod:`runner.launch.sweep.plan_together`)."""
+    ``local_world_size`` per node. With ``reuse``, enumerated options are shared with this process's later planners
+    (:mod:`.torchrec_adapter.enumeration_reuse`); ``hbm_cap``: bytes per GPU read from the devices (see
+    :func:`make_plan`); ``search_space``: options already enumerated (and the enumerator that did it) instead of a new
+    enumeration; ``progress``: called with the search's counts while it runs
+    (:class:`.torchrec_adapter.planning_loop.SearchLoopPlanner`); ``choose_from``: a sweep's plans for the balanced
+    proposer to choose from (:mod:`runner.launch.sweep.plan_together`)."""
     if seam_note() is not None:  # a TorchRec the runner's planner was not tested with: TorchRec's own planner
-        return torchrec_planner(spec, world_size, local_world_size, device_type, estimates, dense_tensor_bytes,
-                                hbm_cap)
+        return torchrec_planner(spec, world_size, local_world_size, device_type, estimates, dense_tensor_bytes, hbm_cap)
     from runner.plan.torchrec_adapter.runner_planner import runner_planner  # only after the version check
 
     return runner_planner(spec, planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap), device_type,
@@ -120,8 +117,7 @@ def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device
 
 def planner_inputs(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
-    """The topology (with the calibration's constants), batch and constraints every planner of ``spec`` plans
-    with."""
+    """The topology (with the calibration's constants), batch and constraints every planner of ``spec`` plans with."""
     calibration = for_config(spec.cluster, spec.mode, device_type).calibration
     return (build_topology(spec.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
             spec.batch, build_constraints(spec.sharding, [t.name for t in spec.tables], spec.pooling, spec.excluded))
@@ -156,7 +152,6 @@ def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, d
 
         if conformance_note() is not None:
             notes.append(str(conformance_note()))
-
         return plan_with_runner(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                 notes, facts, planner_inputs(spec, world, local_world, device_type, hbm_cap), progress,
                                 choose_from)
@@ -179,10 +174,9 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
               choose_from: Optional[PlanChoices] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model`` as ``spec`` (a job's plan part) says; with ``pg``, rank 0 plans
     and broadcasts. ``reuse`` shares enumerated options with later calls in this process (a plan-only sweep,
-    :mod:`.torchrec_adapter.enumeration_reuse`).
-    ``hbm_cap``: the bytes each GPU of a training job has (the smallest of its devices), used where
-    ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it was not found
-    by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
+    :mod:`.torchrec_adapter.enumeration_reuse`). ``hbm_cap``: the bytes each GPU of a training job has (the smallest of
+    its devices), used where ``cluster.hbm_cap_gib`` is null. ``notes`` gets a line on how the plan was found when it
+    was not found by TorchRec's proposer alone; ``progress`` is called with the search's counts while it runs; ``facts``
     (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and, for the balanced proposer,
     ``compared``: the ratings of TorchRec's plans it started from
     (:func:`.torchrec_adapter.balanced.proposer.compared_metrics`); ``choose_from``: a sweep's plans, for a sweep
@@ -198,8 +192,7 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
     for_config(spec.cluster, spec.mode, device_type)  # every rank: an unusable calibration is every rank's line
     if spec.sharding.plan:
         plan = load_plan(spec.sharding.plan, spec.tables, world, local_world, device_type)
-        empty = empty_shard(plan, device_type)
-        if empty:
+        if empty := empty_shard(plan, device_type):
             raise PlanError(empty)
         return plan, [], time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
@@ -208,11 +201,9 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
         found: PlanFacts = facts if facts is not None else {}
         result[0] = _plan_here(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
-        found["lower_bound_ms"] = estimates.lower_bound_ms
-        found["lower_bound_kind"] = estimates.lower_bound_kind
+        found["lower_bound_ms"], found["lower_bound_kind"] = estimates.lower_bound_ms, estimates.lower_bound_kind
         _whole_step(spec, model, world, local_world, device_type, estimates.best_plan, found)
-        empty = None if isinstance(result[0], PlanError) else empty_shard(result[0], device_type)
-        if empty:
+        if not isinstance(result[0], PlanError) and (empty := empty_shard(result[0], device_type)):
             result[0] = PlanError(empty)
     if pg is not None:
         dist.broadcast_object_list(result, src=0, group=pg)

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from runner.config.schema_training import PrecisionSchema
 
 
-
 class EmbeddingBagCollectionAnyDeviceSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder, offering the CUDA sharding types on CPU too.
 

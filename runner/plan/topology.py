@@ -15,7 +15,7 @@ from torchrec.distributed.planner.storage_reservations import (
     HeuristicalStorageReservation,
 )
 
-from runner.plan.calibration import topology_knobs
+from runner.plan.calibration import GIB, topology_knobs
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from runner.config.schema_model import ClusterSchema, ShardingSchema
     from runner.plan.calibration import Calibration
 
-
-GIB = 1024**3
 HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
 
 
@@ -59,8 +57,7 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
 
 def dense_bytes(model: nn.Module) -> int:
     """Bytes of the parameters that are not embedding tables (sizes are known on meta too)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-               if "embedding_bag_collection" not in n)
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embedding_bag_collection" not in n)
 
 
 def build_storage_reservation(sharding: ShardingSchema, dense_tensor_bytes: Optional[int] = None,

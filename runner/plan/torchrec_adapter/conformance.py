@@ -5,13 +5,13 @@ The runner's planner gives TorchRec's answers faster (:mod:`.compact_enumeration
 conformance check (:mod:`runner.launch.conformance_check`: the compact enumeration and each TorchRec-named
 proposer against TorchRec's own, on a small built-in problem) in a subprocess of its own, so that this process
 imports no adapter module when it fails and a running Hydra app is left alone, and remembers the answer per
-stack and adapter source in the user's cache folder (``$XDG_CACHE_HOME/runner/``, or ``~/.cache/runner/``): a
-stack pays for it once (about 10 s with the subprocess's imports). Imports nothing at module level but the
-standard library.
+stack and adapter source in the user's cache folder (``$XDG_CACHE_HOME/runner/``, or ``~/.cache/runner/``): a stack pays
+for it once (about 10 s with the subprocess's imports). Imports nothing at module level but the standard library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -35,10 +35,8 @@ def stack_key() -> str:
 
     def version(*dists: str) -> str:
         for d in dists:
-            try:
+            with contextlib.suppress(metadata.PackageNotFoundError):
                 return metadata.version(d)
-            except metadata.PackageNotFoundError:
-                continue
         return "none"
     sources = [*sorted(_ADAPTER.rglob("*.py")), _ROOT / "runner" / "launch" / "conformance_check.py"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
@@ -67,11 +65,9 @@ def verdict(say: Any = None) -> Tuple[bool, str]:
     if found is not None:
         return found
     lock: Optional[Any] = None
-    try:
+    with contextlib.suppress(OSError):  # a read-only home: checked, not remembered
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / ".lock", "w")  # noqa: SIM115  (held until the answer is written)
-    except OSError:
-        pass  # a read-only home: checked, not remembered
     try:
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -57,8 +57,7 @@ class VectorisedDynamicProgrammingProposer(DynamicProgrammingProposer):
         bin_size = float(hbm_total) / bin_count
         options = list(self._sharding_options_by_fqn.values())
         option_count = max(len(x) for x in options)
-        hbm = np.full((len(options), option_count), np.inf)
-        perf = np.full((len(options), option_count), np.inf)
+        hbm, perf = np.full((len(options), option_count), np.inf), np.full((len(options), option_count), np.inf)
         for t, table_options in enumerate(options):
             for o, option in enumerate(table_options):
                 hbm[t, o] = float(option.total_storage.hbm) / bin_size
@@ -72,8 +71,7 @@ def _fill(hbm: np.ndarray, perf: np.ndarray, bins: int) -> Tuple[np.ndarray, np.
     """TorchRec's DP: per table and bin, the best (perf, hbm) and how it was reached (option, previous bin)."""
     tables, options = hbm.shape
     best_perf, best_hbm = np.full(bins, np.inf), np.full(bins, np.inf)
-    option_of = np.full((tables, bins), -1, dtype=np.int64)
-    prev_of = np.full((tables, bins), -1, dtype=np.int64)
+    option_of, prev_of = np.full((tables, bins), -1, dtype=np.int64), np.full((tables, bins), -1, dtype=np.int64)
     for o in range(options):  # table 0: an option fills the bin of its own HBM
         if hbm[0, o] < bins:
             i = int(hbm[0, o])
@@ -156,11 +154,8 @@ class _ProposalFacts:
         than what is left of that kind on every device."""
         uniform = self.is_uniform[t, o]
         left = self.capacity - self.uniform[t[uniform], o[uniform]].sum(0)
-        if (left < 0).any():
-            return True
-        if (self.rest_total[t, o].sum(0) > left.sum(0)).any():
-            return True
-        return bool((self.rest_largest[t, o].max(0) > left.max(0)).any())
+        return bool((left < 0).any() or (self.rest_total[t, o].sum(0) > left.sum(0)).any()
+                    or (self.rest_largest[t, o].max(0) > left.max(0)).any())
 
 
 def _kinds(storage: Storage) -> Tuple[int, int, int]:
@@ -202,10 +197,6 @@ class SkippingProposer:
         self.best, self.facts, self._constraint = None, None, None
         self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
 
-    def _skip(self) -> bool:
-        # called after the proposer's first feedback built its proposals: the option index per table, as proposed
-        return self._skip_options(np.asarray(self.inner._proposal_list[self.inner._current_proposal]))
-
     def _skip_options(self, o: np.ndarray) -> bool:
         """Whether the proposal with option ``o[t]`` of each table ``t`` (in the facts' order) cannot change
         the planner's answer; counted by why."""
@@ -227,7 +218,9 @@ class SkippingProposer:
 
     def propose(self) -> Optional[List[ShardingOption]]:
         proposal = self.inner.propose()
-        while proposal is not None and self.facts is not None and self._skip():
+        # once the proposer's first feedback built its proposals: the option index per table, as proposed
+        while proposal is not None and self.facts is not None and self._skip_options(
+                np.asarray(self.inner._proposal_list[self.inner._current_proposal])):
             self.inner.feedback(partitionable=False, plan=proposal, storage_constraint=self._constraint)
             proposal = self.inner.propose()
         return proposal

@@ -78,7 +78,6 @@ def explain(planner: EmbeddingShardingPlanner, spec: PlanSpec, world: int, devic
 def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world: int, device_type: str,
              also: str = "") -> Optional[Infeasible]:
     """:func:`explain`'s line with its cause (decisions read the cause, never the line's wording)."""
-    tried = also
     reservation = getattr(planner, "_storage_reservation", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
     space = getattr(getattr(planner, "_enumerator", None), "last_stored_search_space", None)
@@ -115,7 +114,7 @@ def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world:
             f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
             f"{where}; {more}"))
     return Infeasible(NO_PACKING, (
-        f"no sharding plan found by sharding.proposer={spec.sharding.proposer}{tried}: the tables need at least "
+        f"no sharding plan found by sharding.proposer={spec.sharding.proposer}{also}: the tables need at least "
         f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
         f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
         f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))

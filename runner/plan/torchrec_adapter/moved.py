@@ -39,8 +39,7 @@ def _find(name: str) -> Any:
             return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as exc:
             tried.append(f"{module} ({type(exc).__name__})")
-    raise ImportError(f"{name} is in none of the modules the supported FBGEMM releases keep it in: "
-                      + ", ".join(tried))
+    raise ImportError(f"{name} is in none of the modules the supported FBGEMM releases keep it in: " + ", ".join(tried))
 
 
 def cache_algorithm() -> Any:

@@ -15,6 +15,7 @@ proposals it still held are partitioned here.
 
 from __future__ import annotations
 
+import contextlib
 from multiprocessing.connection import Connection, Pipe
 from typing import Dict, List, Optional, Tuple
 
@@ -80,9 +81,8 @@ class PartitionHelper:
         return True
 
     def answers(self, wait: bool = False) -> List[Answer]:
-        """What it has finished (``wait``: every proposal it holds). Where it failed (it died, or answered
-        nothing for :data:`ANSWER_TIMEOUT_S`), nothing more comes and :attr:`held` keeps the proposals it did
-        not answer."""
+        """What it has finished (``wait``: every proposal it holds). Where it failed (it died, or answered nothing for
+        :data:`ANSWER_TIMEOUT_S`), nothing more comes and :attr:`held` keeps the proposals it did not answer."""
         out: List[Answer] = []
         try:
             while self.held and self.conn.poll(ANSWER_TIMEOUT_S if wait else 0):
@@ -96,10 +96,8 @@ class PartitionHelper:
         return out
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             if not self.failed:
                 self.conn.send(None)
-        except OSError:
-            pass
         self.conn.close()
         reap(self.pid, kill=self.failed)

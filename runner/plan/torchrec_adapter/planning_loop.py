@@ -104,9 +104,8 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
 
     def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
                 start_time: float, private: bool = False) -> ShardingPlan:
-        """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once (``private``:
-        the options are already this plan's own copies); callbacks, ``to_sharding_plan`` and stats as
-        TorchRec's loop calls them."""
+        """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once (``private``: the options
+        are already this plan's own copies); callbacks, ``to_sharding_plan`` and stats as TorchRec's loop calls them."""
         for option, option_ranks in zip(options, ranks, strict=True):
             for shard, rank in zip(option.shards, option_ranks, strict=True):
                 shard.rank = rank
@@ -127,10 +126,9 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
 
     def _search(self, proposer: SkippingProposer, storage_constraint: Topology, start_time: float,
                 search_space: List[ShardingOption]) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
-        """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks).
-        A search still running after :data:`HELPER_AFTER_S` in a process that may fork
-        (:func:`runner.runtime.cores.may_fork`) hands proposals to a :class:`.partition_helper.PartitionHelper`
-        while it partitions others here."""
+        """TorchRec's loop: the first plan with the strictly lowest rating, as (options, their shards' ranks). A search
+        still running after :data:`HELPER_AFTER_S` in a process that may fork (:func:`runner.runtime.cores.may_fork`)
+        hands proposals to a :class:`.partition_helper.PartitionHelper` while it partitions others here."""
         rated: Dict[int, float] = {}  # proposal index -> rating, for those that partitioned
         kept: Dict[int, Tuple[List[ShardingOption], List[List[int]]]] = {}  # those rated here that may win
         handed: Dict[int, List[ShardingOption]] = {}
@@ -165,8 +163,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                 index += 1
                 if helper is None and may_help and now - start > HELPER_AFTER_S:
                     helper = PartitionHelper(search_space, self._partitioner, self._perf_model, storage_constraint)
-                if (helper is not None and not helper.failed and len(helper.held) < 2
-                        and helper.hand(index, proposal)):
+                if helper is not None and not helper.failed and len(helper.held) < 2 and helper.hand(index, proposal):
                     handed[index] = helper.held[index]
                     cache[key] = (False, None)
                     proposer.feedback(partitionable=False, plan=proposal, storage_constraint=storage_constraint)
@@ -213,8 +210,6 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                     storage_constraint: Topology) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
         """The first plan in proposal order with the strictly lowest rating (TorchRec's choice); one the
         helper rated is partitioned here again for its ranks."""
-        if not rated:
-            return None
         best_rating, winner = MAX_SIZE, None
         for index in sorted(rated):
             if rated[index] < best_rating:

@@ -56,14 +56,13 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
     proposer = build_proposer(spec.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
     own = declared(spec.sharding).own_planner  # the balanced search's planner
-    compact = own
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
         enumerator = ReusingEnumerator(enumeration_key(spec, world_size, topology.local_world_size, device_type, batch),
-                                       compact=compact, progress=progress, **kwargs)
+                                       compact=own, progress=progress, **kwargs)
     else:
-        enumerator = CompactEnumerator(compact=compact, progress=progress, **kwargs)
+        enumerator = CompactEnumerator(compact=own, progress=progress, **kwargs)
     planner_class: Any = SearchLoopPlanner
     if own:
         proposer.choose_from = choose_from
@@ -89,9 +88,7 @@ def explain_planner_error(exc: Exception, planner: Optional[EmbeddingShardingPla
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
     line when its state says nothing about memory. ``also``: the proposers tried after ``spec``'s."""
     line = explain(planner, spec, world, device_type, also) if planner is not None else None
-    if line is not None:
-        return line
-    return f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
+    return line if line is not None else f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
 class _Job:

@@ -10,10 +10,9 @@ gives the counts at 1000 tables on 128 GPUs).
 :func:`shared_uniform_prefixes` keeps, while a search runs, the devices' storage and perf after each prefix
 of uniform options already placed (a trie keyed by the options' identities) and places only the rest, with
 TorchRec's own ``_uniform_partition``, option by option. The state reached is the same objects TorchRec
-computes (the same subtractions and additions, in the same order, from the same start), every shard gets
-the rank TorchRec gives it, and a shard that does not fit fails in TorchRec's own call with its own message.
-Calls from elsewhere (a host's devices for a table-row-wise option) and starts that differ from the search's
-are TorchRec's call unchanged.
+computes (the same subtractions and additions, in the same order, from the same start), every shard gets the rank
+TorchRec gives it, and a shard that does not fit fails in TorchRec's own call with its own message. Calls from elsewhere
+(a host's devices for a table-row-wise option) and starts that differ from the search's are TorchRec's call unchanged.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ def _state(devices: List[DeviceHardware]) -> State:
 
 
 class _UniformPrefixes:
-    """TorchRec's ``_uniform_partition`` with the placements of earlier calls from the search's start kept.
-    ``start``: the reserved devices, whose fresh copies (same ranks, equal storage and perf) every
-    partition starts from."""
+    """TorchRec's ``_uniform_partition`` with the placements of earlier calls from the search's start kept. ``start``:
+    the reserved devices, whose fresh copies (same ranks, equal storage and perf) every partition starts from."""
 
     def __init__(self, place: Callable[[List[ShardingOption], List[DeviceHardware]], None],
                  start: List[DeviceHardware]) -> None:
@@ -52,10 +50,9 @@ class _UniformPrefixes:
         self.reused = self.placed = 0  # uniform options whose placement was reused / placed from the start
 
     def _from_start(self, devices: List[DeviceHardware]) -> bool:
-        if len(devices) != len(self.ranks):
-            return False
-        return all(d.rank == r and d.storage == s and d.perf == p
-                   for d, r, (s, p) in zip(devices, self.ranks, self.root.state, strict=True))
+        return len(devices) == len(self.ranks) and all(
+            d.rank == r and d.storage == s and d.perf == p
+            for d, r, (s, p) in zip(devices, self.ranks, self.root.state, strict=True))
 
     def __call__(self, options: List[ShardingOption], devices: List[DeviceHardware]) -> None:
         if not options or not self._from_start(devices):
@@ -83,9 +80,8 @@ class _UniformPrefixes:
 
 @contextmanager
 def shared_uniform_prefixes(start: List[DeviceHardware]) -> Iterator[_UniformPrefixes]:
-    """While open (one search: its options stay alive, and their identities key the trie), TorchRec's
-    partitioner places uniform options through :class:`_UniformPrefixes` from the reserved devices ``start``
-    (yielded: its counts)."""
+    """While open (one search: its options stay alive, and their identities key the trie), TorchRec's partitioner places
+    uniform options through :class:`_UniformPrefixes` from the reserved devices ``start`` (yielded: its counts)."""
     original = GreedyPerfPartitioner.__dict__["_uniform_partition"]
     prefixes = _UniformPrefixes(original.__func__, start)
     GreedyPerfPartitioner._uniform_partition = staticmethod(prefixes)

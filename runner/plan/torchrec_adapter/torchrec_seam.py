@@ -67,30 +67,17 @@ ALTERNATIVES: Dict[str, str] = {  # a listed name -> the one an older supported 
 PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.record_copies`): Python's, not TorchRec's
 
 
-def _class(path: str) -> type:
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
-
-
 def _stored_in(code: Any) -> Set[str]:
     """Every attribute name a code object (and the code nested in it) sets."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname == "STORE_ATTR"}
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _stored_in(const)
-    return names
+    nested = (_stored_in(const) for const in code.co_consts if hasattr(const, "co_names"))
+    return {i.argval for i in dis.get_instructions(code) if i.opname == "STORE_ATTR"}.union(*nested)
 
 
 def _set_by(cls: type) -> Set[str]:
     """The attribute names TorchRec's code of ``cls`` (its methods and its TorchRec bases') sets."""
-    names: Set[str] = set()
-    for c in cls.__mro__:
-        if c.__module__.startswith("torchrec"):
-            for member in vars(c).values():
-                code = getattr(inspect.unwrap(member) if callable(member) else member, "__code__", None)
-                if code is not None:
-                    names |= _stored_in(code)
-    return names
+    codes = (getattr(inspect.unwrap(member) if callable(member) else member, "__code__", None)
+             for c in cls.__mro__ if c.__module__.startswith("torchrec") for member in vars(c).values())
+    return {name for code in codes if code is not None for name in _stored_in(code)}
 
 
 def missing() -> List[str]:
@@ -98,8 +85,9 @@ def missing() -> List[str]:
     has it or TorchRec's code of the class uses it (``self.<name>``); empty when every one is there."""
     gone = []
     for path, names in ATTRIBUTES.items():
+        module, name = path.rsplit(".", 1)
         try:
-            cls = _class(path)
+            cls = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):
             gone.append(path)
             continue
@@ -115,10 +103,6 @@ def missing() -> List[str]:
     return gone + [f"copy.{n}" for n in PYTHON_PRIVATE if not hasattr(copy, n)]
 
 
-def _say(line: str) -> None:
-    print(f"[runner] {line}", flush=True)
-
-
 @functools.lru_cache(maxsize=1)
 def _gate() -> Tuple[Optional[str], Optional[str]]:
     """(the stock planner's note, the runner's planner's note): at most one of them set, both None on the TorchRec
@@ -127,8 +111,7 @@ def _gate() -> Tuple[Optional[str], Optional[str]]:
 
     version = str(getattr(torchrec, "__version__", "unknown"))
     stock = "planned with TorchRec's stock planner and proposers, without the runner's search"
-    gone = missing()
-    if gone:
+    if gone := missing():
         return (f"torchrec {version} lacks {len(gone)} name(s) the runner's planner relies on ({', '.join(gone[:3])}"
                 f"{', ...' if len(gone) > 3 else ''}): {stock}", None)
     if version == TESTED_WITH:
@@ -138,7 +121,7 @@ def _gate() -> Tuple[Optional[str], Optional[str]]:
     if os.environ.get(CHECKING) == "1":  # the conformance check's own process: the runner's planner is checked
         return None, None
 
-    passed, reason = verdict(say=_say)
+    passed, reason = verdict(say=lambda line: print(f"[runner] {line}", flush=True))
     if not passed:
         return f"torchrec {version} is not the version the runner's planner was tested with ({TESTED_WITH}) and " \
                f"{reason}: {stock}", None
