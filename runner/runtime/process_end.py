@@ -126,19 +126,26 @@ def keep_until_exit(*objects: Any) -> None:
 
 def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> Tuple[int, int]:
     """Fork a process that does ``work()`` and sends back its value, or the exception it raised with its traceback,
-    then ends, whatever happens (no interpreter teardown; stop signals at their defaults; ended when this process
-    dies); ``(pid, fd)`` for :func:`answer_of`. Raises ``OSError`` where the fork fails."""
+    then ends, whatever happens (no interpreter teardown; stop signals at their defaults, those ignored here left
+    ignored; ended when this process dies); ``(pid, fd)`` for :func:`answer_of`. Raises ``OSError`` where the fork
+    fails (nothing left open)."""
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     read, write = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        raise
     if pid == 0:
         try:
             _PARTING.append(None)  # (this process keeps what it is asked to: keep_until_exit)
             os.close(read)
-            for sig in signals.STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
+            for sig in signals.STOP_SIGNALS:  # at their defaults, but one this process ignores (nohup) stays so
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, signal.SIG_DFL)
             die_with_parent(env_var)
             try:
                 answer: Tuple[Any, ...] = ("value", work())
@@ -158,6 +165,19 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
             os._exit(0)
     os.close(write)
     return pid, read
+
+
+def helper_answer(pid: int, fd: int, meanwhile: Callable[[], None], name: str) -> Optional[Any]:
+    """:func:`answer_of` for a helper whose work this process does itself where it gives none: its value, or None
+    where it failed, died or was stopped alone (a stop of this process is raised)."""
+    try:
+        return answer_of(pid, fd, meanwhile, name=name)
+    except signals.Stopped:
+        if signals.received() is not None:
+            raise
+        return None
+    except Exception:  # noqa: BLE001 - its failure is this process's work to do
+        return None
 
 
 def answer_of(pid: int, fd: int, meanwhile: Callable[[], None], every_s: float = 0.05, name: str = "the process"

@@ -108,3 +108,46 @@ def test_a_forked_answer_keeps_what_it_is_asked_to_until_it_exits_and_this_proce
     pid, fd = fork_answer(work)
     assert answer_of(pid, fd, lambda: None) is True
     assert work() is False  # here (no fork_answer process) nothing is kept: freed as usual
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_helper_fork_that_cannot_be_made_leaves_all_the_work_here_and_nothing_open(monkeypatch) -> None:
+    from runner.plan.torchrec_adapter import parallel_estimates
+
+    class Option:
+        def __init__(self) -> None:
+            self.shards: list = []
+
+    class Estimator:
+        def estimate(self, chunk: list, **_: object) -> None:
+            for option in chunk:
+                option.estimated = True
+
+    def no_fork() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    options = [Option() for _ in range(10)]
+    monkeypatch.setattr(parallel_estimates, "may_fork", lambda: True)
+    monkeypatch.setattr(os, "fork", no_fork)
+    before = _open_fds()
+    parallel_estimates.estimate([Estimator()], options, {}, fork_min=2)
+    assert all(getattr(o, "estimated", False) for o in options) and _open_fds() == before
+
+
+def test_a_bound_fork_stopped_alone_leaves_the_bound_to_this_process() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from runner.plan.torchrec_adapter.balanced import bound_ahead
+    from runner.plan.torchrec_adapter.balanced.problem import Problem
+
+    device = SimpleNamespace(storage=SimpleNamespace(hbm=8, ddr=0, ssd=0))
+    reserved = SimpleNamespace(devices=[device, device], local_world_size=2)
+    space: list = []
+    bound_ahead.start_bound(space, Problem([], np.array([[8, 0, 0]] * 2), 2), lambda _: (time.sleep(60), (1.0, ""))[1])
+    os.kill(bound_ahead._AHEAD[2], signal.SIGTERM)  # the helper alone (a stop signal: at its default there)
+    assert bound_ahead.taken(space, reserved) is None and not bound_ahead._AHEAD

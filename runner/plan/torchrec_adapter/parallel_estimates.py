@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.runtime.cores import may_fork
-from runner.runtime.process_end import answer_of, fork_answer
+from runner.runtime.process_end import fork_answer, helper_answer
 
 CHUNK = 2000  # options estimated between two progress reports
 FORK_MIN_OPTIONS = 4000  # fewer: estimated here (a fork and the answers' pickling would cost more than half)
@@ -42,6 +42,8 @@ def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[
     fork_min = FORK_MIN_OPTIONS if fork_min is None else fork_min
     half = len(options) // 2 if len(options) >= fork_min and may_fork() else len(options)
     helper = _start(estimators, options[half:], inputs) if half < len(options) else None
+    if helper is None:  # (no fork: every option here)
+        half = len(options)
     _in_chunks(estimators, options[:half], inputs, said)
     if helper is None:
         return
@@ -88,7 +90,4 @@ def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[st
 
 
 def _collect(pid: int, answer: int) -> Optional[Changes]:
-    try:
-        return cast(Changes, answer_of(pid, answer, lambda: None, name="the estimating process"))
-    except Exception:  # noqa: BLE001 - it failed or died: its half is estimated here (a stop is not an Exception)
-        return None
+    return cast(Optional[Changes], helper_answer(pid, answer, lambda: None, "the estimating process"))

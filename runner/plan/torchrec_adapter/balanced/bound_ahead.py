@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.problem import Problem
-from runner.runtime.process_end import answer_of, fork_answer, reap
+from runner.runtime.process_end import fork_answer, helper_answer, reap
 
 WAIT_STEP_S = 1.0  # the wait for it says so this often (the job prints a line every 10 s)
 
@@ -52,11 +52,8 @@ def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
             said[0] = time.monotonic()
             progress("the plan's lower bound (computed beside the search)")
 
-    try:
-        value, kind = answer_of(pid, answer, meanwhile, name="the lower bound's process")
-    except Exception:  # noqa: BLE001 - it failed or died: the bound is computed here (a stop is not an Exception)
-        return None
-    return float(value), str(kind)
+    found = helper_answer(pid, answer, meanwhile, "the lower bound's process")  # None: computed here
+    return None if found is None else (float(found[0]), str(found[1]))
 
 
 def _same_devices(devices: Problem, reserved: Any) -> bool:  # the bound's devices are like ``reserved``?
