@@ -151,3 +151,12 @@ def test_a_bound_fork_stopped_alone_leaves_the_bound_to_this_process() -> None:
     bound_ahead.start_bound(space, Problem([], np.array([[8, 0, 0]] * 2), 2), lambda _: (time.sleep(60), (1.0, ""))[1])
     os.kill(bound_ahead._AHEAD[2], signal.SIGTERM)  # the helper alone (a stop signal: at its default there)
     assert bound_ahead.taken(space, reserved) is None and not bound_ahead._AHEAD
+
+
+def test_a_fork_keeps_a_stop_signal_this_process_ignores_ignored_and_the_others_at_their_defaults() -> None:
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        pid, fd = fork_answer(lambda: (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)))
+        assert answer_of(pid, fd, lambda: None) == (signal.SIG_IGN, signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGHUP, before)
