@@ -8,7 +8,7 @@ sends per step, split into traffic within its node and across nodes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,30 +31,42 @@ ESTIMATE_KEYS = ("hbm_bytes", "ddr_bytes", "fwd_compute_ms", "fwd_comms_ms", "bw
                  "total_ms")
 
 
-def per_rank_estimates(best_plan: List[Any], world: int) -> List[Dict[str, float]]:
-    """Planner's estimates summed per rank: storage in bytes, perf in ms per step. Each distinct (storage, perf)
-    pair is read once (a chosen plan's shards of one size share theirs: 8,192 per data-parallel table at 8,192
-    GPUs) and the sums are made in plan order, shard by shard, as a loop over the shards would make them."""
-    row_of: Dict[Tuple[int, int], int] = {}
-    values: List[Tuple[float, ...]] = []
+def summed_per_rank(shards: Iterable[Any], key: Callable[[Any], Hashable], values: Callable[[Any], Sequence[float]],
+                    width: int, world: int, dtype: Any = np.float64) -> np.ndarray:
+    """``(world, width)``: ``values(shard)`` summed over the shards on each rank (``shard.rank``; those without one
+    passed over). Each distinct ``key(shard)`` is read once (a chosen plan's shards of one size share their storage
+    and perf: 8,192 per data-parallel table at 8,192 GPUs), and the values are added shard after shard in the
+    order given (``add.at`` is unbuffered): the sums a loop over the shards makes."""
+    row_of: Dict[Hashable, int] = {}
+    table: List[Sequence[float]] = []
     ranks: List[int] = []
     rows: List[int] = []
-    for option in best_plan:
-        for shard in option.shards:
-            if shard.rank is None:
-                continue
-            row = row_of.get((id(shard.storage), id(shard.perf)))
-            if row is None:
-                row = row_of[id(shard.storage), id(shard.perf)] = len(values)
-                values.append(_estimates(shard))
-            ranks.append(shard.rank)
-            rows.append(row)
-    sums = np.zeros((len(ESTIMATE_KEYS), world))
-    at, table = np.array(ranks, dtype=np.int64), np.array(values, dtype=np.float64).reshape(-1, len(ESTIMATE_KEYS))
-    picked = np.array(rows, dtype=np.int64)
-    for k in range(len(ESTIMATE_KEYS)):
-        np.add.at(sums[k], at, table[picked, k])  # one shard after another, in order (unbuffered)
-    return [dict(zip(ESTIMATE_KEYS, map(float, column), strict=True)) for column in sums.T]
+    for shard in shards:
+        if shard.rank is None:
+            continue
+        row = row_of.get(k := key(shard))
+        if row is None:
+            row = row_of[k] = len(table)
+            table.append(values(shard))
+        ranks.append(shard.rank)
+        rows.append(row)
+    sums = np.zeros((world, width), dtype=dtype)
+    at, picked = np.array(ranks, dtype=np.int64), np.array(rows, dtype=np.int64)
+    by_row = np.array(table, dtype=dtype).reshape(-1, width)
+    for k in range(width):
+        np.add.at(sums[:, k], at, by_row[picked, k])
+    return sums
+
+
+def per_rank_estimates(best_plan: List[Any], world: int) -> List[Dict[str, float]]:
+    """Planner's estimates summed per rank: storage in bytes, perf in ms per step (:func:`summed_per_rank`)."""
+    sums = summed_per_rank((s for option in best_plan for s in option.shards), _pair, _estimates,
+                           len(ESTIMATE_KEYS), world)
+    return [dict(zip(ESTIMATE_KEYS, map(float, row), strict=True)) for row in sums]
+
+
+def _pair(shard: Any) -> Tuple[int, int]:
+    return id(shard.storage), id(shard.perf)
 
 
 def _estimates(shard: Any) -> Tuple[float, ...]:

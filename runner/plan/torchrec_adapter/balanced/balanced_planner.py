@@ -24,6 +24,7 @@ from torchrec.distributed.types import ShardingPlan
 from runner.config.errors import ConfigError
 from runner.config.parts import part
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
+from runner.plan.analysis import summed_per_rank
 from runner.plan.torchrec_adapter.balanced import bound_ahead
 from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of, remember_bound
@@ -190,28 +191,16 @@ class BalancedPlanner(SearchLoopPlanner):
                          ours: float) -> float:
         """TorchRec's perf model's rating of the plan, after checking every device's storage as TorchRec's
         partitioner checks it (``Storage.fits_in``); it must equal the search's own."""
-        row_of: Dict[int, int] = {}  # each distinct Storage's row (a plan's shards of one size share one)
-        rows: List[Tuple[int, int, int]] = []
-        at: List[int] = []
-        which: List[int] = []
         for option, option_ranks in zip(options, ranks, strict=True):
             for shard, rank in zip(option.shards, option_ranks, strict=True):
                 shard.rank = rank
-                row = row_of.get(id(shard.storage))
-                if row is None:
-                    row = row_of[id(shard.storage)] = len(rows)
-                    rows.append((shard.storage.hbm, shard.storage.ddr, shard.storage.ssd))
-                at.append(rank)
-                which.append(row)
         try:
+            used = summed_per_rank((s for option in options for s in option.shards), lambda s: id(s.storage),
+                                   lambda s: (s.storage.hbm, s.storage.ddr, s.storage.ssd), 3, len(reserved.devices),
+                                   np.int64)  # whole bytes
             torchrec_rating = self._perf_model.rate(plan=options)
         finally:
             reset_shard_rank(options)
-        used = np.zeros((len(reserved.devices), 3), dtype=np.int64)
-        table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-        shard_rank, shard_row = np.array(at, dtype=np.int64), np.array(which, dtype=np.int64)
-        for k in range(3):  # whole bytes: the sums are exact in any order
-            np.add.at(used[:, k], shard_rank, table[shard_row, k])
         over = [d.rank for d, u in zip(reserved.devices, used.tolist(), strict=True)
                 if not Storage(hbm=u[0], ddr=u[1], ssd=u[2]).fits_in(d.storage)]
         assert not over, f"the balanced plan overfills ranks {over}"
