@@ -49,4 +49,3 @@ SOURCES: Dict[str, DataSource] = {s.name: s for s in (
                checks=(_DATA + "checks:criteo_layout", _DATA + "checks:criteo_model"),
                describes=_DATA + "lineage:criteo_described"),
 )}
-NAMES = tuple(SOURCES)

@@ -39,4 +39,3 @@ FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("mmoe", "multi-gate mixture of experts over the pooled embeddings, one tower per task",
                 _TRAIN + "build_mmoe", multi_task=True),
 )}
-NAMES = tuple(FAMILIES)

@@ -74,5 +74,4 @@ PROPOSERS: Dict[str, Proposer] = {p.name: p for p in (
     Proposer("uniform", "TorchRec's uniform proposer", builds=_ADAPTER + "grid_search:build_uniform",
              stock=_STOCK + "stock_uniform"),
 )}
-NAMES = tuple(PROPOSERS)
 BALANCED_STARTS = tuple(n for n, p in PROPOSERS.items() if p.balanced_start)

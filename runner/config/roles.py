@@ -77,18 +77,13 @@ def _answer_keys(config: Mapping[str, Any], drop: Tuple[str, ...] = (), prefix: 
         key = f"{prefix}{k}"
         if key in drop:
             continue
-        if isinstance(v, Mapping) and not _leaf_dict(key):
+        if isinstance(v, Mapping) and key != "sharding.constraints":  # not a group: one key's value (per table)
             sub = _answer_keys(v, drop, f"{key}.")
             if sub or role(key) == ANSWER:
                 out[k] = sub
         elif role(key) == ANSWER:
             out[k] = v
     return out
-
-
-def _leaf_dict(key: str) -> bool:
-    """A mapping that is one key's value (per-table constraints), not a group of keys."""
-    return key == "sharding.constraints"
 
 
 def answer(config: Mapping[str, Any]) -> Dict[str, Any]:

@@ -51,7 +51,6 @@ class JobData:
     layout: Layout
     rows: int
     seed: int
-    model_name: str = ""  # ``model.name``, for messages
 
 
 def job_data(cfg: RunnerConfig) -> JobData:
@@ -60,7 +59,7 @@ def job_data(cfg: RunnerConfig) -> JobData:
     from runner.config.schema import samples_per_step
 
     return JobData(cfg.data, SOURCES[cfg.data.name], layout(cfg.model, cfg.data.num_dense_features),
-                   samples_per_step(cfg.train), int(cfg.train.seed), str(cfg.model.name))
+                   samples_per_step(cfg.train), int(cfg.train.seed))
 
 
 def make_batch(lay: Layout, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> Any:

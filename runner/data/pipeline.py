@@ -133,11 +133,6 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
-def _pinned(batches: Iterable[Batch]) -> Iterator[Batch]:
-    for batch in batches:
-        yield batch.pin_memory()
-
-
 def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: int = 0,
                 num_batches: Optional[int] = None, pin: bool = False, low_loops: bool = True) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
@@ -147,7 +142,7 @@ def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: i
     d = data.settings
     batches = source(data, rank, world, eval_split, first, num_batches)
     if pin:
-        batches = _pinned(batches)
+        batches = (batch.pin_memory() for batch in batches)
     if data.source.reads_files:  # generated sources have the same length on every rank; files may not
         batches = AllRanksIterator(batches, "eval" if eval_split else "train", low_loops=low_loops)
     if not eval_split and d.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too

@@ -38,13 +38,9 @@ def source(data: JobData, rank: int, world: int, eval_split: bool, start_batch: 
         return ds
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False,
                                          prefetch_factor=4, multiprocessing_context="fork",
-                                         worker_init_fn=_loader_worker_init)
+                                         worker_init_fn=lambda n: thread_errors_to_log(f"data-worker{n}"))
     # workers' batches interleave round-robin: batch k of this rank is the same in every run
     return _Slice(loader, start_batch, num_batches)
-
-
-def _loader_worker_init(worker_id: int) -> None:
-    thread_errors_to_log(f"data-worker{worker_id}")
 
 
 class _Slice:

@@ -12,6 +12,7 @@ Imported by the agent before torch: nothing here imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -84,10 +85,8 @@ def bind(cores: List[int]) -> None:
     """Bind every thread of this process to ``cores`` (threads started later inherit it)."""
     core_set = set(cores)
     for tid in _thread_ids() or [0]:  # not Linux: this thread
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, core_set)
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 GLOO_LOOP = "gloo_tcp_loop"  # the thread name gloo gives its TCP event loop (one per process group)
@@ -98,12 +97,9 @@ def gloo_loops() -> List[int]:
     """Thread ids of this process's gloo event loops (by the name each loop gives itself once it runs)."""
     found = []
     for tid in _thread_ids():
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith(GLOO_LOOP):
-                    found.append(tid)
-        except OSError:  # a thread that ended meanwhile
-            continue
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:  # OSError: a thread that ended
+            if f.read().startswith(GLOO_LOOP):
+                found.append(tid)
     return found
 
 
@@ -131,9 +127,7 @@ def lower_gloo_loops(expect: int, wait_s: float = 2.0) -> int:
         time.sleep(0.005)
         tids = gloo_loops()
     for tid in tids:
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             if os.getpriority(os.PRIO_PROCESS, tid) < LOW_NICE:
                 os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)  # Linux: per thread
-        except OSError:  # a thread that ended meanwhile
-            continue
     return len(tids)

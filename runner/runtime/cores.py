@@ -96,9 +96,7 @@ def plan_batch_size(mode: str, launcher: DictConfig, points: int, pooled: bool) 
     :mod:`runner.plan.torchrec_adapter.enumeration_reuse` redoes the perf estimate once per bandwidth pair a
     process meets instead of at nearly every point. None when it does not apply (training sweeps, one process, or
     ``batch_size`` already set). ``launcher``: the composed ``hydra.launcher``."""
-    if mode != "plan" or not pooled:
-        return None
-    if str(launcher.get("batch_size", "auto")) != "auto":
+    if mode != "plan" or not pooled or str(launcher.get("batch_size", "auto")) != "auto":
         return None
     jobs = parallel_jobs(launcher)
     return -(-points // jobs) if 1 < jobs < points else None
@@ -165,7 +163,5 @@ def return_freed_memory() -> None:
     """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``): arrays freed by the gigabyte stay
     in this process's footprint otherwise, and what is allocated next (Python's own objects) does not reuse them.
     Nothing where the C library has no such call."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

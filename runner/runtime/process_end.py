@@ -78,12 +78,14 @@ def exit_now(code: object) -> NoReturn:
     if shutdown is not None and threading.current_thread() is threading.main_thread():
         shutdown()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (e.g. `| head`): nothing more can be said there
-            pass
+    _flush_output()
     os._exit(code)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (e.g. `| head`): nothing more can be said there
+            stream.flush()
 
 
 def fork_helper(work: Callable[[], None], env_var: str = "RUNNER_PLAN_HELPER_PARENT") -> int:
@@ -129,9 +131,7 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
     then ends, whatever happens (no interpreter teardown; stop signals at their defaults, those ignored here left
     ignored; ended when this process dies); ``(pid, fd)`` for :func:`answer_of`. Raises ``OSError`` where the fork
     fails (nothing left open)."""
-    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    _flush_output()  # nothing buffered here is written twice
     read, write = os.pipe()
     try:
         pid = os.fork()
@@ -156,9 +156,7 @@ def fork_answer(work: Callable[[], Any], env_var: str = "RUNNER_PLAN_HELPER_PARE
             except Exception as exc:  # noqa: BLE001 - what does not pickle: its type and line
                 what, where = (answer[1], answer[2]) if answer[0] == "raised" else (exc, traceback.format_exc())
                 data = pickle.dumps(("raised", RuntimeError(f"{type(what).__name__}: {what}"), where))
-            for stream in (sys.stdout, sys.stderr):  # a closed pipe (`| head`) must not keep this process going
-                with contextlib.suppress(OSError, ValueError):
-                    stream.flush()
+            _flush_output()  # a closed pipe (`| head`) must not keep this process going
             with os.fdopen(write, "wb") as pipe:  # its length first: a fork of this process may hold the pipe open
                 pipe.write(len(data).to_bytes(8, "little") + data)
         finally:

@@ -108,8 +108,7 @@ def error_records(run_dir: Path) -> list:
     """Every record in ``errors/``, and in the other nodes' folders (:func:`node_error_files`) of a scheduler's job
     when they share the folder (unreadable ones skipped)."""
     files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + node_error_files(run_dir)
-    found = (read_json(f) for f in files)
-    return [r for r in found if isinstance(r, dict)]
+    return [r for r in map(read_json, files) if isinstance(r, dict)]
 
 
 PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the same folder

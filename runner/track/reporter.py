@@ -57,10 +57,8 @@ class Reporter:
     def failed(self, exc: BaseException) -> None:
         """The job failed (``exc``) or was stopped: what rank 0 reported before is kept."""
         with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
-            try:
+            with contextlib.suppress(OSError):  # a full run folder: the job's error says so; what was written stays
                 self.flush()
-            except OSError:  # a full run folder: the job's error says so; what was written stays
-                pass
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
         if self._sink is not None:
@@ -164,9 +162,6 @@ class Reporter:
               "and hashed into range (data.hash_ids=true)", flush=True)
         self._log({"data/ids_hashed_fraction": fraction}, self.steps)
 
-    def eval_metrics(self, step: int, metrics: Dict[str, float]) -> None:
-        self._log(metrics, step)
-
     def checkpointed(self, step: int, path: Path, metrics: Dict[str, float]) -> None:
         self.extra["checkpoint"] = str(path)
         self._tags({"runner.last_checkpoint": str(path)})
@@ -213,7 +208,8 @@ class Reporter:
         finally:
             bar.close()
 
-    def train_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+    def step_metrics(self, step: int, metrics: Dict[str, float]) -> None:
+        """A training step's or an evaluation's metrics."""
         self._log(metrics, step)
 
     def finish(self, result: Any, eval_metrics: Dict[str, float], world: int) -> Dict[str, Any]:

@@ -64,11 +64,6 @@ def device_sync(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _mean_across_ranks(sums: torch.Tensor) -> List[float]:
-    dist.all_reduce(sums)
-    return (sums / dist.get_world_size()).tolist()  # the host waits for the device here, at log steps only
-
-
 def _task_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each task's BCE of one step (multi-task models: logits and labels are (batch, tasks))."""
     return torch.nn.functional.binary_cross_entropy_with_logits(
@@ -162,7 +157,8 @@ def _log(window: _Window, step: int, last: bool, rates: tuple, tasks: List[str],
     first = window.steps
     nonfinite = window.first_nonfinite() if check_finite else None  # before close() resets the window
     window_means, steps, elapsed = window.close(last)
-    means = _mean_across_ranks(window_means)
+    dist.all_reduce(window_means)
+    means = (window_means / dist.get_world_size()).tolist()  # the host waits for the device here, at log steps only
     if check_finite and not math.isfinite(means[0]):
         _stop_nonfinite(nonfinite, step - first + 1, means[0], result, loss_scale)
     metrics = {"train/loss": means[0], "train/samples_per_s": samples * steps / max(elapsed, 1e-9),

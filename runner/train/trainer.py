@@ -114,7 +114,7 @@ class Trainer:
     def evaluate_and_save(self, step: int) -> None:
         """A checkpoint during training: evaluated first, so the best one can be kept."""
         metrics = self.evaluate()
-        self.reporter.eval_metrics(step, metrics)
+        self.reporter.step_metrics(step, metrics)
         self.save(step, metrics)
         self.stop = self.pruning.should_stop(step, metrics)
 
@@ -125,7 +125,7 @@ class Trainer:
         train_data = self.data(cfg.train.steps, False, start)
         try:
             with reporter.progress(cfg.train.steps, start) as bar:
-                hooks = LoopHooks(reporter.train_metrics, bar, self.checkpointer.due, self.evaluate_and_save,
+                hooks = LoopHooks(reporter.step_metrics, bar, self.checkpointer.due, self.evaluate_and_save,
                                   lambda: self.stop)
                 result = train(self.dmp, self.optimizer, train_data, start, cfg.train.steps, self.device, cfg.train,
                                cfg.optimizer, list(cfg.model.tasks), hooks, self.loss_scale)

@@ -89,12 +89,6 @@ def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Op
 _JOBS = itertools.count()
 
 
-def _mark_start() -> None:
-    """Workers measure start-up from ``RUNNER_START_UNIX``: the command's start for its first job,
-    this job's start for later jobs of a sweep."""
-    os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
-
-
 def _plan_choices() -> Any:
     """This plan-only point's share of a sweep planned together (:mod:`runner.launch.sweep.plan_together`), or None
     (no such sweep; TorchRec's stock planner: no plan reused); asked inside the job's cores and its run's error
@@ -227,7 +221,8 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
         from runner.data.writer import write_data
 
         return write_data(cfg)
-    _mark_start()
+    # workers measure start-up from it: the command's start for its first job, this job's for a sweep's later jobs
+    os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(hydra_job, config)

@@ -12,6 +12,7 @@ report, logs what the sweep found, and ends the parent FINISHED, or FAILED namin
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 import uuid
@@ -133,7 +134,7 @@ def stopped_line(sweep_dir: Path, points: List[PointOutcome]) -> str:
     """The last line of a sweep stopped by ``sweep.max_failures``: its failures, their common reason when they
     share one, the points stopped or never run, and the command that runs the rest."""
     failed = sweep_stop.failed_points(sweep_dir)
-    reasons = {_without_rank(str(f["error"])) for f in failed}
+    reasons = {re.sub(r"rank \d+( on node \d+)? failed: ", "", str(f["error"])) for f in failed}  # any rank's
     common = f", all with: {reasons.pop()}" if len(reasons) == 1 and len(failed) > 1 else (
         f": {failed[0]['error']}" if len(failed) == 1 else "")
     stopped = [p for p in points if p.status == "KILLED"]
@@ -141,13 +142,6 @@ def stopped_line(sweep_dir: Path, points: List[PointOutcome]) -> str:
     return (f"the sweep stopped after {len(failed)} failed point(s) (jobs {', '.join(str(f['job']) for f in failed)})"
             f"{common}; {len(stopped) + len(rest)} point(s) stopped or not run; fix the cause, then run the rest: "
             f"python -m runner resume {sweep_dir}")
-
-
-def _without_rank(line: str) -> str:
-    """A failure's line without the rank and node that reported it (the same cause on another rank)."""
-    import re
-
-    return re.sub(r"rank \d+( on node \d+)? failed: ", "", line)
 
 
 class SweepParentRun(Callback):

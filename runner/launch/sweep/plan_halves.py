@@ -36,8 +36,9 @@ def plan_in_halves(count: int, plan_point: Callable[[int, bool], Tuple[Optional[
         # the fork failed: planned here
         answers.update({i: (i, *plan_point(i, True)) for i in later if i not in answers})
     finally:
-        if pid is not None:
-            _end(pid, conn)
+        if pid is not None and conn is not None:  # (both or neither)
+            conn.close()
+            reap(pid, kill=True)  # done (it has sent all) or given up on
     return [answers[i] for i in range(count)]
 
 
@@ -65,8 +66,3 @@ def _collect(pid: Optional[int], conn: Any, points: List[int]) -> List[Answer]:
         while len(out) < len(points) and conn.poll(ANSWER_TIMEOUT_S):
             out.append(conn.recv())
     return out
-
-
-def _end(pid: int, conn: Any) -> None:
-    conn.close()
-    reap(pid, kill=True)  # done (it has sent all) or given up on

@@ -233,9 +233,8 @@ def _check_sweeper(sweeper: DictConfig, objective: ObjectiveSchema, mode: str) -
     if len(asked) > 1 and sweeper.get("pruner"):
         return ("hydra/sweeper/pruner stops a trial on one metric; a multi-objective study "
                 "(tracking.objective.more_metrics) cannot be pruned: leave the pruner out")
-    for w in asked:
-        if w not in ("minimize", "maximize"):
-            return f"hydra.sweeper.direction={w!r} is not allowed; expected minimize or maximize (or a list of them)"
+    if wrong := next((w for w in asked if w not in ("minimize", "maximize")), None):
+        return f"hydra.sweeper.direction={wrong!r} is not allowed; expected minimize or maximize (or a list of them)"
     if [w[:3] for w in asked] != [d for _, d in returned]:
         better = [("maximize" if d == "max" else "minimize") for _, d in returned]
         return (f"hydra.sweeper.direction={shown} but tracking.objective is {names}; set "
@@ -247,8 +246,6 @@ def _check_sweeper(sweeper: DictConfig, objective: ObjectiveSchema, mode: str) -
 def _check_launcher(combo: List[str], config_name: Optional[str]) -> Optional[str]:
     """A scheduler's launch (Slurm's): what its nodes must reach (the store, the sweep folder), before anything is
     submitted."""
-    from runner.launch import schedulers
-
     scheduler = schedulers.of_command(combo)
     if scheduler.launcher is None:
         return None

@@ -15,7 +15,6 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, cast
 
-DRY_RUN = "--dry-run"
 LIMIT = 500  # points listed at most (the rest are counted)
 
 
