@@ -10,6 +10,7 @@ says so.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -91,12 +92,10 @@ def hold(folder: Path, kind: str = "sweep") -> Optional[str]:
         raise FolderBusy(f"the sweep folder {folder} is in use by {who}; wait for it to end (or stop it), then "
                          f"run again or resume it: python -m runner resume {folder}") from None
     before = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-    try:
+    with contextlib.suppress(OSError):  # a full disk: the lock holds without its holder's name
         line = f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode()
         os.pwrite(fd, line, 0)  # written over the old line, then cut: the file never reads empty
         os.ftruncate(fd, len(line))
-    except OSError:  # a full disk: the lock holds without its holder's name
-        pass
     _HELD[key] = fd
     if kind == "sweep" and before is not None and before != os.getpid() and not _alive(before):
         return f"[runner] the sweep folder's lock was held by process {before}, which is gone: taken over"

@@ -7,6 +7,7 @@ to be used; the world's shape (nodes, workers per node) is recorded beside them 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from typing import TYPE_CHECKING, Any, Dict, Optional
@@ -20,13 +21,10 @@ MATCHED = ("device_kind", "device_name", "torch", "fbgemm", "torchrec", "cuda")
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``'s first ``model name``), else the platform's processor."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -76,10 +74,8 @@ def mismatch(theirs: Dict[str, Any], ours: Dict[str, Any], world_matters: bool) 
     words (``device_name 'X' here, 'Y' in the calibration``); None when it can be used. ``world_matters``: the
     world's shape must match too (a job that runs here; a plan for another cluster takes any shape)."""
     keys = MATCHED + (("nodes", "workers_per_node") if world_matters else ())
-    for key in keys:
-        if theirs.get(key) != ours.get(key):
-            return f"{key} {ours.get(key)!r} here, {theirs.get(key)!r} in the calibration"
-    return None
+    return next((f"{key} {ours.get(key)!r} here, {theirs.get(key)!r} in the calibration" for key in keys
+                 if theirs.get(key) != ours.get(key)), None)
 
 
 def build_note(torch_cuda: Optional[str], gpus: int, nvidia_mib: float) -> str:

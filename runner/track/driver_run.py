@@ -11,6 +11,7 @@ the job's ``MlflowRun`` (:func:`runner.track.mlflow_run.torchrun_run`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -156,20 +157,16 @@ def record_requeued(run_dir: Path, job: str, attempt: int, scheduler: str = "the
     info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
     if not info.get("run_id"):
         return
-    try:
+    with contextlib.suppress(Exception):  # the earlier run keeps its status; the new attempt runs all the same
         if store.client(info["tracking_uri"]).get_run(info["run_id"]).info.status in ("KILLED", "RUNNING"):
             store.end_run(info["tracking_uri"], info["run_id"], "FAILED",
                           f"{scheduler} requeued job {job} after it lost a node (attempt {attempt} follows)")
-    except Exception:  # noqa: BLE001 - the earlier run keeps its status; the new attempt runs all the same
-        pass
 
 
 def _retire(uri: str, old: str, parent: str, new: str) -> None:
     """A sweep's point run again (a resumed sweep): its earlier run under the same parent is deleted (MLflow's
     soft delete, restorable from the UI's deleted runs), so that the parent keeps one child per point."""
-    try:
+    with contextlib.suppress(Exception):  # the earlier run stays; the new one is recorded all the same
         if store.client(uri).get_run(old).data.tags.get("mlflow.parentRunId") == parent:
             store.client(uri).delete_run(old)
             store.set_tags(uri, new, {"runner.replaces": old})
-    except Exception:  # noqa: BLE001 - the earlier run stays; the new one is recorded all the same
-        pass

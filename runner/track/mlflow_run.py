@@ -11,6 +11,7 @@ thread. Either way a store that is away keeps the reports and the ending in the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -148,15 +149,13 @@ class MlflowRun:
             tags["mlflow.note.content"] = f"{tags.get('mlflow.note.content', '')}\n\n{section}".strip()
             rundir.update_json(self.run_dir / rundir.RUN_INFO, pending=self.pending)
             return
-        try:
+        with contextlib.suppress(Exception):  # an outage: the run keeps its Description without the section
             note = store.NOTE_OF.get(self.run_id or "")
             if note is None:
                 note = store.client(self.uri).get_run(self.run_id).data.tags.get("mlflow.note.content", "")
             note = f"{note}\n\n{section}".strip()
             store.set_tags(self.uri, self.run_id, {"mlflow.note.content": note})
             store.NOTE_OF[self.run_id or ""] = note
-        except Exception:  # noqa: BLE001 - an outage: the run keeps its Description without the section
-            pass
 
     def report_last(self, files: Sequence[Path], artifact_path: Optional[str],
                     params: Optional[Mapping[str, str]] = None) -> None:

@@ -168,24 +168,15 @@ def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
     client(uri).log_batch(run_id, params=[Param(k, redact_value(k, str(v))) for k, v in params.items()])
 
 
-def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int) -> None:
-    log_metric_points(uri, run_id, [(metrics, step)])
-
-
-def metric_entities(points: Iterable[Tuple[Any, ...]]) -> list:
-    """MLflow metrics of several steps, ``(metrics, step[, unix ms measured])`` each (no time: now)."""
+@_store_write
+def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
+    """Metrics of several steps, ``(metrics, step[, unix ms measured])`` each (no time: now), in as few store
+    transactions as MLflow's batch limit allows (MLflow's ``log_batch`` splits the list)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    return [Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
-            for p in points for k, v in p[0].items()]
-
-
-@_store_write
-def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
-    """Metrics of several steps in as few store transactions as MLflow's batch limit allows (MLflow's
-    ``log_batch`` splits the list)."""
-    client(uri).log_batch(run_id, metrics=metric_entities(points))
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
+                                           for p in points for k, v in p[0].items()])
 
 
 @_store_write

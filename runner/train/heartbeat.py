@@ -9,6 +9,7 @@ driver's root cause names that rank and its node (:mod:`runner.launch.processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -34,11 +35,9 @@ def start(run_dir: Path, rank: int, node: int) -> None:
 
     def beat() -> None:
         while True:
-            try:
+            with contextlib.suppress(OSError):  # a full or vanished run folder: the job's own error says so
                 temporary.write_text(f"{time.time()} {node}")
                 os.replace(temporary, path)
-            except OSError:  # a full or vanished run folder: the job's own error says so
-                pass
             time.sleep(BEAT_S)
 
     threading.Thread(target=beat, name="runner-heartbeat", daemon=True).start()

@@ -7,6 +7,7 @@ folder (the driver reports the earliest: the root cause, not its peers' broken c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -185,10 +186,8 @@ def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
         if dist.get_backend() == "nccl" else dist.destroy_process_group
 
     def quietly() -> None:
-        try:
+        with contextlib.suppress(Exception):  # peers that already stopped can make this raise
             end()
-        except Exception:  # noqa: BLE001 - peers that already stopped can make this raise
-            pass
 
     ender = threading.Thread(target=quietly, name="end-process-group", daemon=True)
     ender.start()
@@ -204,10 +203,8 @@ def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
     if heartbeat.is_collective_timeout(exc) and rank.isdigit():
         record["error"], silent = heartbeat.timeout_line(run_dir, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
         record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
-    try:
+    with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
         rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
-    except OSError:  # a full run folder: the driver's own line names it
-        pass
 
 
 def run_guarded(run_dir: Path, pg_timeout_s: float, life: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:

@@ -170,11 +170,7 @@ def task_of(name: str) -> Tuple[Scheduler, Optional[Task]]:
         if task is None and scheduler.has_tasks:
             raise scheduler.no_task()
         return scheduler, task
-    for scheduler in registered().values():
-        task = scheduler.task()
-        if task is not None:
-            return scheduler, task
-    return named("local"), None
+    return next(((s, found) for s in registered().values() if (found := s.task()) is not None), (named("local"), None))
 
 
 def early_signals() -> List[int]:
