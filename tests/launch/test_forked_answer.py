@@ -160,3 +160,34 @@ def test_a_fork_keeps_a_stop_signal_this_process_ignores_ignored_and_the_others_
         assert answer_of(pid, fd, lambda: None) == (signal.SIG_IGN, signal.SIG_DFL)
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_an_estimating_fork_is_ended_and_reaped_where_this_process_s_half_fails(monkeypatch) -> None:
+    from runner.plan.torchrec_adapter import parallel_estimates
+
+    class Option:
+        def __init__(self) -> None:
+            self.shards: list = []
+
+    here = os.getpid()
+    started: list = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            started.append(pid)
+        return pid
+
+    class Estimator:
+        def estimate(self, chunk: list, **_: object) -> None:
+            if os.getpid() == here:
+                raise RuntimeError("an estimator failed")
+            time.sleep(60)  # the fork's half: would outlive the plan if left
+
+    monkeypatch.setattr(parallel_estimates, "may_fork", lambda: True)
+    monkeypatch.setattr(os, "fork", fork)
+    before = _open_fds()
+    with pytest.raises(RuntimeError, match="an estimator failed"):
+        parallel_estimates.estimate([Estimator()], [Option() for _ in range(10)], {}, fork_min=2)
+    assert len(started) == 1 and _gone(started[0]) and _open_fds() == before

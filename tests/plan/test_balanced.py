@@ -282,3 +282,32 @@ def test_the_configuration_bound_knows_shards_are_whole() -> None:
     spread = Problem([[Choice(UNIFORM, np.array([0.1, 0.1]), np.array([[1, 0], [1, 0]]))]] * 20,
                      np.array([[99, 0], [99, 0]]), 1)  # no shard of T/16 or more, to be placed whole: volume alone
     assert lower_bound_of(spread) == (pytest.approx(2.0, rel=1e-5), "mean rank")
+
+
+def test_a_plan_that_fails_after_its_bound_fork_started_leaves_no_process(monkeypatch) -> None:
+    """The lower bound's fork (started beside the search) is ended and reaped when the plan fails, not left
+    computing until this process's next plan."""
+    import os
+
+    from runner.config.errors import PlanError
+    from runner.plan.torchrec_adapter.balanced import balanced_planner, bound_ahead
+
+    started: List[int] = []
+    start = bound_ahead.start_bound
+
+    def recorded(*args, **kwargs) -> None:
+        start(*args, **kwargs)
+        started.append(bound_ahead._AHEAD[2])
+
+    def no_placement(*_, **__):
+        raise ValueError("no start")
+
+    monkeypatch.setattr(bound_ahead, "start_bound", recorded)
+    monkeypatch.setattr(balanced_planner, "may_fork", lambda: True)
+    monkeypatch.setattr(balanced_planner, "search", no_placement)
+    cfg = cfg_for(*BASE, "model.generated_tables.count=8", "sharding.balanced_compare=[]")
+    with pytest.raises(PlanError):
+        make_plan(plan_spec(cfg), planning_model(cfg), 16, 8, "cuda")
+    assert len(started) == 1 and not bound_ahead._AHEAD
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started[0], os.WNOHANG)  # reaped

@@ -65,8 +65,11 @@ class BalancedPlanner(SearchLoopPlanner):
     def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         if self.plan_loader is not None:
             return super().plan(module, sharders)
-        with quick_copies(), collector_paused():
-            return self._plan_balanced(module, sharders)
+        try:
+            with quick_copies(), collector_paused():
+                return self._plan_balanced(module, sharders)
+        finally:  # the bound's fork, where the plan failed or nothing took its bound, ended now: not left for
+            bound_ahead.end_bound_fork()  # the next plan of this process to reap
 
     def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         start_time = time.perf_counter()
