@@ -69,6 +69,8 @@ def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
     def plan_point(i: int, report: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
         return _plan_point(i, points[i][1], points[i][2], len(points), t0, progress if report else None, tty and report)
 
+    import scipy.optimize  # noqa: F401  (the points' bound forks find it imported: 0.5 s each otherwise)
+
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
         for i, entry, facts in plan_in_halves(len(points), plan_point, may_fork()):
