@@ -157,14 +157,14 @@ def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     return objective_value(job.objectives, None)  # its outcome is read from every point's status
 
 
-def _say_progress(sweep_dir: Optional[Path], job: int, outcome: str) -> None:
-    """The sweep's progress and this point's outcome in one line, once the outcome is recorded
-    (:mod:`runner.launch.sweep.progress`)."""
+def _say_progress(sweep_dir: Optional[Path], num: int, outcome: str) -> None:
+    """The sweep's progress and the outcome of its point ``num`` (Hydra's job number) in one line, once the outcome
+    is recorded (:mod:`runner.launch.sweep.progress`)."""
     from runner.launch.sweep.progress import progress_line
 
     line = progress_line(sweep_dir) if sweep_dir is not None else None
     if line:
-        print(f"{line} | {outcome if outcome.startswith(f'job {job} ') else f'job {job}: {outcome}'}", flush=True)
+        print(f"{line} | {outcome if outcome.startswith(f'job {num} ') else f'job {num}: {outcome}'}", flush=True)
 
 
 def _kept(job: _Job) -> Optional[Dict[str, Any]]:
