@@ -174,10 +174,10 @@ class ClusterSchema:
     node_rank: Optional[int] = None
     """This host's node rank on a real multi-node job. Unset: all nodes run on this host."""
     scheduler: str = "auto"
-    """``auto``: a task of a scheduler's job (Slurm's: ``hydra/launcher=slurm``, or ``srun python -m runner``)
-    takes its node rank, rendezvous host and port from the scheduler | ``slurm``: the same, and an error outside
-    Slurm | ``local`` (or ``none``): ignore any scheduler's environment (all nodes on this host, or
-    ``cluster.node_rank`` by hand). The schedulers are :mod:`runner.launch.schedulers`' (checked there)."""
+    """``auto``: a task of a scheduler's job takes its node rank, rendezvous host and port from that scheduler |
+    a scheduler's name: the same, and an error outside its jobs | ``local`` (or ``none``): ignore any scheduler's
+    environment (all nodes on this host, or ``cluster.node_rank`` by hand). The names, and how each scheduler
+    submits (its ``hydra/launcher``), are :mod:`runner.launch.schedulers`' (checked there; docs/clusters.md)."""
     pg_timeout_s: int = 300
     """Process-group (collective) timeout, seconds."""
     max_restarts: int = 0
