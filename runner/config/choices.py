@@ -40,7 +40,5 @@ def said_of(f: dataclasses.Field) -> Dict[str, str]:
 
 
 def describe(values: Sequence[str], null: bool, said: Mapping[str, str] = {}) -> str:
-    if said:  # "a: what a is; b: ..."
-        return ("null or " if null else "") + "one of " + "; ".join(f"{v}: {said[v]}" if v in said else v
-                                                                   for v in values)
-    return ("null or " if null else "") + "one of " + ", ".join(values)
+    joined = ("; " if said else ", ").join(f"{v}: {said[v]}" if v in said else v for v in values)  # "a: what a is; b"
+    return ("null or " if null else "") + "one of " + joined

@@ -145,6 +145,4 @@ def one_line(exc: BaseException) -> str:
         kind = f"{exc.scheduler} error"
     text = str(exc)
     message = _original(text) if text.startswith("Caught ") and "Original Traceback" in text else first_line(exc)
-    if not message:
-        message = type(exc).__name__
-    return f"{kind}: {message}"
+    return f"{kind}: {message or type(exc).__name__}"

@@ -22,11 +22,7 @@ _PAIR = re.compile(r"^([^=()\s]+)=pair\((.*)\)$")
 
 def rewrite(args: Sequence[str]) -> List[str]:
     """``key=pair(a,b,c)`` as ``key=tag(pair,choice(a,b,c))``; every other argument as it is."""
-    out = []
-    for a in args:
-        m = _PAIR.match(a)
-        out.append(f"{m.group(1)}=tag({PAIR_TAG},choice({m.group(2)}))" if m else a)
-    return out
+    return [f"{m.group(1)}=tag({PAIR_TAG},choice({m.group(2)}))" if (m := _PAIR.match(a)) else a for a in args]
 
 
 def is_paired(override: object) -> bool:
@@ -55,13 +51,7 @@ def pair_axes(values: List[List[str]], paired: List[bool]) -> List[List[str]]:
                               f"paired axes of the same length (pair() takes values position by position: give "
                               f"{a} and {b} as many values each)")
     zipped = [_JOIN.join(parts) for parts in zip(*group, strict=True)]
-    out: List[List[str]] = []
-    for v, p in zip(values, paired, strict=True):
-        if not p:
-            out.append(v)
-        elif v is first:
-            out.append(zipped)
-    return out
+    return [zipped if p else v for v, p in zip(values, paired, strict=True) if not p or v is first]
 
 
 def point(combo: Sequence[str], order: Sequence[str]) -> List[str]:

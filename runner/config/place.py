@@ -43,11 +43,9 @@ class Place:
         itself unchanged)."""
         from omegaconf import OmegaConf
 
-        cluster: Dict[str, Any] = {"scheduler": self.scheduler}
-        for key in ("node_rank", "master_addr", "master_port"):
-            if getattr(self, key) is not None:
-                cluster[key] = getattr(self, key)
-        changes: Dict[str, Any] = {"cluster": cluster}
+        given = {key: getattr(self, key) for key in ("node_rank", "master_addr", "master_port")}
+        changes: Dict[str, Any] = {"cluster": {"scheduler": self.scheduler,
+                                               **{k: v for k, v in given.items() if v is not None}}}
         if self.checkpoint_dir is not None:
             changes["train"] = {"checkpoint": {"dir": self.checkpoint_dir}}
         return freeze(cast("RunnerConfig", OmegaConf.merge(cfg, changes)))

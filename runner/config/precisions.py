@@ -57,10 +57,7 @@ def in_hardware(autocast: Optional[str], capability: Tuple[int, int]) -> bool:
 
 def autocast_notes() -> Dict[str, str]:
     """What ``--help`` says of each autocast dtype beyond its name."""
-    notes = {}
-    for a in AUTOCASTS.values():
-        said = (["with loss scaling"] if a.loss_scaling else []) + (
-            [f"GPUs from compute capability {'.'.join(map(str, a.hardware_from))}"] if a.hardware_from else [])
-        if said:
-            notes[a.name] = ", ".join(said)
-    return notes
+    said = {a.name: (["with loss scaling"] if a.loss_scaling else []) + (
+        [f"GPUs from compute capability {'.'.join(map(str, a.hardware_from))}"] if a.hardware_from else [])
+        for a in AUTOCASTS.values()}
+    return {name: ", ".join(words) for name, words in said.items() if words}

@@ -63,11 +63,7 @@ ROLE_NOTES = {RECORD: "recording only: not part of the answer", SWEEP: "steers t
 def role(key: str) -> str:
     """The role of ``key`` (dotted); a key the table does not name (an experiment's own) counts as ``answer``."""
     parts = key.split(".")
-    for n in range(len(parts), 0, -1):
-        found = ROLES.get(".".join(parts[:n]))
-        if found is not None:
-            return found
-    return ANSWER
+    return next((ROLES[p] for n in range(len(parts), 0, -1) if (p := ".".join(parts[:n])) in ROLES), ANSWER)
 
 
 def _answer_keys(config: Mapping[str, Any], drop: Tuple[str, ...] = (), prefix: str = "") -> Dict[str, Any]:

@@ -44,10 +44,9 @@ def redact_uri(uri: str) -> str:
 def credentials_to_environment(uri: str) -> str:
     """``uri`` without its credentials, which go to MLflow's variables (those already set are kept)."""
     bare, user, password = split_credentials(uri)
-    if user is not None:
-        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", user)
-    if password is not None:
-        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
+    for name, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+        if value is not None:
+            os.environ.setdefault(name, value)
     return bare
 
 

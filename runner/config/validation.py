@@ -134,8 +134,8 @@ def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
     _check(s.balanced_work > 0, "sharding.balanced_work", s.balanced_work, "a positive number of evaluations")
     _check(s.balanced_patience >= 0, "sharding.balanced_patience", s.balanced_patience, "a number of evaluations >= 0")
     _check(s.balanced_gap >= 0, "sharding.balanced_gap", s.balanced_gap, "a fraction >= 0")
-    _check(s.dp_hbm_bins > 0, "sharding.dp_hbm_bins", s.dp_hbm_bins, "a positive integer")
-    _check(s.grid_max_proposals > 0, "sharding.grid_max_proposals", s.grid_max_proposals, "a positive integer")
+    for key in ("dp_hbm_bins", "grid_max_proposals"):
+        _check(getattr(s, key) > 0, f"sharding.{key}", getattr(s, key), "a positive integer")
     for table in s.constraints:
         c = table_constraint(s, table)
         check_choices(TableConstraintSchema, c, f"sharding.constraints.{table}.")
@@ -168,8 +168,8 @@ def _validate_optimizer(o: OptimizerSchema) -> None:
 
 
 def _validate_cluster(c: ClusterSchema) -> None:
-    _check(c.nodes >= 1, "cluster.nodes", c.nodes, "an integer >= 1")
-    _check(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "an integer >= 1")
+    for key in ("nodes", "workers_per_node"):
+        _check(getattr(c, key) >= 1, f"cluster.{key}", getattr(c, key), "an integer >= 1")
     for key in ("intra_node_bandwidth", "cross_node_bandwidth"):
         v = getattr(c, key)
         _check(v is None or v > 0, f"cluster.{key}", v, "null (measured, or TorchRec's default) or a positive "
@@ -186,12 +186,10 @@ def _validate_cluster(c: ClusterSchema) -> None:
 
 
 def _validate_run(p: PrecisionSchema, d: DataSchema, t: TrainSchema) -> None:
-    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "an integer >= 0")
-    _check(d.prefetch_batches >= 0, "data.prefetch_batches", d.prefetch_batches, "an integer >= 0")
-    for key in ("write_rows", "write_files", "write_eval_rows"):
+    for key in ("num_workers", "prefetch_batches"):
+        _check(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
+    for key in ("write_rows", "write_files", "write_eval_rows", "num_dense_features", "eval_batches"):
         _check(getattr(d, key) > 0, f"data.{key}", getattr(d, key), "a positive integer")
-    _check(d.num_dense_features > 0, "data.num_dense_features", d.num_dense_features, "a positive integer")
-    _check(d.eval_batches > 0, "data.eval_batches", d.eval_batches, "a positive integer")
     _check(d.label_noise > 0, "data.label_noise", d.label_noise, "a positive number")
     _check(d.ids_per_feature >= 1, "data.ids_per_feature", d.ids_per_feature, "an integer >= 1")
     _check(0 <= d.zipf_alpha <= 5, "data.zipf_alpha", d.zipf_alpha, "0 (uniform) or an exponent in (0, 5]")

@@ -172,9 +172,7 @@ def _cached_load(path: str, mtime_ns: int) -> Calibration:
     return load_calibration(path)
 
 
-@functools.lru_cache(maxsize=8)
-def _fingerprint(device_kind: str, nodes: int, workers: int, device: Optional[torch.device]) -> Dict[str, Any]:
-    return fingerprint(device_kind, nodes, workers, device)
+_fingerprint = functools.lru_cache(maxsize=8)(fingerprint)
 
 
 def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool,
@@ -252,10 +250,9 @@ def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Op
     h2d = (c.get("uvm_caching") or {}).get("hbm_to_ddr_gibps")
     if device_kind == "cuda" and h2d:  # the UVM-caching kernel, measured on a GPU
         knobs["hbm_to_ddr_mem_bw"] = float(h2d) * GIB / 1000.0
-    if intra_gibps is None and c.get("intra_node_bandwidth"):
-        bandwidths["intra"] = float(c["intra_node_bandwidth"])
-    if cross_gibps is None and c.get("cross_node_bandwidth"):
-        bandwidths["cross"] = float(c["cross_node_bandwidth"])
+    for side, configured in (("intra", intra_gibps), ("cross", cross_gibps)):
+        if configured is None and c.get(f"{side}_node_bandwidth"):
+            bandwidths[side] = float(c[f"{side}_node_bandwidth"])
     reduce = c.get("collectives", {}).get("all_reduce", {}).get("intra")
     if cross_gibps is None and world <= local and reduce:
         bandwidths["cross"] = float(reduce["bandwidth_gibps"]) / max(local, 1)

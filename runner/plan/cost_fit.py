@@ -148,8 +148,7 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
                 points.append({"bytes": float(size), "ms": median_ms(worst)})
             constants["collectives"].setdefault(name, {})[scope] = fit_collective(points)
     a2a = constants["collectives"].get("all_to_all", {})
-    constants["intra_node_bandwidth"] = a2a.get("intra", {}).get("bandwidth_gibps")
-    constants["cross_node_bandwidth"] = a2a.get("cross", {}).get("bandwidth_gibps")
+    constants.update({f"{s}_node_bandwidth": a2a.get(s, {}).get("bandwidth_gibps") for s in ("intra", "cross")})
     kernel_points = []
     for k in measured["kernels"]:
         fwd, bwd = _pooled(k["fwd"]), _pooled(k["bwd"])
@@ -199,7 +198,7 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, floa
 
 def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -> float:
     """Every fitted part of the tiny-table job's step at ``batch`` (see :func:`step_overhead`)."""
-    from runner.plan.step_estimate import DenseFacts, dense_ms
+    from runner.plan.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
 
     world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
@@ -210,16 +209,10 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -
                   + 2 * batch * world * d * 4 * 1000.0 / (a2a["bandwidth_gibps"] * GIB) for d in job["dims"]) / world
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
-
-    def rate(fit: Dict[str, float], size: float) -> float:
-        return fit["fixed_ms"] + fit["ms_per_unit"] * size
-    tw = c.get("sharded", {}).get("table_wise", {})
-    tables = len(job["dims"])
-    return (lookups + sum(tw[p]["fixed_ms"] + tw[p]["per_table_ms"] * tables
-                          + tw[p]["ms_per_table_ksample"] * tables * batch / 1000.0 for p in ("fwd", "bwd") if p in tw)
-            + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + rate(c["optimizer"], params / 1e6)
+    return (lookups + sum(lookups_ms(c, {"table_wise": len(job["dims"])}, batch).values())
+            + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6)
             + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
-            + (rate(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
+            + (fitted_ms(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
 
 
 def fit_linear(constants: Dict[str, Any], measured: Dict[str, Any]) -> None:

@@ -61,10 +61,9 @@ def _from_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("enforce_hbm", "stochastic_rounding"):
         if key in settings:
             kwargs[key] = bool(settings[key])
-    if "bounds_check_mode" in settings:
-        kwargs["bounds_check_mode"] = BoundsCheckMode[settings["bounds_check_mode"]]
-    if "output_dtype" in settings:
-        kwargs["output_dtype"] = DataType[settings["output_dtype"]]
+    for key, enum in (("bounds_check_mode", BoundsCheckMode), ("output_dtype", DataType)):
+        if key in settings:
+            kwargs[key] = enum[settings[key]]
     return kwargs
 
 
@@ -75,14 +74,9 @@ def plan_to_dict(plan: ShardingPlan, specs: List[TableSpec]) -> Dict[str, Dict[s
     for module_path, module_plan in plan.plan.items():
         tables: Dict[str, Any] = {}
         for table, ps in module_plan.items():  # type: ignore[union-attr]
-            shards = []
-            if ps.sharding_spec is not None:
-                for md in ps.sharding_spec.shards:
-                    shards.append({
-                        "rank": md.placement.rank() if md.placement is not None else None,
-                        "offsets": list(md.shard_offsets),
-                        "sizes": list(md.shard_sizes),
-                    })
+            shards = [{"rank": md.placement.rank() if md.placement is not None else None,
+                       "offsets": list(md.shard_offsets), "sizes": list(md.shard_sizes)}
+                      for md in (ps.sharding_spec.shards if ps.sharding_spec is not None else [])]
             spec = by_name.get(table)
             tables[table] = {
                 "rows": spec.num_embeddings if spec else None,
@@ -118,18 +112,13 @@ def plan_table(plan_dict: Dict[str, Dict[str, Any]]) -> str:
 
 def rank_ranges(ranks: List[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` as ``0-2,5,7-8``: runs of consecutive ranks, in the order given."""
-    out: List[str] = []
-    start = prev = None
+    runs: List[List[int]] = []
     for r in ranks:
-        if prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    if start is not None:
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(out)
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _shard_runs(shards: List[Dict[str, Any]]) -> List[str]:

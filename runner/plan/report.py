@@ -81,11 +81,10 @@ INDENTED_ENTRIES = 100_000  # a plan.json with more shards and ranks listed is w
 # on 8,192 GPUs: 104 MB indented, a data-parallel table's 8,192 ranks a line each); plan.txt is its readable form
 
 
-def bound_metrics(est_step_ms: Optional[float], facts: Optional[PlanFacts]) -> Dict[str, float]:
+def bound_metrics(est_step_ms: Optional[float], facts: PlanFacts) -> Dict[str, float]:
     """``plan/lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and ``plan/gap_to_bound`` (estimated
     step / bound - 1), with the ratings of TorchRec's plans the balanced proposer compared (``facts`` from
     ``make_plan``)."""
-    facts = facts or {}
     m: Dict[str, float] = dict(facts.get("compared") or {})
     bound = facts.get("lower_bound_ms")
     if bound:
@@ -113,29 +112,29 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
     ``note``: how the plan was found, when not by TorchRec's proposer alone (tag ``runner.plan_note``);
     ``facts``: what ``make_plan`` found beside the plan (its lower bound, TorchRec's ratings compared)."""
     out.mkdir(parents=True, exist_ok=True)
+    facts = facts or {}
     specs = spec.tables
     plan_dict = plan_to_dict(plan, specs)
     types = sharding_types_used(plan_dict)
     ranks = per_rank_estimates(best_plan, world)
     pooling = {t.name: spec.pooling for t in specs}
     pooling.update({n: c.pooling_factor for n, c in spec.sharding.constraints.items() if c.get("pooling_factor")})
-    batch = spec.batch
-    comms = comms_per_rank(plan_dict, world, local, batch, pooling)
+    comms = comms_per_rank(plan_dict, world, local, spec.batch, pooling)
     metrics = {"plan/seconds": seconds, "plan/pinned": float(bool(spec.sharding.plan)),
                **plan_metrics(ranks, comms, types, device_type), **summary_metrics(ranks, local)}
     metrics.update(bound_metrics(metrics.get("plan/est_step_ms"), facts))
-    step = (facts or {}).get("step")
+    step = facts.get("step")
     if step:
         metrics.update(step_metrics(step))
-    bandwidths = (facts or {}).get("bandwidths") or topology_knobs(None, device_type, spec.cluster.intra_node_bandwidth,
-                                                                   spec.cluster.cross_node_bandwidth)[1]
+    bandwidths = facts.get("bandwidths") or topology_knobs(None, device_type, spec.cluster.intra_node_bandwidth,
+                                                           spec.cluster.cross_node_bandwidth)[1]
     metrics.update({f"plan/{k}_node_bandwidth_gibps": v for k, v in bandwidths.items()})
-    bound = bound_text(metrics, (facts or {}).get("lower_bound_kind"))
+    bound = bound_text(metrics, facts.get("lower_bound_kind"))
     entries = sum(len(t["shards"]) + len(t["ranks"] or ()) for tables in plan_dict.values() for t in tables.values())
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2 if entries <= INDENTED_ENTRIES else None))
     table = plan_table(plan_dict)
     (out / "plan.txt").write_text(table)
-    constants = (facts or {}).get("calibration")
+    constants = facts.get("calibration")
     title = (f"{world} ranks, {spec.cluster.name}, sharding={spec.sharding.name}: "
              + ", ".join(f"{n} {t}" for t, n in types.items())
              + ("" if constants is None else "; TorchRec's default constants" if constants == NONE
@@ -143,17 +142,17 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
     rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,
-                                        "calibration": (facts or {}).get("calibration")})  # whole: the driver reads it
+                                        "calibration": facts.get("calibration")})  # whole: the driver reads it
     (out / "report.md").write_text(_markdown(spec, plan_dict, ranks, comms, types, world, local, device_type,
                                              bandwidths)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
-                                   + (step_markdown(dict(facts or {})) if best_plan else "")
+                                   + (step_markdown(dict(facts)) if best_plan else "")
                                    + (f"\nNote: {note}.\n" if note else ""))
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
-        head += (f"; {step_phrase(dict(facts or {}), metrics['plan/est_step_ms'])}, "
+        head += (f"; {step_phrase(dict(facts), metrics['plan/est_step_ms'])}, "
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank"
                  + (f", {bound}" if bound else ""))
     if note:
@@ -161,14 +160,10 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
-            "runner.plan_source": (facts or {}).get("plan_source") or (
-                "torchrec" if spec.sharding.plan is None else "pinned"),
-            **({"runner.planner": facts["planner"]} if facts and facts.get("planner") else {}),
-            **({"runner.plan_fallback": str(facts["fallback"])} if facts and facts.get("fallback") else {}),
-            **({"runner.lower_bound": str(facts["lower_bound_kind"])} if facts and facts.get("lower_bound_kind")
-               else {}),
-            **({"runner.plan_note": note} if note else {}),
-            **({"runner.plan_cut_short": facts["cut_short"]} if facts and facts.get("cut_short") else {}),
-            **({"runner.calibration": facts["calibration"]} if facts and facts.get("calibration") else {})}
+            "runner.plan_source": facts.get("plan_source") or ("torchrec" if spec.sharding.plan is None else "pinned"),
+            **{f"runner.{tag}": str(value) for tag, key in (
+                ("planner", "planner"), ("plan_fallback", "fallback"), ("lower_bound", "lower_bound_kind"),
+                ("plan_cut_short", "cut_short"), ("calibration", "calibration")) if (value := facts.get(key))},
+            **({"runner.plan_note": note} if note else {})}
     return PlanReport(out, plan_dict, metrics, tags, console)
 

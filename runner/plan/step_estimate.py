@@ -74,20 +74,22 @@ def dense_ms(c: Dict[str, Any], part: str, dense: DenseFacts) -> float:
     an earlier format): the calibrated model's rate per GFLOP."""
     layer = c.get(f"linear_{part}")
     if not layer:
-        return _rate(c.get(f"dense_{part}"), dense.gflops)
+        return fitted_ms(c.get(f"dense_{part}"), dense.gflops)
     flops = [2.0 * i * o * dense.batch / 1e9 for i, o in dense.layers]
     other = 2.0 * dense.other_params * dense.batch / 1e9
     return (sum(layer["fixed_ms"] + layer["ms_per_unit"] * f for f in flops) + layer["ms_per_unit"] * other
-            + max(_rate(c.get(f"dense_rest_{part}"), dense.batch / 1000.0), 0.0))
+            + max(fitted_ms(c.get(f"dense_rest_{part}"), dense.batch / 1000.0), 0.0))
 
 
-def input_dist_ms(best_plan: List[Any], world: int) -> List[float]:
-    """Each rank's ids all-to-all, as TorchRec estimates it (``Perf.input_dist_comms``; not in its total)."""
+def input_dist_ms(best_plan: List[Any], world: int, with_total: bool = False) -> List[float]:
+    """Each rank's ids all-to-all, as TorchRec estimates it (``Perf.input_dist_comms``; not in its total);
+    ``with_total``: added shard by shard to TorchRec's total."""
     out = [0.0] * world
     for option in best_plan:
         for shard in option.shards:
             if shard.rank is not None and shard.perf is not None:
-                out[shard.rank] += float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0)
+                out[shard.rank] += ((shard.perf.total if with_total else 0.0)
+                                    + float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0))
     return out
 
 
@@ -97,7 +99,7 @@ def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
                                                                               "bandwidth_gibps": float("inf")}
 
 
-def _rate(fit: Optional[Dict[str, float]], size: float) -> float:
+def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
     return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
 
 
@@ -109,13 +111,13 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     shared = {
         "dense_forward": dense_ms(c, "fwd", dense),
         "dense_backward": dense_ms(c, "bwd", dense),
-        "optimizer": _rate(c.get("optimizer"), dense.params / 1e6),
+        "optimizer": fitted_ms(c.get("optimizer"), dense.params / 1e6),
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
-        "input": _rate(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
-        "step_overhead": _rate(c.get("step_overhead"), dense.batch / 1000.0),
+        "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
+        "step_overhead": fitted_ms(c.get("step_overhead"), dense.batch / 1000.0),
     }
-    lookups = lookups_ms(cal, families, dense.batch)
+    lookups = lookups_ms(c, families, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
         parts = {"embeddings": est["total_ms"] + ids_ms[r], "sharded_lookups": lookups["fwd"] + lookups["bwd"],
@@ -125,7 +127,7 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
-            "input_ms": _rate(c.get("input"), dense.batch / 1000.0)}
+            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0)}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
@@ -177,15 +179,15 @@ def family_tables(best_plan: List[Any]) -> Dict[str, int]:
     return dict(Counter(FAMILY.get(option.sharding_type, "table_wise") for option in best_plan))
 
 
-def lookups_ms(cal: Calibration, families: Dict[str, int], batch: int) -> Dict[str, float]:
-    """What the sharded lookups of a plan whose families hold ``families`` tables cost beyond TorchRec's estimate,
-    forward and backward (ms): each family's fixed cost, its cost per table and per sample."""
+def lookups_ms(c: Dict[str, Any], families: Dict[str, int], batch: int) -> Dict[str, float]:
+    """What the sharded lookups of a plan whose families hold ``families`` tables cost beyond TorchRec's estimate by
+    a calibration's constants ``c``, forward and backward (ms): each family's fixed cost, per table and per sample."""
     def cost(fit: Optional[Dict[str, float]], tables: int) -> float:
         if not fit:
             return 0.0
         return (fit["fixed_ms"] + fit.get("per_table_ms", 0.0) * tables
                 + fit.get("ms_per_table_ksample", 0.0) * tables * batch / 1000.0)
-    sharded = cal.constants.get("sharded", {})
+    sharded = c.get("sharded", {})
     return {p: sum(cost(sharded.get(f, {}).get(p), n) for f, n in families.items()) for p in ("fwd", "bwd")}
 
 
@@ -200,12 +202,8 @@ class StepPerfModel(PerfModel):
         self.cal, self.world, self.batch = cal, world, batch
 
     def rate(self, plan: List[Any]) -> float:
-        busiest = [0.0] * self.world
-        for option in plan:
-            for shard in option.shards:
-                if shard.rank is not None and shard.perf is not None:
-                    busiest[shard.rank] += shard.perf.total + float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0)
-        fixed = lookups_ms(self.cal, family_tables(plan), self.batch)
+        busiest = input_dist_ms(plan, self.world, with_total=True)
+        fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
         return max(busiest) + fixed["fwd"] + fixed["bwd"]
 
 

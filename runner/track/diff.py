@@ -73,7 +73,6 @@ def from_run_id(uri: str, run_id: str) -> RunView:
         view.metrics.update({m: v for m, v in run.data.metrics.items() if m in {h[1] for h in HEADLINE}})
         view.label = f"{run.info.run_name} ({run_id})"
         return view
-    plan = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             plan = rundir.read_json(Path(store.client(uri).download_artifacts(run_id, "plan/plan.json", tmp)))

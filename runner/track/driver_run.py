@@ -16,7 +16,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from runner.runtime import rundir
 from runner.track import store
@@ -67,8 +67,13 @@ class DriverRun:
         self.uri = store.tracking_uri(tracking.uri)
         self.multi_host = job.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
-        self._run = MlflowRun(run_dir, self.uri)  # open, deliver, end
+        self._run = run = MlflowRun(run_dir, self.uri)  # open, deliver, end
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
+        # the run's own, as MlflowRun does them: deliver, report_last, add_to_note, stop_system_metrics (this host's
+        # last samples, logged before the run ends), end (False: the store is unreachable and the ending is kept in
+        # the run folder for ``python -m runner sync``; this host's system metrics stopped first)
+        self.deliver, self.report_last, self.add_to_note = run.deliver, run.report_last, run.add_to_note
+        self.stop_system_metrics, self.end = run.stop_system_metrics, run.end
 
     @property
     def run_id(self) -> Optional[str]:
@@ -126,24 +131,6 @@ class DriverRun:
             if info and info.get("run_id"):
                 monitor = self._system_metrics(info["run_id"], self.job.node_rank)
                 self._run.system = monitor or False  # off: asked once
-
-    def deliver(self) -> bool:
-        return self._run.deliver()
-
-    def report_last(self, files: Sequence[Path], artifact_path: Optional[str]) -> None:
-        self._run.report_last(files, artifact_path)
-
-    def add_to_note(self, section: str) -> None:
-        self._run.add_to_note(section)
-
-    def stop_system_metrics(self) -> None:
-        """This host's last system-metric samples, logged before the run ends."""
-        self._run.stop_system_metrics()
-
-    def end(self, status: str, error: Optional[str] = None) -> bool:
-        """End the run (what rank 0 reported first); False when the store is unreachable and the ending
-        is kept in the run folder for ``python -m runner sync``."""
-        return self._run.end(status, error)  # this host's system metrics stopped first
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""

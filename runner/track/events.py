@@ -74,11 +74,7 @@ class EventPump:
 
     def __call__(self) -> bool:
         """Deliver what is new; True when everything written so far is in the store."""
-        if not self.path.exists():
-            return self._up()
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
+        data = self._unread()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
         skipped: List[int] = []
         for group, size in _groups(data[:end], skipped):
@@ -127,11 +123,14 @@ class EventPump:
 
     def pending(self) -> int:
         """Lines of the event log not yet in the store."""
+        return self._unread().count(b"\n")
+
+    def _unread(self) -> bytes:
         if not self.path.exists():
-            return 0
+            return b""
         with self.path.open("rb") as f:
             f.seek(self._offset)
-            return f.read().count(b"\n")
+            return f.read()
 
     def _deliver(self, group: List[Dict[str, Any]]) -> None:
         kind = group[0]["kind"]

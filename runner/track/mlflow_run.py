@@ -64,37 +64,33 @@ class MlflowRun:
         # a stop signal meanwhile is raised once the run is recorded (run.json): a run created in the store but not
         # known here would stay RUNNING
         with signals.uninterrupted():
-            return self._open(experiment, config, name, parent, tags, record)
-
-    def _open(self, experiment: str, config: Mapping[str, Any], name: str, parent: Optional[str],
-              tags: Mapping[str, Any], record: Optional[Dict[str, Any]]) -> Optional[str]:
-        params = store.flatten(config)
-        try:
-            self.run_id = store.start_run(self.uri, experiment, name, parent, tags)
-        except Exception as exc:
-            if not store.is_outage(self.uri, exc):
-                raise
-            self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
-                name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
+            params = store.flatten(config)
+            try:
+                self.run_id = store.start_run(self.uri, experiment, name, parent, tags)
+            except Exception as exc:
+                if not store.is_outage(self.uri, exc):
+                    raise
+                self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
+                    name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
+                rundir.write_json(self.run_dir / rundir.RUN_INFO,
+                                  {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
+                self.report_last([], None, params=params)
+                self._next_try = time.monotonic() + self.RETRY_S
+                if not self.in_sweep:
+                    print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes "
+                          "on; its MLflow run is created when the store is back (or by python -m runner sync "
+                          f"{self.run_dir})", flush=True)
+                return None
+            self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
             rundir.write_json(self.run_dir / rundir.RUN_INFO,
-                              {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
-            self.report_last([], None, params=params)
-            self._next_try = time.monotonic() + self.RETRY_S
-            if not self.in_sweep:
-                print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes on; "
-                      f"its MLflow run is created when the store is back (or by python -m runner sync {self.run_dir})",
-                      flush=True)
-            return None
-        self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
-        rundir.write_json(self.run_dir / rundir.RUN_INFO,
-                          {"tracking_uri": self.uri, "run_id": self.run_id, **(record or {})})
-        try:
-            store.log_params(self.uri, self.run_id, params)
-        except Exception as exc:
-            if not store.is_outage(self.uri, exc):
-                raise
-            self.report_last([], None, params=params)  # delivered with the reports once the store is back
-        return self.run_id
+                              {"tracking_uri": self.uri, "run_id": self.run_id, **(record or {})})
+            try:
+                store.log_params(self.uri, self.run_id, params)
+            except Exception as exc:
+                if not store.is_outage(self.uri, exc):
+                    raise
+                self.report_last([], None, params=params)  # delivered with the reports once the store is back
+            return self.run_id
 
     def _create_kept(self) -> bool:
         """Create the kept run now (at most every few seconds); True once it is in the store."""

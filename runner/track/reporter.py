@@ -60,10 +60,6 @@ class Reporter:
             with contextlib.suppress(OSError):  # a full run folder: the job's error says so; what was written stays
                 self.flush()
 
-    def _log(self, metrics: Dict[str, float], step: int) -> None:
-        if self._sink is not None:
-            self._sink.metrics(metrics, step)
-
     def _tags(self, tags: Dict[str, Any]) -> None:
         if self._sink is not None:
             self._sink.tags(tags)
@@ -75,7 +71,7 @@ class Reporter:
             return
         if not self._quiet():  # a sweep's point: its one summary line (the plan is in its folder and run)
             print(report.console, flush=True)
-        self._log(report.logged_metrics(), 0)
+        self.step_metrics(0, report.logged_metrics())
         self._tags(report.tags)
         assert self._sink is not None  # active: the sink is open
         self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
@@ -85,7 +81,7 @@ class Reporter:
         """``mode=calibrate``'s answer (its ``console`` text, ``metrics``, ``tags``, the files in its ``folder``,
         its ``results``): printed, logged, and written to ``results.json``; the results."""
         print(report.console, flush=True)
-        self._log(report.metrics, 0)
+        self.step_metrics(0, report.metrics)
         self._tags(report.tags)
         assert self._sink is not None  # only rank 0 reports a calibration
         self._sink.artifacts(sorted(report.folder.iterdir()), report.folder.name)
@@ -98,7 +94,8 @@ class Reporter:
         ``cluster.hbm_cap_gib``), as ``plan/hbm_cap_gib``; ``ddr``: its host memory per worker (reconciled with
         this host's, :func:`runner.runtime.device.ddr_cap_for_host`), as ``plan/ddr_cap_gib``."""
         if self.active and cap is not None:
-            self._log({"plan/hbm_cap_gib": cap / 2**30, **({"plan/ddr_cap_gib": ddr} if ddr is not None else {})}, 0)
+            self.step_metrics(0, {"plan/hbm_cap_gib": cap / 2**30,
+                                  **({"plan/ddr_cap_gib": ddr} if ddr is not None else {})})
             self.extra["hbm_cap_bytes"] = cap
 
     def plan_infeasible(self, reason: str) -> None:
@@ -119,7 +116,7 @@ class Reporter:
             print(f"[runner] resumed from {source} at step {step}" +
                   (f" (elastic restart {restarts})" if restarts else ""), flush=True)
         self._tags(tags)
-        self._log({"restarts": float(restarts)}, step)
+        self.step_metrics(step, {"restarts": float(restarts)})
 
     def startup(self, marks: Dict[str, float]) -> None:
         """Seconds from the command's start (``RUNNER_START_UNIX``, else this worker's start) to each
@@ -129,7 +126,7 @@ class Reporter:
         t0 = float(os.environ.get("RUNNER_START_UNIX") or marks["worker_started"])
         phases = {k: v - t0 for k, v in marks.items()}
         self.extra["startup_s"] = phases
-        self._log({f"startup/{k}_s": v for k, v in phases.items()}, 0)
+        self.step_metrics(0, {f"startup/{k}_s": v for k, v in phases.items()})
         print("[runner] start-up (s from launch): " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}"
                                                              for k, v in phases.items()), flush=True)
 
@@ -160,7 +157,7 @@ class Reporter:
         self.extra["ids_hashed_fraction"] = fraction
         print(f"[runner] {fraction:.1%} of ids ({hashed:,} of {ids:,} read by rank 0) were outside their tables "
               "and hashed into range (data.hash_ids=true)", flush=True)
-        self._log({"data/ids_hashed_fraction": fraction}, self.steps)
+        self.step_metrics(self.steps, {"data/ids_hashed_fraction": fraction})
 
     def checkpointed(self, step: int, path: Path, metrics: Dict[str, float]) -> None:
         self.extra["checkpoint"] = str(path)
@@ -174,12 +171,8 @@ class Reporter:
         self._tags({"runner.cpu_cores": "; ".join(
             f"rank{r}: {','.join(map(str, x['cores'])) if x.get('cores') else 'unbound'}"
             for r, x in enumerate(per_rank))})
-        m: Dict[str, float] = {}
-        for r, x in enumerate(per_rank):
-            m[f"measured/rank{r}/step_ms"] = x["step_ms"]
-            m[f"measured/rank{r}/peak_mem_bytes"] = x["peak_mem_bytes"]
-            if x.get("embedding_fwd_ms") is not None:
-                m[f"measured/rank{r}/embedding_fwd_ms"] = x["embedding_fwd_ms"]
+        m: Dict[str, float] = {f"measured/rank{r}/{k}": x[k] for r, x in enumerate(per_rank)
+                               for k in ("step_ms", "peak_mem_bytes", "embedding_fwd_ms") if x.get(k) is not None}
         m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
         m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
         est_step = self.plan_metrics.get("plan/est_whole_step_ms") or self.plan_metrics.get("plan/est_step_ms")
@@ -189,7 +182,7 @@ class Reporter:
         if est_mem:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
         m.update(estimate_errors(per_rank, self.plan_metrics))
-        self._log(m, self.steps)
+        self.step_metrics(self.steps, m)
         rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
         print(against_estimates(per_rank, self.plan_metrics), flush=True)
 
@@ -209,8 +202,9 @@ class Reporter:
             bar.close()
 
     def step_metrics(self, step: int, metrics: Dict[str, float]) -> None:
-        """A training step's or an evaluation's metrics."""
-        self._log(metrics, step)
+        """Metrics at ``step``: a training step's, an evaluation's (and this reporter's own)."""
+        if self._sink is not None:
+            self._sink.metrics(metrics, step)
 
     def finish(self, result: Any, eval_metrics: Dict[str, float], world: int) -> Dict[str, Any]:
         """Log final metrics; write ``results.json`` for the driver's summary line."""
@@ -220,7 +214,7 @@ class Reporter:
         if result.losses:
             final.update({"train/final_loss": result.final_loss, "train/avg_samples_per_s": result.samples_per_s,
                           "train/avg_step_ms": result.step_time_ms})
-        self._log(final, self.steps)
+        self.step_metrics(self.steps, final)
         self.flush()
         results = {"world_size": world, "final_loss": result.final_loss, "losses": result.losses,
                    "samples_per_s": result.samples_per_s, "eval_auc": eval_metrics["eval/auc"],

@@ -103,7 +103,7 @@ def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) 
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
                 f"the run's reports stay in {run_dir / rundir.EVENTS}")
     state = rundir.read_json(run_dir / rundir.DELIVERED)
-    state = state if isinstance(state, dict) else {}
+    final = state.get("final") if isinstance(state, dict) else None
     uri, run_id = info["tracking_uri"], info.get("run_id")
     created = not run_id
     try:
@@ -119,7 +119,6 @@ def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) 
                 "run sync again later")
     pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None)
     before = pump.pending()
-    final = state.get("final")
     if not pump():
         return f"{run_dir}: the store {uri} is still unreachable ({pump.down}); nothing is lost, run sync again later"
     if final:
@@ -209,7 +208,6 @@ def sync(args: List[str]) -> int:
     for arg in args:
         folder = Path(arg).resolve()
         runs = [folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder)
-        errors: List[str] = []
         parent = None
         if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
             runs.append(folder / PARENT_DIR)
@@ -218,7 +216,7 @@ def sync(args: List[str]) -> int:
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 failed += 1
                 continue
-        errors += [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None)
+        errors = [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None)
                                for run_dir in runs or [folder]) if e]
         for error in errors:
             print(f"error: {error}", file=sys.stderr, flush=True)

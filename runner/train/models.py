@@ -93,11 +93,9 @@ class MMoE(nn.Module):
         pooled = self.embedding_bag_collection(sparse).to_dict()
         x = torch.cat([self.dense_arch(dense)] + [pooled[f] for f in self.features], dim=1)
         experts = torch.stack([e(x) for e in self.experts], dim=1)  # (batch, experts, width)
-        logits = []
-        for gate, tower in zip(self.gates, self.towers, strict=True):
-            weights = torch.softmax(gate(x), dim=-1).unsqueeze(-1)  # (batch, experts, 1)
-            logits.append(tower((weights * experts).sum(1)))
-        return torch.cat(logits, dim=1)  # (batch, tasks)
+        weights = [torch.softmax(gate(x), dim=-1).unsqueeze(-1) for gate in self.gates]  # each (batch, experts, 1)
+        return torch.cat([tower((w * experts).sum(1)) for w, tower in zip(weights, self.towers, strict=True)],
+                         dim=1)  # (batch, tasks)
 
 
 class MultiTaskTrain(nn.Module):

@@ -148,10 +148,8 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         ddr = cfg.cluster.ddr_cap_gib
         if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
             place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
-            if place is not None:
-                ddr = place.ddr_cap_gib
-            else:
-                ddr = ddr_cap_for_host(ddr, env.host_workers, *job_memory(allocated))[0]
+            ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers,
+                                                                               *job_memory(allocated))[0]
         if cfg.mode == "calibrate":
             from runner.runtime.hardware import fingerprint
             from runner.train import calibrate

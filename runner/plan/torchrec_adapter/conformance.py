@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 _ADAPTER = Path(__file__).resolve().parent
 _ROOT = _ADAPTER.parents[2]
@@ -56,7 +56,7 @@ def _remembered(path: Path) -> Optional[Tuple[bool, str]]:
         return None
 
 
-def verdict(say: Any = None) -> Tuple[bool, str]:
+def verdict(say: Callable[[str], None]) -> Tuple[bool, str]:
     """(passed, reason) for the installed stack: remembered, or checked now in a subprocess (``say`` gets one
     line first: the check takes a few seconds). Several processes asking at once run it once (a file lock)."""
     folder = cache_folder()
@@ -74,8 +74,7 @@ def verdict(say: Any = None) -> Tuple[bool, str]:
             found = _remembered(path)
             if found is not None:
                 return found
-        if say is not None:
-            say("checking the installed TorchRec against the runner's planner (once per stack, a few seconds)")
+        say("checking the installed TorchRec against the runner's planner (once per stack, a few seconds)")
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", _CHECK], cwd=_ROOT, capture_output=True, text=True,
                               timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", CHECKING: "1"})

@@ -231,7 +231,10 @@ class SkippingProposer:
             self._constraint, self.facts = storage_constraint, _ProposalFacts(self.inner, storage_constraint.devices)
         if partitionable and perf_rating is not None and (self.best is None or perf_rating < self.best):
             self.best = perf_rating
-        self.inner.feedback(partitionable, plan, perf_rating, storage_constraint)
+        self._proposing().feedback(partitionable, plan, perf_rating, storage_constraint)
+
+    def _proposing(self) -> Any:
+        return self.inner
 
 
 def placeable_only(search_space: List[ShardingOption], reserved: Topology) -> List[ShardingOption]:

@@ -71,10 +71,8 @@ class ReusingEnumerator(CompactEnumerator):
 
     def __init__(self, key: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        topology = kwargs["topology"]
-        key = f"{key}|compact={self.compact}"
-        self._key = key
-        self._bw_key = f"{key}|{perf_knobs(topology)!r}"
+        self._key = f"{key}|compact={self.compact}"
+        self._bw_key = f"{self._key}|{perf_knobs(kwargs['topology'])!r}"
 
     def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
         exact = _OPTIONS.get(self._bw_key)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.proposers import GreedyProposer
-from torchrec.distributed.planner.types import ShardingOption, Topology
+from torchrec.distributed.planner.types import ShardingOption
 
-from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer, _ProposalFacts
+from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Enumerator
@@ -44,11 +44,10 @@ class SkippingGreedyProposer(SkippingProposer):
         self._index: Dict[int, Tuple[int, int]] = {}  # id(option) -> (table, option) in the facts' order
 
     def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
-        for proposer in self.chain:  # TorchRec's planner loads every proposer before proposing
+        super().load(search_space, enumerator)
+        for proposer in self.chain[1:]:  # TorchRec's planner loads every proposer before proposing
             proposer.load(search_space, enumerator)
         self._at = 0
-        self.best, self.facts, self._constraint = None, None, None
-        self.skipped_unplaceable = self.skipped_no_room = self.skipped_bound = 0
         tables = self.chain[0]._sharding_options_by_fqn
         self._order = {fqn: t for t, fqn in enumerate(tables)}
         self._index = {id(option): (t, o) for t, options in enumerate(tables.values())
@@ -74,14 +73,9 @@ class SkippingGreedyProposer(SkippingProposer):
             return proposal
         return None
 
-    def feedback(self, partitionable: bool, plan: Optional[List[ShardingOption]] = None,
-                 perf_rating: Optional[float] = None, storage_constraint: Optional[Topology] = None) -> None:
-        if storage_constraint is not None and self.facts is None:
-            # the facts' (table, option) order is the first proposer's: its options per table, as sorted
-            self._constraint, self.facts = storage_constraint, _ProposalFacts(self.chain[0], storage_constraint.devices)
-        if partitionable and perf_rating is not None and (self.best is None or perf_rating < self.best):
-            self.best = perf_rating
-        self.chain[self._at].feedback(partitionable, plan, perf_rating, storage_constraint)
+    def _proposing(self) -> Any:
+        # feedback goes to the proposer proposing; the facts' (table, option) order is the first one's (``inner``)
+        return self.chain[self._at]
 
 
 def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:

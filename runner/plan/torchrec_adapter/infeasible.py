@@ -67,17 +67,11 @@ class Infeasible(NamedTuple):
     line: str
 
 
-def explain(planner: EmbeddingShardingPlanner, spec: PlanSpec, world: int, device_type: str,
-            also: str = "") -> Optional[str]:
-    """The one line for a planner that found no plan, or None when its state says nothing useful. ``also``:
-    the proposers tried after ``spec``'s, e.g. " (then greedy)"."""
-    found = diagnose(planner, spec, world, device_type, also)
-    return None if found is None else found.line
-
-
 def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world: int, device_type: str,
              also: str = "") -> Optional[Infeasible]:
-    """:func:`explain`'s line with its cause (decisions read the cause, never the line's wording)."""
+    """The one line for a planner that found no plan, with its cause (decisions read the cause, never the line's
+    wording); None when its state says nothing useful. ``also``: the proposers tried after ``spec``'s, e.g.
+    " (then greedy)"."""
     reservation = getattr(planner, "_storage_reservation", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
     space = getattr(getattr(planner, "_enumerator", None), "last_stored_search_space", None)

@@ -98,7 +98,6 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         return reserved, space
 
     def _report(self) -> None:
-        """The search's counts to ``progress``, when given."""
         if self._progress is not None:
             self._progress(dict(self._counts))
 

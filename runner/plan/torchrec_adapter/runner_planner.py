@@ -9,7 +9,7 @@ planner and never imports this package's other modules.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
@@ -25,7 +25,7 @@ from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entrie
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator
 from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingProposer, placeable_only
 from runner.plan.torchrec_adapter.enumeration_reuse import ReusingEnumerator, enumeration_key
-from runner.plan.torchrec_adapter.infeasible import NO_PACKING, diagnose, explain
+from runner.plan.torchrec_adapter.infeasible import NO_PACKING, diagnose
 from runner.plan.torchrec_adapter.planning_loop import Progress, SearchLoopPlanner
 from runner.plan.torchrec_adapter.reservations import RESERVATIONS
 from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
@@ -87,8 +87,8 @@ def explain_planner_error(exc: Exception, planner: Optional[EmbeddingShardingPla
                           device_type: str, also: str = "") -> str:
     """One actionable line for a planner that found no plan (:mod:`.infeasible`); the planner's own first
     line when its state says nothing about memory. ``also``: the proposers tried after ``spec``'s."""
-    line = explain(planner, spec, world, device_type, also) if planner is not None else None
-    return line if line is not None else f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
+    found = diagnose(planner, spec, world, device_type, also)
+    return found.line if found is not None else f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
 class _Job:
@@ -101,8 +101,7 @@ class _Job:
         self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
 
     def planner(self, spec: PlanSpec, **kwargs: Any) -> Any:
-        return runner_planner(spec, self.inputs, self.device_type, self.world, self.estimates, self.dense,
-                              progress=kwargs.pop("progress", None), **kwargs)
+        return runner_planner(spec, self.inputs, self.device_type, self.world, self.estimates, self.dense, **kwargs)
 
 
 def _placeable_plan(planner: EmbeddingShardingPlanner, job: _Job, notes: List[str]) -> Optional[ShardingPlan]:
@@ -160,10 +159,8 @@ def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: 
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         cut = getattr(planner, "cut_short", None)
         if isinstance(planner, BalancedPlanner) and planner.balanced.facts:
-            searched = job_facts(planner.balanced.facts)
-            facts["plan_source"], facts["compared"] = searched["plan_source"], searched["compared"]
-            facts["torchrec"], facts["skipped"] = searched["torchrec"], searched["skipped"]
-            facts["search"] = searched["search"]
+            searched = cast(PlanFacts, job_facts(planner.balanced.facts))
+            facts.update(searched)
             cut = cut or searched["search"].get("cut_short")
             notes.append(balanced_note(planner.balanced.facts))
         if cut:
