@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from runner.config.errors import disk_full
 from runner.runtime.rundir import DELIVERED, read_json, update_json
-from runner.track.store import client, log_artifacts, log_metric_points, log_params, outage_reason, set_tags
+from runner.track.store import client, log_artifacts, log_params, log_step_metrics, outage_reason, set_tags
 
 
 class EventLog:
@@ -135,7 +135,7 @@ class EventPump:
     def _deliver(self, group: List[Dict[str, Any]]) -> None:
         kind = group[0]["kind"]
         if kind == "metrics":
-            log_metric_points(self.uri, self.run_id, [(e["metrics"], e["step"], e.get("time")) for e in group])
+            log_step_metrics(self.uri, self.run_id, [(e["metrics"], e["step"], e.get("time")) for e in group])
         elif kind == "params":
             log_params(self.uri, self.run_id, group[0]["params"])
         elif kind == "tags":

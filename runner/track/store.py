@@ -169,14 +169,14 @@ def log_params(uri: str, run_id: str, params: Mapping[str, str]) -> None:
 
 
 @_store_write
-def log_metric_points(uri: str, run_id: str, points: Iterable[Tuple[Any, ...]]) -> None:
+def log_step_metrics(uri: str, run_id: str, steps: Iterable[Tuple[Any, ...]]) -> None:
     """Metrics of several steps, ``(metrics, step[, unix ms measured])`` each (no time: now), in as few store
     transactions as MLflow's batch limit allows (MLflow's ``log_batch`` splits the list)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), int(p[2]) if len(p) > 2 and p[2] else now, p[1])
-                                           for p in points for k, v in p[0].items()])
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), int(s[2]) if len(s) > 2 and s[2] else now, s[1])
+                                           for s in steps for k, v in s[0].items()])
 
 
 @_store_write

@@ -161,7 +161,7 @@ def link_point(run_dir: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any
     store.set_tags(new_run.uri, new_run.run_id, {**copied, "runner.reused_from": earlier.info.run_id})
     if earlier.data.metrics:
         assert new_run.run_id is not None  # set_tags above wrote to it
-        store.log_metric_points(new_run.uri, new_run.run_id, [(dict(earlier.data.metrics), 0)])
+        store.log_step_metrics(new_run.uri, new_run.run_id, [(dict(earlier.data.metrics), 0)])
     results = {**(rundir.read_json(source / rundir.RESULTS) or {}), "reused_from": earlier.info.run_id,
                "run_id": new_run.run_id, "tracking_uri": new_run.uri}
     rundir.write_json(run_dir / rundir.RESULTS, results)
