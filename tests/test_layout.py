@@ -243,7 +243,7 @@ BUILDERS = {
     "runner.cli:_hydra_job", "runner.launch.job.run_job:run_job", "runner.launch.job.driver:execute_job",
     "runner.launch.job.driver:reuse_job", "runner.launch.job.driver:pre_launch_checks",
     "runner.launch.job.driver:_train", "runner.launch.job.plan_only:plan_only",
-    "runner.launch.job.run_record:driver_run", "runner.data.layout:job_data", "runner.data.writer:write_data",
+    "runner.launch.job.job_run:driver_run", "runner.data.layout:job_data", "runner.data.writer:write_data",
     "runner.plan.plan_spec:plan_spec", "runner.track.mlflow_run:torchrun_run", "runner.train.worker:run",
     "runner.train.trainer:__init__", "runner.train.models:build_model", "runner.train.models:planning_model",
     "runner.train.calibrate:run_calibration", "runner.train.calibrate:_dense",

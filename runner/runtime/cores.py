@@ -90,7 +90,7 @@ def job_cores(parallel: int, gpus: int = 0) -> Iterator[Optional[List[int]]]:
 
 def plan_batch_size(mode: str, launcher: DictConfig, points: int, pooled: bool) -> Optional[int]:
     """For a plan-only sweep whose launcher runs its points in a pool of this host's processes (``pooled``, as
-    joblib's does; its scheduler declares that: :func:`runner.launch.schedulers.pools_points`): points per batch so
+    joblib's does: :func:`runner.launch.schedulers.host_pool.pools_points`): points per batch so
     that each process takes one contiguous run of points (``ceil(points / n_jobs)``). Hydra orders a sweep's points
     with the first swept key varying slowest, so a process's points mostly share their bandwidths, and
     :mod:`runner.plan.torchrec_adapter.enumeration_reuse` redoes the perf estimate once per bandwidth pair a

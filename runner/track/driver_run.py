@@ -3,7 +3,7 @@
 metrics, the earlier run a resumed point replaces).
 
 What the run records is given to it as data (:class:`RunRecord`: its name, parent, tags, artifacts,
-datasets), made by the launch stage when the run opens (:func:`runner.launch.job.run_record.run_record`). Rank 0
+datasets), made by the launch stage when the run opens (:func:`runner.launch.job.job_run.run_record`). Rank 0
 never opens or ends it (it appends its reports to the run folder's event log); ``mode=plan`` reports through
 the same log from the driver's own process. A plain torchrun, without a driver, has rank 0's process hold
 the job's ``MlflowRun`` (:func:`runner.track.mlflow_run.torchrun_run`).

@@ -26,7 +26,7 @@ from runner.config.schema import WORKER_MODES
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
-from runner.launch.job.run_record import HydraJob, driver_run
+from runner.launch.job.job_run import HydraJob, driver_run
 from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
 from runner.launch.processes.supervisor import launch, nodes_on_this_host

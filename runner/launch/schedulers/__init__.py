@@ -48,8 +48,7 @@ class Scheduler:
     job's place as that task) where its jobs run as tasks (``has_tasks``); ``launcher`` where a Hydra launcher
     submits a sweep's points to it; and, where they differ from this host's, ``static_rendezvous``,
     ``early_signals``, ``node_run_dir``, ``run_tags``, ``stop_outcome``, ``check_submission``, ``cancel_pending``,
-    ``run_folder_name`` and ``allocated_memory``. The pool of this host's processes (``pooled_launchers``,
-    ``warm_pool``, ``end_pool``) is this host's scheduler's alone."""
+    ``run_folder_name`` and ``allocated_memory``."""
 
     name = ""
     label = "the scheduler"
@@ -63,9 +62,6 @@ class Scheduler:
     early_signals: Tuple[str, ...] = ()
     """Signals it sends every process of a job ahead of a stop (Slurm's time-limit warning): the agents ignore
     them, from before they import torch (:func:`early_signals`)."""
-    pooled_launchers: Tuple[str, ...] = ()
-    """The ``_target_`` of each Hydra launcher that runs a sweep's points on it in a pool of this host's processes,
-    each taking its points in batches (``hydra.launcher.n_jobs`` at once, ``hydra.launcher.batch_size`` each)."""
 
     def task(self) -> Optional[Task]:
         """This process as one of the scheduler's tasks, from its environment; None when it is not one."""
@@ -112,17 +108,6 @@ class Scheduler:
     def run_folder_name(self) -> Optional[str]:
         """The run folder (under outputs/runs) every task of one job step shares; None: a dated one."""
         return None
-
-    def warm_pool(self, launcher: DictConfig, modules: Sequence[str]) -> None:
-        """A sweep about to start whose points run in a pool of this host's processes (``launcher``: the
-        ``hydra.launcher`` config, one of ``pooled_launchers``): the pool started now, in the background, each
-        process importing ``modules``, while the sweep's own process opens its parent run (its workers would
-        otherwise start, and import, only once the first points are handed out)."""
-
-    def end_pool(self) -> None:
-        """A sweep's points all answered: the pool of this host's processes that ran them (``pooled_launchers``),
-        idle now, ended at once. Left to the interpreter's exit, each worker tears down torch's and TorchRec's
-        modules while the command waits (2.2 s of a 25-point plan sweep's 25 s)."""
 
     def allocated_memory(self) -> Optional[Tuple[int, str]]:
         """The host memory its allocation gives this node, in bytes, and what says so; None where it sets none."""
@@ -189,13 +174,6 @@ def of_command(args: Sequence[str]) -> Scheduler:
     """The scheduler a command's ``hydra/launcher=<choice>`` submits its jobs to (this host's by default)."""
     chosen = {a.split("=", 1)[1] for a in args if a.startswith("hydra/launcher=")}
     return next((s for s in registered().values() if s.launcher is not None and s.launcher in chosen), named("local"))
-
-
-def pools_points(launcher: DictConfig) -> bool:
-    """Whether the composed ``hydra.launcher`` runs a sweep's points in a pool of this host's processes (one of a
-    scheduler's ``pooled_launchers``)."""
-    target = str(launcher.get("_target_", ""))
-    return any(target in s.pooled_launchers for s in registered().values())
 
 
 def run_folder_name() -> Optional[str]:

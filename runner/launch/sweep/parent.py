@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.errors import TrackingError
 from runner.config.sweepers import RUNNER_SWEEPERS
-from runner.launch import schedulers
+from runner.launch.schedulers.host_pool import end_pool, warm_pool
 from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.sweep_report import write_sweep_report
 from runner.runtime import rundir
@@ -167,7 +167,7 @@ class SweepParentRun(Callback):
         if config.mode == "plan":  # a plan-only point's imports, in the pool's processes while the parent opens
             from runner.launch.job.plan_only import IMPORTS
 
-            schedulers.named(config.cluster.scheduler).warm_pool(config.hydra.launcher, IMPORTS)
+            warm_pool(config.hydra.launcher, IMPORTS)
         sweep_stop.clear(sweep_dir)  # a resumed sweep counts its failures anew
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
@@ -225,7 +225,7 @@ class SweepParentRun(Callback):
               f"run and its points' runs are kept in {sweep_dir} for python -m runner sync {sweep_dir}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        schedulers.named(config.cluster.scheduler).end_pool()  # every point has answered
+        end_pool()  # every point has answered
         _Running.sweep = None
         if not self._run_id and not self._kept:
             return

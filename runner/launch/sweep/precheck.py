@@ -17,6 +17,7 @@ from runner.config.paired import point
 from runner.config.sweepers import RUNNER_SWEEPERS
 from runner.config.validation import validate
 from runner.launch import schedulers
+from runner.launch.schedulers.host_pool import pools_points
 from runner.launch.sweep.overrides import combinations, file_sweeps, split_args, sweep_axes
 from runner.plan.calibration import check_file
 from runner.runtime.cores import plan_batch_size
@@ -109,7 +110,7 @@ def precheck(args: List[str]) -> Tuple[Optional[str], List[str]]:
             return error, []
         launcher = first.hydra.launcher
         size = plan_batch_size(str(first.mode), launcher, math.prod(len(v) for v in values),
-                               schedulers.pools_points(launcher))
+                               pools_points(launcher))
         own = RUNNER_SWEEPERS.get(first.hydra.sweeper.get("_target_"))  # grid: checked here; optuna: resumable
         return None, ([] if size is None else [f"hydra.launcher.batch_size={size}"]) + ([] if own is None else [
             f"hydra.sweeper._target_={own}"])

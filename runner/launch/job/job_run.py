@@ -1,7 +1,7 @@
-"""What a job's MLflow run records (:func:`run_record`), from where Hydra placed the job (:class:`HydraJob`):
-its name in a sweep, its tags (the point's values, Hydra's choices, the scheduler's, whether the prewarmed agent
-took it), its config's hash, its datasets. The run itself is :class:`runner.track.driver_run.DriverRun`, which
-records what this gives it.
+"""A job's MLflow run (:func:`driver_run`: a :class:`runner.track.driver_run.DriverRun`) and what it records
+(:func:`run_record`), from where Hydra placed the job (:class:`HydraJob`): its name in a sweep, its tags (the
+point's values, Hydra's choices, the scheduler's, whether the prewarmed agent took it), its config's hash, its
+datasets.
 """
 
 from __future__ import annotations
