@@ -133,6 +133,11 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
+def _pinned(batches: Iterable[Batch]) -> Iterator[Batch]:  # a generator: the loader starts at the first batch, in
+    for batch in batches:  # the thread that takes it (the prefetch thread), not here
+        yield batch.pin_memory()
+
+
 def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: int = 0,
                 num_batches: Optional[int] = None, pin: bool = False, low_loops: bool = True) -> Any:
     """This rank's batches ``first .. num_batches - 1``: training batches built ``data.prefetch_batches``
@@ -142,7 +147,7 @@ def batches_for(data: JobData, rank: int, world: int, eval_split: bool, first: i
     d = data.settings
     batches = source(data, rank, world, eval_split, first, num_batches)
     if pin:
-        batches = (batch.pin_memory() for batch in batches)
+        batches = _pinned(batches)
     if data.source.reads_files:  # generated sources have the same length on every rank; files may not
         batches = AllRanksIterator(batches, "eval" if eval_split else "train", low_loops=low_loops)
     if not eval_split and d.prefetch_batches > 0:  # the agreement then runs in the prefetch thread too

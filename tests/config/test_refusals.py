@@ -152,3 +152,6 @@ def test_the_runner_names_its_own_sweepers() -> None:
     error, _ = precheck(["-m", "experiment=optuna_plan", "hydra.sweeper.direction=[minimize,minimize]",
                          "tracking.objective.more_metrics=[eval/auc]"])
     assert error is not None and error.endswith("set hydra.sweeper.direction=[minimize,maximize]"), error
+    for wrong in (["hydra.sweeper.direction=''"], [*more, "hydra.sweeper.direction=[minimize,'']"]):  # empty: named
+        error, _ = precheck(["-m", "experiment=optuna_plan", *wrong])
+        assert error == "hydra.sweeper.direction='' is not allowed; expected minimize or maximize (or a list of them)"

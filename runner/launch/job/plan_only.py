@@ -25,7 +25,7 @@ from runner.track.reporter import Reporter
 from runner.track.store import check_store, sqlite_folder
 
 # what a plan-only job imports as it runs (``runner.plan.planner`` reaches the TorchRec adapter only after its version
-# check): a sweep's pool of processes imports them before its first points (``Scheduler.warm_pool``)
+# check): a sweep's pool of processes imports them before its first points (``schedulers.host_pool.warm_pool``)
 IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.models", "mlflow",
            "matplotlib.backends.backend_agg", "matplotlib.figure")
 

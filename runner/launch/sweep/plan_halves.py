@@ -53,6 +53,8 @@ def _start(points: List[int], plan_point: Callable[[int, bool], Tuple[Any, Any]]
     try:
         pid = fork_helper(work)
     except OSError:
+        ours.close()
+        theirs.close()
         return None, None
     theirs.close()
     return pid, ours

@@ -234,7 +234,7 @@ def _check_sweeper(sweeper: DictConfig, objective: ObjectiveSchema, mode: str) -
     if len(asked) > 1 and sweeper.get("pruner"):
         return ("hydra/sweeper/pruner stops a trial on one metric; a multi-objective study "
                 "(tracking.objective.more_metrics) cannot be pruned: leave the pruner out")
-    if wrong := next((w for w in asked if w not in ("minimize", "maximize")), None):
+    if (wrong := next((w for w in asked if w not in ("minimize", "maximize")), None)) is not None:
         return f"hydra.sweeper.direction={wrong!r} is not allowed; expected minimize or maximize (or a list of them)"
     if [w[:3] for w in asked] != [d for _, d in returned]:
         better = [("maximize" if d == "max" else "minimize") for _, d in returned]
