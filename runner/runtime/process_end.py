@@ -116,6 +116,12 @@ def reap(pid: int, kill: bool = False) -> None:
         os.waitpid(pid, 0)
 
 
+def give_up(pid: int, fd: int) -> None:
+    """A :func:`fork_answer` process whose answer is no longer wanted: its pipe closed, it killed and reaped."""
+    os.close(fd)
+    reap(pid, kill=True)
+
+
 _PARTING: List[Any] = []  # in a fork_answer process: what it made, dropped by its os._exit, not freed one by one
 
 

@@ -10,7 +10,6 @@ the cluster config describes.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from runner.config.errors import NoPlanFits
 from runner.runtime import rundir
 from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
-from runner.runtime.process_end import answer_of, fork_answer, keep_until_exit, reap
+from runner.runtime.process_end import answer_of, fork_answer, give_up, keep_until_exit
 from runner.track.reporter import Reporter
 from runner.track.store import check_store, sqlite_folder
 
@@ -110,8 +109,7 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
 
         load_matplotlib()  # the chart's, while the plan is made
     except BaseException:
-        os.close(answer)
-        reap(pid, kill=True)
+        give_up(pid, answer)
         raise
     return cast(Dict[str, Any], answer_of(pid, answer, meanwhile, name="the planning process"))
 

@@ -13,14 +13,13 @@ either way (``tests/plan/test_compact_enumeration.py`` compares both paths with 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from torchrec.distributed.planner.types import ShardingOption
 
 from runner.runtime.cores import may_fork
-from runner.runtime.process_end import fork_answer, helper_answer, reap
+from runner.runtime.process_end import fork_answer, give_up, helper_answer
 
 CHUNK = 2000  # options estimated between two progress reports
 FORK_MIN_OPTIONS = 4000  # fewer: estimated here (a fork and the answers' pickling would cost more than half)
@@ -49,8 +48,7 @@ def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[
         _in_chunks(estimators, options[:half], inputs, said)
     except BaseException:
         if helper is not None:  # its answer is not wanted: ended and reaped now, its pipe closed
-            os.close(helper[1])
-            reap(helper[0], kill=True)
+            give_up(*helper)
         raise
     if helper is None:
         return

@@ -10,14 +10,13 @@ and devices. Where the fork fails or dies, the bound is computed here as before:
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.problem import Problem
-from runner.runtime.process_end import fork_answer, helper_answer, reap
+from runner.runtime.process_end import fork_answer, give_up, helper_answer
 
 WAIT_STEP_S = 1.0  # the wait for it says so this often (the job prints a line every 10 s)
 
@@ -68,5 +67,4 @@ def end_bound_fork() -> None:
         return
     pid, answer = _AHEAD[2], _AHEAD[3]
     _AHEAD.clear()
-    os.close(answer)
-    reap(pid, kill=True)
+    give_up(pid, answer)
