@@ -148,7 +148,7 @@ slurm-down:
 	bash tests/slurm/cluster.sh down
 
 # Headless Chromium (Debian's package; root), for the test that opens the MLflow UI links the runner prints
-# (it skips, saying so, without it)
+# (the test runs this itself where there is none and it runs as root; it skips, saying why, where it cannot)
 chromium:
 	command -v chromium >/dev/null || { [ "$$(id -u)" -eq 0 ] && { timeout 300 apt-get install -y -q \
 	--no-install-recommends chromium >/dev/null 2>&1 || { timeout 300 apt-get update -q >/dev/null 2>&1 && \
