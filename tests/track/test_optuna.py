@@ -60,35 +60,37 @@ def test_optuna_trials_run_asynchronously_and_a_multi_objective_study_keeps_its_
     the study has two objectives (estimated step, memory), and what it prints and keeps as its Pareto front is the
     non-dominated set of its trials.
 
-    What is asserted is what the sweeper does, read from the study's journal (when each trial was asked for and
-    told), not when joblib's processes got to each job: on a loaded machine a pool process may still be importing
-    (the warm pool's imports, or its first job's) when a trial is handed to it, and the fast trial may then start,
-    and end, after the slow one (measured 2026-11-28 with two busy processes beside the study: the 1,600-table
-    job's run began 3.1 s after the 10-table one had ended, in the pool's other process)."""
+    Both what the sweeper does, read from the study's journal (when each trial was asked for and told), and what
+    the pool did, read from the runs (the fast one ended first, the third began before the slow one ended). Not
+    when each run began: on a loaded machine a pool process may still be importing when its trial comes
+    (measured 2026-11-28 with two busy processes beside the study: the 1,600-table job's run began 3.1 s after the
+    10-table one had ended, in the pool's other process, and still ended last)."""
     import optuna
     import yaml
 
     from runner.launch.sweep.study import journal_storage
 
-    folder = tmp_path / "study"
     proc = run_cli(["-m", "experiment=plan_many_tables", "cluster=gpu_4x8", "cluster.nodes=16",
                     "model.generated_tables.count=choice(10,1600)", "hydra/sweeper=optuna",
                     "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2",
-                    "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                    "hydra.sweeper.direction=[minimize,minimize]",
+                    "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.direction=[minimize,minimize]",
                     "tracking.objective.more_metrics=[plan/max_mem_bytes]", f"tracking.uri={store}",
-                    "tracking.experiment=async", f"hydra.sweep.dir={folder}"], timeout=600)
+                    "tracking.experiment=async", f"hydra.sweep.dir={tmp_path}"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, children = split(store, "async")
     assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
     count = {int(c.data.tags["runner.job"]): int(c.data.params["model.generated_tables.count"]) for c in children}
     assert sorted(count.values())[0] == 10 and sorted(count.values())[-1] == 1600  # the grid gave both at first
-    first, second, third = optuna.load_study(study_name="runner", storage=journal_storage(folder)).trials
+    first, second, later = optuna.load_study(study_name="runner", storage=journal_storage(tmp_path)).trials
     assert {first.params["model.generated_tables.count"], second.params["model.generated_tables.count"]} == {10, 1600}
     told = sorted([first.datetime_complete, second.datetime_complete])
     assert max(first.datetime_start, second.datetime_start) < told[0], "the first two trials were not out at once"
-    assert told[0] <= third.datetime_start < told[1], "the third trial waited for both of the first two (a batch)"
-    values = {int(c.data.tags["runner.job"]): json.loads((folder / c.data.tags["runner.job"] / "status.json")
+    assert told[0] <= later.datetime_start < told[1], "the third trial waited for both of the first two (a batch)"
+    slow, fast = sorted(children[:2], key=lambda c: -int(c.data.params["model.generated_tables.count"]))
+    third = children[2]
+    assert fast.info.end_time < slow.info.end_time, "the 10-table trial ended first"
+    assert third.info.start_time < slow.info.end_time, "the third trial waited for the slow one (a batch)"
+    values = {int(c.data.tags["runner.job"]): json.loads((tmp_path / c.data.tags["runner.job"] / "status.json")
                                                            .read_text())["objective"] for c in children}
     assert all(len(v) == 2 for v in values.values())
     for c in children:
@@ -99,7 +101,7 @@ def test_optuna_trials_run_asynchronously_and_a_multi_objective_study_keeps_its_
         return all(y <= x for x, y in zip(a, b, strict=True)) and a != b
 
     front = {n for n, v in values.items() if not any(dominated(v, w) for w in values.values())}
-    kept = yaml.safe_load((folder / "optimization_results.yaml").read_text())
+    kept = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert {f["trial"] for f in kept["pareto_front"]} == front
     assert f"Pareto front of {len(front)} trial(s) (minimize x minimize)" in proc.stdout
 
