@@ -33,6 +33,24 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float]:
     return my - b * mx, b
 
 
+def fit_nonneg(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float]:
+    """:func:`fit_line` with ``a >= 0`` and ``b >= 0`` (a time has no negative part): where the free fit has a
+    negative term (noise over a size that barely shows, as a small model's dense part at small batches), the best fit
+    on the boundary by the same weighted error, either the weighted mean time (``b = 0``) or a line through the origin
+    (``a = 0``), not the free fit with its negative term cut off (whose other term was fitted to make up for it)."""
+    a, b = fit_line(x, y)
+    if a >= 0 and b >= 0:
+        return a, b
+    w = [1.0 / max(v, 1e-12) ** 2 for v in y]
+    flat = (sum(wi * yi for wi, yi in zip(w, y, strict=True)) / sum(w), 0.0)
+    sxx = sum(wi * xi * xi for wi, xi in zip(w, x, strict=True))
+    through_origin = (0.0, max(sum(wi * xi * yi for wi, xi, yi in zip(w, x, y, strict=True)) / sxx, 0.0))
+
+    def sse(fit: Tuple[float, float]) -> float:
+        return sum(wi * (fit[0] + fit[1] * xi - yi) ** 2 for wi, xi, yi in zip(w, x, y, strict=True))
+    return min(flat, through_origin, key=sse)
+
+
 def block_penalty(dim: int) -> float:
     """TorchRec's penalty for table-wise lookups narrower than a full block (1, 1.15, 1.75)."""
     return 1.0 if dim >= FULL_BLOCK_DIM else 1.15 if dim >= FULL_BLOCK_DIM // 2 else 1.75
@@ -64,15 +82,15 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
     backward cost per call (ms), and the backward's multiple of the forward's bandwidth term (TorchRec's
     ``bwd_compute_multiplier``)."""
     x = [kernel_bytes(p["batch"], p["pooling"], p["dim"]) for p in points]
-    fixed_f, per_byte = fit_line(x, [p["fwd_ms"] for p in points])
+    fixed_f, per_byte = fit_nonneg(x, [p["fwd_ms"] for p in points])
     if per_byte <= 0:  # the launch, not the bytes, set every call's time: no bandwidth to read off
-        return {"device_bw_gibps": float("nan"), "kernel_call_fwd_ms": max(fixed_f, 0.0),
+        return {"device_bw_gibps": float("nan"), "kernel_call_fwd_ms": fixed_f,
                 "kernel_call_bwd_ms": 0.0, "bwd_compute_multiplier": float("nan"), "fit_error_fwd": float("inf"),
                 "fit_error_bwd": float("inf")}
     fwd_term = [xi * per_byte for xi in x]  # TorchRec's forward compute, ms, with the fitted bandwidth
-    fixed_b, multiplier = fit_line(fwd_term, [p["bwd_ms"] for p in points])
-    return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": max(fixed_f, 0.0),
-            "kernel_call_bwd_ms": max(fixed_b, 0.0), "bwd_compute_multiplier": max(multiplier, 0.0),
+    fixed_b, multiplier = fit_nonneg(fwd_term, [p["bwd_ms"] for p in points])
+    return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": fixed_f,
+            "kernel_call_bwd_ms": fixed_b, "bwd_compute_multiplier": multiplier,
             "fit_error_fwd": _errors(list(zip(x, [p["fwd_ms"] for p in points], strict=True)), fixed_f, per_byte),
             "fit_error_bwd": _errors(list(zip(fwd_term, [p["bwd_ms"] for p in points], strict=True)), fixed_b,
                                      multiplier)}
@@ -101,9 +119,9 @@ def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dic
     """``fixed_ms`` and ``ms_per_unit`` of ``ms ~ fixed + points[size] / scale * ms_per_unit``, and the fit's
     largest relative error."""
     x = [p[size] / scale for p in points]
-    a, b = fit_line(x, [p["ms"] for p in points])
-    return {"fixed_ms": max(a, 0.0), "ms_per_unit": max(b, 0.0),
-            "fit_error": _errors(list(zip(x, [p["ms"] for p in points], strict=True)), a, b)}
+    a, b = fit_nonneg(x, [p["ms"] for p in points])
+    return {"fixed_ms": a, "ms_per_unit": b, "fit_error": _errors(list(zip(x, [p["ms"] for p in points],
+                                                                             strict=True)), a, b)}
 
 
 def fit_collective(points: List[Dict[str, Any]]) -> Dict[str, float]:

@@ -53,6 +53,22 @@ def test_the_fits_recover_the_constants_the_measurements_were_made_from() -> Non
     assert dense["fixed_ms"] == pytest.approx(0.4, rel=0.02) and dense["ms_per_unit"] == pytest.approx(20, rel=0.02)
 
 
+def test_a_fit_whose_free_line_has_a_negative_term_is_the_best_line_without_one() -> None:
+    # times falling with size (noise over a size that barely shows): the weighted mean, not an intercept above
+    # every point with its slope cut to 0
+    times = [0.90, 0.94, 0.86]
+    flat = fit_rate([{"gflops": g, "ms": t} for g, t in zip((0.01, 0.02, 0.04), times, strict=True)], "gflops")
+    w = [1 / t**2 for t in times]
+    assert flat["ms_per_unit"] == 0.0
+    assert flat["fixed_ms"] == pytest.approx(sum(wi * t for wi, t in zip(w, times, strict=True)) / sum(w))
+    assert min(times) < flat["fixed_ms"] < max(times) and flat["fit_error"] < 0.06
+    # a free intercept below 0: the line through the origin, and its error is the returned line's
+    steep = fit_rate([{"gflops": g, "ms": t} for g, t in ((1.0, 1.0), (2.0, 2.6), (4.0, 5.6))], "gflops")
+    assert steep["fixed_ms"] == 0.0 and 1.0 < steep["ms_per_unit"] < 1.4  # between the points' own ratios
+    assert steep["fit_error"] == pytest.approx(max(abs(steep["ms_per_unit"] * g - t) / t
+                                                   for g, t in ((1.0, 1.0), (2.0, 2.6), (4.0, 5.6))))
+
+
 def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str, Any]:
     """Measurements as every rank gathers them, made from known constants (``noise``: relative jitter)."""
     rnd = random.Random(7)
