@@ -260,8 +260,10 @@ def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spre
                 ) -> Dict[str, float]:
     """A family of sharded lookup's ``part`` (``fwd``/``bwd``) from ``{tables: {batch: {part: per-rank samples}}}``
     (one and several tables, each at two batches): ``ms ~ fixed + per table x tables + per 1,000 samples of each
-    table x tables x batch / 1000`` (least squares on relative error; none below 0)."""
+    table x tables x batch / 1000`` (least squares on relative error, none below 0: the best such fit, as
+    :func:`fit_nonneg`, not the free one with its negative terms cut off)."""
     import numpy as np
+    from scipy.optimize import nnls
 
     points = [(int(n), int(b), median_ms(_worst(m[part]))) for n, by_batch in by_tables.items()
               for b, m in by_batch.items()]
@@ -270,8 +272,7 @@ def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spre
     a = np.array([[1.0, n, n * b / 1000.0] for n, b, _ in points])
     y = np.array([t for _, _, t in points])
     w = 1.0 / np.maximum(y, 1e-9)
-    coef = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)[0]
-    fixed, per_table, per_ksample = (max(float(v), 0.0) for v in coef)
+    fixed, per_table, per_ksample = (float(v) for v in nnls(a * w[:, None], y * w)[0])
     return {"fixed_ms": fixed, "per_table_ms": per_table, "ms_per_table_ksample": per_ksample}
 
 

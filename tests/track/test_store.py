@@ -8,7 +8,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, processes_tagged, run_cli
+from conftest import FAST, import_floor_s, processes_tagged, run_cli
+
+from runner.track.store import PROBE_TIMEOUT_S
 
 
 @pytest.mark.slow
@@ -21,7 +23,10 @@ def test_unusable_store_fails_fast_in_one_line_and_leaves_no_process(uri: str, s
     t0 = time.monotonic()
     proc = run_cli([*FAST, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path}"], tag=tag, timeout=120)
     elapsed = time.monotonic() - t0
-    assert proc.returncode == 1 and elapsed < 15, (elapsed, proc.stderr[-2000:])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    # refused by the store's probe (PROBE_TIMEOUT_S), not after MLflow's retries (over a minute): within 15 s, or
+    # on a slow day within twice the time this machine takes to import the job's libraries, measured now
+    assert elapsed < 15 or elapsed < 2 * import_floor_s() + PROBE_TIMEOUT_S, (elapsed, proc.stderr[-2000:])
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: tracking error:"), proc.stderr
     assert f"tracking.uri={uri}" in lines[0] and says in lines[0] and "Exception" not in lines[0]
