@@ -38,6 +38,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from plan_scale import import_floor  # noqa: E402
 
 GEN = "model=dnn_many model.generated_tables.max_rows=20000"
 CONFIGS: List[Tuple[str, str]] = [  # (name, overrides): none of them is the calibration's own job
@@ -58,12 +60,6 @@ CONFIGS: List[Tuple[str, str]] = [  # (name, overrides): none of them is the cal
     ("1x4 dlrm tw b512", "cluster.workers_per_node=4 sharding=tablewise train.batch_size=512"),
 ]
 STUDY = "cluster=2node train.batch_size=512"
-
-
-def floor_s() -> float:
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torchrec.distributed.planner, mlflow, hydra"], check=True)
-    return time.perf_counter() - t0
 
 
 def runner(args: List[str], store: str) -> Tuple[Path, str]:
@@ -204,7 +200,7 @@ def main() -> None:
     ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
-    floor = floor_s()
+    floor = import_floor()
     print(f"import floor {floor:.1f} s", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-estimates-", dir=ROOT / "outputs"))
     store = f"sqlite:///{work / 'mlflow.db'}"

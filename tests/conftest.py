@@ -102,16 +102,6 @@ def run_cli(args: List[str], timeout: float = 300, tag: str | None = None,
                           capture_output=True, timeout=timeout)
 
 
-def import_floor_s() -> float:
-    """This machine's import floor now (``python -c "import torchrec.distributed.planner, mlflow, hydra"``, s): what
-    a test that bounds a whole command's time compares with, where the command took longer than on a usual day."""
-    import time
-
-    t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torchrec.distributed.planner, mlflow, hydra"], cwd=ROOT, check=True)
-    return time.monotonic() - t0
-
-
 _PROGRESS = re.compile(r"^\s*\w+:\s+\d+%\|[^\]]*\]")  # rank 0's progress bar, maybe not ended by a newline
 
 

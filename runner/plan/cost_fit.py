@@ -19,11 +19,16 @@ ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
 FULL_BLOCK_DIM, MIN_LOOKUP_DIM = 128, 32  # TorchRec's block penalty threshold and its smallest looked-up width
 
 
+def _weights(y: Sequence[float]) -> List[float]:
+    """Each point's weight in a fit, ``1 / y**2``: squared errors relative to the time."""
+    return [1.0 / max(v, 1e-12) ** 2 for v in y]
+
+
 def fit_line(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float]:
     """``(a, b)`` with ``y ~ a + b x``, least squares on relative error (weights ``1 / y**2``)."""
     if len(x) < 2 or len(set(x)) < 2:
         raise ValueError("a fit needs at least two distinct sizes")
-    w = [1.0 / max(v, 1e-12) ** 2 for v in y]
+    w = _weights(y)
     sw = sum(w)
     mx = sum(wi * xi for wi, xi in zip(w, x, strict=True)) / sw
     my = sum(wi * yi for wi, yi in zip(w, y, strict=True)) / sw
@@ -41,7 +46,7 @@ def fit_nonneg(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float]:
     a, b = fit_line(x, y)
     if a >= 0 and b >= 0:
         return a, b
-    w = [1.0 / max(v, 1e-12) ** 2 for v in y]
+    w = _weights(y)
     flat = (sum(wi * yi for wi, yi in zip(w, y, strict=True)) / sum(w), 0.0)
     sxx = sum(wi * xi * xi for wi, xi in zip(w, x, strict=True))
     through_origin = (0.0, max(sum(wi * xi * yi for wi, xi, yi in zip(w, x, y, strict=True)) / sxx, 0.0))
