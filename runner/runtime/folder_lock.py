@@ -15,9 +15,10 @@ import fcntl
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 LOCK_FILE = ".runner.lock"
+DELIVERY_LOCK = ".delivery.lock"
 _HELD: Dict[str, int] = {}  # folder -> the lock file's descriptor, open for this process's life
 
 
@@ -100,3 +101,39 @@ def hold(folder: Path, kind: str = "sweep") -> Optional[str]:
     if kind == "sweep" and before is not None and before != os.getpid() and not _alive(before):
         return f"[runner] the sweep folder's lock was held by process {before}, which is gone: taken over"
     return None
+
+
+@contextlib.contextmanager
+def taking_turns(folder: Path, wait: bool = True, say: Optional[Callable[[str], None]] = None) -> Iterator[bool]:
+    """Hold ``folder``'s delivery lock for the ``with`` block; it yields whether it is held. Another live process
+    delivering the same folder's reports: ``wait`` -- wait for it, after ``say`` got one line naming it (a sync
+    then finds what that process delivered already done); else yield False at once (a live job's periodic
+    delivery: it tries again on its next round, training never waits). A folder where no lock file can be made
+    (read-only, a full disk) yields True unlocked: delivering alone is the usual case, and refusing it would keep
+    the reports out of the store for good."""
+    try:
+        fd = os.open(folder / DELIVERY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if not wait:
+                yield False
+                return
+            if say is not None:
+                text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+                pid = _holder(text)
+                who = f"process {pid} ({text.split(maxsplit=1)[1]})" if pid and " " in text else "another process"
+                say(f"[runner] {who} is delivering the reports of {folder}; waiting for it to finish (one record "
+                    "per run: what it delivers is not delivered again)")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # the holder's name, for the line of the next one who waits
+            line = f"{os.getpid()} {' '.join(['python -m runner', *sys.argv[1:]])}\n".encode()
+            os.pwrite(fd, line, 0)
+            os.ftruncate(fd, len(line))
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -73,7 +73,10 @@ class EventPump:
         self.down: Optional[str] = None  # why the store is unreachable, while it is
 
     def __call__(self) -> bool:
-        """Deliver what is new; True when everything written so far is in the store."""
+        """Deliver what is new; True when everything written so far is in the store. Called in the run folder's
+        delivery turn (:func:`runner.runtime.folder_lock.taking_turns`), so the offset another process recorded
+        meanwhile is where this one goes on from."""
+        self._offset = max(self._offset, self._delivered(say=False))
         data = self._unread()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
         skipped: List[int] = []
@@ -93,9 +96,9 @@ class EventPump:
                       "events; passed over, the rest delivered")
         return self._up()
 
-    def _delivered(self) -> int:
+    def _delivered(self, say: bool = True) -> int:
         """How far the event log was delivered (``delivered.json``); 0 where there is no record yet. A record
-        that cannot be read back, or that does not fall on a line's start, is said once and the log is
+        that cannot be read back, or that does not fall on a line's start, is said (``say``) and the log is
         delivered from its start (metrics already in the store are logged again at the same steps)."""
         if not self._state_path.exists():
             return 0
@@ -109,8 +112,9 @@ class EventPump:
                 f.seek(offset - 1)
                 if f.read(1) == b"\n":  # the end of a line: where the next one starts
                     return offset
-        self._say(f"[runner] warning: {self._state_path} cannot be read back or does not match {self.path.name}; "
-                  "the event log is delivered again from its start")
+        if say:
+            self._say(f"[runner] warning: {self._state_path} cannot be read back or does not match "
+                      f"{self.path.name}; the event log is delivered again from its start")
         return 0
 
     def _artifacts_at(self) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, cast
 
 from runner.runtime import rundir, signals
+from runner.runtime.folder_lock import taking_turns
 from runner.track import store
 from runner.track.events import EventLog, EventPump
 from runner.track.sweep_points import sweep_of
@@ -111,7 +112,9 @@ class MlflowRun:
 
     def deliver(self) -> bool:
         """Write rank 0's new reports to the run; True when the store has all of them."""
-        with self._lock:
+        with self._lock, taking_turns(self.run_dir, wait=False) as turn:
+            if not turn:  # a runner sync delivers this folder now: what it delivers is not sent again
+                return False
             if not self._create_kept():
                 return False
             return self.pump() if self.pump is not None else True
@@ -180,7 +183,7 @@ class MlflowRun:
         self.stop_system_metrics()
         if not self.opened:
             return True
-        with self._lock:
+        with self._lock, taking_turns(self.run_dir):  # the last delivery waits for a sync's turn to end
             self._next_try = 0.0  # one more try to create a kept run
             created = self._create_kept()
             return end_or_keep(self.run_dir, self.pump if created else None, self.uri, self.run_id, status, error,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from runner.config.errors import disk_full
 from runner.runtime import rundir
+from runner.runtime.folder_lock import taking_turns
 from runner.track.events import EventPump
 from runner.track.store import client, end_run, experiment_id, outage_reason
 from runner.track.sweep_points import SWEEP_FILE
@@ -90,14 +91,23 @@ def _deliver_but_full(pump: EventPump) -> bool:
         return True
 
 
-def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None) -> Optional[str]:
+def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None,
+              say: Callable[[str], None] = print) -> Optional[str]:
     """Deliver one run folder's kept reports and ending; the one-line reason when it cannot. ``quiet``: say
     nothing of a run that had nothing kept; ``parent``: the sweep's parent run, which the run becomes a child of
-    where it has no parent yet (the sweep began while the store was away)."""
+    where it has no parent yet (the sweep began while the store was away). Taking turns with any other process
+    delivering the folder (another sync, the live job, a resume): everything is read again once it is this one's
+    turn, so what the other delivered (the run it created, the offset it reached) is not delivered twice."""
+    if not (run_dir / rundir.RUN_INFO).exists():
+        return f"{run_dir}: not a run folder of the runner (no {rundir.RUN_INFO})"
+    with taking_turns(run_dir, say=say):
+        return _deliver_kept(run_dir, quiet, parent)
+
+
+def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional[str]:
+    """:func:`_sync_one`'s work, in the folder's turn."""
     path = run_dir / rundir.RUN_INFO
     info = rundir.read_json(path)
-    if not path.exists():
-        return f"{run_dir}: not a run folder of the runner (no {rundir.RUN_INFO})"
     pending = info.get("pending") if isinstance(info, dict) else None
     if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and (info.get("run_id") or pending)):
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
@@ -175,11 +185,17 @@ def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
     return why
 
 
-def _sweep_parent(sweep_dir: Path) -> Tuple[Optional[str], Optional[str]]:
+def _sweep_parent(sweep_dir: Path, say: Callable[[str], None] = print) -> Tuple[Optional[str], Optional[str]]:
     """The sweep's parent run id, created now where the sweep kept it (the store was away as it began) and
     written into ``sweep.json`` (for a resume); (None, the reason) where the store still cannot be reached
     (the points' runs then wait too: they are to be its children)."""
     folder = sweep_dir / PARENT_DIR
+    with taking_turns(folder, say=say):  # two syncs at once: one creates the parent, the other finds it
+        return _open_parent(sweep_dir, folder)
+
+
+def _open_parent(sweep_dir: Path, folder: Path) -> Tuple[Optional[str], Optional[str]]:
+    """:func:`_sweep_parent`'s work, in the parent folder's turn."""
     info = rundir.read_json(folder / rundir.RUN_INFO)
     if not isinstance(info, dict) or not isinstance(info.get("tracking_uri"), str):
         return None, None  # said by the parent folder's own sync
@@ -205,19 +221,26 @@ def sync(args: List[str]) -> int:
         print("usage: python -m runner sync <run folder or sweep folder> ...", file=sys.stderr)
         return 2
     failed = 0
+    said: List[str] = []
+
+    def say_once(line: str) -> None:  # one line however many of the sweep's folders the other process holds
+        if not said:
+            said.append(line)
+            print(line, flush=True)
+
     for arg in args:
         folder = Path(arg).resolve()
         runs = [folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder)
         parent = None
         if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
             runs.append(folder / PARENT_DIR)
-            parent, error = _sweep_parent(folder)  # first: its points' runs become its children
+            parent, error = _sweep_parent(folder, say_once)  # first: its points' runs become its children
             if error:  # the store is still away: said once for the sweep
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 failed += 1
                 continue
-        errors = [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None)
-                               for run_dir in runs or [folder]) if e]
+        errors = [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None,
+                                        say_once) for run_dir in runs or [folder]) if e]
         for error in errors:
             print(f"error: {error}", file=sys.stderr, flush=True)
         if len(runs) > 1:

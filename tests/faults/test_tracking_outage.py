@@ -90,17 +90,87 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         server.stop()
 
 
+def _spooled_copy(sweep: Path, to: Path, experiment: str) -> None:
+    """A second spooled sweep from ``sweep`` without running one more sweep: its folder copied, each kept run's
+    record (``run.json``'s ``pending``) pointed at ``experiment`` with a record id of its own (the id a sync
+    finds an earlier creation by), so that its runs are not the first sweep's."""
+    import shutil
+    import uuid
+
+    shutil.copytree(sweep, to)
+    for info_path in to.glob("*/run.json"):
+        info = json.loads(info_path.read_text())
+        info["pending"]["experiment"] = experiment
+        info["pending"]["tags"]["runner.record_id"] = uuid.uuid4().hex
+        info_path.write_text(json.dumps(info))
+
+
+def _sync_in_child(folder: str, go: object, out: str) -> None:
+    """One ``runner sync`` as a process of its own (forked: no second import of the stack), its output in ``out``,
+    started when ``go`` is set so that every sync of the race starts at the same moment."""
+    from runner.cli import _sync
+
+    sys.stdout = sys.stderr = open(out, "w", buffering=1)  # pytest's capture replaced them with its own
+    go.wait(60)  # type: ignore[attr-defined]
+    code = _sync([folder])
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _syncs_at_once(folders: list, logs: Path) -> list:
+    """``runner sync`` of each of ``folders`` (a folder named n times: n syncs of it), all at once; each one's
+    exit code and output. Forked before this process makes any MLflow client (its pooled connections would be
+    shared with the children)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    go = ctx.Event()
+    outs = [logs / f"sync{len(folders)}_{i}.out" for i in range(len(folders))]
+    procs = [ctx.Process(target=_sync_in_child, args=(str(f), go, str(o))) for f, o in zip(folders, outs, strict=True)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(120)
+    return [(p.exitcode, o.read_text()) for p, o in zip(procs, outs, strict=True)]
+
+
+def _each_once(url: str, experiment: str, sweep: Path) -> list:
+    """Every run of the spooled ``sweep`` in ``experiment`` exactly once (one parent, each point once, a child of
+    it), FINISHED, and each metric value of each point's event log stored once (no step twice); its runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(url)
+    found = runs(url, experiment)
+    parents = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
+    names = sorted(r.info.run_name for r in found if r not in parents)
+    assert len(parents) == 1 and names == ["xbw=12.0", "xbw=3.0", "xbw=50.0"], [r.info.run_name for r in found]
+    assert all(r.info.status == "FINISHED" for r in found)
+    assert all(r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id for r in found if r not in parents)
+    for point in [*sweep.glob("[0-9]*"), sweep / "parent"]:
+        run_id = json.loads((point / "run.json").read_text())["run_id"]
+        kept = [(k, e["step"]) for e in map(json.loads, (point / "events.jsonl").read_text().splitlines())
+                if e["kind"] == "metrics" for k in e["metrics"]]
+        stored = [(k, m.step) for k in {k for k, _ in kept} for m in client.get_metric_history(run_id, k)]
+        assert sorted(stored) == sorted(kept), point
+    return found
+
+
 def test_a_sweep_started_while_its_store_is_down_keeps_its_parent(tmp_path: Path) -> None:
     """Issue 47, item 5: a plan-only sweep whose server is down as it starts says so once (no Hydra warning), writes
     its report from the points, ends with one sync command for the sweep; after the server is up, that sync creates
-    the parent with every point as its child, exactly once (a second sync changes nothing)."""
+    the parent with every point as its child, exactly once (a second sync changes nothing).
+
+    Issue 79, item 1: two syncs of the sweep at once, and three of a second spooled sweep at once, take turns on
+    each run folder (before, two at once made 12 runs of 6 here, and one of them failed with a traceback): the
+    store holds each run once and each metric once, and a sync that waited says so in one line."""
     from mlflow.tracking import MlflowClient
 
     server = MlflowServer(tmp_path / "server")  # its port, before it runs
     sweep = tmp_path / "sweep"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "mode=plan", "cluster.cross_node_bandwidth=3,12",
+    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "mode=plan", "cluster.cross_node_bandwidth=3,12,50",
                            f"tracking.uri={server.url}", "tracking.experiment=down_at_start",
                            f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -109,24 +179,28 @@ def test_a_sweep_started_while_its_store_is_down_keeps_its_parent(tmp_path: Path
     assert out.count("unreachable (") == 1 and f"python -m runner sync {sweep}/" not in out, out[-3000:]
     assert out.strip().splitlines()[-1].endswith(f"deliver them with: python -m runner sync {sweep}"), out[-1000:]
     assert (sweep / "report" / "report.md").exists() and (sweep / "report" / "points.csv").exists()
+    _spooled_copy(sweep, tmp_path / "sweep3", "down_at_start_3")
     server.start()
     try:
-        synced = subprocess.run([sys.executable, "-m", "runner", "sync", str(sweep)], cwd=ROOT, env=env,
-                                text=True, capture_output=True, timeout=300)
-        assert synced.returncode == 0, synced.stderr[-2000:]
-        assert "3 of 3 runs complete" in synced.stdout, synced.stdout
+        t0 = time.monotonic()
+        synced = _syncs_at_once([sweep, sweep], tmp_path)
+        two_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        synced3 = _syncs_at_once([tmp_path / "sweep3"] * 3, tmp_path)
+        three_s = time.monotonic() - t0
+        for code, text in synced + synced3:
+            assert code == 0 and "4 of 4 runs complete" in text and "Traceback" not in text, text[-3000:]
+            assert text.count("waiting for it to finish") <= 1, text  # one line per sync, however many folders
         from runner.track.sync import sync
 
         assert sync([str(sweep)]) == 0  # again: nothing left, nothing made twice
         client = MlflowClient(server.url)
-        found = runs(server.url, "down_at_start")
-        parents = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
-        assert len(found) == 3 and len(parents) == 1, [r.info.run_name for r in found]
-        parent = parents[0]
-        children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-        assert sorted(r.info.run_name for r in children) == ["xbw=12.0", "xbw=3.0"]
-        assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/points"] == 2
+        found = _each_once(server.url, "down_at_start", sweep)
+        _each_once(server.url, "down_at_start_3", tmp_path / "sweep3")
+        parent = next(r for r in found if r.data.tags.get("runner.kind") == "sweep")
+        assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/points"] == 3
         assert "report" in [a.path for a in client.list_artifacts(parent.info.run_id)]
         assert json.loads((sweep / "sweep.json").read_text())["parent_run_id"] == parent.info.run_id
+        print(f"syncs at once: 2 in {two_s:.1f}s, 3 in {three_s:.1f}s; 4 runs each in the store")
     finally:
         server.stop()

@@ -29,7 +29,7 @@ from runner.launch.schedulers.host_pool import end_pool, warm_pool
 from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.sweep_report import write_sweep_report
 from runner.runtime import rundir
-from runner.runtime.folder_lock import FolderBusy, hold
+from runner.runtime.folder_lock import FolderBusy, hold, taking_turns
 from runner.track.events import EventLog, EventPump
 from runner.track.store import (
     check_store,
@@ -250,9 +250,10 @@ class SweepParentRun(Callback):
         if tags:
             log.tags(tags)
         log.close()
-        pump = EventPump(folder / rundir.EVENTS, self._uri, self._run_id) if self._run_id else None
-        ended = end_or_keep(folder, pump, self._uri, self._run_id, "FAILED" if failed else "FINISHED",
-                            "; ".join(lines) or None, say=False)
+        with taking_turns(folder):  # a runner sync of this sweep may be delivering the parent's reports now
+            pump = EventPump(folder / rundir.EVENTS, self._uri, self._run_id) if self._run_id else None
+            ended = end_or_keep(folder, pump, self._uri, self._run_id, "FAILED" if failed else "FINISHED",
+                                "; ".join(lines) or None, say=False)
         kept = kept_runs(sweep_dir)
         if kept or not ended:
             jobs = ", ".join(d.name for d in kept if d.name != PARENT_DIR)
