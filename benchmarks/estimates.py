@@ -88,8 +88,8 @@ def shape_args(shape: Tuple[int, int], device: str) -> List[str]:
 
 def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> Path:
     run_dir, out = runner(["mode=calibrate", *shape_args(shape, device), f"cluster.calibration_dir={folder}"], store)
-    line = next((ln for ln in out.splitlines() if ln.startswith("[runner] calibration:")), "")
-    print(f"calibration {shape[0]} x {shape[1]}: {line[len('[runner] calibration: '):]}", flush=True)
+    lines = [ln[len("[runner] calibration: "):] for ln in out.splitlines() if ln.startswith("[runner] calibration: ")]
+    print(f"calibration {shape[0]} x {shape[1]}: {'; '.join(lines)}", flush=True)
     return run_dir / "calibration" / "calibration.yaml"
 
 
@@ -191,6 +191,12 @@ def study(calibration: Path, steps: int, device: str, store: str, repeats: int) 
     return gain
 
 
+def work_folder(root: Path) -> Path:
+    """This run's own folder under ``root/outputs`` (made with it: a fresh clone has no ``outputs/``)."""
+    (root / "outputs").mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="bench-estimates-", dir=root / "outputs"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
@@ -202,7 +208,7 @@ def main() -> None:
     logging.disable(logging.WARNING)
     floor = import_floor()
     print(f"import floor {floor:.1f} s", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="bench-estimates-", dir=ROOT / "outputs"))
+    work = work_folder(ROOT)
     store = f"sqlite:///{work / 'mlflow.db'}"
     picked = [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
     t0 = time.perf_counter()

@@ -89,9 +89,17 @@ class CalibrateSchema:
     repeats: int = 7
     """Timed repeats of each measurement, after one warm-up (at least 3: the spread needs them)."""
     max_spread: float = 0.25
-    """The repeats' largest allowed scatter (median absolute deviation over the median, a fraction): a part
-    measured more unevenly (a busy machine) is said, and the calibration is written to the run folder only,
-    not kept for ``cluster.calibration=auto``."""
+    """The repeats' allowed scatter (median absolute deviation over the median, a fraction) at ``repeats``: a part
+    is trusted when its medians are known as well as ``repeats`` repeats scattered this much know them (their
+    relative standard error, 1.2533 x spread / sqrt(repeats)); a scattered point takes more repeats
+    (``max_repeats``). A part that stays untrusted falls back alone to TorchRec's constants (docs/calibration.md)."""
+    max_repeats: int = 64
+    """The most timed repeats of one measurement, when its median is not yet known well enough (the median's error
+    shrinks as 1/sqrt(repeats): 64 know it three times better than 7). At least ``repeats``."""
+    max_extra_s: float = 40.0
+    """Seconds, at most, that the extra repeats of one calibration take (an equal share for each part: the
+    collectives, kernels, sharded lookups and dense part), so the whole command stays bounded on a busy
+    machine."""
     grid: str = one_of("full", ("full", "small"))
     """``full``: every kernel shape and message size | ``small``: a few of each (seconds; a quick check)."""
     max_message_mib: Optional[float] = None

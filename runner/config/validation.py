@@ -221,6 +221,9 @@ def validate(cfg: RunnerConfig) -> None:
     _check(cfg.sweep.retries >= 0, "sweep.retries", cfg.sweep.retries, "an integer >= 0")
     _check(cfg.calibrate.repeats >= 3, "calibrate.repeats", cfg.calibrate.repeats, "an integer >= 3")
     _check(0 < cfg.calibrate.max_spread < 1, "calibrate.max_spread", cfg.calibrate.max_spread, "a fraction in (0, 1)")
+    _check(cfg.calibrate.max_repeats >= cfg.calibrate.repeats, "calibrate.max_repeats", cfg.calibrate.max_repeats,
+           f"an integer >= calibrate.repeats={cfg.calibrate.repeats}")
+    _check(cfg.calibrate.max_extra_s >= 0, "calibrate.max_extra_s", cfg.calibrate.max_extra_s, "seconds >= 0")
     _check(cfg.calibrate.max_message_mib is None or cfg.calibrate.max_message_mib >= 0.0625,
            "calibrate.max_message_mib", cfg.calibrate.max_message_mib, "null or a size >= 0.0625 MiB (64 KiB)")
     _check(cfg.sweep.max_failures is None or cfg.sweep.max_failures >= 1, "sweep.max_failures",

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from runner.plan.calibration import Calibration, cache_dir, file_name, save
-from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
+from runner.plan.calibration import FALLBACK, Calibration, cache_dir, file_name, save
+from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, allowed_median_error, fit_all, kernel_bytes, trust
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema
@@ -55,7 +55,8 @@ def uvm_text(uvm: Dict[str, Any]) -> str:
     return "not measured"
 
 
-def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: float) -> str:
+def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: float, repeats: int) -> str:
+    allowed = allowed_median_error(max_spread, repeats)
     c, fp = cal.constants, cal.fingerprint
     memory = "hbm" if fp["device_kind"] == "cuda" else "ddr"
 
@@ -78,7 +79,7 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
              "| collective | scope | latency ms | bandwidth GiB/s | largest fit error |", "|---|---|---|---|---|"]
     for name, by_scope in c["collectives"].items():
         for scope, f in by_scope.items():
-            lines.append(f"| {name} | {scope} | {f['latency_ms']:.4f} | {f['bandwidth_gibps']:.3f} | "
+            lines.append(f"| {name} | {scope} | {f['latency_ms']:.4f} | {gib(f['bandwidth_gibps'])} | "
                          f"{f['fit_error']:.1%} |")
     lines += ["", "| part | fixed ms | slope | largest fit error |", "|---|---|---|---|"]
     for key, unit in (("dense_fwd", "ms per GFLOP"), ("dense_bwd", "ms per GFLOP"), ("optimizer", "ms per M params"),
@@ -86,10 +87,13 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
         f = c[key]
         lines.append(f"| {key} | {f['fixed_ms']:.4f} | {f['ms_per_unit']:.4f} {unit} | {f['fit_error']:.1%} |")
     lines += ["", f"Kernel fit: largest error forward {c['fit_error_fwd']:.1%}, backward {c['fit_error_bwd']:.1%}.",
-              "", "Spread of the repeats (median absolute deviation over the median), allowed "
-              f"{max_spread:.0%}: " + ", ".join(f"{k} {v:.1%}" for k, v in cal.spread.items())
-              + ("." if cal.trusted else ": **too wide to trust** (a busy machine?): measure again when it is "
-                 "quieter.")]
+              "", "Each part's trust: how well its repeats know their medians (the median's relative standard error, "
+              f"1.2533 x spread / sqrt(repeats)), allowed {allowed:.1%} (what {repeats} repeats scattered by "
+              f"calibrate.max_spread={max_spread:g} know); a scattered point takes more repeats, up to "
+              "calibrate.max_repeats.", "", "| part | spread of the repeats | median known to | trusted | if not: "
+              "the plan uses |", "|---|---|---|---|---|"]
+    lines += [f"| {part} | {cal.spread.get(part, 0.0):.1%} | {cal.median_error.get(part, 0.0):.1%} | "
+              f"{'yes' if cal.trusted.get(part) else '**no**'} | {FALLBACK[part]} |" for part in FALLBACK]
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +123,8 @@ def _chart(cal: Calibration, path: Path) -> None:
             sizes = sorted(points)
             fit = c["collectives"][name][scope]
             right.scatter(sizes, [points[s] for s in sizes], s=12, label=f"{name} ({scope})")
-            right.plot(sizes, [fit["latency_ms"] + s / (fit["bandwidth_gibps"] * 2**30) * 1000 for s in sizes])
+            if fit["bandwidth_gibps"]:  # None: the time did not grow with the bytes, no line to draw
+                right.plot(sizes, [fit["latency_ms"] + s / (fit["bandwidth_gibps"] * 2**30) * 1000 for s in sizes])
     right.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="ms", title="collectives")
     left.legend(fontsize=7)
     right.legend(fontsize=7)
@@ -128,40 +133,60 @@ def _chart(cal: Calibration, path: Path) -> None:
     plt.close(fig)
 
 
+def _trust_words(cal: Calibration, settings: CalibrateSchema, kept: Optional[Path]) -> str:
+    """Which parts are trusted, and what the next plan uses: the line ``mode=calibrate`` ends with."""
+    ok = [p for p, yes in cal.trusted.items() if yes]
+    gone = [f"{p} (its medians known to {cal.median_error.get(p, 0.0):.0%}"
+            + (f", allowed {allowed_median_error(settings.max_spread, settings.repeats):.0%}"
+               if cal.median_error.get(p, 0.0) > allowed_median_error(settings.max_spread, settings.repeats)
+               else ", no bandwidth to read off") + f": {FALLBACK[p]})" for p, yes in cal.trusted.items() if not yes]
+    words = f"trusted: {', '.join(ok) or 'no part'}" + (f"; not trusted: {'; '.join(gone)}" if gone else "")
+    if kept:
+        return words + f"; the next plan here (cluster.calibration=auto) uses it ({kept.name})"
+    if not ok:
+        return words + ": not kept for cluster.calibration=auto (a busy machine?), measure again when it is quieter"
+    return words + "; not kept (calibrate.keep=false): pass it by path as cluster.calibration"
+
+
 def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str], run_dir: Path,
                       measured: Dict[str, Any], fingerprint: Dict[str, Any], seconds: float, reporter: Any
                       ) -> Dict[str, Any]:
     """Fit, write (and keep in ``cluster.calibration_dir``, ``calibration_dir``, when trusted and ``calibrate.keep``),
     report and log; the job's results. ``settings``: the ``calibrate`` keys."""
-    constants, spreads = fit_all(measured)
-    trusted = all(v <= settings.max_spread for v in spreads.values()) and not constants.get("kernel_fit_failed")
-    cal = Calibration(fingerprint, constants, spreads, trusted, _summary(measured),
-                      datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    constants, spreads, errors = fit_all(measured)
+    parts = trust(errors, constants, allowed_median_error(settings.max_spread, settings.repeats))
+    cal = Calibration(fingerprint, constants, spreads, parts, _summary(measured),
+                      datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), errors)
+    trusted = any(parts.values())  # kept when a part can be used: the others fall back alone
     folder = run_dir / FOLDER
     where = save(cal, folder / "calibration.yaml")
     kept = save(cal, cache_dir(calibration_dir) / file_name(fingerprint)) if trusted and settings.keep else None
-    (folder / "report.md").write_text(_markdown(cal, where, kept, settings.max_spread))
+    (folder / "report.md").write_text(_markdown(cal, where, kept, settings.max_spread, settings.repeats))
     _chart(cal, folder / "calibration.png")
-    max_spread, c = settings.max_spread, constants
+    c = constants
     metrics = {f"calibration/{k}": float(c[k]) for k in ("device_bw_gibps", "bwd_compute_multiplier",
                                                          "kernel_call_fwd_ms", "kernel_call_bwd_ms")}
     metrics.update({f"calibration/{k}_gibps": float(c[k]) for k in ("intra_node_bandwidth", "cross_node_bandwidth")
                     if c.get(k) is not None})
     metrics.update({f"calibration/spread/{k}": v for k, v in spreads.items()})
+    metrics.update({f"calibration/median_error/{k}": v for k, v in errors.items()})
+    metrics.update({f"calibration/trusted/{k}": float(v) for k, v in parts.items()})
     metrics["calibration/seconds"] = seconds
     a2a = next(iter(c["collectives"].get("all_to_all", {}).values()), None)  # within a node, else across
     head = (f"device {c['device_bw_gibps']:.2f} GiB/s (TorchRec's default "
             f"{TORCHREC['hbm' if fingerprint['device_kind'] == 'cuda' else 'ddr']:g}), backward x"
             f"{c['bwd_compute_multiplier']:.2f} (2), kernel call {c['kernel_call_fwd_ms']:.3f} + "
             f"{c['kernel_call_bwd_ms']:.3f} ms, "
-            + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms" if a2a
-               else "no collectives (1 rank)"))
-    trust = "" if trusted else (f"; the repeats scatter more than calibrate.max_spread={max_spread:g} "
-                                "(a busy machine?): not kept for cluster.calibration=auto, measure again")
-    results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": trusted,
-               "spread": spreads, "seconds": seconds, "headline": head + trust}
-    tags = {"runner.calibration_file": str(where), "runner.calibration_trusted": str(trusted).lower(),
+            + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms"
+               if a2a and a2a["bandwidth_gibps"] else "all-to-all: no bandwidth (its time did not grow with the bytes)"
+               if a2a else "no collectives (1 rank)"))
+    said = _trust_words(cal, settings, kept)
+    results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": parts,
+               "spread": spreads, "median_error": errors, "seconds": seconds, "headline": f"{head}; {said}"}
+    tags = {"runner.calibration_file": str(where), "runner.calibration_trusted": ",".join(
+                p for p, ok in parts.items() if ok) or "none",
             "runner.device_name": fingerprint["device_name"], "runner.world_size": fingerprint["nodes"]
             * fingerprint["workers_per_node"]}
-    console = f"[runner] calibration: {head}{trust}\n[runner] calibration report: {folder / 'report.md'}"
+    console = f"[runner] calibration: {head}\n[runner] calibration: {said}\n[runner] calibration report: " \
+              f"{folder / 'report.md'}"
     return reporter.calibrated(CalibrationReport(folder, metrics, tags, console, results))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 GIB = 1024**3
 ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
@@ -76,6 +76,37 @@ def spread(samples: Sequence[float]) -> float:
     return 1.4826 * statistics.median(abs(s - med) for s in samples) / med if med > 0 else 0.0
 
 
+def median_error(samples: Sequence[float]) -> float:
+    """How well repeats know their median: its relative standard error, ``1.2533 x spread / sqrt(n)`` (the median's
+    asymptotic error is 1.2533 times the mean's). A scattered measurement is known as well as a steady one once it
+    has enough repeats: what a fit uses is the median, not any one repeat."""
+    return 1.2533 * spread(samples) / math.sqrt(len(samples)) if samples else float("inf")
+
+
+def allowed_median_error(max_spread: float, repeats: int) -> float:
+    """The median's error that ``calibrate.max_spread`` allows: that of ``repeats`` repeats scattered by
+    ``max_spread`` (so a part measured ``repeats`` times is trusted exactly when its spread is within
+    ``max_spread``; one measured more often may scatter more and be known as well)."""
+    return 1.2533 * max_spread / math.sqrt(max(repeats, 1))
+
+
+PARTS = ("collectives", "kernels", "sharded", "dense")
+"""The parts a calibration trusts one by one: a part whose median is not known well enough falls back alone
+(:func:`runner.plan.calibration.fallen_back`)."""
+
+
+def trust(errors: Dict[str, float], constants: Dict[str, Any], allowed: float) -> Dict[str, bool]:
+    """Each part's trust: its points' median error (the median over them of :func:`median_error`) within
+    ``allowed``; the kernels also need a bandwidth to read off, the collectives one bandwidth per collective (a time
+    that does not grow with the bytes measured none)."""
+    out = {part: errors.get(part, 0.0) <= allowed for part in PARTS}
+    out["kernels"] = out["kernels"] and not constants.get("kernel_fit_failed")
+    out["collectives"] = out["collectives"] and all(
+        fit.get("bandwidth_gibps") is not None for by_scope in constants.get("collectives", {}).values()
+        for fit in by_scope.values())
+    return out
+
+
 def _errors(points: List[Tuple[float, float]], a: float, b: float) -> float:
     """The largest relative error of the fit ``a + b x`` over ``points`` (x, y)."""
     return max(abs(a + b * x - y) / y for x, y in points) if points else 0.0
@@ -129,11 +160,13 @@ def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dic
                                                                              strict=True)), a, b)}
 
 
-def fit_collective(points: List[Dict[str, Any]]) -> Dict[str, float]:
+def fit_collective(points: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
     """A collective's latency (ms) and bandwidth (GiB/s, bytes each rank puts in per ms, as TorchRec's comms
     terms divide by) from ``points`` (``bytes``, ``ms``)."""
     fit = fit_rate(points, "bytes")
-    rate = 1.0 / fit["ms_per_unit"] * 1000.0 / GIB if fit["ms_per_unit"] > 0 else float("inf")
+    # a time that does not grow with the bytes (noise over the sizes) measured no bandwidth: None, and the
+    # collectives are not trusted (:func:`trust`)
+    rate = 1.0 / fit["ms_per_unit"] * 1000.0 / GIB if fit["ms_per_unit"] > 0 else None
     return {"latency_ms": fit["fixed_ms"], "bandwidth_gibps": rate, "fit_error": fit["fit_error"]}
 
 
@@ -146,28 +179,32 @@ def _worst(samples_by_rank: List[List[float]]) -> List[float]:
     return [max(run) for run in zip(*samples_by_rank, strict=True)]
 
 
-def _rank_spread(samples_by_rank: List[List[float]]) -> float:
-    """The median over ranks of each rank's own spread (ranks that differ from each other are not a busy machine)."""
-    return float(statistics.median(spread(s) for s in samples_by_rank))
+def _rank_spread(samples_by_rank: List[List[float]], of: Any = spread) -> float:
+    """The median over ranks of each rank's own spread (ranks that differ from each other are not a busy machine);
+    ``of``: :func:`median_error` for how well each rank knows its median."""
+    return float(statistics.median(of(s) for s in samples_by_rank))
 
 
 def _pooled(samples_by_rank: List[List[float]]) -> List[float]:
     return [s for rank in samples_by_rank for s in rank]
 
 
-def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]:
-    """The calibration's constants and each part's spread from every rank's measurements (``measured``:
+def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float], Dict[str, float]]:
+    """The calibration's constants, each part's spread and how well it knows its medians (the median over its points
+    of :func:`median_error`) from every rank's measurements (``measured``:
     ``collectives`` ``{name: {scope: {bytes: [per-rank samples]}}}``, ``kernels`` ``[{shape, fwd, bwd}]`` with
     per-rank samples, ``dense`` ``{rows: {fwd, bwd, optimizer}}``, ``optimizer`` ``{params: samples}``, ``input``
     ``{rows: samples}``, ``params``: the dense parameters)."""
     constants: Dict[str, Any] = {"collectives": {}}
     spreads: Dict[str, List[float]] = {"collectives": [], "kernels": [], "dense": []}
+    errors: Dict[str, List[float]] = {"collectives": [], "kernels": [], "dense": [], "sharded": []}
     for name, by_scope in measured["collectives"].items():
         for scope, by_size in by_scope.items():
             points = []
             for size, per_rank in by_size.items():
                 worst = _worst(per_rank)
                 spreads["collectives"].append(spread(worst))
+                errors["collectives"].append(median_error(worst))
                 points.append({"bytes": float(size), "ms": median_ms(worst)})
             constants["collectives"].setdefault(name, {})[scope] = fit_collective(points)
     a2a = constants["collectives"].get("all_to_all", {})
@@ -176,6 +213,7 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
     for k in measured["kernels"]:
         fwd, bwd = _pooled(k["fwd"]), _pooled(k["bwd"])
         spreads["kernels"] += [_rank_spread(k["fwd"]), _rank_spread(k["bwd"])]
+        errors["kernels"] += [_rank_spread(k["fwd"], median_error), _rank_spread(k["bwd"], median_error)]
         kernel_points.append({**k["shape"], "fwd_ms": median_ms(fwd), "bwd_ms": median_ms(bwd)})
     constants.update(fit_kernels(kernel_points))
     uvm = [{**k["shape"], "fwd_ms": median_ms(_pooled(k["fwd"])), "bwd_ms": median_ms(_pooled(k["bwd"]))}
@@ -187,12 +225,13 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
         constants.update(device_bw_gibps=897.0 if cuda else 51.0, bwd_compute_multiplier=2.0, kernel_fit_failed=True)
     constants["sharded"] = {}
     for kind, by_tables in measured.get("sharded", {}).items():
-        constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads) for part in ("fwd", "bwd")}
+        constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads, errors) for part in ("fwd", "bwd")}
     params = measured["params"]
     for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
         points = [{"gflops": 2.0 * params * int(rows) / 1e9, "ms": median_ms(_pooled(m[part]))}
                   for rows, m in measured["dense"].items()]
         spreads["dense"] += [_rank_spread(m[part]) for m in measured["dense"].values()]
+        errors["dense"] += [_rank_spread(m[part], median_error) for m in measured["dense"].values()]
         constants[key] = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
     if measured.get("linear"):
         fit_linear(constants, measured)
@@ -202,7 +241,8 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
     if measured.get("step"):
         constants["step_overhead"] = step_overhead(constants, measured)
-    return constants, {part: float(statistics.median(s)) for part, s in spreads.items() if s}
+    return (constants, {part: float(statistics.median(s)) for part, s in spreads.items() if s},
+            {part: float(statistics.median(s)) for part, s in errors.items() if s})
 
 
 def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
@@ -229,12 +269,14 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -
     reduce = c["collectives"].get("all_reduce", {}).get("intra") or {"latency_ms": 0.0,
                                                                     "bandwidth_gibps": float("inf")}
     lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
-                  + 2 * batch * world * d * 4 * 1000.0 / (a2a["bandwidth_gibps"] * GIB) for d in job["dims"]) / world
+                  + 2 * batch * world * d * 4 * 1000.0 / ((a2a["bandwidth_gibps"] or math.inf) * GIB)
+                  for d in job["dims"]) / world
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
     return (lookups + sum(lookups_ms(c, {"table_wise": len(job["dims"])}, batch).values())
             + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6)
-            + (reduce["latency_ms"] + params * 4 * 1000.0 / (reduce["bandwidth_gibps"] * GIB) if world > 1 else 0.0)
+            + (reduce["latency_ms"] + params * 4 * 1000.0 / ((reduce["bandwidth_gibps"] or math.inf) * GIB)
+               if world > 1 else 0.0)
             + (fitted_ms(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
 
 
@@ -261,8 +303,8 @@ def _layers_ms(fit: Dict[str, float], job: Dict[str, Any], batch: int) -> float:
     return sum(fit["ms_per_unit"] * f for f in flops) + fit["fixed_ms"] * len(job["layers"])
 
 
-def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]]
-                ) -> Dict[str, float]:
+def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]],
+                errors: Dict[str, List[float]]) -> Dict[str, float]:
     """A family of sharded lookup's ``part`` (``fwd``/``bwd``) from ``{tables: {batch: {part: per-rank samples}}}``
     (one and several tables, each at two batches): ``ms ~ fixed + per table x tables + per 1,000 samples of each
     table x tables x batch / 1000`` (least squares on relative error, none below 0: the best such fit, as
@@ -274,6 +316,8 @@ def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spre
               for b, m in by_batch.items()]
     spreads.setdefault("sharded", []).extend(spread(_worst(m[part])) for by_batch in by_tables.values()
                                             for m in by_batch.values())
+    errors.setdefault("sharded", []).extend(median_error(_worst(m[part])) for by_batch in by_tables.values()
+                                           for m in by_batch.values())
     a = np.array([[1.0, n, n * b / 1000.0] for n, b, _ in points])
     y = np.array([t for _, _, t in points])
     w = 1.0 / np.maximum(y, 1e-9)

@@ -94,9 +94,15 @@ def input_dist_ms(best_plan: List[Any], world: int, with_total: bool = False) ->
 
 
 def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
+    """A collective's latency and bandwidth in ``cal``; where it has none (the collectives fell back, or a time that
+    did not grow with the bytes), TorchRec's bandwidth for the scope and no latency, as TorchRec's model."""
+    from runner.plan.calibration import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
+
     found = cal.constants.get("collectives", {}).get(name, {})
-    return found.get("cross" if cross and "cross" in found else "intra") or {"latency_ms": 0.0,
-                                                                              "bandwidth_gibps": float("inf")}
+    fit = found.get("cross" if cross and "cross" in found else "intra") or {}
+    if fit.get("bandwidth_gibps") is None:
+        return {"latency_ms": 0.0, "bandwidth_gibps": TORCHREC_CROSS_GIBPS if cross else TORCHREC_INTRA_GIBPS}
+    return fit
 
 
 def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
@@ -127,7 +133,7 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
-            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0)}
+            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": cal.untrusted()}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
@@ -143,8 +149,11 @@ def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
 
 def step_text(step: Dict[str, Any]) -> str:
     """``12.345 ms (embeddings 1.2, kernel calls 0.3, ...)`` for the report, the plan line and the summary."""
+    from runner.plan.calibration import FALLBACK
+
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
-    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']})"
+    fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())
+    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{fell})"
 
 
 def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:

@@ -14,11 +14,13 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner.config.schema import samples_per_step
+from runner.plan.cost_fit import PARTS, allowed_median_error
 from runner.train.calibrate_job import step_samples
 from runner.train.calibrate_parts import (
     COLLECTIVES,
     LINEAR_WIDTHS,
     SHARDED,
+    Repeats,
     collective_samples,
     dense_samples,
     input_samples,
@@ -55,16 +57,25 @@ class _Progress:
             print(f"[runner] calibrate: {phase} {done} of {of} ({now - self.t0:.0f} s)", flush=True)
 
 
+def repeats_for(c: CalibrateSchema) -> Repeats:
+    """One part's repeats (:class:`Repeats`): ``calibrate.repeats``, more while a point's median is known less well
+    than ``calibrate.max_spread`` allows at ``calibrate.repeats`` (:func:`allowed_median_error`), up to
+    ``calibrate.max_repeats``, for at most an equal share of ``calibrate.max_extra_s`` from now."""
+    return Repeats(c.repeats, max(c.max_repeats, c.repeats), allowed_median_error(c.max_spread, c.repeats),
+                   time.perf_counter() + c.max_extra_s / len(PARTS))
+
+
 def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Every collective at every size, in each scope; this rank's samples (ranks outside a group: none)."""
     sizes = message_sizes(device.type, c.grid, c.max_message_mib)
     out: Dict[str, Any] = {name: {} for name in COLLECTIVES}
+    repeats = repeats_for(c)
     for scope, groups in scopes(env.world, env.local_world).items():
         made = [(members, dist.new_group(members)) for members in groups]  # every rank makes every group
         members, group = next((m, g) for m, g in made if env.rank in m)
         for i, name in enumerate(COLLECTIVES):
             say(f"collectives ({scope}-node)", i, len(COLLECTIVES), force=i == 0)
-            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, c.repeats) for n in sizes}
+            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, repeats) for n in sizes}
         dist.barrier()
     return out
 
@@ -77,10 +88,11 @@ def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.devic
     from runner.train.optimizers import sparse_optimizer
 
     shapes, out = kernel_shapes(c.grid, device.type), []
+    repeats = repeats_for(c)
     for i, shape in enumerate(shapes):
         say("UVM-caching kernels" if uvm else "embedding kernels", i, len(shapes), force=i == 0)
         try:
-            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), c.repeats, uvm)
+            fwd, bwd = kernel_samples(shape, device, sparse_optimizer(optimizer), repeats, uvm)
         except Exception as exc:  # noqa: BLE001 - a build without UVM: the rest of the calibration stands
             if not uvm:
                 raise
@@ -91,7 +103,7 @@ def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.devic
     return out
 
 
-def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSchema, repeats: int, env: RankEnv,
+def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSchema, repeats: Repeats, env: RankEnv,
              device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
     batch and the job's (``batch_size``; the cost per call, per table and per table and sample)."""
@@ -113,18 +125,19 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
 
     rows = samples_per_step(cfg.train)
     say("dense part", 0, 3, force=True)
+    repeats = repeats_for(cfg.calibrate)
     data = next(iter(source(job_data(cfg), env.rank, env.world, False, 0, 1)))
     from runner.train.models import build_model
 
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
-                              cfg.calibrate.repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
+                              repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
-    linear = {w: {r: linear_samples(w, r, device, cfg.calibrate.repeats) for r in (max(rows // 4, 1), rows)}
+    linear = {w: {r: linear_samples(w, r, device, repeats) for r in (max(rows // 4, 1), rows)}
               for w in widths}
     say("dense optimizer", 1, 3, force=True)
-    optimizer = {n: optimizer_samples(cfg.optimizer, n, device, cfg.calibrate.repeats)
+    optimizer = {n: optimizer_samples(cfg.optimizer, n, device, repeats)
                  for n in (params, 4 * params, 16 * params)}
     say("input", 2, 3, force=True)
     quarter = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(cfg.train.batch_size // 4, 1)},
@@ -171,7 +184,7 @@ def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torc
     mine["kernels"] = _kernels(c, cfg.optimizer, device, say)
     if device.type == "cuda":  # (an empty list would gather as every rank's empty list)
         mine["uvm_kernels"] = _kernels(c, cfg.optimizer, device, say, uvm=True)
-    mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, c.repeats, env, device, say)
+    mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, repeats_for(c), env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
     rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)

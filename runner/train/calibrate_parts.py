@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from runner.plan.cost_fit import median_error
 from runner.train.loop import device_sync
 
 if TYPE_CHECKING:
@@ -29,22 +32,69 @@ COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
 BACK_TO_BACK = 4  # calls timed together for messages up to 1 MiB
 
 
-def timed(run: Callable[[], Any], repeats: int, sync: Callable[[], None], before: Callable[[], None] = lambda: None
-          ) -> List[float]:
-    """``run()`` once to warm up, then ``repeats`` times: ms each (``before`` runs untimed ahead of each)."""
-    out = []
-    for i in range(repeats + 1):
+def alone(want: bool, past: bool) -> bool:
+    """A measurement this rank makes alone takes more repeats when it wants them and its time is not up."""
+    return want and not past
+
+
+def together(device: torch.device, group: Any = None) -> Callable[[bool, bool], bool]:
+    """A measurement every rank of ``group`` (None: the world) makes at once: more repeats while any rank wants them
+    and none is out of time, so that every rank times the same number of calls (a collective needs every rank)."""
+    def agree(want: bool, past: bool) -> bool:
+        flags = torch.tensor([float(want), float(past)], device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        return bool(flags[0] > 0) and not bool(flags[1] > 0)
+    return agree
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How often a measurement is timed: ``least`` repeats, then, in rounds of ``least``, more while its median's
+    relative standard error (:func:`runner.plan.cost_fit.median_error`) is above ``within``, up to ``most`` and
+    until ``deadline`` (``time.perf_counter()``): a scattered point is measured until its median is known as well as
+    a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once."""
+
+    least: int
+    most: int
+    within: float = math.inf
+    deadline: float = 0.0
+    agree: Callable[[bool, bool], bool] = alone
+
+    def with_agree(self, agree: Callable[[bool, bool], bool]) -> Repeats:
+        return Repeats(self.least, self.most, self.within, self.deadline, agree)
+
+    def more(self, samples: List[float]) -> int:
+        """How many repeats to take next (0: the median is known, or no more may be taken)."""
+        if len(samples) >= self.most or self.most <= self.least:
+            return 0
+        want = median_error(samples) > self.within
+        if not self.agree(want, time.perf_counter() >= self.deadline):
+            return 0
+        return min(self.least, self.most - len(samples))
+
+
+def timed(run: Callable[[], Any], repeats: Union[int, Repeats], sync: Callable[[], None],
+          before: Callable[[], None] = lambda: None) -> List[float]:
+    """``run()`` once to warm up, then ``repeats`` times: ms each (``before`` runs untimed ahead of each); with a
+    :class:`Repeats`, more while its median is not known well enough."""
+    plan = repeats if isinstance(repeats, Repeats) else Repeats(repeats, repeats)
+    out: List[float] = []
+
+    def one() -> float:
         before()
         sync()
         start = time.perf_counter()
         run()
         sync()
-        if i:
-            out.append((time.perf_counter() - start) * 1000)
+        return (time.perf_counter() - start) * 1000
+    one()  # the warm-up
+    out += [one() for _ in range(plan.least)]
+    while n := plan.more(out):
+        out += [one() for _ in range(n)]
     return out
 
 
-def forward_backward(forward: Callable[[], Any], backward: Callable[[Any], None], repeats: int,
+def forward_backward(forward: Callable[[], Any], backward: Callable[[Any], None], repeats: Union[int, Repeats],
                      sync: Callable[[], None], before: Callable[[], None] = lambda: None
                      ) -> Tuple[List[float], List[float]]:
     """``forward()`` timed, then ``backward(its output)`` timed (each after a fresh untimed forward), ms."""
@@ -79,7 +129,7 @@ def scopes(world: int, local: int) -> Dict[str, List[List[int]]]:
     return out
 
 
-def collective_samples(name: str, group: Any, size: int, nbytes: int, device: torch.device, repeats: int
+def collective_samples(name: str, group: Any, size: int, nbytes: int, device: torch.device, repeats: Repeats
                        ) -> List[float]:
     """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count), ms
     per call: messages up to 1 MiB are timed :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that
@@ -103,7 +153,10 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
         def run() -> None:
             for _ in range(calls):
                 dist.reduce_scatter_tensor(out, data, group=group)
-    return [t / calls for t in timed(run, repeats, device_sync(device), lambda: dist.barrier(group=group))]
+    # every rank of every group of a scope measures at once, so they agree over the world: each group's samples
+    # then have as many repeats as the others'
+    return [t / calls for t in timed(run, repeats.with_agree(together(device)), device_sync(device),
+                                     lambda: dist.barrier(group=group))]
 
 
 def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
@@ -121,7 +174,7 @@ def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
 UVM_CACHE_RATIO = 0.2  # the GPU cache's share of a UVM-caching table's rows (TorchRec's UVM_CACHING_RATIO)
 
 
-def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer: Any, repeats: int,
+def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer: Any, repeats: Union[int, Repeats],
                    uvm_caching: bool = False) -> Tuple[List[float], List[float]]:
     """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel; with ``uvm_caching``, its
     ``fused_uvm_caching`` one: rows in host memory, :data:`UVM_CACHE_RATIO` of them cached on the GPU) with the job's
@@ -171,7 +224,7 @@ def dense_model(model: nn.Module, device: torch.device, batch: int) -> nn.Module
 
 
 def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
-                  rows: int, device: torch.device, repeats: int) -> Dict[str, List[float]]:
+                  rows: int, device: torch.device, repeats: Union[int, Repeats]) -> Dict[str, List[float]]:
     """The dense part's forward, backward and the dense optimizer's step at ``rows`` samples, ms: ``model`` the
     configured model built on ``device``, ``autocast`` and ``optimizer_cfg`` the job's."""
     from torchrec.datasets.utils import Batch
@@ -190,7 +243,8 @@ def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: Opti
     return {"fwd": fwd, "bwd": bwd, "optimizer": step}
 
 
-def optimizer_samples(optimizer_cfg: OptimizerSchema, params: int, device: torch.device, repeats: int) -> List[float]:
+def optimizer_samples(optimizer_cfg: OptimizerSchema, params: int, device: torch.device, repeats: Union[int, Repeats]
+                      ) -> List[float]:
     """The dense optimizer's step over ``params`` parameters (in tensors of at most 1 M), ms."""
     from runner.train.optimizers import dense_optimizer
 
@@ -221,7 +275,7 @@ class _Lookup(nn.Module):
 
 
 def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, sharding_type: str, world: int,
-                    local: int, device: torch.device, tables: int, batches: Tuple[int, ...], repeats: int
+                    local: int, device: torch.device, tables: int, batches: Tuple[int, ...], repeats: Repeats
                     ) -> Dict[int, Dict[str, List[float]]]:
     """An embedding collection of ``tables`` tiny tables sharded ``sharding_type`` over the job's ranks by TorchRec
     (its input and output distribution, the kernel with the job's fused optimizer, the bookkeeping between):
@@ -256,8 +310,8 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
         features = KeyedJaggedTensor.from_lengths_sync(
             keys=names, values=torch.randint(rows, (batch * tables,), device=device),
             lengths=torch.ones(batch * tables, dtype=torch.int64, device=device))
-        fwd, bwd = forward_backward(functools.partial(model, features), lambda y: y.sum().backward(), repeats, sync,
-                                    dist.barrier)
+        fwd, bwd = forward_backward(functools.partial(model, features), lambda y: y.sum().backward(),
+                                    repeats.with_agree(together(device)), sync, dist.barrier)
         out[batch] = {"fwd": fwd, "bwd": bwd}
     return out
 
@@ -265,7 +319,8 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
 LINEAR_WIDTHS = (64, 256, 1024)  # square layers whose forward and backward give the dense rate by layer size
 
 
-def linear_samples(width: int, rows: int, device: torch.device, repeats: int) -> Dict[str, List[float]]:
+def linear_samples(width: int, rows: int, device: torch.device, repeats: Union[int, Repeats]
+                   ) -> Dict[str, List[float]]:
     """One ``width`` x ``width`` linear layer (with bias and ReLU, as an MLP's) at ``rows`` samples: forward and
     backward ms."""
     layer = nn.Sequential(nn.Linear(width, width, device=device), nn.ReLU())

@@ -18,6 +18,7 @@ import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import ConfigError
 from runner.launch.sweep.precheck import precheck
 from runner.plan import calibration as cal_mod
+from runner.plan import cost_fit
 from runner.plan.calibration import Calibration, for_job, load_calibration, save, topology_knobs
 from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
 from runner.plan.plan_spec import plan_spec
@@ -93,12 +94,13 @@ def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str,
 
 
 def _calibration(**fp: Any) -> Calibration:
-    constants, spreads = fit_all(_measured())
-    return Calibration({**fingerprint("cpu", 1, 2), **fp}, constants, spreads, True, {}, "2026-11-27T00:00:00Z")
+    constants, spreads, errors = fit_all(_measured())
+    return Calibration({**fingerprint("cpu", 1, 2), **fp}, constants, spreads, {p: True for p in cost_fit.PARTS}, {},
+                       "2026-11-27T00:00:00Z", errors)
 
 
 def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
-    constants, spreads = fit_all(_measured())
+    constants, spreads, errors = fit_all(_measured())
     assert constants["device_bw_gibps"] == pytest.approx(KNOWN["device_bw_gibps"], rel=0.02)
     assert constants["intra_node_bandwidth"] == pytest.approx(2.0, rel=0.02)
     assert constants["cross_node_bandwidth"] is None  # one node: not measured
@@ -108,9 +110,12 @@ def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
     assert lookups["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
     assert lookups["fwd"]["per_table_ms"] == pytest.approx(0.3, rel=0.02)
     assert lookups["bwd"]["ms_per_table_ksample"] == pytest.approx(0.5, rel=0.02)
-    assert max(spreads.values()) == 0.0
-    _, noisy = fit_all(_measured(noise=0.6))
+    assert max(spreads.values()) == 0.0 and max(errors.values()) == 0.0
+    assert all(cost_fit.trust(errors, constants, 0.1).values())
+    _, noisy, noisy_errors = fit_all(_measured(noise=0.6))
     assert max(noisy.values()) > 0.25  # a busy machine's repeats scatter: calibrate.max_spread says so
+    noisy_trust = cost_fit.trust(noisy_errors, constants, cost_fit.allowed_median_error(0.25, 5))
+    assert not (noisy_trust["collectives"] or noisy_trust["kernels"] or noisy_trust["dense"]), noisy_trust
 
 
 def test_a_calibration_round_trips_and_a_damaged_or_newer_file_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -145,7 +150,8 @@ def test_auto_takes_the_newest_of_this_hardware_and_a_mismatched_file_is_refused
     assert for_job(cfg.cluster, "cpu", True).calibration is None  # an empty folder: TorchRec's constants, said
     assert "no calibration of this hardware" in for_job(cfg.cluster, "cpu", True).note
     save(_calibration(device_name="another CPU"), tmp_path / f"20260101-000000-other{cal_mod.SUFFIX}")
-    save(dataclasses.replace(_calibration(), trusted=False), tmp_path / f"20270101-000000-busy{cal_mod.SUFFIX}")
+    save(dataclasses.replace(_calibration(), trusted={p: False for p in cost_fit.PARTS}),
+         tmp_path / f"20270101-000000-busy{cal_mod.SUFFIX}")
     mine = save(_calibration(), tmp_path / f"20260601-000000-mine{cal_mod.SUFFIX}")
     save(_calibration(workers_per_node=4), tmp_path / f"20260701-000000-other-world{cal_mod.SUFFIX}")
     chosen = for_job(cfg.cluster, "cpu", True)
@@ -262,3 +268,121 @@ def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None
     assert migrated["hbm_to_ddr_gibps"] is None and migrated["fitted_hbm_to_ddr_gibps"] == pytest.approx(716, rel=0.02)
     cal.constants["uvm_caching"] = migrated
     assert "hbm_to_ddr_mem_bw" not in topology_knobs(cal, "cuda", None, None)[0]
+
+
+def _scattered_collectives(repeats: int) -> Dict[str, Any]:
+    """Measurements whose collectives alone scatter (+-80%, ``repeats`` each), the rest steady."""
+    steady, noisy = _measured(), _measured(noise=0.8, repeats=repeats)
+    return {**steady, "collectives": noisy["collectives"]}
+
+
+def test_one_scattered_part_falls_back_alone_and_the_plan_line_names_it(tmp_path: Path) -> None:
+    from runner.plan.calibration_report import _trust_words
+
+    constants, spreads, errors = fit_all(_scattered_collectives(5))
+    allowed = cost_fit.allowed_median_error(0.25, 5)
+    parts = cost_fit.trust(errors, constants, allowed)
+    assert parts == {"collectives": False, "kernels": True, "sharded": True, "dense": True}, errors
+    # measured four times as often, the same scatter knows its medians within what 5 steady repeats allow
+    many = cost_fit.trust(*fit_all(_scattered_collectives(80))[2:], constants, allowed)  # type: ignore[misc]
+    assert many["collectives"], fit_all(_scattered_collectives(80))[2]
+    cal = Calibration(fingerprint("cpu", 1, 2), constants, spreads, parts, {}, "2026-11-28T00:00:00Z", errors)
+    settings = cfg_for("mode=calibrate", "calibrate.repeats=5").calibrate
+    words = _trust_words(cal, settings, tmp_path / "kept.calibration.yaml")
+    assert words.startswith("trusted: kernels, sharded, dense; not trusted: collectives (its medians known to")
+    assert "TorchRec's bandwidths" in words and "the next plan here (cluster.calibration=auto) uses it" in words
+    # auto takes it: the kernels' constants kept, the collectives' gone, and the note says so
+    save(cal, tmp_path / f"20260601-000000-mine{cal_mod.SUFFIX}")
+    chosen = for_job(cfg_for(f"cluster.calibration_dir={tmp_path}").cluster, "cpu", True)
+    assert chosen.calibration is not None and "collectives not used (its repeats scattered)" in chosen.note
+    knobs, bandwidths = topology_knobs(chosen.calibration, "cpu", None, None, 2, 2)
+    assert knobs["ddr_mem_bw"] == pytest.approx(gibps_to_bytes_per_ms(constants["device_bw_gibps"]))
+    assert bandwidths == {"intra": 600.0, "cross": 12.5}  # TorchRec's, as without a calibration
+    # a calibration whose every part fell back is not taken
+    save(dataclasses.replace(cal, trusted={p: False for p in cost_fit.PARTS}),
+         tmp_path / f"20270101-000000-none{cal_mod.SUFFIX}")
+    assert for_job(cfg_for(f"cluster.calibration_dir={tmp_path}").cluster, "cpu", True).calibration.path.endswith(
+        f"mine{cal_mod.SUFFIX}")
+
+
+def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_its_time() -> None:
+    import itertools
+    import time
+
+    from runner.train.calibrate_parts import Repeats, timed
+
+    rnd = random.Random(3)
+    within = cost_fit.allowed_median_error(0.25, 7)
+    plan = Repeats(7, 64, within, time.perf_counter() + 60)
+    assert plan.more([1.0 * (1 + rnd.uniform(-0.05, 0.05)) for _ in range(7)]) == 0  # steady: known already
+    scattered = [1.0 * (1 + rnd.uniform(-0.8, 0.8)) for _ in range(7)]
+    assert cost_fit.median_error(scattered) > within and plan.more(scattered) == 7
+    assert Repeats(7, 64, within, time.perf_counter() - 1).more(scattered) == 0  # out of time
+    assert Repeats(7, 10, within, time.perf_counter() + 60).more(scattered) == 3  # up to max_repeats
+    # timed(): a run whose times scatter is repeated until its median is known, within max_repeats
+    times = itertools.cycle([0.3, 2.0, 3.4, 1.0, 3.0])  # ms: scattered by about 70%
+    got = timed(lambda: time.sleep(next(times) / 1000), Repeats(7, 200, within, time.perf_counter() + 60),
+                lambda: None)
+    assert 14 <= len(got) < 200 and cost_fit.median_error(got) <= within
+    assert cost_fit.median_error(got[:7]) > within
+
+
+def test_a_calibration_s_values_are_checked_when_read(tmp_path: Path) -> None:
+    cal = _calibration()
+    good = save(cal, tmp_path / "good.calibration.yaml")
+
+    def written(name: str, **constants: Any) -> Path:
+        # a damaged value in a file the runner wrote (its digest remade, so only the value is wrong)
+        bad = dataclasses.replace(cal, constants={**cal.constants, **constants})
+        return save(bad, tmp_path / f"{name}{cal_mod.SUFFIX}")
+    nan = written("nan", kernel_call_fwd_ms=float("nan"))
+    with pytest.raises(ConfigError, match=r"its kernels constant kernel_call_fwd_ms=nan is not finite"):
+        cal_mod.check_file(str(nan))
+    negative = written("negative", intra_node_bandwidth=-5.0)
+    line = str(pytest.raises(ConfigError, cal_mod.check_file, str(negative)).value)
+    assert "\n" not in line and "intra_node_bandwidth=-5.0 is not a bandwidth in (0, 93132] GiB/s" in line
+    assert "sharded" in cal_mod.value_faults({**cal.constants, "sharded": {"row_wise": {"fwd": {
+        "fixed_ms": 1e9}}}})
+    assert cal_mod.value_faults(cal.constants) == {}
+    # under auto, a part whose value fails falls back alone, and the note names it
+    folder = tmp_path / "auto"
+    folder.mkdir()
+    nan.rename(folder / f"20260601-000000-nan{cal_mod.SUFFIX}")
+    chosen = for_job(cfg_for(f"cluster.calibration_dir={folder}").cluster, "cpu", True)
+    assert chosen.calibration is not None and "kernel_call_fwd_ms=nan is not finite" in chosen.note
+    assert "device_bw_gibps" not in chosen.calibration.constants and "collectives" in chosen.calibration.constants
+    # edited after it was written, or made by an older runner: never reaches a plan
+    text = good.read_text()
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(text.replace("device_bw_gibps: ", "device_bw_gibps: 1", 1))
+    assert "changed after it was written" in _refusal(edited)
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(text[: len(text) // 2].rsplit("\n", 1)[0] + "\n")
+    assert "cannot be used" in _refusal(cut)
+    older = tmp_path / "older.yaml"
+    older.write_text(yaml.safe_dump({**yaml.safe_load(text), "format": 1}))
+    assert "made by an older runner" in _refusal(older)
+    # auto passes over a file it cannot read, saying which and why
+    (folder / f"20990101-000000-cut{cal_mod.SUFFIX}").write_text(cut.read_text())
+    chosen = for_job(cfg_for(f"cluster.calibration_dir={folder}").cluster, "cpu", True)
+    assert f"skipped 20990101-000000-cut{cal_mod.SUFFIX}:" in chosen.note and chosen.calibration is not None
+
+
+def test_the_calibration_folder_is_checked_before_anything_is_measured(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    error, _ = precheck(["mode=calibrate", f"cluster.calibration_dir={afile}"])
+    assert error is not None and "\n" not in error and "cluster.calibration_dir=" in error
+    assert "is a file, not a folder" in error
+    assert precheck(["mode=calibrate", f"cluster.calibration_dir={afile}", "calibrate.keep=false"])[0] is None
+    assert precheck(["mode=calibrate", f"cluster.calibration_dir={tmp_path / 'new' / 'folder'}"])[0] is None
+
+
+def test_bench_estimates_makes_its_folder_in_a_clone_without_outputs(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from estimates import work_folder
+
+    work = work_folder(tmp_path)  # a fresh clone: no outputs/ yet
+    assert work.is_dir() and work.parent == tmp_path / "outputs" and work.name.startswith("bench-estimates-")

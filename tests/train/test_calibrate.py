@@ -26,11 +26,14 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     launched, run_id, mlflow_run = launch_in_process(cfg, run_dir, uri, "calibrate")
     results = launched[0]
     assert mlflow_run.end("FINISHED")
-    assert results["mode"] == "calibrate" and results["trusted"] and results["kept"], results
+    assert results["mode"] == "calibrate" and any(results["trusted"].values()) and results["kept"], results
     cal = cal_mod.load_calibration(results["file"])
     assert mismatch(cal.fingerprint, fingerprint("cpu", 1, 2), world_matters=True) is None
     c = cal.constants
-    assert c["device_bw_gibps"] > 0 and c["bwd_compute_multiplier"] > 0 and c["intra_node_bandwidth"] > 0
+    assert c["device_bw_gibps"] > 0 and c["bwd_compute_multiplier"] > 0
+    # None where the all-to-all's time did not grow with the bytes (3 sizes to 1 MiB): then not trusted, and said
+    assert c["intra_node_bandwidth"] is None or c["intra_node_bandwidth"] > 0
+    assert cal.trusted["collectives"] or "not trusted: collectives" in results["headline"]
     assert set(c["collectives"]) == {"all_to_all", "all_reduce", "reduce_scatter"}
     assert set(c["sharded"]) == {"table_wise", "row_wise", "data_parallel"}
     assert c["sharded"]["table_wise"]["fwd"]["fixed_ms"] > 0
@@ -52,3 +55,5 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert "| constant | measured here | TorchRec's default |" in report
     line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
     assert line.startswith("[runner] calibration done") and results["kept"] in line
+    assert "trusted: " in line and "the next plan here (cluster.calibration=auto) uses it" in line
+    assert "| part | spread of the repeats | median known to | trusted |" in report

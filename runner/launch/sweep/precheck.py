@@ -19,7 +19,7 @@ from runner.config.validation import validate
 from runner.launch import schedulers
 from runner.launch.schedulers.host_pool import pools_points
 from runner.launch.sweep.overrides import combinations, file_sweeps, split_args, sweep_axes
-from runner.plan.calibration import check_file
+from runner.plan.calibration import check_file, check_folder
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
@@ -206,6 +206,8 @@ def check_points(combos: List[List[str]], config_name: Optional[str], loader: Co
             validate(cast("RunnerConfig", cfg))
             schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
             check_file(cfg.cluster.calibration)  # a calibration file that cannot be used: one line, nothing starts
+            if cfg.mode == "calibrate" and cfg.calibrate.keep:  # where it will be kept, before anything is measured
+                check_folder(cfg.cluster.calibration_dir)
             _CHECKED.add(tuple(combo))
             if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
                 _GRID[2] = (combo, cfg)
