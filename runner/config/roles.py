@@ -48,7 +48,9 @@ ROLES: Dict[str, str] = {
 }
 
 NOT_ENUMERATED = (
-    "sharding.storage_reserve_percent", "sharding.storage_reserve_policy", "sharding.proposer",
+    "sharding.storage_reserve_percent", "sharding.storage_reserve_policy", "sharding.storage_reserve_gib",
+    "sharding.storage_reserve_home_gib", "sharding.storage_reserve_dense_multiplier",
+    "sharding.storage_reserve_base_gib", "sharding.storage_reserve_overhead_gib", "sharding.proposer",
     "sharding.balanced_work", "sharding.balanced_patience", "sharding.balanced_gap", "sharding.balanced_compare",
     "sharding.dp_hbm_bins", "sharding.grid_max_proposals",
     "sharding.planner_timeout_s", "sharding.plan",

@@ -13,6 +13,7 @@ from omegaconf import MISSING
 from runner.config.choices import one_of, some_of
 from runner.config.model_families import FAMILIES
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
+from runner.config.reservations import RESERVATIONS
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
                   "grid_shard")
@@ -100,10 +101,28 @@ class ShardingSchema:
     compute_kernels: List[str] = some_of(COMPUTE_KERNELS)
     """Compute kernels allowed (empty: the device's defaults; on CPU ``fused``/``dense``)."""
     storage_reserve_percent: float = 0.15
-    """Fraction (0..1) of every device's memory the planner keeps free for non-embedding use."""
-    storage_reserve_policy: str = one_of("heuristic", ("heuristic", "fixed"))
-    """``heuristic`` (TorchRec's estimate of dense parameters and activations, plus the percent) or
-    ``fixed`` (exactly the percent)."""
+    """Fraction (0..1) of every device's memory the planner keeps free for non-embedding use (policies
+    ``heuristic``, ``fixed_percent``, ``inference``; ``sku_aware``: of the home hardware's memory). Default 0.15."""
+    storage_reserve_policy: str = one_of("heuristic", tuple(RESERVATIONS),
+                                         said={n: r.summary for n, r in RESERVATIONS.items()})
+    """How much of each device's memory the planner keeps free: one of TorchRec's storage reservations
+    (``runner/config/reservations.py``; docs/planning.md). Default ``heuristic``. On CPU workers the same bytes of
+    host memory (what the policy keeps free of a GPU that size). ``fixed`` is ``fixed_percent``'s old name."""
+    storage_reserve_gib: Optional[float] = None
+    """``fixed_absolute``: GiB kept free on every device (>= 0; required by that policy). Default null."""
+    storage_reserve_home_gib: Optional[float] = None
+    """``sku_aware``: memory per device, GiB, of the home hardware kind its margin is anchored to: the margin is
+    ``storage_reserve_percent`` of it, whatever devices the job lands on (e.g. 80 for an 80 GB GPU; > 0).
+    Default null: this cluster's device memory (``cluster.hbm_cap_gib``, or host memory on CPU)."""
+    storage_reserve_dense_multiplier: float = 6.0
+    """``heuristic`` and ``sku_aware``: the dense part's bytes kept free per byte of its parameters (parameters,
+    gradients, optimizer state, DDP's buckets; > 0). Default 6.0, TorchRec's."""
+    storage_reserve_base_gib: Optional[float] = None
+    """``sku_aware``: a measured base, GiB per device, kept free in place of the margin and the dense part (>= 0).
+    Default null: the margin plus the dense part."""
+    storage_reserve_overhead_gib: float = 0.0
+    """``sku_aware``: runtime overhead, GiB per device (driver context, NCCL buffers, fragmentation; >= 0).
+    Default 0, TorchRec's."""
     planner_batch_size: Optional[int] = None
     """Per-rank batch size the planner assumes for its estimates (default: ``train.batch_size``)."""
     constraints: Dict[str, Any] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from typing import List, Optional
 from runner.config.choices import one_of
 from runner.config.data_sources import SOURCES
 from runner.config.optimizer_kinds import DENSE, SCHEDULES, SPARSE
+from runner.config.pipelines import PIPELINES
 from runner.config.precisions import AUTOCASTS, COMM_DTYPES, TABLE_DTYPES, autocast_notes
 
 
@@ -168,10 +169,11 @@ class TrainSchema:
     """Training steps (batches per rank)."""
     batch_size: int = 256
     """Samples per rank per micro-batch (per step when ``grad_accumulation_steps`` is 1)."""
-    pipeline: str = one_of("sparse_dist", ("sparse_dist", "base"))
-    """Training step: ``sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``: the next batch's input
-    dist overlaps this step's compute on GPUs) | ``base`` (TorchRec's ``TrainPipelineBase``: one step
-    after the other; on CPU both measure the same). Accumulation and fp16 loss scaling use the split step."""
+    pipeline: str = one_of("sparse_dist", tuple(PIPELINES), said={n: p.summary for n, p in PIPELINES.items()})
+    """Training step (``runner/config/pipelines.py``): ``sparse_dist`` | ``base`` (on CPU both measure the same).
+    Accumulation and fp16 loss scaling use the split step. The plan counts the pipeline's input buffers in each
+    GPU's memory (TorchRec's ``PipelineType``: ``train_sparse_dist``, ``train_base``; the split step's
+    ``train_base``), in plan-only jobs too."""
     grad_accumulation_steps: int = 1
     """Micro-batches per optimizer step: a step sees ``batch_size * grad_accumulation_steps`` samples
     per rank, with the dense part's activations of one micro-batch at a time (same result as the larger

@@ -16,6 +16,7 @@ from omegaconf import ListConfig
 from runner.config.choices import allowed_values, describe
 from runner.config.errors import ConfigError
 from runner.config.model_families import FAMILIES
+from runner.config.reservations import canonical, missing_from_stack
 from runner.config.schema import RunnerConfig, uses_split_step
 from runner.config.schema_model import TableConstraintSchema
 from runner.config.secrets import redact_uri, split_credentials
@@ -127,6 +128,7 @@ def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
                "a table of the model: " + ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else ""))
     _check(0.0 <= s.storage_reserve_percent < 1.0, "sharding.storage_reserve_percent",
            s.storage_reserve_percent, "a fraction in [0, 1)")
+    _validate_reserve(s)
     _check(s.planner_batch_size is None or s.planner_batch_size > 0, "sharding.planner_batch_size",
            s.planner_batch_size, "null or a positive integer")
     _check(s.planner_timeout_s is None or s.planner_timeout_s > 0, "sharding.planner_timeout_s",
@@ -145,6 +147,36 @@ def _validate_sharding(s: ShardingSchema, model: ModelSchema) -> None:
                c.pooling_factor, "null or > 0")
         _check(c.min_partition is None or c.min_partition > 0, f"sharding.constraints.{table}.min_partition",
                c.min_partition, "null or > 0")
+
+
+def _installed_torchrec() -> Any:
+    """The installed TorchRec's version, read without importing it (None: not found)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchrec")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _validate_reserve(s: ShardingSchema) -> None:
+    """The storage reservation's own keys (:mod:`runner.config.reservations`), and a policy the installed TorchRec
+    lacks refused before launch, naming the stack that has it."""
+    policy = s.storage_reserve_policy
+    _check(s.storage_reserve_dense_multiplier > 0, "sharding.storage_reserve_dense_multiplier",
+           s.storage_reserve_dense_multiplier, "a positive number of bytes per parameter byte")
+    _check(s.storage_reserve_overhead_gib >= 0, "sharding.storage_reserve_overhead_gib", s.storage_reserve_overhead_gib,
+           "a size in GiB >= 0")
+    _check(s.storage_reserve_base_gib is None or s.storage_reserve_base_gib >= 0, "sharding.storage_reserve_base_gib",
+           s.storage_reserve_base_gib, "null or a size in GiB >= 0")
+    _check(s.storage_reserve_home_gib is None or s.storage_reserve_home_gib > 0, "sharding.storage_reserve_home_gib",
+           s.storage_reserve_home_gib, "null (this cluster's device memory) or a positive size in GiB")
+    _check(s.storage_reserve_gib is None or s.storage_reserve_gib >= 0, "sharding.storage_reserve_gib",
+           s.storage_reserve_gib, "null or a size in GiB >= 0")
+    _check(s.storage_reserve_gib is not None or canonical(policy) != "fixed_absolute", "sharding.storage_reserve_gib",
+           s.storage_reserve_gib, "a size in GiB >= 0 with sharding.storage_reserve_policy=fixed_absolute")
+    lacks = missing_from_stack(policy, _installed_torchrec())
+    _check(lacks is None, "sharding.storage_reserve_policy", policy, str(lacks))
 
 
 def _validate_schedule(key: str, s: ScheduleSchema) -> None:

@@ -59,7 +59,7 @@ def _enumeration_differences(spec: PlanSpec, model: nn.Module, world: int, local
 
     def kwargs() -> Any:
         return {"topology": topology, "batch_size": batch, "constraints": constraints,
-                "estimator": shard_estimators(topology, constraints)}
+                "estimator": shard_estimators(topology, constraints, spec.pipeline)}
     theirs = EmbeddingEnumerator(**kwargs()).enumerate(model, sharders)
     ours = expand_all(CompactEnumerator(compact=True, **kwargs()).enumerate(model, sharders))
     if len(ours) != len(theirs):

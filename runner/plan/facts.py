@@ -27,3 +27,4 @@ class PlanFacts(TypedDict, total=False):
     cut_short: Optional[str]  # where the safety stop (sharding.planner_timeout_s) cut the search: what it did
     search: Dict[str, Any]  # the balanced search's work, rounds and why it stopped (torchrec_adapter/balanced/effort)
     bandwidths: Dict[str, float]  # the intra- and cross-node bandwidths (GiB/s) the plan was made with
+    reserved_bytes: Optional[List[int]]  # bytes each rank's storage reservation kept free (HBM, or host memory on CPU)

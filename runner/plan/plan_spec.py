@@ -32,6 +32,7 @@ class PlanSpec:
     excluded: Tuple[str, ...]  # sharding types no table the config leaves free may take (the split step's)
     accumulate: int  # ``train.grad_accumulation_steps``
     num_dense: int  # ``data.num_dense_features``
+    pipeline: str  # TorchRec's ``PipelineType`` value of the step the job runs (runner.config.pipelines)
     enumerated: Dict[str, Any]  # the keys enumeration reads (:func:`runner.config.roles.enumerated`)
 
     def with_ddr_cap(self, gib: Optional[float]) -> "PlanSpec":
@@ -59,6 +60,7 @@ def plan_spec(cfg: RunnerConfig) -> PlanSpec:
     from omegaconf import OmegaConf
 
     from runner.config import roles
+    from runner.config.pipelines import planned_pipeline
     from runner.config.schema import samples_per_step, uses_split_step
     from runner.config.tables import table_specs
 
@@ -67,4 +69,5 @@ def plan_spec(cfg: RunnerConfig) -> PlanSpec:
                     int(cfg.sharding.planner_batch_size or rows), float(cfg.data.ids_per_feature),
                     ("data_parallel",) if uses_split_step(cfg.train, cfg.precision) else (),
                     int(cfg.train.grad_accumulation_steps), int(cfg.data.num_dense_features),
+                    planned_pipeline(cfg.train.pipeline, uses_split_step(cfg.train, cfg.precision)),
                     roles.enumerated(cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))))

@@ -18,16 +18,18 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
+from runner.config.reservations import reservation_of
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.validation import table_constraint
 from runner.plan.calibration import for_config, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
+from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
 from runner.plan.plan_spec import PlanSpec
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
-from runner.plan.topology import build_storage_reservation, build_topology, dense_bytes
+from runner.plan.topology import build_topology, dense_bytes
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
@@ -83,10 +85,13 @@ class PlanEstimates(Stats):
     world_size: int = 0
     lower_bound_ms: Optional[float] = None
     lower_bound_kind: Optional[str] = None
+    reserved_bytes: Optional[List[int]] = None  # per rank, of the memory tables go in (plan_memory.reserved_per_rank)
 
     def log(self, sharding_plan: ShardingPlan, topology: Topology, *args: Any, **kwargs: Any) -> None:
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
         self.world_size = topology.world_size
+        reservation = kwargs.get("storage_reservation")
+        self.reserved_bytes = reserved_per_rank(topology, getattr(reservation, "_last_reserved_topology", None))
         if seam_note() is None:  # the bound reads the runner's enumeration (the TorchRec adapter)
             from runner.plan.torchrec_adapter.runner_planner import plan_bound
 
@@ -130,11 +135,16 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
     planner gets from ``spec``: what the runner's plans are compared with (tests, benchmarks, the balanced
     proposer), and the planner itself on a TorchRec the runner's search was not tested with
     (:mod:`.torchrec_adapter.torchrec_seam`)."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
     topology, batch, constraints = planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap)
     proposer = stock_proposer(spec.sharding)
-    return EmbeddingShardingPlanner(topology=topology, batch_size=batch,
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
+                                     estimator=stock_estimators(topology, constraints, spec.pipeline))
+    return EmbeddingShardingPlanner(topology=topology, batch_size=batch, enumerator=enumerator,
                                     performance_model=step_perf_model(spec, device_type, world_size),
-                                    storage_reservation=build_storage_reservation(spec.sharding, dense_tensor_bytes),
+                                    storage_reservation=build_storage_reservation(spec.sharding, topology,
+                                                                                  dense_tensor_bytes),
                                     proposer=proposer, constraints=constraints,
                                     stats=[estimates] if estimates is not None else None, debug=False,
                                     timeout_seconds=spec.sharding.planner_timeout_s)
@@ -197,11 +207,15 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
         return plan, [], time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]
+    if notes is not None and (new := reservation_of(spec.sharding.storage_reserve_policy).new_name):
+        notes.append(f"sharding.storage_reserve_policy={spec.sharding.storage_reserve_policy} is {new}'s old name "
+                     f"and plans as {new}")
     if pg is None or dist.get_rank(pg) == 0:
         found: PlanFacts = facts if facts is not None else {}
         result[0] = _plan_here(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"], found["lower_bound_kind"] = estimates.lower_bound_ms, estimates.lower_bound_kind
+        found["reserved_bytes"] = estimates.reserved_bytes
         _whole_step(spec, model, world, local_world, device_type, estimates.best_plan, found)
         if not isinstance(result[0], PlanError) and (empty := empty_shard(result[0], device_type)):
             result[0] = PlanError(empty)

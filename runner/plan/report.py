@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from runner.config.reservations import canonical
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
 from runner.plan.calibration import NONE, topology_knobs
 from runner.plan.facts import PlanFacts
@@ -47,15 +48,29 @@ class PlanReport:
                 if not k.startswith("plan/rank") or k[:k.index("/", 5) + 1] in kept}
 
 
+def reserve_text(spec: PlanSpec, reserved: Optional[List[int]], device_type: str) -> str:
+    """``storage reserve fixed_absolute: 4.000 GiB of HBM kept free per rank`` (the policy's name, an old name's new
+    one, and the bytes its reservation kept free, per rank where they differ); without a reservation (a pinned
+    plan) the policy alone."""
+    policy = canonical(spec.sharding.storage_reserve_policy)
+    if not reserved:
+        return f"storage reserve {policy}"
+    memory = "host memory" if device_type == "cpu" else "HBM"
+    amounts = sorted(set(reserved))
+    each = (f"{amounts[0] / 2**30:.3f} GiB" if len(amounts) == 1
+            else f"{amounts[0] / 2**30:.3f}-{amounts[-1] / 2**30:.3f} GiB")
+    return f"storage reserve {policy}: {each} of {memory} kept free per rank"
+
+
 def _markdown(spec: PlanSpec, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[str, float]],
               comms: Dict[str, List[float]], types: Dict[str, int], world: int, local: int,
-              device_type: str, bandwidths: Dict[str, float]) -> str:
+              device_type: str, bandwidths: Dict[str, float], reserve: str) -> str:
     lines = [
         f"# Sharding plan: {world} ranks ({world // local} nodes x {local}), {device_type}",
         "",
-        f"intra-node {bandwidths['intra']:g} GiB/s, cross-node {bandwidths['cross']:g} GiB/s, "
-        f"storage reserve {spec.sharding.storage_reserve_percent:g} ({spec.sharding.storage_reserve_policy}), "
-        f"proposer {spec.sharding.proposer}",
+        f"intra-node {bandwidths['intra']:g} GiB/s, cross-node {bandwidths['cross']:g} GiB/s, {reserve} "
+        f"(sharding.storage_reserve_percent {spec.sharding.storage_reserve_percent:g}), "
+        f"proposer {spec.sharding.proposer}, planned for the {spec.pipeline} pipeline",
         "",
         *summary_markdown(ranks, local),
         "## Tables per sharding type and the collectives they use",
@@ -129,6 +144,10 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
     bandwidths = facts.get("bandwidths") or topology_knobs(None, device_type, spec.cluster.intra_node_bandwidth,
                                                            spec.cluster.cross_node_bandwidth)[1]
     metrics.update({f"plan/{k}_node_bandwidth_gibps": v for k, v in bandwidths.items()})
+    reserved = facts.get("reserved_bytes")
+    if reserved:  # the same on every rank with TorchRec's reservations: the largest, should one differ
+        metrics["plan/reserved_bytes_per_rank"] = float(max(reserved))
+    reserve = reserve_text(spec, reserved, device_type)
     bound = bound_text(metrics, facts.get("lower_bound_kind"))
     entries = sum(len(t["shards"]) + len(t["ranks"] or ()) for tables in plan_dict.values() for t in tables.values())
     (out / "plan.json").write_text(json.dumps(plan_dict, indent=2 if entries <= INDENTED_ENTRIES else None))
@@ -144,7 +163,7 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
                                         "local_world_size": local, "step": step,
                                         "calibration": facts.get("calibration")})  # whole: the driver reads it
     (out / "report.md").write_text(_markdown(spec, plan_dict, ranks, comms, types, world, local, device_type,
-                                             bandwidths)
+                                             bandwidths, reserve)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
                                    + (step_markdown(dict(facts)) if best_plan else "")
@@ -155,12 +174,15 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
         head += (f"; {step_phrase(dict(facts), metrics['plan/est_step_ms'])}, "
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank"
                  + (f", {bound}" if bound else ""))
+    head += f"; {reserve}; planned for the {spec.pipeline} pipeline"
     if note:
         head += f"\n[runner] note: {note}"
     console = head + ("\n" + table if len(specs) <= PRINT_TABLES_UP_TO else f"\n(tables: {out / 'plan.txt'})")
     tags = {"runner.world_size": world, "runner.local_world_size": local, "runner.nodes": world // local,
             "runner.device": device_type, "runner.sharding_types": ",".join(types), "runner.plan_status": "feasible",
             "runner.plan_source": facts.get("plan_source") or ("torchrec" if spec.sharding.plan is None else "pinned"),
+            "runner.storage_reserve_policy": canonical(spec.sharding.storage_reserve_policy),
+            "runner.planned_pipeline": spec.pipeline,
             **{f"runner.{tag}": str(value) for tag, key in (
                 ("planner", "planner"), ("plan_fallback", "fallback"), ("lower_bound", "lower_bound_kind"),
                 ("plan_cut_short", "cut_short"), ("calibration", "calibration")) if (value := facts.get(key))},

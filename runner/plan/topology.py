@@ -1,5 +1,5 @@
-"""The machines as TorchRec's planner sees them: a ``Topology`` from the cluster config, and how much of each
-device's memory the sharding policy keeps free (the storage reservation).
+"""The machines as TorchRec's planner sees them: a ``Topology`` from the cluster config (how much of each device's
+memory the sharding policy keeps free is :mod:`.plan_memory`'s).
 
 Config bandwidths are GiB/s and memory caps GiB per worker; they are converted to TorchRec's units
 (bytes per millisecond, bytes) here and nowhere else.
@@ -7,23 +7,17 @@ Config bandwidths are GiB/s and memory caps GiB per worker; they are converted t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from torchrec.distributed.planner import Topology
-from torchrec.distributed.planner.storage_reservations import (
-    FixedPercentageStorageReservation,
-    HeuristicalStorageReservation,
-)
 
 from runner.plan.calibration import GIB, topology_knobs
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.config.schema_model import ClusterSchema, ShardingSchema
+    from runner.config.schema_model import ClusterSchema
     from runner.plan.calibration import Calibration
-
-HEURISTIC_DENSE_MULTIPLIER = 6.0  # TorchRec's default: parameters, grads, optimizer state, activations
 
 
 def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
@@ -58,18 +52,3 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
 def dense_bytes(model: nn.Module) -> int:
     """Bytes of the parameters that are not embedding tables (sizes are known on meta too)."""
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embedding_bag_collection" not in n)
-
-
-def build_storage_reservation(sharding: ShardingSchema, dense_tensor_bytes: Optional[int] = None,
-                              classes: Tuple[type, type] = (FixedPercentageStorageReservation,
-                                                            HeuristicalStorageReservation)) -> Any:
-    """``fixed``: exactly the percent. ``heuristic``: the percent plus TorchRec's estimate of dense
-    parameters, their optimizer state and activations (6 x the dense parameters' bytes). ``classes``: the
-    fixed and heuristic reservation classes: TorchRec's own (its stock planner's, which keep only HBM free),
-    or the TorchRec adapter's that keep host memory free too (:mod:`.torchrec_adapter.reservations`)."""
-    fixed, heuristic = classes
-    if sharding.storage_reserve_policy == "fixed":
-        return fixed(percentage=sharding.storage_reserve_percent)
-    estimate = int(dense_tensor_bytes * HEURISTIC_DENSE_MULTIPLIER) if dense_tensor_bytes else None
-    return heuristic(percentage=sharding.storage_reserve_percent, parameter_multiplier=HEURISTIC_DENSE_MULTIPLIER,
-                     dense_tensor_estimate=estimate)

@@ -54,7 +54,7 @@ def _enumerators(point: str):
 
     def kwargs():
         return {"topology": topology, "batch_size": batch, "constraints": constraints,
-                "estimator": shard_estimators(topology, constraints)}
+                "estimator": shard_estimators(topology, constraints, plan_spec(cfg).pipeline)}
     theirs = EmbeddingEnumerator(**kwargs()).enumerate(model, sharders)
     ours = CompactEnumerator(**kwargs()).enumerate(model, sharders)
     return theirs, ours, world

@@ -153,23 +153,43 @@ def test_a_helper_that_dies_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     assert per_rank_estimates(estimates.best_plan, 16) == per_rank_estimates(best, 16)
 
 
+PIPELINE_TYPES = ("train_base", "train_sparse_dist", "train_prefetch_sparse_dist")  # TorchRec's PipelineType values
+
+
 def test_estimators_give_torchrecs_estimates() -> None:
-    """Every shard's perf and storage estimate of the runner's estimators (config looked up once) equals
-    TorchRec's default estimators' on a real model's enumerated options."""
+    """Every shard's perf and storage estimate of the runner's estimators (config looked up once, the storage
+    estimator told the pipeline) equals TorchRec's estimators called directly with that ``pipeline_type``, on a
+    real model's enumerated options, for each pipeline type; ``train_base`` is TorchRec's default (no pipeline),
+    and the sparse-dist pipelines' buffers change the GPUs' storage."""
+    from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.types import PipelineType
 
     from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 
     cfg = cfg_for(*BASE, "cluster.cross_node_bandwidth=3", "sharding.compute_kernels=[]")
     model = planning_model(cfg)
     ours = build_planner(plan_spec(cfg), 16, 8, "cuda", None, dense_bytes(model))
-    kwargs = {"topology": ours._topology, "batch_size": ours._batch_size, "constraints": ours._constraints}
-    spaces = [EmbeddingEnumerator(**kwargs, estimator=estimator).enumerate(model, sharders_for(cfg.precision))
-              for estimator in (None, shard_estimators(ours._topology, ours._constraints))]
-    facts = [[(o.fqn, o.sharding_type, o.compute_kernel, [(s.perf, s.storage) for s in o.shards]) for o in space]
-             for space in spaces]
-    assert facts[0] == facts[1]
-    assert len({kernel for _, _, kernel, _ in facts[0]}) >= 3  # the kernels' formulas were compared too
+    topology, constraints = ours._topology, ours._constraints
+    kwargs = {"topology": topology, "batch_size": ours._batch_size, "constraints": constraints}
+
+    def facts(estimator):
+        space = EmbeddingEnumerator(**kwargs, estimator=estimator).enumerate(model, sharders_for(cfg.precision))
+        return [(o.fqn, o.sharding_type, o.compute_kernel, [(s.perf, s.storage) for s in o.shards]) for o in space]
+    by_type = {}
+    for pipeline in PIPELINE_TYPES:
+        theirs = [EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topology,
+                                                       constraints=constraints),
+                  EmbeddingStorageEstimator(topology=topology, constraints=constraints,
+                                            pipeline_type=PipelineType(pipeline))]
+        by_type[pipeline] = facts(theirs)
+        assert facts(shard_estimators(topology, constraints, pipeline)) == by_type[pipeline], pipeline
+    assert by_type["train_base"] == facts(None)  # TorchRec's enumerator's own estimators: no pipeline
+    hbm = {p: [s.hbm for *_, shards in f for _, s in shards] for p, f in by_type.items()}
+    assert hbm["train_base"] != hbm["train_sparse_dist"] != hbm["train_prefetch_sparse_dist"]
+    assert len({kernel for _, _, kernel, _ in by_type["train_base"]}) >= 3  # the kernels' formulas were compared too
 
 
 @pytest.mark.parametrize("cap, how", [(12, "proposing again without the"), (20, "sharding.proposer=greedy")])

@@ -16,9 +16,9 @@ from torchrec.distributed.types import ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.facts import PlanFacts
+from runner.plan.plan_memory import build_storage_reservation
 from runner.plan.proposer_build import build_proposer, declared
 from runner.plan.step_estimate import step_perf_model
-from runner.plan.topology import build_storage_reservation
 from runner.plan.torchrec_adapter.balanced.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entries_of, job_facts
@@ -27,7 +27,6 @@ from runner.plan.torchrec_adapter.dp_proposer import FixedEnumerator, SkippingPr
 from runner.plan.torchrec_adapter.enumeration_reuse import ReusingEnumerator, enumeration_key
 from runner.plan.torchrec_adapter.infeasible import NO_PACKING, diagnose
 from runner.plan.torchrec_adapter.planning_loop import Progress, SearchLoopPlanner
-from runner.plan.torchrec_adapter.reservations import RESERVATIONS
 from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
 from runner.plan.torchrec_adapter.torchrec_seam import planner_refusal
 
@@ -52,7 +51,7 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
     """The runner's planner for ``spec`` (see :func:`runner.plan.planner.build_planner`)."""
     topology, batch, constraints = inputs
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
-              "estimator": shard_estimators(topology, constraints)}
+              "estimator": shard_estimators(topology, constraints, spec.pipeline)}
     proposer = build_proposer(spec.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
     own = declared(spec.sharding).own_planner  # the balanced search's planner
@@ -73,7 +72,7 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
         performance_model=step_perf_model(spec, device_type, world_size),
         batch_size=batch,
         enumerator=enumerator,
-        storage_reservation=build_storage_reservation(spec.sharding, dense_tensor_bytes, RESERVATIONS),
+        storage_reservation=build_storage_reservation(spec.sharding, topology, dense_tensor_bytes),
         proposer=proposer,
         constraints=constraints,
         stats=[estimates] if estimates is not None else None,

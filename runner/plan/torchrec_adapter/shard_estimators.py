@@ -60,10 +60,19 @@ class LookupOnceConfig(_DefaultConfig):
         return found
 
 
-def shard_estimators(topology: Topology,
-                     constraints: Optional[Dict[str, ParameterConstraints]]) -> List[ShardEstimator]:
+def shard_estimators(topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]],
+                     pipeline: str) -> List[ShardEstimator]:
     """What TorchRec's enumerator builds when given none (its default perf and storage estimators), with the
-    perf estimator's config looked up once."""
+    perf estimator's config looked up once, and the storage estimator told the job's ``pipeline`` (a
+    ``PipelineType`` value: :func:`runner.config.pipelines.planned_pipeline`), whose input buffers it counts."""
     return [EmbeddingPerfEstimatorFactory.create_with_config(LookupOnceConfig(), topology=topology,
                                                              constraints=constraints),
-            EmbeddingStorageEstimator(topology=topology, constraints=constraints)]
+            storage_estimator(topology, constraints, pipeline)]
+
+
+def storage_estimator(topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]],
+                      pipeline: str) -> ShardEstimator:
+    """TorchRec's storage estimator for a job running ``pipeline`` (a ``PipelineType`` value)."""
+    from torchrec.distributed.types import PipelineType
+
+    return EmbeddingStorageEstimator(topology=topology, constraints=constraints, pipeline_type=PipelineType(pipeline))

@@ -48,8 +48,6 @@ ATTRIBUTES: Dict[str, Tuple[str, ...]] = {  # class -> private attributes and me
         "_last_stored_sharders", "_sharder_data_map", "_sharder_map"),
     _P + "estimator.estimator.EmbeddingPerfEstimatorFactory": ("_registry",),
     _P + "shard_estimators.EmbeddingStorageEstimator": ("_constraints", "_topology"),
-    _P + "storage_reservations.HeuristicalStorageReservation": ("_last_reserved_topology", "_percentage"),
-    _P + "storage_reservations.FixedPercentageStorageReservation": ("_last_reserved_topology", "_percentage"),
     # training reads these two (train/split_step.py, train/optimizers.py)
     "torchrec.distributed.model_parallel.DistributedModelParallel": ("_dmp_wrapped_module",),
     "torchrec.distributed.batched_embedding_kernel.EmbeddingFusedOptimizer": ("_emb_module",),
