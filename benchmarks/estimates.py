@@ -3,7 +3,10 @@ this machine's calibration, on training configs the calibration never saw; and a
 planner chooses another plan than the default one, both trained.
 
     .venv/bin/python benchmarks/estimates.py [--steps 100] [--only 1,4] [--device cpu|cuda] [--no-study]
-                                             [--study-repeats 3]
+                                             [--study-repeats 3] [--trust 5]
+
+0. ``--trust``: ``mode=calibrate`` at 1 x 2, 5 times as the machine is and 5 times beside one busy process: whether
+   ``cluster.calibration=auto`` takes each with its collectives, kernels and dense part trusted, and its seconds.
 
 1. ``python -m runner mode=calibrate`` for each world shape the configs use (1 x 2, 2 x 2, 1 x 4 on CPU; 1 x 1 on a
    GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread).
@@ -91,6 +94,38 @@ def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> 
     lines = [ln[len("[runner] calibration: "):] for ln in out.splitlines() if ln.startswith("[runner] calibration: ")]
     print(f"calibration {shape[0]} x {shape[1]}: {'; '.join(lines)}", flush=True)
     return run_dir / "calibration" / "calibration.yaml"
+
+
+def trust_study(tries: int, device: str, folder: Path, store: str, floor: float) -> Dict[str, int]:
+    """``mode=calibrate`` at 1 x 2, ``tries`` times on the machine as it is and ``tries`` times beside one busy
+    process: per try, the seconds, each part's trust and whether ``cluster.calibration=auto`` takes the file with
+    the collectives, kernels and dense part all trusted. Returns how many tries did, quiet and busy."""
+    import yaml
+
+    got = {"quiet": 0, "busy": 0}
+    for label in ("quiet", "busy"):
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if label == "busy" else None
+        try:
+            for i in range(tries):
+                start = time.perf_counter()
+                run_dir, _ = runner(["mode=calibrate", *shape_args((1, 2), device),
+                                     f"cluster.calibration_dir={folder / f'{label}{i}'}"], store)
+                seconds = time.perf_counter() - start
+                data = yaml.safe_load((run_dir / "calibration" / "calibration.yaml").read_text())
+                trusted, errors = data["trusted"], data["median_error"]
+                kept = any((folder / f"{label}{i}").glob("*.calibration.yaml"))
+                used = kept and all(trusted[p] for p in ("collectives", "kernels", "dense"))
+                got[label] += used
+                print(f"trust {label} {i + 1}/{tries}: {seconds:.0f} s (bound {90 * floor / 4:.0f} s), "
+                      + ", ".join(f"{p} {'yes' if ok else 'NO'} ({errors.get(p, 0):.1%})" for p, ok in trusted.items())
+                      + f"; taken by auto with collectives, kernels and dense trusted: {'yes' if used else 'no'}",
+                      flush=True)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    print(f"trust: {got['quiet']} of {tries} tries quiet, {got['busy']} of {tries} beside a busy process", flush=True)
+    return got
 
 
 def default_estimate(overrides: List[str], world: int, local: int, device: str) -> Tuple[float, float, Any]:
@@ -204,6 +239,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--no-study", action="store_true")
     ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
+    ap.add_argument("--trust", type=int, default=5, help="mode=calibrate tries at 1 x 2, quiet and beside a busy "
+                    "process, each judged by whether auto takes it (0: none)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     floor = import_floor()
@@ -214,6 +251,7 @@ def main() -> None:
     t0 = time.perf_counter()
     study_here = not args.no_study and args.device == "cpu"
     shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
+    trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
     calibrations = {s: calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
     rows = []
     for name, overrides in picked:
@@ -229,7 +267,9 @@ def main() -> None:
     print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "
           f"default={med['default']:.1%} | largest calibrated={top['calibrated']:.1%} default={top['default']:.1%} | "
           f"embedding fwd median calibrated={med['calibrated_fwd']:.1%} default={med['default_fwd']:.1%} | "
-          f"study gain={gain:+.1%} | {time.perf_counter() - t0:.0f} s, import floor {floor:.1f} s ({work})")
+          f"study gain={gain:+.1%} | trusted quiet={trusted.get('quiet', '-')}/{args.trust} "
+          f"busy={trusted.get('busy', '-')}/{args.trust} | {time.perf_counter() - t0:.0f} s, import floor "
+          f"{floor:.1f} s ({work})")
 
 
 if __name__ == "__main__":
