@@ -67,6 +67,7 @@ class _Running:
     :func:`end_stopped_sweep` only."""
 
     sweep: Optional[tuple] = None
+    before: tuple = (None, None)  # sweep.json before this command, the resumed parent's status before it
 
 
 def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Path]:
@@ -94,6 +95,18 @@ def end_stopped_sweep(signame: str, failed: Optional[str] = None) -> Optional[Pa
     return sweep_dir
 
 
+def undo_start(line: str) -> None:
+    """A sweep refused before any point ran: a resumed one's ``sweep.json`` and parent as they were, else FAILED."""
+    (before, status), running = _Running.before, _Running.sweep
+    if running is None or before is None or status is None:
+        end_stopped_sweep("", failed=line)
+        return
+    (uri, run_id, sweep_dir), _Running.sweep = running, None
+    rundir.write_json(sweep_dir / SWEEP_FILE, before)  # a later resume runs the sweep's command, not the refused one
+    with contextlib.suppress(Exception):  # the store away: the parent stays RUNNING until a later end or sync
+        client(uri).update_run(run_id, status=status)
+
+
 def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[str]:
     """The parent run of an earlier sweep in ``sweep_dir`` (same store and experiment), set RUNNING again;
     None for a new sweep."""
@@ -118,6 +131,7 @@ def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[st
         return None
     if run.info.experiment_id != experiment or run.info.lifecycle_stage != "active":
         return None
+    _Running.before = (_Running.before[0], run.info.status)
     client(uri).update_run(run_id, status="RUNNING")
     return run_id
 
@@ -154,7 +168,7 @@ class SweepParentRun(Callback):
         self._experiment_id = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._uri = tracking_uri(config.tracking.uri)
+        self._uri, _Running.before = tracking_uri(config.tracking.uri), (None, None)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:  # one owner at a time: a second run or resume of this folder is refused here, before it runs a point
@@ -182,6 +196,7 @@ class SweepParentRun(Callback):
             self._keep_parent(config, sweep_dir, sweep_name(list(swept), sweep_dir), tags, params, exc)
         grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
         paired = paired_keys(config)
+        _Running.before = (rundir.read_json(sweep_dir / SWEEP_FILE), _Running.before[1])
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume
             "parent_run_id": self._run_id, "swept": list(swept), "overrides": list(config.hydra.overrides.task),
             "command": [a for a in sys.argv[1:] if a not in {f"hydra.sweeper._target_={own}"

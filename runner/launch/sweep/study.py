@@ -18,10 +18,11 @@ OLD_STUDY_FILE = "optuna_study.pkl"  # the pickled in-memory storage of runner v
 
 
 def refuse(line: str) -> None:
-    """End the sweep before any trial: ``line`` said (exit 2), the parent run (opened before the study) FAILED."""
-    from runner.launch.sweep.parent import end_stopped_sweep
+    """End the sweep before any trial: ``line`` said (exit 2); the parent run (opened before the study) FAILED, or
+    for a resume, it and ``sweep.json`` as they were (nothing ran: the sweep is what it was before this command)."""
+    from runner.launch.sweep.parent import undo_start
 
-    end_stopped_sweep("", failed=line)  # the parent run, opened before the study, ends FAILED
+    undo_start(line)
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 

@@ -12,11 +12,11 @@
   as any one ends (``hydra.sweeper.batch=true``: Hydra's way, ``n_jobs`` at a time, each batch waiting for its
   slowest). With Hydra's basic launcher trials run one after the other, in this process.
 - **Resume** (``python -m runner resume <sweep folder>``, or the same command with the same
-  ``hydra.sweep.dir``): the study goes on from its journal. A trial the stop interrupted (still RUNNING there)
-  runs again with its own values in its own job folder (job number = trial number) and its result is told to
-  it; finished trials count toward ``n_trials``, so the study runs only the trials it still lacks, numbered on
-  from the last (a seeded sampler seeded with its seed plus the number of trials there, so that it does not
-  draw its first run's values again).
+  ``hydra.sweep.dir``): the study goes on from its journal, its definition unchanged (``study_definition``).
+  A trial the stop interrupted (still RUNNING there) runs again with its own values in its own job folder (job
+  number = trial number) and its result is told to it; finished trials count toward ``n_trials``, so the study
+  runs only the trials it still lacks, numbered on from the last (a seeded sampler seeded with its seed plus the
+  number of trials there, so that it does not draw its first run's values again).
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ class OptunaSweeper(Sweeper):
         self.storage = storage
         self.n_trials, self.n_jobs = int(n_trials), max(int(n_jobs), 1)
         self.max_failure_rate = float(max_failure_rate)
-        self.params = dict(params or {})
-        self.batch = bool(batch)
+        self.params, self.batch = dict(params or {}), bool(batch)
         self.job_idx = 0
         self.trial_file: Optional[Path] = None
         self.stopped = False  # too many trials failed: none asked for any more
@@ -84,7 +83,6 @@ class OptunaSweeper(Sweeper):
         storage = self.storage or journal_storage(folder)
         if isinstance(self.sampler, functools.partial):  # the grid sampler: its grid is the search space
             from runner.launch.sweep.study import refuse
-
             ranged = [k for k, d in space.items() if not hasattr(d, "choices")]
             if ranged:
                 refuse(f"hydra/sweeper/sampler=grid tries every value of choice(...) keys; {', '.join(ranged)} "
@@ -92,6 +90,9 @@ class OptunaSweeper(Sweeper):
             self.sampler = self.sampler(search_space={k: list(d.choices) for k, d in space.items()})
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self.sampler,
                                     pruner=self.pruner, directions=cast(Any, self.directions), load_if_exists=True)
+        from runner.launch.sweep.study_definition import keep_or_refuse  # a changed one refused before any trial
+        keep_or_refuse(study, self.config.hydra.sweeper, self.config.tracking.objective, str(self.config.mode),
+                       space, str(self.storage or folder))
         self.trial_file = self._trial_file(folder, storage)
         trials = study.get_trials(deepcopy=False)
         if trials:
