@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
+from runner.config.reservations import canonical, reservation_of
 from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
@@ -47,8 +48,10 @@ def _budget_text(spec: PlanSpec, device_type: str, per_rank: float, world: int) 
     _, word, cap_key = KINDS[device_type]
     cap = getattr(spec.cluster, cap_key)
     s = spec.sharding
-    reserve = f"sharding.storage_reserve_percent={s.storage_reserve_percent:g}"
-    policy = ", policy heuristic: the dense part's estimate too" if s.storage_reserve_policy == "heuristic" else ""
+    declared = reservation_of(s.storage_reserve_policy)
+    reserve = " ".join(f"sharding.{k}={v:g}" if isinstance(v := getattr(s, k), float) else f"sharding.{k}={v}"
+                       for k in declared.knobs)  # the keys the policy reads, which are the ones that change it
+    policy = f", policy {canonical(s.storage_reserve_policy)}: {declared.summary}"
     cap_text = f"cluster.{cap_key}={cap:g}" if cap is not None else f"cluster.{cap_key}=null (TorchRec's default)"
     if per_rank < 0:  # the reserve alone is more than the memory
         return (f"no {word} is left for tables on any of {world} ranks: the reserve takes {_fmt(-per_rank)} more "
@@ -83,7 +86,7 @@ def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world:
     for option in space:
         by_table.setdefault(option.name, []).append(option)
     where = _budget_text(spec, device_type, budget[mem], world)
-    more = (f"raise cluster.{cap_key}, lower sharding.storage_reserve_percent, add ranks (cluster.nodes, "
+    more = (f"raise cluster.{cap_key}, lower the storage reserve, add ranks (cluster.nodes, "
             "cluster.workers_per_node)")
     too_big = [(name, opts) for name, opts in by_table.items() if not any(_fits(o, budget) for o in opts)]
     if too_big:
