@@ -170,7 +170,10 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
     d_step, d_fwd, d_plan = default_estimate([a for a in args if not a.startswith("cluster.calibration=")], world,
                                              local, device)
     trained = json.loads((run_dir / "plan" / "plan.json").read_text())
-    return {"name": name, "measured": measured["per_rank"][slowest]["step_ms"], "measured_fwd": max(fwd),
+    held = [measured.get(f"measured/rank{r}/mem_over_baseline_bytes") for r in range(world)]
+    mem_rank = max(range(world), key=lambda r: held[r] or 0.0)  # the rank that holds most
+    return {"mem_measured": held[mem_rank], "mem_estimated": measured.get(f"estimated/rank{mem_rank}/mem_bytes"),
+            "name": name, "measured": measured["per_rank"][slowest]["step_ms"], "measured_fwd": max(fwd),
             "calibrated": step.get("step_ms"), "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"])
             if step else None, "default": d_step, "default_fwd": d_fwd, "same": d_plan == trained}
 
@@ -185,10 +188,12 @@ def pct(v: Optional[float]) -> str:
 
 def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
     print(f"\n{'config':<20} {'step ms':>8} {'calib.':>8} {'err':>6} {'default':>8} {'err':>6} | {'emb fwd':>8} "
-          f"{'calib.':>7} {'err':>6} {'default':>7} {'err':>6} same plan")
-    errors: Dict[str, List[float]] = {"calibrated": [], "default": [], "calibrated_fwd": [], "default_fwd": []}
+          f"{'calib.':>7} {'err':>6} {'default':>7} {'err':>6} same plan | {'mem MiB':>7} {'est.':>7} {'err':>6}")
+    errors: Dict[str, List[float]] = {"calibrated": [], "default": [], "calibrated_fwd": [], "default_fwd": [],
+                                      "memory": []}
     for r in rows:
-        e = {k: error(r[k], r["measured_fwd" if k.endswith("fwd") else "measured"]) for k in errors}
+        e = {k: error(r[k], r["measured_fwd" if k.endswith("fwd") else "measured"]) for k in errors if k != "memory"}
+        e["memory"] = error(r.get("mem_estimated"), r.get("mem_measured") or 0.0)
         for k, v in e.items():
             if v is not None:
                 errors[k].append(v)
@@ -196,7 +201,8 @@ def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
               f"{r['default']:>8.3f} {pct(e['default']):>6} | {r['measured_fwd']:>8.2f} "
               f"{r['calibrated_fwd'] or 0:>7.2f} "
               f"{pct(e['calibrated_fwd']):>6} {r['default_fwd']:>7.3f} {pct(e['default_fwd']):>6} "
-              f"{'yes' if r['same'] else 'no'}")
+              f"{'yes' if r['same'] else 'no':>9} | {(r.get('mem_measured') or 0) / 2**20:>7.1f} "
+              f"{(r.get('mem_estimated') or 0) / 2**20:>7.1f} {pct(e['memory']):>6}")
     for k, v in errors.items():
         if v:
             print(f"{k:<15} median |error| {statistics.median(map(abs, v)):.1%}, largest {max(map(abs, v)):.1%}")

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from runner.config.errors import config_error_line, first_line
 from runner.config.schema import WORKER_MODES
-from runner.plan.cost_fit import PARTS
+from runner.plan.trust import PARTS, fallen_back, fell_back_note, value_faults
 from runner.runtime.hardware import fingerprint, mismatch
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ FORMAT = 2  # the file format this runner writes and reads (2: trust per part, a
 SUFFIX = ".calibration.yaml"
 KEY = "cluster.calibration"
 AUTO, NONE = "auto", "none"  # cluster.calibration's two words; anything else is a file
-TORCHREC_INTRA_GIBPS, TORCHREC_CROSS_GIBPS = 600.0, 12.5  # TorchRec's defaults, the cluster keys' defaults too
 GIB = 1024**3
 
 
@@ -58,12 +56,10 @@ class Calibration:
     constants: Dict[str, Any]
     spread: Dict[str, float] = field(default_factory=dict)
     trusted: Dict[str, bool] = field(default_factory=lambda: {part: True for part in PARTS})
-    """Each part's trust (:data:`runner.plan.cost_fit.PARTS`): its medians known within what
-    ``calibrate.max_spread`` allows (:func:`runner.plan.cost_fit.trust`)."""
+    """Each part's trust (:func:`runner.plan.trust.trust`)."""
     measurements: Dict[str, Any] = field(default_factory=dict)
     made: str = ""
-    median_error: Dict[str, float] = field(default_factory=dict)
-    """Each part's median relative standard error of its medians (:func:`runner.plan.cost_fit.median_error`)."""
+    median_error: Dict[str, float] = field(default_factory=dict)  # each part's (:func:`runner.plan.trust.median_error`)
     format: int = FORMAT
     path: Optional[str] = None  # where it was read from (not written)
     faults: Dict[str, str] = field(default_factory=dict)  # a part whose values fail their check: why (not written)
@@ -73,75 +69,14 @@ class Calibration:
         return (f"calibration {self.path or '(in memory)'} ({fp.get('device_name')}, {fp.get('nodes')} x "
                 f"{fp.get('workers_per_node')} workers, made {self.made})")
 
+    def with_constants(self, constants: Dict[str, Any]) -> Calibration:
+        return dataclasses.replace(self, constants=constants)
+
     def untrusted(self) -> Dict[str, str]:
         """The parts that fall back, each with why: not trusted when measured, or a value failing its check."""
         out = {part: "its repeats scattered" for part in PARTS if not self.trusted.get(part, False)}
         out.update(self.faults)
         return out
-
-
-PART_OF = {"device_bw_gibps": "kernels", "bwd_compute_multiplier": "kernels", "kernel_call_fwd_ms": "kernels",
-           "kernel_call_bwd_ms": "kernels", "fit_error_fwd": "kernels", "fit_error_bwd": "kernels",
-           "uvm_caching": "kernels", "kernel_fit_failed": "kernels", "collectives": "collectives",
-           "intra_node_bandwidth": "collectives", "cross_node_bandwidth": "collectives", "sharded": "sharded"}
-"""Which part each constant belongs to; every other constant (the dense fits, ``linear_*``, ``dense_rest_*``, the
-optimizer, the input, the step's overhead) is the dense part's."""
-FALLBACK = {"collectives": "TorchRec's bandwidths", "kernels": "TorchRec's device bandwidth and backward multiplier",
-            "sharded": "no cost per sharded lookup, as TorchRec", "dense": "the dense part, optimizer, input and "
-            "the step's overhead not estimated"}
-"""What a part that falls back leaves the plan: TorchRec's constants where it has the term, else none."""
-MAX_GIBPS = 1e14 / GIB  # no link or memory moves more than 100 TB/s: a bandwidth above it measured nothing
-MAX_MS = 1e6  # no kernel call, collective or step term of a calibration takes 1,000 s
-MAX_MULTIPLIER = 1e4  # the backward at most 10,000 times the forward's bandwidth term
-
-
-def _value_fault(key: str, value: Any) -> Optional[str]:
-    """Why one constant's value cannot be the machine's (None: it can); ``key`` its dotted name. Bandwidths and
-    multipliers are positive, times and slopes at least 0 (a fit may end at 0), all finite and within what a machine
-    can be; a fit's error may be infinite (the runner writes so where a fit failed)."""
-    leaf = key.rsplit(".", 1)[-1]
-    if leaf == "kernel_fit_failed":
-        return None if isinstance(value, bool) else "is not true or false"
-    if value is None and (leaf.endswith("bandwidth") or leaf.endswith("_gibps")):
-        return None  # not measured (one node's cross bandwidth, a collective whose time did not grow with bytes)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "is not a number"
-    if leaf.startswith("fit_error"):
-        return None if value >= 0 else "is below 0"  # nan fails >= 0 too
-    if not math.isfinite(value):
-        return "is not finite"
-    if leaf.endswith("bandwidth") or leaf.endswith("_gibps"):
-        return None if 0 < value <= MAX_GIBPS else f"is not a bandwidth in (0, {MAX_GIBPS:.0f}] GiB/s"
-    if leaf == "bwd_compute_multiplier":
-        return None if 0 < value <= MAX_MULTIPLIER else f"is not a multiplier in (0, {MAX_MULTIPLIER:g}]"
-    return None if 0 <= value <= MAX_MS else f"is not a time or slope in [0, {MAX_MS:g}]"
-
-
-def value_faults(constants: Dict[str, Any]) -> Dict[str, str]:
-    """Each part's first constant whose value fails its check (:func:`_value_fault`), as ``key=value is ...``."""
-    out: Dict[str, str] = {}
-
-    def walk(key: str, value: Any, part: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{key}.{k}", v, part)
-        elif part not in out and (why := _value_fault(key, value)) is not None:
-            out[part] = f"{key}={value!r} {why}"
-    for key, value in constants.items():
-        walk(key, value, PART_OF.get(key, "dense"))
-    return out
-
-
-def fallen_back(cal: Calibration) -> Calibration:
-    """``cal`` with every part it does not trust taken out (:meth:`Calibration.untrusted`): the plan then uses
-    TorchRec's constants for it where TorchRec has the term (:func:`topology_knobs` sets no knob that is absent), and
-    no term where it has none (:mod:`runner.plan.step_estimate` names the parts it did not estimate)."""
-    gone = cal.untrusted()
-    if not gone:
-        return cal
-    kept = {k: v for k, v in cal.constants.items() if PART_OF.get(k, "dense") not in gone}
-    return dataclasses.replace(cal, constants=kept)
-
 
 def digest(data: Dict[str, Any]) -> str:
     """A calibration's content (everything it holds but the digest) as a hash: a file edited or cut short after it
@@ -204,7 +139,7 @@ def load_calibration(path: Union[str, Path]) -> Calibration:
     return Calibration(**known, path=str(path), faults=value_faults(data["constants"]))
 
 
-def checked(cal: Calibration) -> Calibration:
+def whole_or_refused(cal: Calibration) -> Calibration:
     """``cal`` (given by path) when every value passes its check; else refused in one line naming the key and
     value (a file the user names is used whole or not at all: under ``auto`` a failing part falls back alone)."""
     if cal.faults:
@@ -217,7 +152,7 @@ def check_file(setting: str) -> None:
     """``cluster.calibration`` naming a file: refused in one line (``ConfigError``) when it cannot be used as a
     calibration (whether it fits the hardware is asked where the job's hardware is known, :func:`for_job`)."""
     if str(setting) not in (AUTO, NONE):
-        checked(load_calibration(setting))
+        whole_or_refused(load_calibration(setting))
 
 
 def check_folder(configured: Optional[str]) -> None:
@@ -225,12 +160,10 @@ def check_folder(configured: Optional[str]) -> None:
     writable, with room for a file; else refused in one line before anything is measured."""
     import shutil
 
-    where = cache_dir(configured)
-    key = "cluster.calibration_dir"
+    where, key = cache_dir(configured), "cluster.calibration_dir"
 
     def refuse(why: str) -> Exception:
-        return config_error_line(f"{key}={str(where)!r} {why}: name a writable folder (or calibrate.keep=false)",
-                                 key)
+        return config_error_line(f"{key}={str(where)!r} {why}: name a writable folder (or calibrate.keep=false)", key)
     if where.exists() and not where.is_dir():
         raise refuse("is a file, not a folder")
     existing = next(p for p in (where, *where.parents) if p.exists())
@@ -297,12 +230,6 @@ def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool
     return ((same or fits)[0] if fits else None), skipped[:3]
 
 
-def fell_back_note(cal: Calibration) -> str:
-    """The parts of ``cal`` that fall back, and to what (empty when it trusts every part)."""
-    gone = cal.untrusted()
-    return "; ".join(f"{part} not used ({why}): {FALLBACK[part]}" for part, why in gone.items())
-
-
 @functools.lru_cache(maxsize=64)
 def _cached_load(path: str, mtime_ns: int) -> Calibration:
     return load_calibration(path)
@@ -335,7 +262,8 @@ def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool,
         fell = fell_back_note(found)
         return Chosen(fallen_back(found), f"this machine's {found.label()}" + (f"; {fell}" if fell else "") + passed)
     path = Path(setting)
-    cal = checked(_cached_load(str(path), path.stat().st_mtime_ns) if path.is_file() else load_calibration(setting))
+    cal = whole_or_refused(_cached_load(str(path), path.stat().st_mtime_ns) if path.is_file()
+                           else load_calibration(setting))
     if here_is_job:
         differs = mismatch(cal.fingerprint, _fingerprint(device_kind, nodes, workers, device), True)
         if differs is not None:
@@ -369,32 +297,3 @@ def hashed(cluster: ClusterSchema, mode: str, config: Dict[str, Any]) -> Dict[st
     chosen = for_config(cluster, mode, device_type(cluster.device, planning=True))
     made = chosen.calibration.made if chosen.calibration is not None else ""
     return {**config, "cluster": {**config["cluster"], "calibration": f"{chosen.tag}@{made}"}}
-
-
-def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Optional[float],
-                   cross_gibps: Optional[float], world: int = 1, local: int = 1
-                   ) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """TorchRec ``Topology`` arguments (its units: bytes per ms) that ``cal`` sets, and the bandwidths (GiB/s) in
-    effect. A bandwidth the config sets wins (a sweep over it with a calibration asks "what if"); null is the
-    calibration's measured one, else TorchRec's default. On one node TorchRec reads ``inter_host_bw`` only for
-    all-reduces (as ``inter_host_bw`` x workers per node): it is set so that those take the measured all-reduce's
-    bandwidth."""
-    bandwidths = {"intra": TORCHREC_INTRA_GIBPS if intra_gibps is None else float(intra_gibps),
-                  "cross": TORCHREC_CROSS_GIBPS if cross_gibps is None else float(cross_gibps)}
-    if cal is None:
-        return {}, bandwidths
-    c = cal.constants
-    knobs: Dict[str, float] = {}
-    if "device_bw_gibps" in c:  # the kernels' part (absent where it fell back: TorchRec's, untouched)
-        knobs = {"hbm_mem_bw" if device_kind == "cuda" else "ddr_mem_bw": c["device_bw_gibps"] * GIB / 1000.0,
-                 "bwd_compute_multiplier": float(c["bwd_compute_multiplier"])}
-    h2d = (c.get("uvm_caching") or {}).get("hbm_to_ddr_gibps")
-    if device_kind == "cuda" and h2d:  # the UVM-caching kernel, measured on a GPU
-        knobs["hbm_to_ddr_mem_bw"] = float(h2d) * GIB / 1000.0
-    for side, configured in (("intra", intra_gibps), ("cross", cross_gibps)):
-        if configured is None and c.get(f"{side}_node_bandwidth"):
-            bandwidths[side] = float(c[f"{side}_node_bandwidth"])
-    reduce = c.get("collectives", {}).get("all_reduce", {}).get("intra")
-    if cross_gibps is None and world <= local and reduce and reduce.get("bandwidth_gibps"):
-        bandwidths["cross"] = float(reduce["bandwidth_gibps"]) / max(local, 1)
-    return knobs, bandwidths

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from runner.plan.calibration import FALLBACK, Calibration, cache_dir, file_name, save
-from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, allowed_median_error, fit_all, kernel_bytes, trust
+from runner.plan.calibration import Calibration, cache_dir, file_name, save
+from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
+from runner.plan.trust import FALLBACK, allowed_median_error, trust
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema

@@ -14,6 +14,8 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from runner.plan.trust import median_error, spread
+
 GIB = 1024**3
 ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
 FULL_BLOCK_DIM, MIN_LOOKUP_DIM = 128, 32  # TorchRec's block penalty threshold and its smallest looked-up width
@@ -67,44 +69,6 @@ def kernel_bytes(batch: int, pooling: int, dim: int, elem: int = 4) -> float:
     lookups = batch * pooling
     return (math.ceil(lookups * ID_BYTES) + lookups * max(dim, MIN_LOOKUP_DIM) * elem + batch * dim * elem) \
         * block_penalty(dim)
-
-
-def spread(samples: Sequence[float]) -> float:
-    """How far repeats of one measurement scatter: the median absolute deviation over the median (a relative
-    standard deviation that one stray repeat does not move)."""
-    med = statistics.median(samples)
-    return 1.4826 * statistics.median(abs(s - med) for s in samples) / med if med > 0 else 0.0
-
-
-def median_error(samples: Sequence[float]) -> float:
-    """How well repeats know their median: its relative standard error, ``1.2533 x spread / sqrt(n)`` (the median's
-    asymptotic error is 1.2533 times the mean's). A scattered measurement is known as well as a steady one once it
-    has enough repeats: what a fit uses is the median, not any one repeat."""
-    return 1.2533 * spread(samples) / math.sqrt(len(samples)) if samples else float("inf")
-
-
-def allowed_median_error(max_spread: float, repeats: int) -> float:
-    """The median's error that ``calibrate.max_spread`` allows: that of ``repeats`` repeats scattered by
-    ``max_spread`` (so a part measured ``repeats`` times is trusted exactly when its spread is within
-    ``max_spread``; one measured more often may scatter more and be known as well)."""
-    return 1.2533 * max_spread / math.sqrt(max(repeats, 1))
-
-
-PARTS = ("collectives", "kernels", "sharded", "dense")
-"""The parts a calibration trusts one by one: a part whose median is not known well enough falls back alone
-(:func:`runner.plan.calibration.fallen_back`)."""
-
-
-def trust(errors: Dict[str, float], constants: Dict[str, Any], allowed: float) -> Dict[str, bool]:
-    """Each part's trust: its points' median error (the median over them of :func:`median_error`) within
-    ``allowed``; the kernels also need a bandwidth to read off, the collectives one bandwidth per collective (a time
-    that does not grow with the bytes measured none)."""
-    out = {part: errors.get(part, 0.0) <= allowed for part in PARTS}
-    out["kernels"] = out["kernels"] and not constants.get("kernel_fit_failed")
-    out["collectives"] = out["collectives"] and all(
-        fit.get("bandwidth_gibps") is not None for by_scope in constants.get("collectives", {}).values()
-        for fit in by_scope.values())
-    return out
 
 
 def _errors(points: List[Tuple[float, float]], a: float, b: float) -> float:

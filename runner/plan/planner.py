@@ -21,7 +21,7 @@ from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.reservations import reservation_of
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.validation import table_constraint
-from runner.plan.calibration import for_config, topology_knobs
+from runner.plan.calibration import for_config
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
@@ -29,7 +29,7 @@ from runner.plan.plan_spec import PlanSpec
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
 from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
-from runner.plan.topology import build_topology, dense_bytes
+from runner.plan.topology import build_topology, dense_bytes, topology_knobs
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:

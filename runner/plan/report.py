@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.reservations import canonical
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
-from runner.plan.calibration import NONE, topology_knobs
+from runner.plan.calibration import NONE
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.plan.step_estimate import step_markdown, step_metrics, step_phrase
 from runner.plan.summary import summary_markdown, summary_metrics
+from runner.plan.topology import topology_knobs
 from runner.runtime import rundir
 
 if TYPE_CHECKING:

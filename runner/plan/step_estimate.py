@@ -96,7 +96,7 @@ def input_dist_ms(best_plan: List[Any], world: int, with_total: bool = False) ->
 def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
     """A collective's latency and bandwidth in ``cal``; where it has none (the collectives fell back, or a time that
     did not grow with the bytes), TorchRec's bandwidth for the scope and no latency, as TorchRec's model."""
-    from runner.plan.calibration import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
+    from runner.plan.topology import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
 
     found = cal.constants.get("collectives", {}).get(name, {})
     fit = found.get("cross" if cross and "cross" in found else "intra") or {}
@@ -149,7 +149,7 @@ def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
 
 def step_text(step: Dict[str, Any]) -> str:
     """``12.345 ms (embeddings 1.2, kernel calls 0.3, ...)`` for the report, the plan line and the summary."""
-    from runner.plan.calibration import FALLBACK
+    from runner.plan.trust import FALLBACK
 
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
     fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())

@@ -7,17 +7,49 @@ Config bandwidths are GiB/s and memory caps GiB per worker; they are converted t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from torchrec.distributed.planner import Topology
 
-from runner.plan.calibration import GIB, topology_knobs
+from runner.plan.calibration import GIB
 
 if TYPE_CHECKING:
     from torch import nn
 
     from runner.config.schema_model import ClusterSchema
     from runner.plan.calibration import Calibration
+
+
+TORCHREC_INTRA_GIBPS, TORCHREC_CROSS_GIBPS = 600.0, 12.5  # TorchRec's defaults, the cluster keys' defaults too
+
+
+def topology_knobs(cal: Optional[Calibration], device_kind: str, intra_gibps: Optional[float],
+                   cross_gibps: Optional[float], world: int = 1, local: int = 1
+                   ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """TorchRec ``Topology`` arguments (its units: bytes per ms) that ``cal`` sets, and the bandwidths (GiB/s) in
+    effect. A bandwidth the config sets wins (a sweep over it with a calibration asks "what if"); null is the
+    calibration's measured one, else TorchRec's default. On one node TorchRec reads ``inter_host_bw`` only for
+    all-reduces (as ``inter_host_bw`` x workers per node): it is set so that those take the measured all-reduce's
+    bandwidth."""
+    bandwidths = {"intra": TORCHREC_INTRA_GIBPS if intra_gibps is None else float(intra_gibps),
+                  "cross": TORCHREC_CROSS_GIBPS if cross_gibps is None else float(cross_gibps)}
+    if cal is None:
+        return {}, bandwidths
+    c = cal.constants
+    knobs: Dict[str, float] = {}
+    if "device_bw_gibps" in c:  # the kernels' part (absent where it fell back: TorchRec's, untouched)
+        knobs = {"hbm_mem_bw" if device_kind == "cuda" else "ddr_mem_bw": c["device_bw_gibps"] * GIB / 1000.0,
+                 "bwd_compute_multiplier": float(c["bwd_compute_multiplier"])}
+    h2d = (c.get("uvm_caching") or {}).get("hbm_to_ddr_gibps")
+    if device_kind == "cuda" and h2d:  # the UVM-caching kernel, measured on a GPU
+        knobs["hbm_to_ddr_mem_bw"] = float(h2d) * GIB / 1000.0
+    for side, configured in (("intra", intra_gibps), ("cross", cross_gibps)):
+        if configured is None and c.get(f"{side}_node_bandwidth"):
+            bandwidths[side] = float(c[f"{side}_node_bandwidth"])
+    reduce = c.get("collectives", {}).get("all_reduce", {}).get("intra")
+    if cross_gibps is None and world <= local and reduce and reduce.get("bandwidth_gibps"):
+        bandwidths["cross"] = float(reduce["bandwidth_gibps"]) / max(local, 1)
+    return knobs, bandwidths
 
 
 def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
@@ -29,7 +61,7 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
                    hbm_cap: Optional[int] = None, calibration: Optional[Calibration] = None) -> Topology:
     """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
     (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``; ``calibration``: the
-    constants it sets (:func:`runner.plan.calibration.topology_knobs`; None: TorchRec's defaults, untouched)."""
+    constants it sets (:func:`topology_knobs`; None: TorchRec's defaults, untouched)."""
     knobs, bandwidths = topology_knobs(calibration, device_type, cluster.intra_node_bandwidth,
                                        cluster.cross_node_bandwidth, world_size, local_world_size)
     kwargs: Dict[str, Any] = dict(

@@ -19,7 +19,9 @@ def _estimates(plan: Dict[str, float], r: int) -> Tuple[Optional[float], Optiona
 
 def estimate_errors(per_rank: List[Dict[str, Any]], plan: Dict[str, float]) -> Dict[str, float]:
     """Each rank's estimate error (estimated over measured, less one) of the step and the embedding forward:
-    ``error/rank<r>/step``, ``error/rank<r>/embedding_fwd``, and ``error/step`` for the slowest rank's step."""
+    ``error/rank<r>/step``, ``error/rank<r>/embedding_fwd``, and ``error/step`` for the slowest rank's step; and of
+    memory, the plan's storage for the rank with the dense part's state (``estimated/rank<r>/mem_bytes``) over
+    what the rank holds above its baseline: ``error/rank<r>/mem``, ``error/mem`` (the largest)."""
     out: Dict[str, float] = {}
     for r, x in enumerate(per_rank):
         step, fwd = _estimates(plan, r)
@@ -27,6 +29,13 @@ def estimate_errors(per_rank: List[Dict[str, Any]], plan: Dict[str, float]) -> D
             out[f"error/rank{r}/step"] = step / x["step_ms"] - 1
         if fwd and x.get("embedding_fwd_ms"):
             out[f"error/rank{r}/embedding_fwd"] = fwd / x["embedding_fwd_ms"] - 1
+    for r, x in enumerate(per_rank):  # memory: the plan's storage for the rank and the dense part's state
+        storage = plan.get(f"plan/rank{r}/hbm_bytes") or plan.get(f"plan/rank{r}/ddr_bytes")
+        if storage and x.get("mem_over_baseline_bytes"):
+            out[f"estimated/rank{r}/mem_bytes"] = storage + float(x.get("dense_state_bytes") or 0.0)
+            out[f"error/rank{r}/mem"] = out[f"estimated/rank{r}/mem_bytes"] / x["mem_over_baseline_bytes"] - 1
+    if any(k.endswith("/mem") for k in out):
+        out["error/mem"] = max((v for k, v in out.items() if k.endswith("/mem")), key=abs)
     est = plan.get("plan/est_whole_step_ms") or plan.get("plan/est_step_ms")
     slowest = max((x["step_ms"] or 0.0 for x in per_rank), default=0.0)
     if est and slowest > 0:  # a job that trained no step (resumed at its end) measured none

@@ -172,7 +172,8 @@ class Reporter:
             f"rank{r}: {','.join(map(str, x['cores'])) if x.get('cores') else 'unbound'}"
             for r, x in enumerate(per_rank))})
         m: Dict[str, float] = {f"measured/rank{r}/{k}": x[k] for r, x in enumerate(per_rank)
-                               for k in ("step_ms", "peak_mem_bytes", "embedding_fwd_ms") if x.get(k) is not None}
+                               for k in ("step_ms", "peak_mem_bytes", "mem_over_baseline_bytes", "mem_baseline_bytes",
+                                         "embedding_fwd_ms") if x.get(k) is not None}
         m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
         m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
         est_step = self.plan_metrics.get("plan/est_whole_step_ms") or self.plan_metrics.get("plan/est_step_ms")

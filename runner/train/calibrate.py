@@ -14,13 +14,12 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner.config.schema import samples_per_step
-from runner.plan.cost_fit import PARTS, allowed_median_error
+from runner.plan.trust import PARTS, allowed_median_error
 from runner.train.calibrate_job import step_samples
 from runner.train.calibrate_parts import (
     COLLECTIVES,
     LINEAR_WIDTHS,
     SHARDED,
-    Repeats,
     collective_samples,
     dense_samples,
     input_samples,
@@ -32,6 +31,7 @@ from runner.train.calibrate_parts import (
     scopes,
     sharded_samples,
 )
+from runner.train.timing import Repeats
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema, RunnerConfig

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from runner.plan.cost_fit import median_error
 from runner.train.loop import device_sync
+from runner.train.timing import Repeats, forward_backward, timed, together
 
 if TYPE_CHECKING:
     from torchrec import EmbeddingBagCollection
@@ -30,84 +27,6 @@ if TYPE_CHECKING:
 KIB, MIB = 1024, 1024**2
 COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
 BACK_TO_BACK = 4  # calls timed together for messages up to 1 MiB
-
-
-def alone(want: bool, past: bool) -> bool:
-    """A measurement this rank makes alone takes more repeats when it wants them and its time is not up."""
-    return want and not past
-
-
-def together(device: torch.device, group: Any = None) -> Callable[[bool, bool], bool]:
-    """A measurement every rank of ``group`` (None: the world) makes at once: more repeats while any rank wants them
-    and none is out of time, so that every rank times the same number of calls (a collective needs every rank)."""
-    def agree(want: bool, past: bool) -> bool:
-        flags = torch.tensor([float(want), float(past)], device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-        return bool(flags[0] > 0) and not bool(flags[1] > 0)
-    return agree
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """How often a measurement is timed: ``least`` repeats, then, in rounds of ``least``, more while its median's
-    relative standard error (:func:`runner.plan.cost_fit.median_error`) is above ``within``, up to ``most`` and
-    until ``deadline`` (``time.perf_counter()``): a scattered point is measured until its median is known as well as
-    a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once."""
-
-    least: int
-    most: int
-    within: float = math.inf
-    deadline: float = 0.0
-    agree: Callable[[bool, bool], bool] = alone
-
-    def with_agree(self, agree: Callable[[bool, bool], bool]) -> Repeats:
-        return Repeats(self.least, self.most, self.within, self.deadline, agree)
-
-    def more(self, samples: List[float]) -> int:
-        """How many repeats to take next (0: the median is known, or no more may be taken)."""
-        if len(samples) >= self.most or self.most <= self.least:
-            return 0
-        want = median_error(samples) > self.within
-        if not self.agree(want, time.perf_counter() >= self.deadline):
-            return 0
-        return min(self.least, self.most - len(samples))
-
-
-def timed(run: Callable[[], Any], repeats: Union[int, Repeats], sync: Callable[[], None],
-          before: Callable[[], None] = lambda: None) -> List[float]:
-    """``run()`` once to warm up, then ``repeats`` times: ms each (``before`` runs untimed ahead of each); with a
-    :class:`Repeats`, more while its median is not known well enough."""
-    plan = repeats if isinstance(repeats, Repeats) else Repeats(repeats, repeats)
-    out: List[float] = []
-
-    def one() -> float:
-        before()
-        sync()
-        start = time.perf_counter()
-        run()
-        sync()
-        return (time.perf_counter() - start) * 1000
-    one()  # the warm-up
-    out += [one() for _ in range(plan.least)]
-    while n := plan.more(out):
-        out += [one() for _ in range(n)]
-    return out
-
-
-def forward_backward(forward: Callable[[], Any], backward: Callable[[Any], None], repeats: Union[int, Repeats],
-                     sync: Callable[[], None], before: Callable[[], None] = lambda: None
-                     ) -> Tuple[List[float], List[float]]:
-    """``forward()`` timed, then ``backward(its output)`` timed (each after a fresh untimed forward), ms."""
-    held: List[Any] = [None]
-
-    def run_forward() -> None:
-        held[0] = forward()
-    def again() -> None:
-        before()
-        run_forward()
-    fwd = timed(run_forward, repeats, sync, before)
-    bwd = timed(lambda: backward(held[0]), repeats, sync, again)
-    return fwd, bwd
 
 
 def message_sizes(device_kind: str, grid: str, max_mib: Any) -> List[int]:

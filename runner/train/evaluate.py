@@ -11,6 +11,42 @@ import torch.distributed as dist
 from runner.train.loop import TrainResult
 
 
+def memory_now_bytes(device: torch.device) -> int:
+    """What this rank's tensors hold now: the caching allocator's reserved bytes (CUDA), or the process's anonymous
+    resident memory (CPU, ``RssAnon`` after ``malloc_trim``: the heap and every tensor, not the libraries' code pages
+    that the first call of a kernel brings in, nor freed pages the allocator kept). Taken as the baseline once the
+    plan is made (imports, process group and planner up, the model on meta) and again after training, so that the
+    difference is what the job's model, optimizer, buffers and steps hold."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_reserved(device))
+    import ctypes
+    import re
+
+    try:  # what was freed goes back first (glibc keeps freed heap pages resident): the bytes held, not its slack
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/status") as status:
+        found = re.search(r"RssAnon:\s+(\d+)\s+kB", status.read())
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def dense_state_bytes(dmp: torch.nn.Module, optimizer: Any) -> int:
+    """What the dense part keeps on each rank, from its tensors: its parameters, their gradients, DDP's gradient
+    buckets (a second copy of the gradients unless they are views of them) and the dense optimizer's state. The
+    plan's storage covers the sharded tables only; this is the rest a rank's memory holds for the model."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    params = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
+    weights = sum(p.numel() * p.element_size() for p in params)
+    ddp = next((m for m in dmp.modules() if isinstance(m, torch.nn.parallel.DistributedDataParallel)), None)
+    buckets = weights if ddp is not None and not getattr(ddp, "gradient_as_bucket_view", False) else 0
+    dense = dict(getattr(optimizer, "optimizers", [])).get("dense")
+    states = sum(t.numel() * t.element_size() for state in getattr(dense, "state", {}).values()
+                 if isinstance(state, dict) for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    return int(2 * weights + buckets + states)
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak GPU memory the caching allocator reserved (CUDA: what tensors took plus the allocator's
     slack; the CUDA context and NCCL's buffers are outside it), or the process's peak resident set size
@@ -31,8 +67,8 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     Every rank must call it (the lookup's collectives)."""
     import statistics
 
-    from runner.train.calibrate_parts import timed
     from runner.train.loop import device_sync
+    from runner.train.timing import timed
 
     ebc = next((m for m in dmp.modules() if type(m).__name__.startswith("ShardedEmbeddingBagCollection")), None)
     batch = next(iter(batches), None)
@@ -50,11 +86,16 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
 
 
 def gather_measurements(result: TrainResult, device: torch.device, cores: Optional[List[int]] = None,
-                        embedding_ms: Optional[float] = None) -> List[Dict[str, Any]]:
-    """Every rank's measured step time, embedding forward (:func:`embedding_forward_ms`), peak memory and bound
-    CPU cores, gathered to every rank."""
+                        embedding_ms: Optional[float] = None, baseline_bytes: int = 0, dense_bytes: int = 0
+                        ) -> List[Dict[str, Any]]:
+    """Every rank's measured step time, embedding forward (:func:`embedding_forward_ms`), peak memory, what it holds
+    over ``baseline_bytes`` (:func:`memory_now_bytes` before the model was built; on a GPU the allocator's peak
+    over it, on CPU what is held after training) and bound CPU cores, gathered to every rank."""
+    held = peak_memory_bytes(device) if device.type == "cuda" else memory_now_bytes(device)
     mine = {"step_ms": result.step_time_ms, "embedding_fwd_ms": embedding_ms,
-            "peak_mem_bytes": float(peak_memory_bytes(device)), "cores": cores}
+            "peak_mem_bytes": float(peak_memory_bytes(device)), "mem_baseline_bytes": float(baseline_bytes),
+            "mem_over_baseline_bytes": float(max(held - baseline_bytes, 0)), "dense_state_bytes": float(dense_bytes),
+            "cores": cores}
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

@@ -26,7 +26,13 @@ from runner.plan.report import write_plan_report
 from runner.runtime import rundir
 from runner.track.trial import TrialPruning
 from runner.train import checkpoint
-from runner.train.evaluate import embedding_forward_ms, evaluate, gather_measurements
+from runner.train.evaluate import (
+    dense_state_bytes,
+    embedding_forward_ms,
+    evaluate,
+    gather_measurements,
+    memory_now_bytes,
+)
 from runner.train.loop import LoopHooks, train
 from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer
@@ -68,6 +74,9 @@ class Trainer:
                                                        dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
                                                        facts=facts)
         self.marks["planned"] = time.time()
+        # the baseline of what the model holds: imports, process group and plan up (rank 0 keeps its planner's
+        # caches), the model on meta only, before DMP makes its shards
+        self.baseline_mem = memory_now_bytes(self.device)
         # DDP's static-graph mode cannot take no_sync() micro-batches (gradient accumulation)
         wrapper = DefaultDataParallelWrapper(static_graph=cfg.train.grad_accumulation_steps == 1)
         dmp = DistributedModelParallel(module=model, device=self.device, plan=plan, sharders=sharders,
@@ -139,7 +148,8 @@ class Trainer:
             reporter.pruned(result.stopped_at, self.pruning.metric, self.pruning.pruned_value)
         reporter.ids_hashed(*hashed_ids())
         embedding_ms = embedding_forward_ms(self.dmp, self.data(1, True), self.device)
-        reporter.measured(gather_measurements(result, self.device, cores, embedding_ms))
+        reporter.measured(gather_measurements(result, self.device, cores, embedding_ms, self.baseline_mem,
+                                              dense_state_bytes(self.dmp, self.optimizer)))
         eval_metrics = self.evaluate()
         if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
             self.save(result.last_step, eval_metrics)

@@ -18,12 +18,12 @@ import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import ConfigError
 from runner.launch.sweep.precheck import precheck
 from runner.plan import calibration as cal_mod
-from runner.plan import cost_fit
-from runner.plan.calibration import Calibration, for_job, load_calibration, save, topology_knobs
+from runner.plan import trust as cost_fit
+from runner.plan.calibration import Calibration, for_job, load_calibration, save
 from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
 from runner.plan.plan_spec import plan_spec
 from runner.plan.step_estimate import PARTS
-from runner.plan.topology import build_topology, gibps_to_bytes_per_ms
+from runner.plan.topology import build_topology, gibps_to_bytes_per_ms, topology_knobs
 from runner.runtime.hardware import fingerprint
 
 KNOWN = {"device_bw_gibps": 17.5, "kernel_call_fwd_ms": 0.21, "kernel_call_bwd_ms": 0.13, "bwd_compute_multiplier": 6.4}
@@ -309,7 +309,7 @@ def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_i
     import itertools
     import time
 
-    from runner.train.calibrate_parts import Repeats, timed
+    from runner.train.timing import Repeats, timed
 
     rnd = random.Random(3)
     within = cost_fit.allowed_median_error(0.25, 7)

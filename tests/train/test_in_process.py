@@ -44,3 +44,11 @@ def test_two_ranks_train_plan_and_track_in_process(tmp_path: Path) -> None:
     assert losses == rank0["losses"] and len(losses) == 4
     assert run.data.metrics["eval/auc"] > 0.5
     assert "plan/plan.json" in [a.path for a in client.list_artifacts(run.info.run_id, "plan")]
+    # memory: each rank's held bytes over its baseline (taken once the plan is made) beside the plan's storage for
+    # the rank and the dense part's state; the error is their ratio less one
+    m = run.data.metrics
+    for r in (0, 1):
+        held, est = m[f"measured/rank{r}/mem_over_baseline_bytes"], m[f"estimated/rank{r}/mem_bytes"]
+        assert held > 0 and est >= m[f"plan/rank{r}/ddr_bytes"] > 0
+        assert m[f"error/rank{r}/mem"] == est / held - 1
+    assert abs(m["error/mem"]) == max(abs(m["error/rank0/mem"]), abs(m["error/rank1/mem"]))
