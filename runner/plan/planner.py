@@ -192,7 +192,8 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
     (:func:`.torchrec_adapter.balanced.proposer.compared_metrics`); ``choose_from``: a sweep's plans, for a sweep
     planned together (:mod:`runner.launch.sweep.plan_together`).
 
-    Returns the plan, the planner's chosen options (empty for a pinned plan), seconds, and sharders.
+    Returns the plan, the planner's chosen options (for a pinned plan, its tables' options as the planner would
+    have rated them, :mod:`.pinned`), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
     """
     import torch.distributed as dist
@@ -204,7 +205,14 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
         plan = load_plan(spec.sharding.plan, spec.tables, world, local_world, device_type)
         if empty := empty_shard(plan, device_type):
             raise PlanError(empty)
-        return plan, [], time.perf_counter() - t0, sharders
+        chosen: List[ShardingOption] = []
+        if pg is None or dist.get_rank(pg) == 0:  # rated as the planner would have rated it: the run's estimates
+            from runner.plan.pinned import pinned_options
+
+            chosen = pinned_options(spec, model, plan, sharders,
+                                    planner_inputs(spec, world, local_world, device_type, hbm_cap))
+            _whole_step(spec, model, world, local_world, device_type, chosen, facts if facts is not None else {})
+        return plan, chosen, time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]
     if notes is not None and (new := reservation_of(spec.sharding.storage_reserve_policy).new_name):

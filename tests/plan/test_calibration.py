@@ -386,3 +386,27 @@ def test_bench_estimates_makes_its_folder_in_a_clone_without_outputs(tmp_path: P
 
     work = work_folder(tmp_path)  # a fresh clone: no outputs/ yet
     assert work.is_dir() and work.parent == tmp_path / "outputs" and work.name.startswith("bench-estimates-")
+
+
+def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
+    import json
+
+    from runner.config.tables import table_specs
+    from runner.plan.analysis import per_rank_estimates
+    from runner.plan.plan_file import plan_to_dict
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    path = save(_calibration(), tmp_path / "c.yaml")
+    for sharding in ("sharding=auto", "sharding=columnwise"):
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", sharding)
+        planned: Dict[str, Any] = {}
+        plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=planned)
+        pinned_file = tmp_path / f"{sharding.split('=')[1]}.json"
+        pinned_file.write_text(json.dumps(plan_to_dict(plan, table_specs(cfg.model))))
+        again: Dict[str, Any] = {}
+        pin = cfg_for("mode=plan", f"cluster.calibration={path}", sharding, f"sharding.plan={pinned_file}")
+        plan2, chosen, _, _ = make_plan(plan_spec(pin), planning_model(pin), 2, 2, "cpu", facts=again)
+        assert plan_to_dict(plan2, table_specs(cfg.model)) == plan_to_dict(plan, table_specs(cfg.model))
+        assert per_rank_estimates(chosen, 2) == per_rank_estimates(best, 2), sharding
+        assert again["step"]["step_ms"] == pytest.approx(planned["step"]["step_ms"], rel=1e-12), sharding
