@@ -1,5 +1,5 @@
-"""The runner's Optuna sweeper (hydra/sweeper=optuna, Optuna 5): a plan-only study answering infeasible trials and
-resumed from its journal; asynchronous trials with a multi-objective study's Pareto front; a median pruner
+"""The runner's Optuna sweeper (hydra/sweeper=optuna, Optuna 5): a plan-only study telling infeasible trials as a
+violated constraint and resumed from its journal; asynchronous trials with a multi-objective study's Pareto front; a median pruner
 stopping a training trial on its eval AUC."""
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ from test_sweeps import TIGHT_PLAN, split
 pytestmark = pytest.mark.slow  # each test runs a whole study
 
 
-def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(store: str, tmp_path: Path) -> None:
-    # 6 DLRM tables on 2 GPUs of 0.05 GiB: reserves above about 0.55 leave no room (those trials return +inf)
+def test_optuna_plan_study_returns_the_objective_and_tells_infeasible_trials_as_a_violated_constraint(
+        store: str, tmp_path: Path) -> None:
+    """6 DLRM tables on 2 GPUs of 0.05 GiB: reserves above about 0.55 leave no room, about half the interval. Such
+    a trial's job answers (its run FINISHED, the worst value returned, as with the basic sweeper); the study holds
+    it COMPLETE with Optuna's constraint ``plan_fits`` violated (in the journal), and counts it apart from failures
+    (in its summary and the parent run)."""
+    import yaml
+
     proc = run_cli(["-m", "experiment=optuna_plan", "model=dlrm", "cluster=local", *TIGHT_PLAN,
                     "hydra.sweeper.n_trials=5", "sharding.storage_reserve_percent=interval(0.05,0.95)",
                     f"tracking.uri={store}", "tracking.experiment=optuna", f"hydra.sweep.dir={tmp_path}"])
@@ -33,6 +39,15 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
     assert parent.info.status == "FINISHED" and parent.data.tags["runner.best_run_id"] == best
     assert parent.data.metrics["sweep/best_est_step_ms"] == values[best]
     assert f"Best value: {values[best]}" in proc.stdout + proc.stderr
+    fits = {int(c.data.tags["runner.job"]): c.data.tags["runner.plan_status"] == "feasible" for c in children}
+    _assert_constraints(tmp_path, fits)
+    infeasible = list(fits.values()).count(False)
+    kept = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert (kept["trials"], kept["feasible"], kept["infeasible"], kept["failed"]) == (5, 5 - infeasible, infeasible, 0)
+    assert (f"5 trial(s): {5 - infeasible} with a plan, {infeasible} infeasible (no plan fits: told as the violated "
+            "constraint plan_fits), 0 failed") in proc.stdout
+    assert parent.data.metrics["sweep/infeasible_points"] == infeasible and parent.data.metrics[
+        "sweep/failed_points"] == 0
 
     # resumed: the study (kept in the sweep folder) had a trial still running when it stopped (made here as
     # the sweeper makes one: asked, with the sweep's fixed values); it runs again in its own job folder, the
@@ -51,6 +66,21 @@ def test_optuna_plan_study_returns_the_objective_and_answers_infeasible_trials(s
     assert float(rerun.data.params[key]) == made.params[key]  # the interrupted trial's own value
     status = json.loads((tmp_path / "5" / "status.json").read_text())
     assert study.trials[5].value == status["objective"]
+    # the rerun trial, told on resume, carries its constraint as the others do
+    _assert_constraints(tmp_path, {int(c.data.tags["runner.job"]): c.data.tags["runner.plan_status"] == "feasible"
+                                   for c in children})
+
+
+def _assert_constraints(sweep: Path, fits: dict) -> None:
+    """Every trial of the study carries Optuna's constraint ``plan_fits``: 1.0 (violated) where its job found no
+    plan, 0.0 where it found one; the journal holds it, as Optuna's ``set_constraint`` writes it."""
+    study = _study(sweep)
+    assert {t.number: t.constraints for t in study.trials} == {n: {"plan_fits": 0.0 if ok else 1.0}
+                                                               for n, ok in fits.items()}
+    journal = (sweep / "optuna_journal.log").read_text()
+    assert journal.count('"constraints:plan_fits"') == len(fits), journal[-2000:]
+    best = study.best_trial  # Optuna's: among the trials whose constraints hold
+    assert fits[best.number] and best.value == min(t.value for t in study.trials if fits[t.number])
 
 
 def test_optuna_trials_run_asynchronously_and_a_multi_objective_study_keeps_its_pareto_front(

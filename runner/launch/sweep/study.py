@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import optuna
 
 JOURNAL_FILE = "optuna_journal.log"
+PLAN_FITS = "plan_fits"  # the constraint every told trial carries: 0.0 its plan fits the devices, 1.0 none fits
 OLD_STUDY_FILE = "optuna_study.pkl"  # the pickled in-memory storage of runner versions on Optuna 2.10
 
 
@@ -76,6 +77,21 @@ def _damage(path: Path) -> Optional[str]:
         print(f"[runner] warning: the last record of {path} was cut short (a stop while it was written); the "
               "study goes on without that change", file=sys.stderr, flush=True)
     return None
+
+
+def write_trial_file(folder: Path, storage: Any, study_name: str, pruner: Any) -> Optional[Path]:
+    """With a pruner: what a trial's job needs to report to its trial (:mod:`runner.track.trial`: the study's
+    storage, name and pruner), written to the sweep folder; None without one."""
+    from omegaconf import OmegaConf
+
+    from runner.track.trial import TRIAL_FILE
+
+    if pruner is None:
+        return None
+    path = folder / TRIAL_FILE
+    where = storage if isinstance(storage, str) else str((folder / JOURNAL_FILE).resolve())
+    OmegaConf.save(OmegaConf.create({"storage": where, "study": study_name, "pruner": pruner}), path)
+    return path.resolve()
 
 
 def distribution(key: str, text: str) -> Any:
@@ -141,20 +157,74 @@ def trial_overrides(params: Dict[str, Any], fixed: Dict[str, str]) -> List[str]:
     return [f"{k}={value_text(v)}" for k, v in params.items()] + [o for k, o in fixed.items() if k not in params]
 
 
+def job_values(value: Any, directions: int) -> List[float]:
+    """A trial's job's return value as the study's values, one per direction (ValueError where they differ)."""
+    values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
+    if len(values) != directions:
+        raise ValueError(f"the job returned {len(values)} value(s) for {directions} direction(s)")
+    return values
+
+
+def mark_fit(trial: optuna.Trial, job_dir: Path) -> None:
+    """Record on the running ``trial`` whether its job (folder ``job_dir``) found a plan that fits the devices, as
+    Optuna 5's constraint ``plan_fits`` (``Trial.set_constraint``; 1.0 is violated), before its value is told.
+    A point where no plan fits has no objective value: the samplers that honour constraints (TPE, NSGA-II, GP)
+    learn from it where the feasible region ends instead of modelling the worst value it returns as a result
+    (COMPLETE needs one), and the best trial and the Pareto front leave it out. Every trial carries the
+    constraint, since Optuna's GP sampler wants as many on each; a trial already finished (a training trial its
+    pruner stopped, which had a plan) is left as it is."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    from runner.runtime import rundir
+
+    fits = (rundir.read_json(job_dir / rundir.RESULTS) or {}).get("plan_status") != "infeasible"
+    try:
+        trial.set_constraint(PLAN_FITS, 0.0 if fits else 1.0)
+    except UpdateFinishedTrialError:
+        pass
+
+
+def infeasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a told trial violated a constraint (no plan fits the devices)."""
+    return any(v > 0 for v in trial.constraints.values())
+
+
+def tally(study: optuna.Study) -> Dict[str, int]:
+    """The study's trials by outcome: ``feasible`` (completed with a plan), ``infeasible`` (completed, its
+    constraint violated: no plan fits, an answer), ``failed`` (the job failed), ``pruned``, ``running``."""
+    import optuna
+
+    counts = {"trials": 0, "feasible": 0, "infeasible": 0, "failed": 0, "pruned": 0, "running": 0}
+    state = optuna.trial.TrialState
+    for t in study.get_trials(deepcopy=False):
+        counts["trials"] += 1
+        key = ("infeasible" if infeasible(t) else "feasible") if t.state == state.COMPLETE else \
+            {state.FAIL: "failed", state.PRUNED: "pruned"}.get(t.state, "running")
+        counts[key] += 1
+    return counts
+
+
 def write_results(study: optuna.Study, directions: List[str], folder: Path) -> None:
-    """The study's best trial (or Pareto front) printed and kept in ``optimization_results.yaml``."""
+    """The study's counts (trials with a plan, infeasible ones apart from failed ones) and its best trial (or
+    Pareto front) among those with a plan, printed and kept in ``optimization_results.yaml``."""
     import time
 
     import optuna
     from omegaconf import OmegaConf
 
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
-    out: Dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "trials": len(study.trials),
-                           "completed": len(done), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    counts = tally(study)
+    out: Dict[str, Any] = {"name": "optuna", "study_name": study.study_name, **counts, "completed": len(done),
+                           "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    print(f"[runner] optuna: {counts['trials']} trial(s): {counts['feasible']} with a plan, {counts['infeasible']} "
+          f"infeasible (no plan fits: told as the violated constraint {PLAN_FITS}), {counts['failed']} failed, "
+          f"{counts['pruned']} pruned", flush=True)
     if not done:
         print("[runner] optuna: no trial completed", flush=True)
+    elif not counts["feasible"]:
+        print("[runner] optuna: no trial had a plan that fits: no best trial", flush=True)
     elif len(directions) == 1:
-        best = study.best_trial
+        best = study.best_trial  # Optuna's: the best of the trials whose constraints hold
         out.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number)
         print(f"[runner] optuna: best trial {best.number}: {best.params}; Best value: {best.value}", flush=True)
     else:

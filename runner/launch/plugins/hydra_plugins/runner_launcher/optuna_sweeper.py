@@ -4,6 +4,8 @@
   ``grid``; any of their keys under ``hydra.sweeper.sampler``. **Directions**: ``hydra.sweeper.direction`` is
   ``minimize``/``maximize``, or a list of them for a multi-objective study (each job returns
   ``tracking.objective.metric`` then ``tracking.objective.more_metrics``); its Pareto front is printed and kept.
+- **No plan fits** (a plan-only point): the trial carries the violated constraint ``plan_fits`` (Optuna 5's
+  ``set_constraint``), so the sampler learns the feasible region; the summary counts such trials apart from failed.
 - **The study** lives in Optuna's journal storage in the sweep folder (:mod:`runner.launch.sweep.study`; any
   Optuna storage URL in ``hydra.sweeper.storage`` instead); study name ``hydra.sweeper.study_name``, else
   ``runner``.
@@ -75,7 +77,7 @@ class OptunaSweeper(Sweeper):
 
         import optuna
 
-        from runner.launch.sweep.study import journal_storage
+        from runner.launch.sweep.study import journal_storage, write_trial_file
 
         assert self.config is not None
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # its INFO lines on stderr; the runner says its own
@@ -93,7 +95,8 @@ class OptunaSweeper(Sweeper):
         from runner.launch.sweep.study_definition import keep_or_refuse  # a changed one refused before any trial
         keep_or_refuse(study, self.config.hydra.sweeper, self.config.tracking.objective, str(self.config.mode),
                        space, str(self.storage or folder))
-        self.trial_file = self._trial_file(folder, storage)
+        self.trial_file = write_trial_file(folder, storage, self.study_name,
+                                           OmegaConf.select(self.config, "hydra.sweeper.pruner"))
         trials = study.get_trials(deepcopy=False)
         if trials:
             seed = OmegaConf.select(self.config, "hydra.sweeper.sampler.seed")
@@ -103,21 +106,6 @@ class OptunaSweeper(Sweeper):
                 # a seeded sampler would draw its first run's values again: seeded on from the trials it has
                 study.sampler = instantiate(self.config.hydra.sweeper.sampler, seed=int(seed) + len(trials))
         return study
-
-    def _trial_file(self, folder: Path, storage: Any) -> Optional[Path]:
-        """With a pruner: what a trial's job needs to report to its trial (:mod:`runner.track.trial`), written
-        to the sweep folder; None without one."""
-        from runner.launch.sweep.study import JOURNAL_FILE
-        from runner.track.trial import TRIAL_FILE
-
-        assert self.config is not None
-        pruner = OmegaConf.select(self.config, "hydra.sweeper.pruner")
-        if pruner is None:
-            return None
-        path = folder / TRIAL_FILE
-        where = storage if isinstance(storage, str) else str((folder / JOURNAL_FILE).resolve())
-        OmegaConf.save(OmegaConf.create({"storage": where, "study": self.study_name, "pruner": pruner}), path)
-        return path.resolve()
 
     def sweep(self, arguments: List[str]) -> None:
         import optuna
@@ -133,9 +121,10 @@ class OptunaSweeper(Sweeper):
             print(f"[runner] optuna study {self.study_name!r} resumed from {where}: {len(trials)} trial(s) "
                   f"there ({len(stale)} interrupted, run again); {max(0, self.n_trials - len(trials))} more to run",
                   flush=True)
-        for trial in stale:
-            self._tell(study, trial.number, self._launch([self._overrides(trial.params, trial.user_attrs,
-                                                                        trial.number)], trial.number)[0])
+        for frozen in stale:  # its running trial again, to record its constraint on (Optuna has no public door)
+            trial = optuna.trial.Trial(study, frozen._trial_id)
+            self._tell(study, trial, self._launch([self._overrides(frozen.params, frozen.user_attrs,
+                                                                 frozen.number)], frozen.number)[0])
         self.job_idx = len(trials)
         todo = max(0, self.n_trials - len(trials))
         assert self.config is not None
@@ -177,27 +166,28 @@ class OptunaSweeper(Sweeper):
     def _launch(self, batch: List[List[str]], first: int) -> List[Any]:
         return list(self.launcher.launch(batch, initial_job_idx=first))
 
-    def _tell(self, study: optuna.Study, number: int, ret: JobReturn) -> bool:
-        """Tell a trial's result (the job's return value); a job that raised fails its trial. True when it
-        completed."""
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, ret: JobReturn) -> bool:
+        """Tell a trial's result (the job's return value) with whether its plan fits (``study.mark_fit``: a
+        plan-only point where none fits is a violated constraint, not a result); a job that raised fails its
+        trial. True when it completed."""
         import optuna
 
+        from runner.launch.sweep.study import job_values, mark_fit
         from runner.runtime import rundir
 
+        number = trial.number
         ended = rundir.read_json(self._folder / str(number) / rundir.STATUS) or {}
         if ended.get("status") == "KILLED":  # stopped or never run (the sweep stopped): left RUNNING, for resume
             return True
         try:
             if ended.get("status") == "FAILED":
                 raise RuntimeError(str(ended.get("error") or "the job failed"))
-            value = ret.return_value
-            values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-            if len(values) != len(self.directions):
-                raise ValueError(f"the job returned {len(values)} value(s) for {len(self.directions)} direction(s)")
+            values = job_values(ret.return_value, len(self.directions))
         except Exception as exc:  # noqa: BLE001  (the trial fails, the study goes on)
             self._told(study, number, state=optuna.trial.TrialState.FAIL)
             log.warning(f"Failed experiment: {exc}")
             return False
+        mark_fit(trial, self._folder / str(number))
         self._told(study, number, values=values if len(values) > 1 else values[0])
         return True
 
@@ -234,7 +224,7 @@ class OptunaSweeper(Sweeper):
         while todo > 0 and not self._failed_too_often(told):
             trials = [self._ask(study, space, fixed) for _ in range(min(slots, todo))]
             rets = self._launch([self._overrides(t.params, fixed, t.number) for t in trials], self.job_idx)
-            told += [self._tell(study, t.number, r) for t, r in zip(trials, rets, strict=True)]
+            told += [self._tell(study, t, r) for t, r in zip(trials, rets, strict=True)]
             self.job_idx += len(trials)
             todo -= len(trials)
 
@@ -259,7 +249,7 @@ class OptunaSweeper(Sweeper):
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
                     trial = running.pop(future)
-                    told.append(self._tell(study, trial.number, _first(future)))
+                    told.append(self._tell(study, trial, _first(future)))
         except BaseException as exc:
             if running:
                 self._stop_running(exc, list(running))
