@@ -100,6 +100,10 @@ class CalibrateSchema:
     """Seconds, at most, that the extra repeats of one calibration take (an equal share for each part: the
     collectives, kernels, sharded lookups and dense part), so the whole command stays bounded on a busy
     machine."""
+    dense_per_job: bool = True
+    """A training job planned with a calibration times its own dense part (forward, backward, the dense optimizer's
+    step; 3 repeats on each worker, before planning) for its whole step's estimate, instead of the calibration's
+    rate per FLOP, which models of other shapes (wide inputs, cross layers) do not follow. Never changes the plan."""
     grid: str = one_of("full", ("full", "small"))
     """``full``: every kernel shape and message size | ``small``: a few of each (seconds; a quick check)."""
     max_message_mib: Optional[float] = None

@@ -21,6 +21,7 @@ from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.reservations import reservation_of
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.validation import table_constraint
+from runner.plan import step_estimate as steps
 from runner.plan.calibration import for_config
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
@@ -28,7 +29,6 @@ from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank
 from runner.plan.plan_spec import PlanSpec
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
-from runner.plan.step_estimate import dense_facts, family_tables, input_dist_ms, step_perf_model, whole_step
 from runner.plan.topology import build_topology, dense_bytes, topology_knobs
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
@@ -142,7 +142,7 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
                                      estimator=stock_estimators(topology, constraints, spec.pipeline))
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch, enumerator=enumerator,
-                                    performance_model=step_perf_model(spec, device_type, world_size),
+                                    performance_model=steps.step_perf_model(spec, device_type, world_size),
                                     storage_reservation=build_storage_reservation(spec.sharding, topology,
                                                                                   dense_tensor_bytes),
                                     proposer=proposer, constraints=constraints,
@@ -181,7 +181,8 @@ def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, d
 def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str, pg: Any = None,
               reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
               progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
-              choose_from: Optional[PlanChoices] = None) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+              choose_from: Optional[PlanChoices] = None, dense_measured: Optional[Dict[str, float]] = None
+              ) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
     """Plan (or load the pinned plan) for ``model`` as ``spec`` (a job's plan part) says; with ``pg``, rank 0 plans
     and broadcasts. ``reuse`` shares enumerated options with later calls in this process (a plan-only sweep,
     :mod:`.torchrec_adapter.enumeration_reuse`). ``hbm_cap``: the bytes each GPU of a training job has (the smallest of
@@ -190,7 +191,8 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
     (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and, for the balanced proposer,
     ``compared``: the ratings of TorchRec's plans it started from
     (:func:`.torchrec_adapter.balanced.proposer.compared_metrics`); ``choose_from``: a sweep's plans, for a sweep
-    planned together (:mod:`runner.launch.sweep.plan_together`).
+    planned together (:mod:`runner.launch.sweep.plan_together`); ``dense_measured``: the job's dense part timed on
+    its workers, for the whole step (never for the plan: it is the same for every plan).
 
     Returns the plan, the planner's chosen options (for a pinned plan, its tables' options as the planner would
     have rated them, :mod:`.pinned`), seconds, and sharders.
@@ -211,7 +213,8 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
 
             chosen = pinned_options(spec, model, plan, sharders,
                                     planner_inputs(spec, world, local_world, device_type, hbm_cap))
-            _whole_step(spec, model, world, local_world, device_type, chosen, facts if facts is not None else {})
+            _whole_step(spec, model, world, local_world, device_type, chosen, facts if facts is not None else {},
+                        dense_measured)
         return plan, chosen, time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]
@@ -224,7 +227,7 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
                                notes if notes is not None else [], found, progress, choose_from)
         found["lower_bound_ms"], found["lower_bound_kind"] = estimates.lower_bound_ms, estimates.lower_bound_kind
         found["reserved_bytes"] = estimates.reserved_bytes
-        _whole_step(spec, model, world, local_world, device_type, estimates.best_plan, found)
+        _whole_step(spec, model, world, local_world, device_type, estimates.best_plan, found, dense_measured)
         if not isinstance(result[0], PlanError) and (empty := empty_shard(result[0], device_type)):
             result[0] = PlanError(empty)
     if pg is not None:
@@ -235,9 +238,10 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
 
 
 def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
-                best_plan: List[ShardingOption], facts: PlanFacts) -> None:
+                best_plan: List[ShardingOption], facts: PlanFacts, dense_measured: Optional[Dict[str, float]] = None
+                ) -> None:
     """``facts`` gets which constants the plan was made with and, with a calibration, the whole step
-    (:mod:`.step_estimate`)."""
+    (:mod:`.step_estimate`; ``dense_measured``: the job's dense part timed on its workers)."""
     from runner.plan.analysis import per_rank_estimates
 
     chosen = for_config(spec.cluster, spec.mode, device_type)
@@ -246,9 +250,10 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
                                          spec.cluster.cross_node_bandwidth, world, local_world)[1]
     if chosen.calibration is None or not best_plan:
         return
-    facts["step"] = whole_step(per_rank_estimates(best_plan, world), family_tables(best_plan),
-                               input_dist_ms(best_plan, world), chosen.calibration,
-                               dense_facts(model, spec.rows), world, local_world, device_type)
+    facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.family_tables(best_plan),
+                                     steps.input_dist_ms(best_plan, world), chosen.calibration,
+                                     steps.dense_facts(model, spec.rows), world, local_world, device_type,
+                                     steps.replicated_params(best_plan), dense_measured)
 
 
 def runners_planner() -> bool:

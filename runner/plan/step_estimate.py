@@ -110,14 +110,21 @@ def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
 
 
 def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: List[float],
-               cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str) -> Dict[str, Any]:
-    """The estimated step per rank and its parts (see the module doc), and the busiest rank's."""
+               cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
+               replicated_params: int = 0, measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``replicated_params``:
+    the data-parallel tables' parameters, which the dense optimizer updates on every rank beside the dense part's;
+    ``measured``: the job's own dense part timed on its workers at its batch (``fwd_ms``, ``bwd_ms``,
+    ``optimizer_ms``, :func:`runner.train.calibrate_parts.dense_samples`), used instead of the fit where given:
+    what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross layers, interactions)."""
     c, cross = cal.constants, world > local
     reduce = _collective(cal, "all_reduce", cross)
+    per_mparam = (c.get("optimizer") or {}).get("ms_per_unit", 0.0)
     shared = {
-        "dense_forward": dense_ms(c, "fwd", dense),
-        "dense_backward": dense_ms(c, "bwd", dense),
-        "optimizer": fitted_ms(c.get("optimizer"), dense.params / 1e6),
+        "dense_forward": measured["fwd_ms"] if measured else dense_ms(c, "fwd", dense),
+        "dense_backward": measured["bwd_ms"] if measured else dense_ms(c, "bwd", dense),
+        "optimizer": (measured["optimizer_ms"] + per_mparam * replicated_params / 1e6 if measured
+                      else fitted_ms(c.get("optimizer"), (dense.params + replicated_params) / 1e6)),
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
@@ -133,7 +140,8 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
-            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": cal.untrusted()}
+            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": cal.untrusted(),
+            "dense_measured": bool(measured)}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
@@ -153,7 +161,8 @@ def step_text(step: Dict[str, Any]) -> str:
 
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
     fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())
-    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{fell})"
+    how = "; the dense part measured on this job's model" if step.get("dense_measured") else ""
+    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{how}{fell})"
 
 
 def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:
@@ -181,6 +190,13 @@ def step_markdown(facts: Dict[str, Any]) -> str:
     if step.get("input_ms") and not step["parts"].get("input"):
         lines.append(f"| input (prefetched, overlaps the step: not added) | {step['input_ms']:.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def replicated_params(best_plan: List[Any]) -> int:
+    """The parameters of a plan's data-parallel tables (each rank holds them whole and its dense optimizer updates
+    them every step)."""
+    return sum(int(option.shards[0].size[0]) * int(option.shards[0].size[1]) for option in best_plan
+               if option.sharding_type == "data_parallel" and option.shards)
 
 
 def family_tables(best_plan: List[Any]) -> Dict[str, int]:

@@ -26,6 +26,7 @@ from runner.plan.report import write_plan_report
 from runner.runtime import rundir
 from runner.track.trial import TrialPruning
 from runner.train import checkpoint
+from runner.train.calibrate_parts import job_dense_ms
 from runner.train.evaluate import (
     dense_state_bytes,
     embedding_forward_ms,
@@ -70,9 +71,10 @@ class Trainer:
         facts: PlanFacts = {}
         spec = plan_spec(cfg)
         planned = spec.with_ddr_cap(self.ddr_cap_gib)  # the topology takes the host memory each worker has here
+        dense_ms = job_dense_ms(cfg, env.rank, env.world, self.device)  # for the whole step's estimate only
         plan, best_plan, seconds, sharders = make_plan(planned, model, env.world, env.local_world, self.device.type,
                                                        dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
-                                                       facts=facts)
+                                                       facts=facts, dense_measured=dense_ms)
         self.marks["planned"] = time.time()
         # the baseline of what the model holds: imports, process group and plan up (rank 0 keeps its planner's
         # caches), the model on meta only, before DMP makes its shards

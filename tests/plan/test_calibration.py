@@ -410,3 +410,39 @@ def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
         assert plan_to_dict(plan2, table_specs(cfg.model)) == plan_to_dict(plan, table_specs(cfg.model))
         assert per_rank_estimates(chosen, 2) == per_rank_estimates(best, 2), sharding
         assert again["step"]["step_ms"] == pytest.approx(planned["step"]["step_ms"], rel=1e-12), sharding
+
+
+def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step(tmp_path: Path) -> None:
+    import torch
+
+    from runner.plan.planner import make_plan
+    from runner.plan.step_estimate import replicated_params
+    from runner.train.calibrate_parts import job_dense_ms
+    from runner.train.models import planning_model
+
+    path = save(_calibration(), tmp_path / "c.yaml")
+    cfg = cfg_for(f"cluster.calibration={path}", "sharding=dataparallel", "train.batch_size=64")
+    # timed on this worker at the job's batch; none without a calibration, or when switched off
+    measured = job_dense_ms(cfg, 0, 2, torch.device("cpu"))
+    assert measured is not None and set(measured) == {"fwd_ms", "bwd_ms", "optimizer_ms"}
+    assert all(v > 0 for v in measured.values())
+    assert job_dense_ms(cfg_for("cluster.calibration=none"), 0, 2, torch.device("cpu")) is None
+    assert job_dense_ms(cfg_for(f"cluster.calibration={path}", "calibrate.dense_per_job=false"), 0, 2,
+                        torch.device("cpu")) is None
+    fitted: Dict[str, Any] = {}
+    plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=fitted)
+    timed: Dict[str, Any] = {}
+    plan2, _, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=timed, dense_measured=measured)
+    assert plan2 == plan  # the plan never depends on it
+    parts, c = timed["step"]["parts"], _calibration().constants
+    assert parts["dense_forward"] == measured["fwd_ms"] and parts["dense_backward"] == measured["bwd_ms"]
+    assert timed["step"]["dense_measured"] and not fitted["step"]["dense_measured"]
+    # the data-parallel tables are updated by the dense optimizer on every rank: their parameters count
+    tables = replicated_params(best)
+    from runner.config.tables import table_specs
+
+    assert tables == sum(t.num_embeddings * t.embedding_dim for t in table_specs(cfg.model)) > 0
+    assert parts["optimizer"] == pytest.approx(measured["optimizer_ms"] + c["optimizer"]["ms_per_unit"] * tables / 1e6)
+    from runner.plan.step_estimate import step_text
+
+    assert "the dense part measured on this job's model" in step_text(timed["step"])
