@@ -107,7 +107,8 @@ def _help(args: List[str]) -> bool:
           "python -m runner --help [word ...]                       this help (keys containing a word)\n"
           "python -m runner sync <folder>                           send runs kept during a tracking outage\n"
           "python -m runner resume <sweep folder>                   run a stopped sweep's unfinished points\n"
-          "python -m runner diff <A> <B>                            what differs between two runs (folders or ids)\n")
+          "python -m runner diff <A> <B>                            what differs between two runs (folders or ids)\n"
+          "python -m runner export-calibration <cal.yaml> [out.py]  a calibration as TorchRec's own perf config\n")
     print("Config groups (group=option):")
     for g, options in groups.items():
         print(textwrap.fill(", ".join(options), 116, initial_indent=f"  {g}: ", subsequent_indent=" " * (len(g) + 4)))
@@ -139,7 +140,14 @@ def _diff(args: List[str]) -> int:
     return diff(args)
 
 
-SUBCOMMANDS = {"sync": _sync, "diff": _diff}  # `resume` is a sweep's own command again: it runs as one
+def _export_calibration(args: List[str]) -> int:
+    from runner.plan.torchrec_export import export_calibration_command
+
+    return export_calibration_command(args)
+
+
+# `resume` is a sweep's own command again: it runs as one
+SUBCOMMANDS = {"sync": _sync, "diff": _diff, "export-calibration": _export_calibration}
 
 
 def main() -> None:

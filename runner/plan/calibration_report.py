@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.plan.calibration import Calibration, cache_dir, file_name, save
 from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
+from runner.plan.torchrec_export import export_beside
 from runner.plan.trust import FALLBACK, allowed_median_error, trust
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
     kept = save(cal, cache_dir(calibration_dir) / file_name(fingerprint)) if trusted and settings.keep else None
     (folder / "report.md").write_text(_markdown(cal, where, kept, settings.max_spread, settings.repeats))
     _chart(cal, folder / "calibration.png")
+    torchrec = export_beside(cal, where)  # TorchRec's own terms, logged with the files above
     c = constants
     metrics = {f"calibration/{k}": float(c[k]) for k in ("device_bw_gibps", "bwd_compute_multiplier",
                                                          "kernel_call_fwd_ms", "kernel_call_bwd_ms")}
@@ -189,5 +191,5 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
             "runner.device_name": fingerprint["device_name"], "runner.world_size": fingerprint["nodes"]
             * fingerprint["workers_per_node"]}
     console = f"[runner] calibration: {head}\n[runner] calibration: {said}\n[runner] calibration report: " \
-              f"{folder / 'report.md'}"
+              f"{folder / 'report.md'}\n[runner] calibration: {torchrec}"
     return reporter.calibrated(CalibrationReport(folder, metrics, tags, console, results))
