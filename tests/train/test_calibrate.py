@@ -50,7 +50,8 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert run.data.metrics["calibration/device_bw_gibps"] == c["device_bw_gibps"]
     assert run.data.tags["runner.calibration_file"] == results["file"]
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "calibration")}
-    assert {"calibration/calibration.yaml", "calibration/report.md", "calibration/calibration.png"} <= artifacts
+    assert {"calibration/calibration.yaml", "calibration/report.md", "calibration/calibration.png",
+            "calibration/calibration_torchrec.py"} <= artifacts  # the last: TorchRec's own terms (torchrec_export)
     report = (run_dir / "calibration" / "report.md").read_text()
     assert "| constant | measured here | TorchRec's default |" in report
     line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
