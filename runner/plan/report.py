@@ -162,7 +162,8 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
     rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,
-                                        "calibration": facts.get("calibration")})  # whole: the driver reads it
+                                        "calibration": facts.get("calibration"),  # whole: the driver reads it
+                                        "reserved_bytes_per_rank": metrics.get("plan/reserved_bytes_per_rank")})
     (out / "report.md").write_text(_markdown(spec, plan_dict, ranks, comms, types, world, local, device_type,
                                              bandwidths, reserve)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"

@@ -1,6 +1,6 @@
 """The runner's Optuna sweeper (hydra/sweeper=optuna, Optuna 5): a plan-only study telling infeasible trials as a
-violated constraint and resumed from its journal; asynchronous trials with a multi-objective study's Pareto front; a median pruner
-stopping a training trial on its eval AUC."""
+violated constraint and resumed from its journal; asynchronous trials with a multi-objective study's Pareto front;
+a median pruner stopping a training trial on its eval AUC."""
 
 from __future__ import annotations
 

@@ -198,3 +198,35 @@ def test_paired_axes_cross_with_others_refuse_unequal_lengths_and_resume(store: 
     assert resumed.stdout.count(" kept: it finished before") == 3, resumed.stdout[-3000:]
     ran = [ln for ln in resumed.stdout.splitlines() if ln.startswith("[runner] sweep: ")]  # planned, or reused
     assert len(ran) == 1 and "| job 3" in ran[0], ran
+
+
+def test_a_reserve_sweep_in_gib_says_the_bytes_each_rank_kept_free_and_charts_heatmaps(store: str,
+                                                                                       tmp_path: Path) -> None:
+    """Issue 77 item 2: a grid over an absolute reserve (fixed_absolute, GiB per GPU) and a bandwidth. Each point's
+    row of points.csv and report.md says the bytes its reservation kept free on each rank, as its run's metric
+    plan/reserved_bytes_per_rank; the reserve that leaves no room is an answer; the grid is charted as heatmaps and
+    the parent run carries the chart."""
+    from mlflow.tracking import MlflowClient
+
+    from runner.launch.sweep.sweep_chart import grid_of
+    from runner.launch.sweep.sweep_report import load_points, swept_keys
+
+    proc = run_cli(["-m", *TIGHT_PLAN, "sharding.storage_reserve_policy=fixed_absolute",
+                    "sharding.storage_reserve_gib=0.01,0.045", "cluster.intra_node_bandwidth=30,600",
+                    f"tracking.uri={store}", "tracking.experiment=gib", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parent, children = split(store, "gib")
+    rows = {r["job"]: r for r in csv.DictReader((tmp_path / "report" / "points.csv").open())}
+    for c in children:
+        row = rows[c.data.tags["runner.job"]]
+        if float(c.data.params["sharding.storage_reserve_gib"]) == 0.045:  # 0.005 GiB left of 0.05: no plan
+            assert c.data.tags["runner.plan_status"] == "infeasible" and row["reserved_bytes_per_rank"] == ""
+            continue
+        kept = c.data.metrics["plan/reserved_bytes_per_rank"]
+        assert kept == int(0.01 * 2**30) and row["reserved_bytes_per_rank"] == str(int(kept)), (kept, row)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| kept free per rank GiB |" in report and report.count("| 0.010 |") == 2, report[:1500]
+    points = load_points(tmp_path)
+    assert grid_of(points, swept_keys(points)) is not None  # a grid: drawn as heatmaps
+    charts = [a.path for a in MlflowClient(store).list_artifacts(parent.info.run_id, "report")]
+    assert "report/estimates.png" in charts, charts

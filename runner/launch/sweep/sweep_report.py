@@ -1,10 +1,10 @@
 """The report a sweep's parent run gets: every point's plan and estimates, side by side.
 
 Reads each point's folder (``resolved.yaml``, ``results.json``, ``plan/``) and writes ``points.csv``,
-``report.md`` (every point, infeasible ones with their reason, what differs from the first point; per
-swept key the tables whose sharding changed and at which value) and ``estimates.png``
-(:mod:`.sweep_chart`). Returns what the sweep found, for the parent run: the best estimated step and its
-run, infeasible points, distinct plans.
+``report.md`` (every point, infeasible ones with their reason, the bytes its storage reservation kept free on
+each rank, what differs from the first point; per swept key the tables whose sharding changed and at which value)
+and ``estimates.png`` (:mod:`.sweep_chart`). Returns what the sweep found, for the parent run: the best estimated
+step and its run, infeasible points, distinct plans.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
              "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
              "types": {}, "shapes": {},
              "est_step_ms": float("nan"), "max_mem_gib": float("nan"), "est_whole_step_ms": float("nan"),
-             "measured_step_ms": float("nan"),
+             "measured_step_ms": float("nan"), "reserved_bytes": float("nan"),
              "lower_bound_ms": float(results.get("lower_bound_ms") or "nan")}
     if point["status"] == "infeasible":
         return point
@@ -47,6 +47,7 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
         est_step_ms=max((r["total_ms"] for r in ranks), default=float("nan")),
         max_mem_gib=max((r[mem_key] for r in ranks), default=float("nan")) / 2**30,
         est_whole_step_ms=float((estimates.get("step") or {}).get("step_ms") or "nan"),
+        reserved_bytes=float(estimates.get("reserved_bytes_per_rank") or "nan"),  # what the reservation kept free
         measured_step_ms=float((rundir.read_json(job_dir / rundir.MEASURED) or {}).get("measured/step_ms") or "nan"))
     return point
 
@@ -144,11 +145,12 @@ def _write_csv(path: Path, points: List[Dict[str, Any]], keys: List[str]) -> Non
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job", *keys, "plan_status", "est_step_ms", "lower_bound_ms", "gap_to_bound", "max_mem_gib",
-                    "est_whole_step_ms", "measured_step_ms", "estimate_error", *tables, "run_id", "reason",
-                    "reused_from", "vs_first"])
+                    "reserved_bytes_per_rank", "est_whole_step_ms", "measured_step_ms", "estimate_error", *tables,
+                    "run_id", "reason", "reused_from", "vs_first"])
         for p in points:
             w.writerow([p["job"], *(p["params"].get(k) for k in keys), p["status"], f"{p['est_step_ms']:.6f}",
                         f"{p['lower_bound_ms']:.6f}", f"{gap(p):.6f}", f"{p['max_mem_gib']:.6f}",
+                        "" if p["reserved_bytes"] != p["reserved_bytes"] else int(p["reserved_bytes"]),
                         f"{p['est_whole_step_ms']:.6f}", f"{p['measured_step_ms']:.6f}", f"{estimate_error(p):.6f}",
                         *(p["types"].get(t, "") for t in tables), p["run_id"], p["reason"], p["reused_from"],
                         vs_first(p, points[0], keys)])
@@ -181,12 +183,14 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
     lines = [f"# Sweep report: {len(points)} points ({infeasible} infeasible)", "",
              "Swept: " + (", ".join(moved) or ", ".join(keys) or "(nothing)"), "",
              "| job | " + " | ".join(keys) + " | est. step ms | lower bound ms | gap | max memory GiB "
-             "| est. whole step ms | measured step ms | estimate error | sharding types | vs the first point |",
-             "|---" * (len(keys) + 10) + "|"]
+             "| kept free per rank GiB | est. whole step ms | measured step ms | estimate error | sharding types "
+             "| vs the first point |",
+             "|---" * (len(keys) + 11) + "|"]
     for p in points:
         vals = " | ".join(str(p["params"].get(k)) for k in keys)
         lines.append(f"| {p['job']} | {vals} | {p['est_step_ms']:.4f} | {p['lower_bound_ms']:.4f} | {gap(p):+.2%} | "
-                     f"{p['max_mem_gib']:.3f} | {_ms(p['est_whole_step_ms'])} | {_ms(p['measured_step_ms'])} | "
+                     f"{p['max_mem_gib']:.3f} | {_ms(p['reserved_bytes'] / 2**30)} | {_ms(p['est_whole_step_ms'])} | "
+                     f"{_ms(p['measured_step_ms'])} | "
                      f"{_pct(estimate_error(p))} | {_summary(p)} | {vs_first(p, points[0], keys)} |")
     for key, found in moved.items():
         lines += ["", f"## What changes with {key} ({len(found)})", ""]
