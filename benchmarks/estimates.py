@@ -17,6 +17,9 @@ planner chooses another plan than the default one, both trained.
    step and the embedding forward, ``plan/estimates.json``), and TorchRec's default-constant estimate (what the
    runner shows without a calibration: the embeddings only), planned here with ``cluster.calibration=none``;
    ``same`` says whether that plan is the trained one.
+4. The ranking study (:mod:`ranking`): six configs, each planned four or more ways, every plan trained
+   ``--ranking-repeats`` times alternating: how often each cost model picks the measured fastest and orders pairs of
+   plans as measured.
 3. The plan study: ``cluster=2node`` DLRM planned and trained with ``cluster.calibration=none`` and with the
    calibration, ``--study-repeats`` times each, alternating; each plan's sharding types and median measured step, and
    the calibrated plan's gain.
@@ -36,12 +39,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import ranking  # noqa: E402
 from plan_scale import import_floor  # noqa: E402
 
 GEN = "model=dnn_many model.generated_tables.max_rows=20000"
@@ -245,10 +250,14 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--no-study", action="store_true")
     ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
+    ap.add_argument("--no-ranking", action="store_true", help="skip the ranking study")
+    ap.add_argument("--ranking-repeats", type=int, default=3, help="trainings of each plan in the ranking study")
+    ap.add_argument("--ranking-only", default="", help="comma-separated ranking configs (1-based) to run")
     ap.add_argument("--trust", type=int, default=5, help="mode=calibrate tries at 1 x 2, quiet and beside a busy "
                     "process, each judged by whether auto takes it (0: none)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # TorchRec's, on every in-process plan
     floor = import_floor()
     print(f"import floor {floor:.1f} s", flush=True)
     work = work_folder(ROOT)
@@ -256,7 +265,10 @@ def main() -> None:
     picked = [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
     t0 = time.perf_counter()
     study_here = not args.no_study and args.device == "cpu"
+    ranking_here = not args.no_ranking and args.device == "cpu"
     shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
+    if ranking_here:
+        shapes |= {shape_of(o, args.device) for _, o in ranking.RANKING}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
     calibrations = {s: calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
     rows = []
@@ -268,6 +280,13 @@ def main() -> None:
     errors = table(rows)
     gain = study(calibrations[(2, 2)], args.steps, args.device, store, args.study_repeats) if study_here \
         else float("nan")
+    if ranking_here:
+        def train(overrides: List[str]) -> float:
+            run_dir, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
+            return float(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+        only = [int(i) for i in args.ranking_only.split(",") if i]
+        ranking.study(calibrations, lambda o: shape_of(o, args.device), train, args.device, work / "ranking",
+                      args.ranking_repeats, only)
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from torchrec import EmbeddingBagCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from runner.config.schema import RunnerConfig
     from runner.config.schema_training import OptimizerSchema, PrecisionSchema
 
 KIB, MIB = 1024, 1024**2
@@ -164,25 +163,12 @@ def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: Opti
     return {"fwd": fwd, "bwd": bwd, "optimizer": step}
 
 
-def job_dense_ms(cfg: RunnerConfig, rank: int, world: int, device: torch.device) -> Optional[Dict[str, float]]:
-    """A training job's own dense part timed on its worker at its batch before it plans (forward, backward and the
-    dense optimizer's step, the median of 3 after a warm-up; every rank at once, as in training), for the whole
-    step's estimate: None where the job plans without a calibration, its dense part fell back, or
-    ``calibrate.dense_per_job`` is off. The plan never depends on it (it is the same for every plan)."""
-    from runner.config.schema import samples_per_step
-    from runner.data.layout import job_data
-    from runner.data.pipeline import source
-    from runner.plan.calibration import for_config
-    from runner.train.models import build_model
-
-    if not cfg.calibrate.dense_per_job:
-        return None
-    cal = for_config(cfg.cluster, cfg.mode, device.type).calibration
-    if cal is None or "dense" in cal.untrusted():
-        return None
-    data = next(iter(source(job_data(cfg), rank, world, False, 0, 1)))
-    got = dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data,
-                        samples_per_step(cfg.train), device, 3)
+def job_dense_ms(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
+                 rows: int, device: torch.device) -> Dict[str, float]:
+    """A training job's own dense part (``model``, built on ``device``) timed on its worker at its batch before it
+    plans (forward, backward and the dense optimizer's step, ms: the median of 3 after a warm-up; every rank at once,
+    as in training), for the whole step's estimate. The plan never depends on it (it is the same for every plan)."""
+    got = dense_samples(model, autocast, optimizer_cfg, batch_data, rows, device, 3)
     return {f"{k}_ms": float(statistics.median(v)) for k, v in got.items()}
 
 

@@ -60,6 +60,20 @@ class Trainer:
         self.loss_scale = loss_scale_for(cfg.precision)
         self.pruning, self.stop = TrialPruning(cfg.tracking.objective, env.rank, self.device), False
 
+    def _dense_ms(self) -> Optional[Dict[str, float]]:
+        """This job's dense part timed here before planning (:func:`job_dense_ms`), where it plans with a calibration
+        whose dense part is trusted and ``calibrate.dense_per_job`` is on; else None (the calibration's fit)."""
+        from runner.data.pipeline import source
+        from runner.plan.calibration import for_config
+
+        cfg = self.cfg
+        cal = for_config(cfg.cluster, cfg.mode, self.device.type).calibration if cfg.calibrate.dense_per_job else None
+        if cal is None or "dense" in cal.untrusted():
+            return None
+        data = next(iter(source(self.inputs, self.env.rank, self.env.world, False, 0, 1)))
+        return job_dense_ms(build_model(cfg, self.device), cfg.precision.autocast, cfg.optimizer, data,
+                            samples_per_step(cfg.train), self.device)
+
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""
         cfg, env = self.cfg, self.env
@@ -71,7 +85,7 @@ class Trainer:
         facts: PlanFacts = {}
         spec = plan_spec(cfg)
         planned = spec.with_ddr_cap(self.ddr_cap_gib)  # the topology takes the host memory each worker has here
-        dense_ms = job_dense_ms(cfg, env.rank, env.world, self.device)  # for the whole step's estimate only
+        dense_ms = self._dense_ms()  # for the whole step's estimate only
         plan, best_plan, seconds, sharders = make_plan(planned, model, env.world, env.local_world, self.device.type,
                                                        dist.GroupMember.WORLD, hbm_cap=self.hbm_cap, notes=notes,
                                                        facts=facts, dense_measured=dense_ms)

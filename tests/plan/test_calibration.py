@@ -422,13 +422,14 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
 
     path = save(_calibration(), tmp_path / "c.yaml")
     cfg = cfg_for(f"cluster.calibration={path}", "sharding=dataparallel", "train.batch_size=64")
-    # timed on this worker at the job's batch; none without a calibration, or when switched off
-    measured = job_dense_ms(cfg, 0, 2, torch.device("cpu"))
-    assert measured is not None and set(measured) == {"fwd_ms", "bwd_ms", "optimizer_ms"}
-    assert all(v > 0 for v in measured.values())
-    assert job_dense_ms(cfg_for("cluster.calibration=none"), 0, 2, torch.device("cpu")) is None
-    assert job_dense_ms(cfg_for(f"cluster.calibration={path}", "calibrate.dense_per_job=false"), 0, 2,
-                        torch.device("cpu")) is None
+    from runner.data.layout import job_data
+    from runner.data.pipeline import source
+    from runner.train.models import build_model
+
+    # timed on this worker at the job's batch
+    data = next(iter(source(job_data(cfg), 0, 2, False, 0, 1)))
+    measured = job_dense_ms(build_model(cfg, torch.device("cpu")), None, cfg.optimizer, data, 64, torch.device("cpu"))
+    assert set(measured) == {"fwd_ms", "bwd_ms", "optimizer_ms"} and all(v > 0 for v in measured.values())
     fitted: Dict[str, Any] = {}
     plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=fitted)
     timed: Dict[str, Any] = {}

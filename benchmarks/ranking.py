@@ -1,0 +1,189 @@
+"""The ranking study of ``make bench-estimates``: does the cost model order plans as the hardware does?
+
+Each config of :data:`RANKING` is planned several ways (:data:`VARIANTS`: whole-model sharding types, the planner's
+own answer with this machine's calibration and with TorchRec's constants, its other proposers), the distinct plans
+kept. Every plan is rated here by both cost models as the planner rates a plan (``sharding.plan`` pinned:
+:mod:`runner.plan.pinned`), then trained ``--ranking-repeats`` times, alternating, each with its plan pinned. Per
+config: whether the plan each model calls fastest is the measured fastest; over all pairs of a config's plans, how
+often each model orders them as measured. Pairs whose measured medians lie within their own spread (half the range
+of their repeats, added) cannot be ordered by the measurement and are counted apart; "close" pairs are the ordered
+ones whose medians are within 25% of each other.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+GEN = "model=dnn_many model.generated_tables.max_rows=20000"
+RANKING: List[Tuple[str, str]] = [  # (name, overrides): none of them is the calibration's own job
+    ("dlrm b1024", "train.batch_size=1024"),
+    ("dcn b1024", "model=dcn train.batch_size=1024"),
+    ("deepfm b2048", "model=deepfm train.batch_size=2048"),
+    ("mmoe b512", "model=mmoe train.batch_size=512"),
+    ("dnn20 b512", f"{GEN} model.generated_tables.count=20 train.batch_size=512"),
+    ("2node dlrm b512", "cluster=2node train.batch_size=512"),
+]
+CALIBRATED, TORCHREC = "calibrated", "TorchRec's constants"
+VARIANTS: List[Tuple[str, str, str]] = [  # (label, overrides, the constants it plans with); {big} and {second}: the
+    # config's two largest tables (mixed plans: one table's sharding changed, the planner placing the rest)
+    ("table-wise", "sharding=tablewise", CALIBRATED),
+    ("row-wise", "sharding=rowwise", CALIBRATED),
+    ("table-row-wise", "sharding=tablerowwise", CALIBRATED),
+    ("planner", "sharding=auto", CALIBRATED),
+    ("planner (TorchRec's constants)", "sharding=auto", TORCHREC),
+    ("largest row-wise", "sharding=auto +sharding.constraints.{big}.sharding_types=[row_wise]", CALIBRATED),
+    ("two largest row-wise", "sharding=auto +sharding.constraints.{big}.sharding_types=[row_wise] "
+     "+sharding.constraints.{second}.sharding_types=[row_wise]", CALIBRATED),
+    ("largest data-parallel", "sharding=auto +sharding.constraints.{big}.sharding_types=[data_parallel]", CALIBRATED),
+    ("balanced", "sharding=auto sharding.proposer=balanced", CALIBRATED),
+]
+CLOSE = 0.25  # pairs whose measured medians are within this of each other
+
+
+def _plan(overrides: List[str], world: int, local: int, device: str) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
+    """``overrides`` composed as the runner composes them, planned here: the plan as JSON, the plan's facts (its
+    whole step with a calibration) and its chosen options."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import runner.cli  # noqa: F401  (schema and resolvers)
+    from runner.config.tables import table_specs
+    from runner.config.validation import validate
+    from runner.plan.plan_file import plan_to_dict
+    from runner.plan.plan_spec import plan_spec
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    validate(cfg)
+    facts: Dict[str, Any] = {}
+    plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), world, local, device, facts=facts)
+    return plan_to_dict(plan, table_specs(cfg.model)), facts, best
+
+
+def rated(plan_file: Path, base: List[str], calibration: Path, world: int, local: int, device: str
+          ) -> Dict[str, float]:
+    """The pinned plan's estimated step by each cost model, as the planner rates a plan: with the calibration, the
+    whole step (its dense part the same for every plan of a config); with TorchRec's constants, the busiest rank's
+    embeddings (all TorchRec estimates)."""
+    from runner.plan.analysis import per_rank_estimates
+
+    pinned = [*base, f"sharding.plan={plan_file}"]
+    _, facts, _ = _plan([*pinned, f"cluster.calibration={calibration}"], world, local, device)
+    _, _, best = _plan([*pinned, "cluster.calibration=none"], world, local, device)
+    return {CALIBRATED: facts["step"]["step_ms"], TORCHREC: max(r["total_ms"] for r in per_rank_estimates(best, world))}
+
+
+def plans_of(overrides: str, calibration: Path, world: int, local: int, device: str, folder: Path
+             ) -> Dict[str, Path]:
+    """The distinct plans of a config's variants (the first label that found each), each written to ``folder``;
+    a variant whose plan cannot be had (a sharding type the model refuses) is passed over, said."""
+    from runner.config.errors import ConfigError, PlanError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    found: Dict[str, Path] = {}
+    seen: List[Dict[str, Any]] = []
+    first, _, _ = _plan([*overrides.split(), "cluster.calibration=none"], world, local, device)
+    tables = sorted(((t["rows"] * t["dim"], name) for m in first.values() for name, t in m.items()), reverse=True)
+    names = {"big": tables[0][1], "second": tables[min(1, len(tables) - 1)][1]}
+    for label, variant, constants in VARIANTS:
+        if "tablerowwise" in variant and world == local:
+            continue  # one node: table-row-wise is row-wise
+        cal = f"cluster.calibration={calibration if constants == CALIBRATED else 'none'}"
+        try:
+            plan, _, _ = _plan([*overrides.split(), *variant.format(**names).split(), cal], world, local, device)
+        except (ConfigError, PlanError, ValueError) as exc:
+            print(f"  {label}: no plan ({str(exc).splitlines()[0][:100]})", flush=True)
+            continue
+        if plan in seen:
+            continue
+        seen.append(plan)
+        found[label] = folder / f"plan-{len(found)}.json"
+        found[label].write_text(json.dumps(plan))
+    return found
+
+
+def spread(values: List[float]) -> float:
+    return (max(values) - min(values)) / 2 if values else 0.0
+
+
+def judge(plans: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """One config's verdicts: per cost model, whether its fastest plan is the measured fastest, and its pairs:
+    ordered as measured, all and close ones; pairs the measurement cannot order counted apart."""
+    names = list(plans)
+    med = {n: statistics.median(plans[n]["measured"]) for n in names}
+    out: Dict[str, Any] = {"unordered": 0, "pairs": 0, "close": 0}
+    fastest = min(names, key=lambda n: med[n])
+    for model in (CALIBRATED, TORCHREC):
+        out[model] = {"fastest": min(names, key=lambda n: plans[n]["estimated"][model]) == fastest, "right": 0,
+                      "close_right": 0}
+    for a, b in combinations(names, 2):
+        gap = abs(med[a] - med[b])
+        if gap <= spread(plans[a]["measured"]) + spread(plans[b]["measured"]):
+            out["unordered"] += 1
+            continue
+        close = gap / min(med[a], med[b]) <= CLOSE
+        out["pairs"] += 1
+        out["close"] += close
+        for model in (CALIBRATED, TORCHREC):
+            right = (plans[a]["estimated"][model] - plans[b]["estimated"][model]) * (med[a] - med[b]) > 0
+            out[model]["right"] += right
+            out[model]["close_right"] += right and close
+    return out
+
+
+def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], Tuple[int, int]],
+          train: Callable[[List[str]], float], device: str, folder: Path, repeats: int,
+          only: Optional[List[int]] = None) -> Dict[str, Any]:
+    """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step."""
+    t0 = time.perf_counter()
+    totals: Dict[str, Any] = {"configs": 0, "pairs": 0, "close": 0, "unordered": 0,
+                              **{m: {"fastest": 0, "right": 0, "close_right": 0} for m in (CALIBRATED, TORCHREC)}}
+    for i, (name, overrides) in enumerate(RANKING):
+        if only and i + 1 not in only:
+            continue
+        shape = shape_of(overrides)
+        calibration = calibrations[shape]
+        print(f"ranking {name}: planning", flush=True)
+        files = plans_of(overrides, calibration, shape[0] * shape[1], shape[1], device, folder / f"config-{i + 1}")
+        if len(files) < 2:
+            print(f"ranking {name}: {len(files)} distinct plan, nothing to rank", flush=True)
+            continue
+        base = overrides.split()
+        plans = {label: {"file": f, "estimated": rated(f, base, calibration, shape[0] * shape[1], shape[1], device),
+                         "measured": []} for label, f in files.items()}
+        for r in range(repeats):
+            for label in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
+                plans[label]["measured"].append(train([*base, f"sharding.plan={plans[label]['file']}",
+                                                       f"cluster.calibration={calibration}"]))
+        verdict = judge(plans)
+        for label, p in plans.items():
+            print(f"  {label:<32} measured {statistics.median(p['measured']):8.2f} ms (+-{spread(p['measured']):.2f})"
+                  f"  calibrated {p['estimated'][CALIBRATED]:8.2f}  TorchRec {p['estimated'][TORCHREC]:7.3f}",
+                  flush=True)
+        print(f"ranking {name}: fastest chosen: calibrated {verdict[CALIBRATED]['fastest']}, TorchRec "
+              f"{verdict[TORCHREC]['fastest']}; pairs ordered right: calibrated {verdict[CALIBRATED]['right']}/"
+              f"{verdict['pairs']}, TorchRec {verdict[TORCHREC]['right']}/{verdict['pairs']} (close "
+              f"{verdict['close']}; within their spread, not counted: {verdict['unordered']})", flush=True)
+        totals["configs"] += 1
+        for key in ("pairs", "close", "unordered"):
+            totals[key] += verdict[key]
+        for m in (CALIBRATED, TORCHREC):
+            for key in ("fastest", "right", "close_right"):
+                totals[m][key] += verdict[m][key]
+    n, pairs, close = totals["configs"], totals["pairs"], totals["close"]
+    for m in (CALIBRATED, TORCHREC):
+        t = totals[m]
+        print(f"ranking, {m}: fastest chosen in {t['fastest']} of {n} configs; pairs ordered right {t['right']} of "
+              f"{pairs} ({t['right'] / max(pairs, 1):.0%}); close pairs {t['close_right']} of {close} "
+              f"({t['close_right'] / max(close, 1):.0%})", flush=True)
+    print(f"ranking: {n} configs, {pairs} ordered pairs ({close} close), {totals['unordered']} within their spread; "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return totals
