@@ -23,7 +23,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat fuzz-config fuzz-data gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-optuna bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config fuzz-data fuzz-files gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-optuna bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -135,6 +135,11 @@ fuzz-config: $(STAMP)
 # Parquet folders damaged as pipelines damage them, each trained briefly (docs/faults.md); not in make test
 fuzz-data: $(STAMP)
 	$(PY) benchmarks/fuzz_data.py $(ARGS)
+
+# Every file the runner reads back (calibration, Optuna journal, run and sweep records, plan, checkpoint meta)
+# damaged at random and read by the command that reads it (docs/faults.md); not in make test
+fuzz-files: $(STAMP)
+	$(PY) benchmarks/fuzz_files.py $(ARGS)
 
 bench-speedups: $(STAMP)
 	$(PY) benchmarks/speedups.py $(ARGS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from torchrec.distributed.types import (
     BoundsCheckMode,
@@ -14,6 +14,7 @@ from torchrec.distributed.types import (
     EnumerableShardingSpec,
     ParameterSharding,
     ShardingPlan,
+    ShardingType,
     ShardMetadata,
 )
 from torchrec.types import DataType
@@ -166,6 +167,30 @@ def _check_shards(where: str, spec: TableSpec, shards: List[Dict[str, Any]]) -> 
                         f"{spec.num_embeddings} x {spec.embedding_dim}; the plan is for another model")
 
 
+def _placement_fault(t: Dict[str, Any]) -> Optional[str]:
+    """What of one table's entry is not a placement (None: nothing): a sharding type and kernel TorchRec knows,
+    ranks and shards of whole non-negative numbers (a hand-edited or half-written plan.json never reaches TorchRec,
+    whose own errors name no file); ranks past the job's world are said by :func:`load_plan`."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    def index(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
+
+    def index_pair(p: Any) -> bool:
+        return isinstance(p, list) and len(p) == 2 and all(map(index, p))
+    if t.get("sharding_type") not in {s.value for s in ShardingType}:
+        return f"sharding_type={t.get('sharding_type')!r} is not one of TorchRec's"
+    if t.get("compute_kernel") not in {k.value for k in EmbeddingComputeKernel}:
+        return f"compute_kernel={t.get('compute_kernel')!r} is not one of TorchRec's"
+    if not (t.get("ranks") is None or isinstance(t["ranks"], list) and t["ranks"] and all(map(index, t["ranks"]))):
+        return f"ranks={t.get('ranks')!r} are not ranks"
+    shards = t.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and index(s.get("rank")) and index_pair(
+            s.get("offsets")) and index_pair(s.get("sizes")) for s in shards):
+        return f"shards={shards!r} are not shards (a rank, whole offsets and sizes)"
+    return None
+
+
 def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, device_type: str) -> ShardingPlan:
     """The ``plan.json`` at ``path`` as a TorchRec plan for this model and world, or :class:`PlanError`."""
     where = f"sharding.plan={path}"
@@ -190,6 +215,8 @@ def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, d
     for module, tables in data.items():
         module_plan = EmbeddingModuleShardingPlan()
         for table, t in tables.items():
+            if (fault := _placement_fault(t)) is not None:
+                raise PlanError(f"{where}: table {table}: {fault}; give a plan.json a run wrote")
             ranks = t["ranks"] if t["ranks"] is not None else list(range(world))
             used = ranks + [s["rank"] for s in t["shards"]]
             if max(used) >= world:
@@ -203,8 +230,13 @@ def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, d
                                   placement=_placement(s["rank"], device_type, local_world))
                     for s in t["shards"]
                 ])
+            try:
+                settings = _from_settings(t)
+            except (LookupError, TypeError, ValueError, AttributeError) as exc:
+                raise PlanError(f"{where}: table {table}: its settings cannot be read ({type(exc).__name__}: {exc}); "
+                                "give a plan.json a run wrote") from None
             module_plan[table] = ParameterSharding(sharding_type=t["sharding_type"],
                                                    compute_kernel=t["compute_kernel"], ranks=ranks,
-                                                   sharding_spec=spec, **_from_settings(t))
+                                                   sharding_spec=spec, **settings)
         plan[module] = module_plan
     return ShardingPlan(plan)

@@ -161,9 +161,6 @@ class EventPump:
         return True
 
 
-_KINDS = ("metrics", "params", "tags", "artifacts")
-
-
 def _event(line: bytes) -> Optional[Dict[str, Any]]:
     """One line of the event log as an event; None for a line that is not one (garbled, or cut: a disk
     that filled, a copy that stopped)."""
@@ -171,7 +168,31 @@ def _event(line: bytes) -> Optional[Dict[str, Any]]:
         event = json.loads(line)
     except ValueError:
         return None
-    return event if isinstance(event, dict) and event.get("kind") in _KINDS else None
+    return event if isinstance(event, dict) and _FIELDS_OK.get(event.get("kind"), _never)(event) else None
+
+
+def _never(event: Dict[str, Any]) -> bool:
+    return False
+
+
+def _count(value: Any) -> bool:
+    """A step or a time in milliseconds as MLflow stores them (a signed 64-bit integer, at least 0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _texts(found: Any) -> bool:
+    return isinstance(found, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in found.items())
+
+
+_FIELDS_OK: Dict[Any, Callable[[Dict[str, Any]], bool]] = {  # what EventLog writes of each kind, checked value by value
+    "metrics": lambda e: isinstance(e.get("metrics"), dict) and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in e["metrics"].items())
+    and _count(e.get("step")) and (e.get("time") is None or _count(e["time"])),
+    "params": lambda e: _texts(e.get("params")),
+    "tags": lambda e: _texts(e.get("tags")),
+    "artifacts": lambda e: isinstance(e.get("paths"), list) and all(isinstance(p, str) for p in e["paths"])
+    and (e.get("artifact_path") is None or isinstance(e["artifact_path"], str)),
+}
 
 
 def _groups(data: bytes, skipped: List[int]) -> Iterator[Tuple[List[Dict[str, Any]], int]]:

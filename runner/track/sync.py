@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from runner.config.errors import disk_full
 from runner.runtime import rundir
@@ -109,11 +109,12 @@ def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional
     path = run_dir / rundir.RUN_INFO
     info = rundir.read_json(path)
     pending = info.get("pending") if isinstance(info, dict) else None
-    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and (info.get("run_id") or pending)):
+    named = isinstance(info, dict) and (isinstance(info.get("run_id"), str) and info["run_id"] or not info.get("run_id")
+                                        and isinstance(pending, dict))  # an id of another type is no MLflow run's
+    if not (named and isinstance(info.get("tracking_uri"), str)):
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
                 f"the run's reports stay in {run_dir / rundir.EVENTS}")
-    state = rundir.read_json(run_dir / rundir.DELIVERED)
-    final = state.get("final") if isinstance(state, dict) else None
+    final = _final(run_dir)
     uri, run_id = info["tracking_uri"], info.get("run_id")
     created = not run_id
     try:
@@ -145,6 +146,22 @@ def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional
         print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}"
               f"{' (created now)' if created else ''}{ended}", flush=True)
     return None
+
+
+def _final(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The ending kept for the store (``delivered.json``'s ``final``: a status a job ends with, its error a line or
+    None); where that record cannot be read back, the job's own (``status.json``), so that the run is not left
+    RUNNING; None where there is none to deliver."""
+    def ending(found: Any) -> bool:
+        return isinstance(found, dict) and found.get("status") in ("FINISHED", "FAILED", "KILLED") and isinstance(
+            found.get("error"), (str, type(None)))
+    state = rundir.read_json(run_dir / rundir.DELIVERED)
+    if isinstance(state, dict) and (state.get("final") is None or ending(state["final"])):
+        return state.get("final")
+    if not (run_dir / rundir.DELIVERED).exists():
+        return None
+    status = rundir.read_status(run_dir)  # the delivery record is damaged (a warning says so): the job's own record
+    return {"status": status["status"], "error": status.get("error")} if ending(status) else None
 
 
 LOST_TAG = "runner.driver_lost"

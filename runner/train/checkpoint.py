@@ -82,14 +82,18 @@ def _read_best(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def read_meta(path: Path) -> Dict[str, Any]:
-    """A checkpoint's metadata, or :class:`CheckpointError` in one line naming it and what to do."""
+    """A checkpoint's metadata, or :class:`CheckpointError` in one line naming it and what to do; what a resume takes
+    from it is checked value by value (the start step a count, the fp16 loss scaler's state one it can hold)."""
+    from runner.train.split_step import LossScale
+
     try:
         found = json.loads((path / META).read_text())
+        step, scale = (found.get("step"), found.get("loss_scale")) if isinstance(found, dict) else (None, None)
+        why = ("not a metadata record" if not isinstance(found, dict) else f"step={step!r} is not a step count" if not
+               (type(step) is int and 0 <= step < 2**62) else None if scale is None else LossScale.state_fault(scale))
     except (OSError, ValueError) as exc:
-        found, why = None, f"{type(exc).__name__}: {exc}"
-    else:
-        why = "not a metadata record"
-    if isinstance(found, dict) and isinstance(found.get("step", 0), int):
+        why = f"{type(exc).__name__}: {exc}"
+    if why is None:
         return found
     raise CheckpointError(f"checkpoint {path}: its {META} cannot be read back ({why}); resume from another "
                           "checkpoint (train.resume=<its folder>) or without train.resume")

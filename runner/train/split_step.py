@@ -21,8 +21,9 @@ Dense activations are held for one micro-batch at a time; pooled embeddings for 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,19 @@ class LossScale:
 
     def state_dict(self) -> Dict[str, float]:
         return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    @staticmethod
+    def state_fault(state: Any) -> Optional[str]:
+        """What of a saved state (a checkpoint's) :meth:`load_state_dict` cannot take as a scaler's (None: nothing):
+        the scale a positive finite number, the step counts whole and at least 0."""
+        if not isinstance(state, dict):
+            return f"loss_scale={state!r} is not a loss scaler's state"
+        scale, counts = state.get("scale"), [state.get(k) for k in ("good_steps", "skipped")]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+            return f"loss_scale.scale={scale!r} is not a positive finite scale"
+        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**62 for c in counts):
+            return f"loss_scale's step counts {counts!r} are not counts"
+        return None
 
     def load_state_dict(self, state: Dict[str, float]) -> None:
         self.scale, self.good_steps, self.skipped = float(state["scale"]), int(state["good_steps"]), int(

@@ -327,3 +327,26 @@ def test_a_planned_model_marked_with_its_optimizer_enumerates_as_one_given_the_o
                        [(s.storage.hbm, s.storage.ddr, s.perf.total) for s in o.shards]) for o in options])
     assert found[0] == found[1] and len(found[0]) > 10
     assert {tuple(o[3]) for o in found[0]} == {(sparse_optimizer(cfg.optimizer)[0],)}
+
+
+def test_a_pinned_plan_whose_placement_is_not_one_is_one_line(tmp_path: Path) -> None:
+    """make fuzz-files: a rank or shard offset turned negative reached TorchRec (a ValueError naming no file), a
+    rank list emptied or NaN offsets were taken; each is now refused naming the file and the table."""
+    cfg = cfg_for("sharding=tablecolumnwise")
+    specs = table_specs(cfg.model)
+    plan, _ = plan_for(cfg, 2, 2)
+    path = tmp_path / "plan.json"
+    table = next(t for tables in plan.values() for t in tables.values() if t["shards"])
+    for key, value in (("rank", -1), ("offsets", [-1, 0]), ("offsets", [float("nan"), 0]), ("sizes", "x")):
+        damaged = json.loads(json.dumps(plan))
+        entry = next(t for tables in damaged.values() for t in tables.values() if t == table)
+        entry["shards"][0][key] = value
+        path.write_text(json.dumps(damaged))
+        with pytest.raises(PlanError, match=f"sharding.plan={path}: table .*: shards=.* are not shards"):
+            load_plan(str(path), specs, 2, 2, "cpu")
+    for key, value in (("ranks", []), ("ranks", [-1]), ("sharding_type", "diagonal"), ("compute_kernel", 3)):
+        damaged = json.loads(json.dumps(plan))
+        next(iter(next(iter(damaged.values())).values()))[key] = value
+        path.write_text(json.dumps(damaged))
+        with pytest.raises(PlanError, match=f"sharding.plan={path}: table .*: {key}="):
+            load_plan(str(path), specs, 2, 2, "cpu")

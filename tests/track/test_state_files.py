@@ -197,3 +197,100 @@ def test_a_driver_record_names_its_process_across_pid_reuse(tmp_path: Path) -> N
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     rundir.write_json(tmp_path / rundir.DRIVER, {**record, "pid": int(ended.stdout)})  # no such process now
     assert f"(pid {int(ended.stdout)}) is gone" in str(rundir.driver_gone(tmp_path))
+
+
+def test_records_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(tmp_path: Path, capsys) -> None:
+    """What make fuzz-files found (each a traceback, a misleading line or a value used that no writer wrote): an
+    event line of the right kind whose values are not (a metric given as a record, a time past int64, a param
+    None) is passed over as damaged, not taken for an outage; a run.json whose run id is not text, sweep.json whose
+    command holds a non-text argument, a point's status.json of no ending or run.json without its store, a journal
+    record whose id or value is not a count or a finite number, are each one line naming the file."""
+    import optuna
+    import pytest
+
+    from runner.launch.sweep.resume import resume_args
+    from runner.launch.sweep.study import JOURNAL_FILE, journal_storage
+    from runner.runtime import rundir
+    from runner.track.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = start_run(uri, "state_files", "shapes", None, {})
+    events = tmp_path / "events.jsonl"
+    _log(events, 3)
+    lines = events.read_bytes().splitlines(keepends=True)
+    bad = [{"kind": "metrics", "metrics": {"train/loss": {"v": 1}}, "step": 3, "time": 1},
+           {"kind": "metrics", "metrics": {"train/loss": 1.0}, "step": 4, "time": 10**30},
+           {"kind": "params", "params": {"train.steps": None}}]
+    events.write_bytes(b"".join(lines) + b"".join((json.dumps(e) + "\n").encode() for e in bad))
+    said: List[str] = []
+    assert EventPump(events, uri, run_id, say=said.append)()  # delivered, not "the store is unreachable"
+    assert sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")) == [0, 1, 2]
+    assert len(said) == 1 and "3 damaged line(s)" in said[0], said
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": 12})
+    assert sync([str(run_dir)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], err
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    rundir.write_json(sweep / "sweep.json", {"command": ["-m", ["x"]], "overrides": []})
+    with pytest.raises(ValueError, match="sweep.json cannot be read back"):
+        resume_args(sweep, [])
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=journal_storage(tmp_path / "study"))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    path = tmp_path / "study" / JOURNAL_FILE
+    good = path.read_bytes().splitlines(keepends=True)
+    for key, value in (("trial_id", float("nan")), ("trial_id", 2**63), ("op_code", "text")):
+        record = json.loads(good[-1])
+        record[key] = value
+        path.write_bytes(b"".join(good[:-1]) + (json.dumps(record) + "\n").encode())
+        with pytest.raises(SystemExit):
+            journal_storage(tmp_path / "study")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{path} cannot be read back" in err[0] and f"{key}=" in err[0], err
+
+
+def test_a_point_whose_status_is_no_ending_or_whose_run_is_nowhere_runs_again_said(tmp_path: Path, capsys) -> None:
+    from conftest import cfg_for
+    from omegaconf import OmegaConf
+
+    from runner.launch.sweep.resume import kept_point
+    from runner.runtime import rundir
+    from runner.track import store
+
+    cfg = cfg_for("mode=plan")
+    now = OmegaConf.to_container(cfg, resolve=True)
+    run = tmp_path / "0"
+    run.mkdir()
+    OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
+    for name, record in ((rundir.STATUS, {"format": 3, "record": {"status": "FINISHED"}}),
+                         (rundir.RUN_INFO, {"tracking_uri": 12})):
+        rundir.record_status(run, "FINISHED", objective=1.0)
+        rundir.write_json(run / rundir.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri)})
+        assert kept_point(now, cfg.tracking, run) is not None
+        rundir.write_json(run / name, record)
+        assert kept_point(now, cfg.tracking, run) is None
+        assert f"{run / name} cannot be read back; the point runs again" in capsys.readouterr().out
+
+
+def test_a_lost_delivery_record_delivers_the_job_s_own_ending(tmp_path: Path) -> None:
+    """delivered.json cut short after the job ended while the store was away: sync ends the run with the ending
+    status.json records (before: the run stayed RUNNING for ever)."""
+    from runner.runtime import rundir
+    from runner.track.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_id = start_run(uri, "state_files", "lost_record", None, {})
+    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_dir / rundir.EVENTS, 2)
+    rundir.record_status(run_dir, "FINISHED")
+    (run_dir / rundir.DELIVERED).write_text('{"final": {"status": "FINI')
+    assert sync([str(run_dir)]) == 0
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from runner.config.schema_model import ClusterSchema
     from runner.track.driver_run import DriverRun
 
+ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (rundir.record_status)
+
+
 def _task(overrides: List[str]) -> Dict[str, str]:
     """Task overrides as key -> value: only keys that can change an answer (:mod:`runner.config.roles`; Hydra's
     own ``hydra.*`` and ``hydra/...`` left out)."""
@@ -66,8 +69,8 @@ def kept_point(now: Dict[str, Any], tracking: TrackingSchema, run_dir: Path) -> 
     import yaml
 
     status = rundir.read_status(run_dir)
-    if (run_dir / rundir.STATUS).exists() and not isinstance(status, dict):
-        return _runs_again(run_dir / rundir.STATUS)
+    if (run_dir / rundir.STATUS).exists() and not (isinstance(status, dict) and status.get("status") in ENDINGS):
+        return _runs_again(run_dir / rundir.STATUS)  # a record of no ending, or of one no job writes
     if not status or status.get("status") != "FINISHED" or not (run_dir / rundir.RESOLVED).exists():
         return None
     if (run_dir / rundir.RESULTS).exists() and not isinstance(rundir.read_json(run_dir / rundir.RESULTS), dict):
@@ -80,7 +83,11 @@ def kept_point(now: Dict[str, Any], tracking: TrackingSchema, run_dir: Path) -> 
         return _runs_again(run_dir / rundir.RESOLVED)
     if roles.answer(before) != roles.answer(now):
         return None
-    place = _recorded_at(before, rundir.read_json(run_dir / rundir.RUN_INFO) or {})
+    info = rundir.read_json(run_dir / rundir.RUN_INFO)
+    if (run_dir / rundir.RUN_INFO).exists() and not (isinstance(info, dict)
+                                                     and isinstance(info.get("tracking_uri"), str)):
+        return _runs_again(run_dir / rundir.RUN_INFO)  # where its run is recorded is unknown
+    place = _recorded_at(before, info or {})
     if place != (tracking.experiment, store.tracking_uri(tracking.uri)):
         print(f"[runner] job {run_dir.name}: it finished with the same config, but its run is recorded in "
               f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {tracking.experiment!r} "
@@ -171,7 +178,9 @@ def link_point(run_dir: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any
 def resume_args(folder: Path, extra: List[str]) -> List[str]:
     """The command line that resumes the sweep in ``folder``: its recorded command, this folder, ``extra``."""
     info = rundir.read_json(folder / SWEEP_FILE)
-    if (folder / SWEEP_FILE).exists() and not (isinstance(info, dict) and isinstance(info.get("command"), list)):
+    texts = [info.get(k, []) for k in ("command", "overrides")] if isinstance(info, dict) else [None]
+    if (folder / SWEEP_FILE).exists() and not (isinstance(info, dict) and "command" in info and all(
+            isinstance(t, list) and all(isinstance(a, str) for a in t) for t in texts)):  # each an argument's text
         raise ValueError(f"{folder / SWEEP_FILE} cannot be read back (cut short, emptied or garbled), so the sweep's "
                          f"command is lost: run the sweep's command again with hydra.sweep.dir={folder} (points "
                          "that finished with the same config are kept)")

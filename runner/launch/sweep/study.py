@@ -45,7 +45,11 @@ def journal_storage(folder: Path) -> Any:
     if damage := _damage(path):
         refuse(f"the Optuna study journal {path} cannot be read back ({damage}); restore it from a copy, or move "
                 "it away to start the study again in this folder (its finished trials' runs stay in MLflow)")
-    return JournalStorage(JournalFileBackend(str(path)))
+    try:  # Optuna replays the journal here: a record of the wrong shape that passed the checks above is one line too
+        return JournalStorage(JournalFileBackend(str(path)))
+    except (LookupError, TypeError, ValueError, AttributeError, AssertionError) as exc:
+        refuse(f"the Optuna study journal {path} cannot be read back ({type(exc).__name__}: {exc}); restore it "
+               "from a copy, or move it away to start the study again in this folder")
 
 
 def _damage(path: Path) -> Optional[str]:
@@ -71,11 +75,36 @@ def _damage(path: Path) -> Optional[str]:
             return f"line {number} is not a journal record"
         if not isinstance(record, dict) or "op_code" not in record:
             return f"line {number} is not a journal record"
+        if (fault := _record_fault(record)) is not None:
+            return f"line {number}: {fault}"
     if json.loads(whole[0]).get("op_code") != 0:
         return "its first record does not create a study"
     if last:
         print(f"[runner] warning: the last record of {path} was cut short (a stop while it was written); the "
               "study goes on without that change", file=sys.stderr, flush=True)
+    return None
+
+
+_COUNTS = ("op_code", "study_id", "trial_id", "state")  # Optuna's ids, op codes and states: counts, never floats
+
+
+def _record_fault(record: Dict[str, Any]) -> Optional[str]:
+    """What of one journal record Optuna's replay would fail on or take as another value (None: nothing): ids, op
+    codes and states counts (Optuna indexes its lists with them), an objective or a parameter's value a finite
+    number (Optuna fails a trial told NaN), its distribution a record (Optuna's JSON)."""
+    import math
+
+    for key in _COUNTS:
+        value = record.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            return f"{key}={value!r} is not a count"
+    values = record.get("values")
+    for value in ([record["param_value_internal"]] if "param_value_internal" in record else []) + (
+            values if isinstance(values, list) else [] if values is None else [values]):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"value {value!r} is not a finite number"
+    if "param_name" in record and not isinstance(record.get("distribution"), str):
+        return f"the parameter {record['param_name']!r} has no distribution"
     return None
 
 
