@@ -66,8 +66,10 @@ class EventPump:
     figures in docs/benchmarks.md): the driver has nothing else to do.
     """
 
-    def __init__(self, path: Path, uri: str, run_id: str, say: Callable[[str], None] = print) -> None:
-        self.path, self.uri, self.run_id, self._say = path, uri, run_id, say
+    def __init__(self, path: Path, uri: str, run_id: str, say: Callable[[str], None] = print,
+                 warn: Optional[Callable[[str], None]] = None) -> None:
+        # warn: where lines passed over are said (a sync that says nothing of the store's coming and going says these)
+        self.path, self.uri, self.run_id, self._say, self._warn = path, uri, run_id, say, warn or say
         self._state_path = path.with_name(DELIVERED)
         self._offset = self._delivered()
         self.down: Optional[str] = None  # why the store is unreachable, while it is
@@ -92,7 +94,7 @@ class EventPump:
             self._offset += size
             update_json(self._state_path, offset=self._offset)
         if skipped:
-            self._say(f"[runner] warning: {self.path}: {len(skipped)} damaged line(s) ({sum(skipped)} bytes) are not "
+            self._warn(f"[runner] warning: {self.path}: {len(skipped)} damaged line(s) ({sum(skipped)} bytes) are not "
                       "events; passed over, the rest delivered")
         return self._up()
 
@@ -113,7 +115,7 @@ class EventPump:
                 if f.read(1) == b"\n":  # the end of a line: where the next one starts
                     return offset
         if say:
-            self._say(f"[runner] warning: {self._state_path} cannot be read back or does not match "
+            self._warn(f"[runner] warning: {self._state_path} cannot be read back or does not match "
                       f"{self.path.name}; the event log is delivered again from its start")
         return 0
 

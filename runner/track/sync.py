@@ -128,7 +128,7 @@ def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional
     except Exception as exc:  # noqa: BLE001
         return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
                 "run sync again later")
-    pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None)
+    pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None, warn=print)
     before = pump.pending()
     if not pump():
         return f"{run_dir}: the store {uri} is still unreachable ({pump.down}); nothing is lost, run sync again later"
@@ -156,7 +156,8 @@ def _final(run_dir: Path) -> Optional[Dict[str, Any]]:
         return isinstance(found, dict) and found.get("status") in ("FINISHED", "FAILED", "KILLED") and isinstance(
             found.get("error"), (str, type(None)))
     state = rundir.read_json(run_dir / rundir.DELIVERED)
-    if isinstance(state, dict) and (state.get("final") is None or ending(state["final"])):
+    if isinstance(state, dict) and state and set(state) <= {"offset", "final", "ended"} and (
+            state.get("final") is None or ending(state["final"])):
         return state.get("final")
     if not (run_dir / rundir.DELIVERED).exists():
         return None

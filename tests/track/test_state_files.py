@@ -294,3 +294,44 @@ def test_a_lost_delivery_record_delivers_the_job_s_own_ending(tmp_path: Path) ->
     (run_dir / rundir.DELIVERED).write_text('{"final": {"status": "FINI')
     assert sync([str(run_dir)]) == 0
     assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_sync_says_what_it_passed_over_and_a_journal_value_outside_its_range_is_refused(tmp_path: Path,
+                                                                                        capsys) -> None:
+    """make fuzz-files: runner sync passed over damaged event lines without a word, took a delivered.json of no
+    delivery record's keys for one, and a journal whose parameter value lay outside its range was replayed."""
+    import optuna
+    import pytest
+
+    from runner.launch.sweep.study import JOURNAL_FILE, journal_storage
+    from runner.runtime import rundir
+    from runner.track.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_id = start_run(uri, "state_files", "said", None, {})
+    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_dir / rundir.EVENTS, 2)
+    with (run_dir / rundir.EVENTS).open("a") as f:
+        f.write(json.dumps({"kind": "metrics", "metrics": {"x": 1.0}, "step": "text"}) + "\n")
+    rundir.record_status(run_dir, "FINISHED")
+    rundir.write_json(run_dir / rundir.DELIVERED, {"format": 3, "record": {"final": {"status": "FINISHED"}}})
+    assert sync([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "1 damaged line(s)" in out and f"{run_dir / rundir.DELIVERED} cannot be read back" in out, out
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=journal_storage(tmp_path / "study"))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    path = tmp_path / "study" / JOURNAL_FILE
+    lines = path.read_bytes().splitlines(keepends=True)
+    i = next(n for n, line in enumerate(lines) if b"param_value_internal" in line)
+    record = json.loads(lines[i])
+    record["param_value_internal"] = -0.5
+    lines[i] = (json.dumps(record) + "\n").encode()
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(SystemExit):
+        journal_storage(tmp_path / "study")
+    assert "x=-0.5 is outside its range" in capsys.readouterr().err

@@ -103,8 +103,15 @@ def _record_fault(record: Dict[str, Any]) -> Optional[str]:
             values if isinstance(values, list) else [] if values is None else [values]):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"value {value!r} is not a finite number"
-    if "param_name" in record and not isinstance(record.get("distribution"), str):
-        return f"the parameter {record['param_name']!r} has no distribution"
+    if "param_name" in record:
+        from optuna.distributions import json_to_distribution
+
+        try:  # a value outside its own range is no value the study drew
+            inside = json_to_distribution(record["distribution"])._contains(record["param_value_internal"])
+        except (LookupError, TypeError, ValueError, AttributeError):
+            return f"the parameter {record['param_name']!r} has no distribution"
+        if not inside:
+            return f"the parameter {record['param_name']}={record['param_value_internal']!r} is outside its range"
     return None
 
 
