@@ -108,7 +108,8 @@ def _help(args: List[str]) -> bool:
           "python -m runner sync <folder>                           send runs kept during a tracking outage\n"
           "python -m runner resume <sweep folder>                   run a stopped sweep's unfinished points\n"
           "python -m runner diff <A> <B>                            what differs between two runs (folders or ids)\n"
-          "python -m runner export-calibration <cal.yaml> [out.py]  a calibration as TorchRec's own perf config\n")
+          "python -m runner export-calibration <cal.yaml> [out.py]  a calibration as TorchRec's own perf config\n"
+          "python -m runner learn-calibration <runs> [cal.yaml]     a calibration refitted from finished runs\n")
     print("Config groups (group=option):")
     for g, options in groups.items():
         print(textwrap.fill(", ".join(options), 116, initial_indent=f"  {g}: ", subsequent_indent=" " * (len(g) + 4)))
@@ -147,7 +148,14 @@ def _export_calibration(args: List[str]) -> int:
 
 
 # `resume` is a sweep's own command again: it runs as one
-SUBCOMMANDS = {"sync": _sync, "diff": _diff, "export-calibration": _export_calibration}
+def _learn_calibration(args: List[str]) -> int:
+    from runner.plan.learn import learn_command
+
+    return learn_command(args)
+
+
+SUBCOMMANDS = {"sync": _sync, "diff": _diff, "export-calibration": _export_calibration,
+               "learn-calibration": _learn_calibration}
 
 
 def main() -> None:

@@ -60,6 +60,7 @@ class Calibration:
     measurements: Dict[str, Any] = field(default_factory=dict)
     made: str = ""
     median_error: Dict[str, float] = field(default_factory=dict)  # each part's (:func:`runner.plan.trust.median_error`)
+    learned: Dict[str, Any] = field(default_factory=dict)  # refitted from runs: how many, where (:mod:`.learn`)
     format: int = FORMAT
     path: Optional[str] = None  # where it was read from (not written)
     faults: Dict[str, str] = field(default_factory=dict)  # a part whose values fail their check: why (not written)
@@ -135,7 +136,7 @@ def load_calibration(path: Union[str, Path]) -> Calibration:
     if missing:
         raise _refused(path, f"it is damaged (no {', '.join(missing)})")
     known = {k: data[k] for k in ("fingerprint", "constants", "spread", "trusted", "measurements", "made",
-                                  "median_error", "format") if k in data}
+                                  "median_error", "learned", "format") if k in data}
     return Calibration(**known, path=str(path), faults=value_faults(data["constants"]))
 
 

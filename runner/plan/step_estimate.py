@@ -128,7 +128,8 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
         "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
                             if world > 1 else 0.0),
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
-        "step_overhead": fitted_ms(c.get("step_overhead"), dense.batch / 1000.0),
+        "step_overhead": (fitted_ms(c.get("step_overhead"), dense.batch / 1000.0)  # per table: learned from runs
+                          + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(families.values())),
     }
     lookups = lookups_ms(c, families, dense.batch)
     per_rank = []

@@ -137,8 +137,10 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     linear = {w: {r: linear_samples(w, r, device, repeats) for r in (max(rows // 4, 1), rows)}
               for w in widths}
     say("dense optimizer", 1, 3, force=True)
-    optimizer = {n: optimizer_samples(cfg.optimizer, n, device, repeats)
-                 for n in (params, 4 * params, 16 * params)}
+    # up to 16 M parameters: data-parallel tables are the dense optimizer's too, and past the caches its rate per
+    # parameter is memory's, not the small dense part's
+    sizes = (params, 16 * params) if cfg.calibrate.grid == "small" else (params, 16 * params, 1 << 22, 1 << 24)
+    optimizer = {n: optimizer_samples(cfg.optimizer, n, device, repeats) for n in sorted(set(sizes))}
     say("input", 2, 3, force=True)
     quarter = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(cfg.train.batch_size // 4, 1)},
                                                          "data": {"prefetch_batches": 0}}))

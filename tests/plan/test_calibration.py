@@ -447,3 +447,38 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     from runner.plan.step_estimate import step_text
 
     assert "the dense part measured on this job's model" in step_text(timed["step"])
+
+
+def test_a_calibration_learns_its_step_overhead_from_runs(tmp_path: Path) -> None:
+    import json
+
+    from runner.plan import learn
+
+    folder = tmp_path / "cals"
+    cal = load_calibration(save(_calibration(), folder / f"20260101-000000-mine{cal_mod.SUFFIX}"))
+    runs = tmp_path / "runs"
+    truth = (1.5, 0.8, 0.05)  # the overhead the runs saw: ms, ms per 1,000 samples, ms per table
+    for i, (batch, tables) in enumerate([(256, 6), (1024, 6), (512, 20), (2048, 40), (256, 300), (4096, 10)]):
+        run = runs / f"run{i}"
+        (run / "plan").mkdir(parents=True)
+        parts = 10.0 + batch / 100.0  # every other estimated part of the slowest rank
+        overhead = truth[0] + truth[1] * batch / 1000.0 + truth[2] * tables
+        est = {"calibration": cal.path, "step": {"per_rank": [{"step_ms": parts + 0.2, "step_overhead": 0.2}] * 2}}
+        (run / "plan" / "estimates.json").write_text(json.dumps(est))
+        (run / "measured.json").write_text(json.dumps({"per_rank": [{"step_ms": parts + overhead - 0.1},
+                                                                     {"step_ms": parts + overhead}]}))
+        (run / "resolved.yaml").write_text(yaml.safe_dump({"train": {"batch_size": batch}}))
+        (run / "plan" / "plan.json").write_text(json.dumps({"m": {f"t{k}": {} for k in range(tables)}}))
+    (runs / "other").mkdir()  # a run planned with another machine's calibration is not this hardware's evidence
+    points = learn.run_points(runs, cal)
+    assert len(points) == 6
+    fit = learn.refit(cal, points, str(runs)).constants["step_overhead"]
+    got = (fit["fixed_ms"], fit["ms_per_ksample"], fit["per_table_ms"])
+    assert got == pytest.approx(truth, rel=1e-6) and fit["fit_error"] < 1e-9
+    assert learn.overhead_ms({"step_overhead": fit}, 512, 20) == pytest.approx(1.5 + 0.8 * 0.512 + 0.05 * 20)
+    # the command writes it beside the calibration it refined; auto takes it (the newest) and says it learned
+    assert learn.learn_command([str(runs), str(cal.path)]) == 0
+    chosen = for_job(cfg_for(f"cluster.calibration_dir={folder}").cluster, "cpu", True).calibration
+    assert chosen is not None and chosen.learned["runs"] == 6 and chosen.path != cal.path
+    assert chosen.constants["step_overhead"]["per_table_ms"] == pytest.approx(0.05, rel=1e-6)
+    assert learn.learn_command([str(tmp_path / "empty")]) == 2

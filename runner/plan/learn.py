@@ -1,0 +1,138 @@
+"""Learning from runs: every training job planned with a calibration measures its step beside the plan's whole-step
+estimate (``measured.json`` and ``plan/estimates.json`` in its run folder). What a job's step took beyond every
+estimated part but the step's overhead is that job's overhead as the hardware gave it; over many jobs of one
+machine (other batches, other table counts) it is the term the calibration's tiny-table job cannot see alone.
+
+``python -m runner learn-calibration <runs folder> [calibration.yaml]`` refits the calibration's ``step_overhead``
+from those residuals (fixed + per 1,000 samples + per table, none below 0) and writes the result as a new
+calibration in the folder it came from, which ``cluster.calibration=auto`` then takes (the newest), with
+``learned`` saying from how many runs. It is a command, not automatic: a run's step holds whatever else its machine
+was doing, so the user says when runs are representative. Only runs planned with a calibration of the same hardware
+and world count.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from runner.plan.calibration import Calibration, cache_dir, file_name, load_calibration, save
+from runner.plan.step_estimate import fitted_ms
+from runner.runtime.hardware import mismatch
+
+MIN_RUNS = 3  # a fit of three terms needs at least three jobs
+
+
+def overhead_ms(constants: Dict[str, Any], batch: int, tables: int) -> float:
+    """The step's overhead by ``constants``' ``step_overhead`` at a per-rank ``batch`` with ``tables`` tables."""
+    fit = constants.get("step_overhead")
+    return fitted_ms(fit, batch / 1000.0) + (fit or {}).get("per_table_ms", 0.0) * tables
+
+
+def _read(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_points(folder: Path, cal: Calibration) -> List[Dict[str, float]]:
+    """One point per finished training run under ``folder`` planned with a calibration of ``cal``'s hardware and
+    world: its per-rank batch and table count, the slowest rank's measured step, and what that rank's estimate gave
+    every part but the overhead."""
+    import yaml
+
+    points = []
+    for estimates in sorted(folder.rglob("plan/estimates.json")):
+        run = estimates.parent.parent
+        est, measured = _read(estimates), _read(run / "measured.json")
+        if not est or not measured or not est.get("step") or not measured.get("per_rank"):
+            continue
+        try:
+            planned_with = load_calibration(str(est.get("calibration")))
+            resolved = yaml.safe_load((run / "resolved.yaml").read_text())
+            batch = int(resolved["train"]["batch_size"]) * int(resolved["train"].get("grad_accumulation_steps", 1))
+        except (ValueError, OSError, KeyError, TypeError, yaml.YAMLError):
+            continue  # its calibration is gone or damaged, or its config unreadable: not this hardware's evidence
+        if mismatch(planned_with.fingerprint, cal.fingerprint, True) is not None:
+            continue
+        plan = _read(run / "plan" / "plan.json") or {}
+        ranks = measured["per_rank"]
+        slowest = max(range(len(ranks)), key=lambda r: ranks[r].get("step_ms") or 0.0)
+        part = est["step"]["per_rank"][slowest] if slowest < len(est["step"]["per_rank"]) else None
+        if not part or not ranks[slowest].get("step_ms"):
+            continue
+        points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
+                       "measured_ms": float(ranks[slowest]["step_ms"]),
+                       "parts_ms": float(part["step_ms"]) - float(part.get("step_overhead", 0.0))})
+    return points
+
+
+def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Calibration:
+    """``cal`` with its ``step_overhead`` refitted from ``points`` (:func:`run_points`): the measured step less every
+    other estimated part, ``fixed + per 1,000 samples x batch + per table x tables``, weighing each run's relative
+    error, no term below 0 (non-negative least squares)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])] for p in points])
+    y = np.array([max(p["measured_ms"] - p["parts_ms"], 0.0) for p in points])
+    w = 1.0 / np.array([p["measured_ms"] for p in points])  # relative to each run's step
+    fixed, per_ksample, per_table = (float(v) for v in nnls(a * w[:, None], y * w)[0])
+    fit = {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample, "per_table_ms": per_table,
+           "fit_error": float(max(abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0
+                                      + per_table * p["tables"] - p["measured_ms"]) / p["measured_ms"]
+                                  for p in points))}
+    return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": fit}, cal.spread, cal.trusted,
+                       cal.measurements, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                       cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or ""})
+
+
+def learn_command(args: List[str]) -> int:
+    """``python -m runner learn-calibration <runs folder> [calibration.yaml]``: the newest calibration of this
+    machine in ``cluster.calibration_dir``'s default folder (or the file given) refitted from the runs, written as
+    a new calibration there; one line, and exit 2, where it cannot be."""
+    if len(args) not in (1, 2) or not Path(args[0]).is_dir():
+        print("error: python -m runner learn-calibration <runs folder> [calibration.yaml]: a folder of run folders "
+              "(e.g. outputs/runs) and, optionally, the calibration to refine", file=sys.stderr)
+        return 2
+    folder = Path(args[0])
+    try:
+        candidates = [load_calibration(args[1])] if len(args) == 2 else _kept(cache_dir())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # the given calibration, else the newest kept one with enough runs of its hardware and world
+    found = next(((c, p) for c in candidates if len(p := run_points(folder, c)) >= MIN_RUNS), None)
+    if found is None:
+        print(f"error: fewer than {MIN_RUNS} finished training runs under {folder} were planned with "
+              + (candidates[0].label() if len(args) == 2 else f"a calibration in {cache_dir()}")
+              + " or one of its hardware and world (python -m runner mode=calibrate makes one)", file=sys.stderr)
+        return 2
+    cal, points = found
+    learned = refit(cal, points, str(folder.absolute()))
+    where = Path(cal.path).parent if cal.path else cache_dir()
+    path = save(learned, where / file_name(cal.fingerprint))
+    fit = learned.constants["step_overhead"]
+    print(f"[runner] calibration learned from {len(points)} runs: step overhead {fit['fixed_ms']:.3f} ms + "
+          f"{fit['ms_per_ksample']:.3f} ms per 1,000 samples + {fit['per_table_ms']:.4f} ms per table (largest "
+          f"error over the runs {fit['fit_error']:.0%}); written to {path}, which cluster.calibration=auto takes",
+          flush=True)
+    return 0
+
+
+def _kept(folder: Path) -> List[Calibration]:
+    """The calibrations kept in ``folder``, newest first (files that cannot be read passed over)."""
+    from runner.plan.calibration import SUFFIX
+
+    out = []
+    for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True) if folder.is_dir() else []:
+        try:
+            out.append(load_calibration(path))
+        except ValueError:
+            continue
+    return out
