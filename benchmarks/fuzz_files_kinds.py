@@ -110,7 +110,8 @@ def _calibration_reading(cal: Any) -> Any:
 
 def read_calibration(case: Path) -> Any:
     """``cluster.calibration=<file>``: the pre-check's :func:`check_file`, then what :func:`for_job` plans with."""
-    from runner.plan.calibration import check_file, for_job
+    from runner.plan.calibration import check_file
+    from runner.plan.choice import for_job
 
     path = str(case / "cal" / CAL_FILE)
     check_file(path)
@@ -122,7 +123,7 @@ def read_calibration(case: Path) -> Any:
 def read_calibration_auto(case: Path) -> Any:
     """``cluster.calibration=auto`` over a folder holding the file: a file that cannot be used is skipped (the plan
     line says which and why), a part whose value fails its check falls back alone (the line names it)."""
-    from runner.plan.calibration import for_job
+    from runner.plan.choice import for_job
 
     chosen = for_job(SimpleNamespace(calibration="auto", calibration_dir=str(case / "cal"), nodes=1,
                                      workers_per_node=2), "cpu", True)

@@ -25,17 +25,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from runner.config.errors import config_error_line, first_line
-from runner.config.schema import WORKER_MODES
-from runner.plan.trust import PARTS, fallen_back, fell_back_note, value_faults
-from runner.runtime.hardware import fingerprint, mismatch
+from runner.plan.trust import PARTS, value_faults
 
 if TYPE_CHECKING:
-    import torch
 
-    from runner.config.schema_model import ClusterSchema
+    pass
 
 FORMAT = 2  # the file format this runner writes and reads (2: trust per part, a digest); any other is refused
 SUFFIX = ".calibration.yaml"
@@ -101,7 +98,7 @@ def save(cal: Calibration, path: Path) -> Path:
     return path
 
 
-def _refused(path: Union[str, Path], why: str) -> Exception:
+def refused(path: Union[str, Path], why: str) -> Exception:
     return config_error_line(f"{KEY}={str(path)!r} cannot be used: {why}; make one on this machine with "
                              "python -m runner mode=calibrate, or plan with cluster.calibration=none", KEY)
 
@@ -113,28 +110,31 @@ def load_calibration(path: Union[str, Path]) -> Calibration:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise _refused(path, f"it cannot be read ({first_line(exc)})") from None
+        raise refused(path, f"it cannot be read ({first_line(exc)})") from None
     if not isinstance(data, dict) or not isinstance(data.get("format"), int):
-        raise _refused(path, "it is not a calibration file (no format number)")
-    if data["format"] > FORMAT:
-        raise _refused(path, f"its format {data['format']} is newer than this runner's ({FORMAT}): update the runner")
-    if data["format"] < FORMAT:
-        raise _refused(path, f"it was made by an older runner (format {data['format']}; this runner's is {FORMAT}): "
-                             "measure again")
+        raise refused(path, "it is not a calibration file (no format number)")
+    if data["format"] != FORMAT:
+        raise refused(path, f"its format {data['format']} is newer than this runner's ({FORMAT}): update the runner"
+                       if data["format"] > FORMAT else f"it was made by an older runner (format {data['format']}; "
+                       f"this runner's is {FORMAT}): measure again")
     if not isinstance(data.get("fingerprint"), dict) or not isinstance(data.get("constants"), dict):
-        raise _refused(path, "it is damaged (no fingerprint or constants)")
+        raise refused(path, "it is damaged (no fingerprint or constants)")
     if data.get("digest") != digest(data):
-        raise _refused(path, "it was changed after it was written (its digest does not match: edited or cut short)")
+        raise refused(path, "it was changed after it was written (its digest does not match: edited or cut short)")
     trusted = data.get("trusted")
     if not isinstance(trusted, dict) or not all(isinstance(trusted.get(p), bool) for p in PARTS):
-        raise _refused(path, f"it is damaged (trusted={trusted!r}, not true or false for each of {', '.join(PARTS)})")
+        raise refused(path, f"it is damaged (trusted={trusted!r}, not true or false for each of {', '.join(PARTS)})")
     missing = [k for k in ("device_bw_gibps", "bwd_compute_multiplier", "kernel_call_fwd_ms", "kernel_call_bwd_ms")
                if not isinstance(data["constants"].get(k), (int, float))]
     missing += [k for k in FITS if not _is_fit(data["constants"].get(k), ("fixed_ms", "ms_per_unit"))]
     missing += [f"sharded.{k}" for k, fits in (data["constants"].get("sharded") or {}).items()
                 if not all(_is_fit((fits or {}).get(p), LOOKUP_TERMS) for p in ("fwd", "bwd"))]
+    fp, measured = data["fingerprint"], data["constants"].get("collectives") or {}
+    scopes = [s for s, n in (("intra", fp.get("workers_per_node")), ("cross", fp.get("nodes"))) if _count(n) > 1]
+    missing += [f"collectives.{c}.{s}" for c in COLLECTIVES for s in scopes if not _is_fit(
+        (measured.get(c) or {}).get(s), ("latency_ms",))]  # each collective in each scope its world has
     if missing:
-        raise _refused(path, f"it is damaged (no {', '.join(missing)})")
+        raise refused(path, f"it is damaged (no {', '.join(missing)})")
     known = {k: data[k] for k in ("fingerprint", "constants", "spread", "trusted", "measurements", "made",
                                   "median_error", "learned", "format") if k in data}
     return Calibration(**known, path=str(path), faults=value_faults(data["constants"]))
@@ -145,7 +145,7 @@ def whole_or_refused(cal: Calibration) -> Calibration:
     value (a file the user names is used whole or not at all: under ``auto`` a failing part falls back alone)."""
     if cal.faults:
         part, why = next(iter(cal.faults.items()))
-        raise _refused(cal.path or "(in memory)", f"its {part} constant {why}")
+        raise refused(cal.path or "(in memory)", f"its {part} constant {why}")
     return cal
 
 
@@ -178,6 +178,13 @@ FITS = ("dense_fwd", "dense_bwd", "optimizer", "input")  # each ``fixed_ms`` + `
 LOOKUP_TERMS = ("fixed_ms", "per_table_ms", "ms_per_table_ksample")  # a family of sharded lookup's, per direction
 
 
+COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")  # what mode=calibrate measures in each scope
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _is_fit(fit: Any, keys: Tuple[str, ...]) -> bool:
     return isinstance(fit, dict) and all(isinstance(fit.get(k), (int, float)) for k in keys)
 
@@ -199,102 +206,7 @@ def file_name(fp: Dict[str, Any]) -> str:
            f"{fp.get('workers_per_node')}{SUFFIX}"
 
 
-@dataclass(frozen=True)
-class Chosen:
-    """The calibration a job plans with (None: TorchRec's default constants) and the line that says so."""
-
-    calibration: Optional[Calibration]
-    note: str
-
-    @property
-    def tag(self) -> str:
-        return (self.calibration.path or "in memory") if self.calibration is not None else NONE
-
-
-def newest_matching(folder: Path, here: Dict[str, Any], world_matters: bool
-                    ) -> Tuple[Optional[Calibration], List[str]]:
-    """The newest calibration in ``folder`` whose fingerprint matches ``here`` and that trusts at least one part
-    (where the world does not have to match, one of the same world first), and why each newer file that cannot be
-    read was passed over (``auto`` only takes what fits, and says what it skipped)."""
-    fits: List[Calibration] = []
-    skipped: List[str] = []
-    for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True):
-        try:
-            cal = _cached_load(str(path), path.stat().st_mtime_ns)
-        except (ValueError, OSError) as exc:
-            if not fits:
-                skipped.append(f"skipped {path.name}: {first_line(exc).split(' cannot be used: ', 1)[-1]}")
-            continue
-        if len(cal.untrusted()) < len(PARTS) and mismatch(cal.fingerprint, here, world_matters) is None:
-            fits.append(cal)
-    same = [c for c in fits if mismatch(c.fingerprint, here, True) is None]
-    return ((same or fits)[0] if fits else None), skipped[:3]
-
-
 @functools.lru_cache(maxsize=64)
-def _cached_load(path: str, mtime_ns: int) -> Calibration:
+def cached_load(path: str, mtime_ns: int) -> Calibration:
+    """:func:`load_calibration`, read again only when the file changes (its modification time)."""
     return load_calibration(path)
-
-
-_fingerprint = functools.lru_cache(maxsize=8)(fingerprint)
-
-
-def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool,
-            device: Optional[torch.device] = None) -> Chosen:
-    """The calibration ``cluster.calibration`` chooses for a plan on ``device_kind``; ``here_is_job``: the job runs
-    on this machine (training: the fingerprint, world shape included, must match), else a plan for a cluster that
-    may not be here (a file is taken when its device kind is the plan's; ``auto`` takes this machine's when the plan
-    is for its kind of device, one of the plan's world first). Files are read again when they change."""
-    setting, default = str(cluster.calibration), "TorchRec's default constants"
-    if setting == NONE:
-        return Chosen(None, f"{default} (cluster.calibration=none)")
-    nodes, workers = int(cluster.nodes), int(cluster.workers_per_node)
-    if setting == AUTO:
-        where = cache_dir(cluster.calibration_dir)
-        found: Optional[Calibration] = None
-        skipped: List[str] = []
-        if (here_is_job or device_kind == "cpu") and where.is_dir() and any(where.glob(f"*{SUFFIX}")):
-            # the hardware is here (a training job, or a plan for this machine's kind of device): its fingerprint
-            found, skipped = newest_matching(where, _fingerprint(device_kind, nodes, workers, device), here_is_job)
-        passed = f" ({'; '.join(skipped)})" if skipped else ""
-        if found is None:
-            return Chosen(None, f"{default}: no calibration of this hardware in {where} (python -m runner "
-                                f"mode=calibrate makes one){passed}")
-        fell = fell_back_note(found)
-        return Chosen(fallen_back(found), f"this machine's {found.label()}" + (f"; {fell}" if fell else "") + passed)
-    path = Path(setting)
-    cal = whole_or_refused(_cached_load(str(path), path.stat().st_mtime_ns) if path.is_file()
-                           else load_calibration(setting))
-    if here_is_job:
-        differs = mismatch(cal.fingerprint, _fingerprint(device_kind, nodes, workers, device), True)
-        if differs is not None:
-            raise _refused(setting, f"it was made on other hardware ({differs})")
-    elif cal.fingerprint.get("device_kind") != device_kind:
-        raise _refused(setting, f"it was made on {cal.fingerprint.get('device_kind')}, the plan is for {device_kind}")
-    fell = fell_back_note(cal)
-    return Chosen(fallen_back(cal), cal.label() + (f"; {fell}" if fell else ""))
-
-
-def for_config(cluster: ClusterSchema, mode: str, device_type: str) -> Chosen:
-    """The calibration ``cluster.calibration`` chooses for a job of ``mode`` (:func:`for_job`): a training job's
-    hardware is this process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
-    here = mode in WORKER_MODES
-    device = None
-    if here and device_type == "cuda" and str(cluster.calibration) != NONE:
-        import torch
-
-        device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    return for_job(cluster, device_type, here, device)
-
-
-def hashed(cluster: ClusterSchema, mode: str, config: Dict[str, Any]) -> Dict[str, Any]:
-    """``config`` (a job's config resolved, as a dict; ``cluster`` and ``mode`` its own) as ``runner.config_hash`` and
-    ``sweep.reuse`` compare it: for a plan-only job, ``cluster.calibration`` is the calibration it plans with (its file
-    and when it was made), not the word, so that a new calibration is another answer. Other jobs: as it is."""
-    if mode != "plan":
-        return config
-    from runner.runtime.device import device_type
-
-    chosen = for_config(cluster, mode, device_type(cluster.device, planning=True))
-    made = chosen.calibration.made if chosen.calibration is not None else ""
-    return {**config, "cluster": {**config["cluster"], "calibration": f"{chosen.tag}@{made}"}}

@@ -22,7 +22,7 @@ from runner.config.reservations import reservation_of
 from runner.config.schema_model import SHARDING_TYPES
 from runner.config.validation import table_constraint
 from runner.plan import step_estimate as steps
-from runner.plan.calibration import for_config
+from runner.plan.choice import for_config
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators

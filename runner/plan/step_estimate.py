@@ -237,7 +237,7 @@ def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[St
     """The perf model a planner of ``spec`` rates plans with: :class:`StepPerfModel` with a calibration, else None
     (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
     comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
-    from runner.plan.calibration import for_config
+    from runner.plan.choice import for_config
     from runner.plan.proposer_build import declared
 
     cal = for_config(spec.cluster, spec.mode, device_type).calibration

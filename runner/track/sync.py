@@ -111,7 +111,7 @@ def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional
     pending = info.get("pending") if isinstance(info, dict) else None
     named = isinstance(info, dict) and (isinstance(info.get("run_id"), str) and info["run_id"] or not info.get("run_id")
                                         and isinstance(pending, dict))  # an id of another type is no MLflow run's
-    if not (named and isinstance(info.get("tracking_uri"), str)):
+    if not (named and isinstance(info, dict) and isinstance(info.get("tracking_uri"), str)):
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
                 f"the run's reports stay in {run_dir / rundir.EVENTS}")
     final = _final(run_dir)
@@ -162,7 +162,8 @@ def _final(run_dir: Path) -> Optional[Dict[str, Any]]:
     if not (run_dir / rundir.DELIVERED).exists():
         return None
     status = rundir.read_status(run_dir)  # the delivery record is damaged (a warning says so): the job's own record
-    return {"status": status["status"], "error": status.get("error")} if ending(status) else None
+    return {"status": status["status"], "error": status.get("error")} if status is not None and ending(status) \
+        else None
 
 
 LOST_TAG = "runner.driver_lost"

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from runner.train.rank_env import RankEnv
 
 
-SMALL_BATCH, MANY_TABLES = 64, 8  # the sharded lookups' small batch, and their second table count
+# the sharded lookups' small batch, and their table counts beyond one: a model's tens to hundreds of features cost
+# per table more than 8 tables show (TorchRec's bookkeeping per feature), so the fit reaches 64
+SMALL_BATCH, MANY_TABLES, MOST_TABLES = 64, 8, 64
 STEP_STEPS = 40  # steps of the tiny-table job (the loop times those after its warm-up)
 
 
@@ -106,13 +108,15 @@ def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.devic
 def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSchema, repeats: Repeats, env: RankEnv,
              device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
-    batch and the job's (``batch_size``; the cost per call, per table and per table and sample)."""
+    batch and the job's (``batch_size``; the cost per call, per table and per table and sample), and
+    :data:`MOST_TABLES` at the small batch."""
     small, job = SMALL_BATCH, max(batch_size, 2 * SMALL_BATCH)
     out = {}
     for i, kind in enumerate(SHARDED):
         say("sharded lookups", i, len(SHARDED), force=i == 0)
         out[kind] = {n: sharded_samples(optimizer, precision, kind, env.world, env.local_world, device, n, batches,
-                                        repeats) for n, batches in ((1, (small, job)), (MANY_TABLES, (small, job)))}
+                                        repeats)
+                     for n, batches in ((1, (small, job)), (MANY_TABLES, (small, job)), (MOST_TABLES, (small,)))}
     return out
 
 

@@ -64,7 +64,7 @@ class Trainer:
         """This job's dense part timed here before planning (:func:`job_dense_ms`), where it plans with a calibration
         whose dense part is trusted and ``calibrate.dense_per_job`` is on; else None (the calibration's fit)."""
         from runner.data.pipeline import source
-        from runner.plan.calibration import for_config
+        from runner.plan.choice import for_config
 
         cfg = self.cfg
         cal = for_config(cfg.cluster, cfg.mode, self.device.type).calibration if cfg.calibrate.dense_per_job else None

@@ -19,7 +19,8 @@ from runner.config.errors import ConfigError
 from runner.launch.sweep.precheck import precheck
 from runner.plan import calibration as cal_mod
 from runner.plan import trust as cost_fit
-from runner.plan.calibration import Calibration, for_job, load_calibration, save
+from runner.plan.calibration import Calibration, load_calibration, save
+from runner.plan.choice import for_job
 from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
 from runner.plan.plan_spec import plan_spec
 from runner.plan.step_estimate import PARTS
@@ -233,7 +234,7 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
     from omegaconf import OmegaConf
 
     from runner.config.roles import config_hash
-    from runner.plan.calibration import hashed
+    from runner.plan.choice import hashed
 
     cfg = cfg_for("mode=plan", f"cluster.calibration_dir={tmp_path}")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -482,3 +483,10 @@ def test_a_calibration_learns_its_step_overhead_from_runs(tmp_path: Path) -> Non
     assert chosen is not None and chosen.learned["runs"] == 6 and chosen.path != cal.path
     assert chosen.constants["step_overhead"]["per_table_ms"] == pytest.approx(0.05, rel=1e-6)
     assert learn.learn_command([str(tmp_path / "empty")]) == 2
+
+
+def test_a_calibration_missing_a_collective_of_its_world_is_damaged(tmp_path: Path) -> None:
+    cal = _calibration()  # 1 x 2: every collective within the node
+    del cal.constants["collectives"]["all_to_all"]["intra"]
+    path = save(cal, tmp_path / "x.calibration.yaml")  # written whole (its digest matches): still not a calibration
+    assert "it is damaged (no collectives.all_to_all.intra)" in _refusal(path)

@@ -44,7 +44,9 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert c["dense_bwd"]["fixed_ms"] > 0 and c["dense_bwd"]["ms_per_gflop"] >= 0
     assert len(cal.measurements["kernels"]) == 8 and len(cal.measurements["collectives"]["all_to_all"]["intra"]) == 3
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
-    chosen = cal_mod.for_job(cfg.cluster, "cpu", True)
+    from runner.plan.choice import for_job
+
+    chosen = for_job(cfg.cluster, "cpu", True)
     assert chosen.calibration is not None and chosen.calibration.path == results["kept"]
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.metrics["calibration/device_bw_gibps"] == c["device_bw_gibps"]

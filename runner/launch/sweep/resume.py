@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config import roles
-from runner.plan.calibration import hashed
+from runner.plan.choice import hashed
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
