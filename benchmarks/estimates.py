@@ -178,9 +178,40 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
     held = [measured.get(f"measured/rank{r}/mem_over_baseline_bytes") for r in range(world)]
     mem_rank = max(range(world), key=lambda r: held[r] or 0.0)  # the rank that holds most
     return {"mem_measured": held[mem_rank], "mem_estimated": measured.get(f"estimated/rank{mem_rank}/mem_bytes"),
-            "name": name, "measured": measured["per_rank"][slowest]["step_ms"], "measured_fwd": max(fwd),
+            "name": name, "run_dir": run_dir, "shape": (world // local, local), "args": args,
+            "repeats": [measured["per_rank"][slowest]["step_ms"]], "measured": measured["per_rank"][slowest]["step_ms"],
+            "measured_fwd": max(fwd),
             "calibrated": step.get("step_ms"), "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"])
             if step else None, "default": d_step, "default_fwd": d_fwd, "same": d_plan == trained}
+
+
+def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Path]) -> None:
+    """Learning from runs, shown: each world's calibration refitted (:mod:`runner.plan.learn`) from the runs of its
+    first, third, ... configs, and the estimates of the others before and after (their overhead recomputed)."""
+    from runner.plan import learn
+    from runner.plan.calibration import load_calibration
+
+    before: List[float] = []
+    after: List[float] = []
+    for shape, path in sorted(calibrations.items()):
+        mine = [r for r in rows if r["shape"] == shape and r["calibrated"]]
+        cal = load_calibration(path)
+        taught = learn.run_points([r["run_dir"] for r in mine[0::2]], cal)
+        if len(taught) < learn.MIN_RUNS:
+            continue
+        new = learn.refit(cal, taught, "bench-estimates").constants
+        for row in mine[1::2]:
+            for p in learn.run_points([row["run_dir"]], cal):
+                was, now = p["parts_ms"] + p["overhead_ms"], p["parts_ms"] + learn.overhead_ms(new, p["batch"],
+                                                                                                  p["tables"])
+                before.append(was / row["measured"] - 1)
+                after.append(now / row["measured"] - 1)
+                print(f"learning {shape[0]} x {shape[1]}, {row['name']} (held out): {pct(before[-1])} before, "
+                      f"{pct(after[-1])} after learning from {len(taught)} runs", flush=True)
+    if before:
+        print(f"learning: held-out median |error| {statistics.median(map(abs, before)):.1%} before, "
+              f"{statistics.median(map(abs, after)):.1%} after; signed median {statistics.median(before):+.1%} "
+              f"before, {statistics.median(after):+.1%} after", flush=True)
 
 
 def error(est: Optional[float], measured: float) -> Optional[float]:
@@ -192,7 +223,8 @@ def pct(v: Optional[float]) -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
-    print(f"\n{'config':<20} {'step ms':>8} {'calib.':>8} {'err':>6} {'default':>8} {'err':>6} | {'emb fwd':>8} "
+    print(f"\n{'config':<20} {'step ms':>8} {'noise':>6} {'calib.':>8} {'err':>6} {'default':>8} {'err':>6} | "
+          f"{'emb fwd':>8} "
           f"{'calib.':>7} {'err':>6} {'default':>7} {'err':>6} same plan | {'mem MiB':>7} {'est.':>7} {'err':>6}")
     errors: Dict[str, List[float]] = {"calibrated": [], "default": [], "calibrated_fwd": [], "default_fwd": [],
                                       "memory": []}
@@ -202,15 +234,23 @@ def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
         for k, v in e.items():
             if v is not None:
                 errors[k].append(v)
-        print(f"{r['name']:<20} {r['measured']:>8.2f} {r['calibrated'] or 0:>8.2f} {pct(e['calibrated']):>6} "
+        noise = (max(r["repeats"]) - min(r["repeats"])) / r["measured"] if r["measured"] else 0.0
+        errors.setdefault("noise", []).append(noise)
+        print(f"{r['name']:<20} {r['measured']:>8.2f} {noise:>6.0%} {r['calibrated'] or 0:>8.2f} "
+              f"{pct(e['calibrated']):>6} "
               f"{r['default']:>8.3f} {pct(e['default']):>6} | {r['measured_fwd']:>8.2f} "
               f"{r['calibrated_fwd'] or 0:>7.2f} "
               f"{pct(e['calibrated_fwd']):>6} {r['default_fwd']:>7.3f} {pct(e['default_fwd']):>6} "
               f"{'yes' if r['same'] else 'no':>9} | {(r.get('mem_measured') or 0) / 2**20:>7.1f} "
               f"{(r.get('mem_estimated') or 0) / 2**20:>7.1f} {pct(e['memory']):>6}")
     for k, v in errors.items():
-        if v:
-            print(f"{k:<15} median |error| {statistics.median(map(abs, v)):.1%}, largest {max(map(abs, v)):.1%}")
+        if v and k != "noise":
+            print(f"{k:<15} median |error| {statistics.median(map(abs, v)):.1%}, signed median "
+                  f"{statistics.median(v):+.1%}, largest {max(map(abs, v)):.1%}, low in {sum(x < 0 for x in v)} of "
+                  f"{len(v)}")
+    if errors.get("noise"):
+        print(f"noise (each config's measured steps over its repeats, range over median): median "
+              f"{statistics.median(errors['noise']):.1%}, largest {max(errors['noise']):.1%}")
     return errors
 
 
@@ -250,6 +290,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--no-study", action="store_true")
     ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
+    ap.add_argument("--repeats", type=int, default=2, help="trainings of each config (the measurement's own noise)")
     ap.add_argument("--no-ranking", action="store_true", help="skip the ranking study")
     ap.add_argument("--ranking-repeats", type=int, default=3, help="trainings of each plan in the ranking study")
     ap.add_argument("--ranking-only", default="", help="comma-separated ranking configs (1-based) to run")
@@ -277,7 +318,14 @@ def main() -> None:
                             store))
         print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
               flush=True)
+    for _ in range(args.repeats - 1):  # the machine's own noise: each config trained again, after all the others
+        for row in rows:
+            run_dir, _ = runner(row["args"], store)
+            row["repeats"].append(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+    for row in rows:
+        row["measured"] = statistics.median(row["repeats"])
     errors = table(rows)
+    learning(rows, calibrations)
     gain = study(calibrations[(2, 2)], args.steps, args.device, store, args.study_repeats) if study_here \
         else float("nan")
     if ranking_here:
@@ -289,7 +337,8 @@ def main() -> None:
                       args.ranking_repeats, only)
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
-    print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} "
+    signed = statistics.median(errors["calibrated"]) if errors["calibrated"] else float("nan")
+    print(f"\nestimates: configs={len(rows)} median_error calibrated={med['calibrated']:.1%} (signed {signed:+.1%}) "
           f"default={med['default']:.1%} | largest calibrated={top['calibrated']:.1%} default={top['default']:.1%} | "
           f"embedding fwd median calibrated={med['calibrated_fwd']:.1%} default={med['default_fwd']:.1%} | "
           f"study gain={gain:+.1%} | trusted quiet={trusted.get('quiet', '-')}/{args.trust} "

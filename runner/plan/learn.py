@@ -17,7 +17,7 @@ import datetime
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.calibration import Calibration, cache_dir, file_name, load_calibration, save
 from runner.plan.step_estimate import fitted_ms
@@ -40,16 +40,15 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def run_points(folder: Path, cal: Calibration) -> List[Dict[str, float]]:
-    """One point per finished training run under ``folder`` planned with a calibration of ``cal``'s hardware and
-    world: its per-rank batch and table count, the slowest rank's measured step, and what that rank's estimate gave
-    every part but the overhead."""
+def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]:
+    """One point per finished training run of ``runs`` (run folders, e.g. :func:`runs_under`) planned with a
+    calibration of ``cal``'s hardware and world: its per-rank batch and table count, the slowest rank's measured
+    step, what that rank's estimate gave every part but the overhead, and the overhead it gave."""
     import yaml
 
     points = []
-    for estimates in sorted(folder.rglob("plan/estimates.json")):
-        run = estimates.parent.parent
-        est, measured = _read(estimates), _read(run / "measured.json")
+    for run in runs:
+        est, measured = _read(run / "plan" / "estimates.json"), _read(run / "measured.json")
         if not est or not measured or not est.get("step") or not measured.get("per_rank"):
             continue
         try:
@@ -67,9 +66,15 @@ def run_points(folder: Path, cal: Calibration) -> List[Dict[str, float]]:
         if not part or not ranks[slowest].get("step_ms"):
             continue
         points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
-                       "measured_ms": float(ranks[slowest]["step_ms"]),
+                       "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": float(part.get("step_overhead",
+                                                                                                     0.0)),
                        "parts_ms": float(part["step_ms"]) - float(part.get("step_overhead", 0.0))})
     return points
+
+
+def runs_under(folder: Path) -> List[Path]:
+    """The run folders under ``folder`` (each holding ``plan/estimates.json``)."""
+    return [estimates.parent.parent for estimates in sorted(folder.rglob("plan/estimates.json"))]
 
 
 def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Calibration:
@@ -107,7 +112,8 @@ def learn_command(args: List[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # the given calibration, else the newest kept one with enough runs of its hardware and world
-    found = next(((c, p) for c in candidates if len(p := run_points(folder, c)) >= MIN_RUNS), None)
+    runs = runs_under(folder)
+    found = next(((c, p) for c in candidates if len(p := run_points(runs, c)) >= MIN_RUNS), None)
     if found is None:
         print(f"error: fewer than {MIN_RUNS} finished training runs under {folder} were planned with "
               + (candidates[0].label() if len(args) == 2 else f"a calibration in {cache_dir()}")

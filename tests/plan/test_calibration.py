@@ -471,7 +471,7 @@ def test_a_calibration_learns_its_step_overhead_from_runs(tmp_path: Path) -> Non
         (run / "resolved.yaml").write_text(yaml.safe_dump({"train": {"batch_size": batch}}))
         (run / "plan" / "plan.json").write_text(json.dumps({"m": {f"t{k}": {} for k in range(tables)}}))
     (runs / "other").mkdir()  # a run planned with another machine's calibration is not this hardware's evidence
-    points = learn.run_points(runs, cal)
+    points = learn.run_points(learn.runs_under(runs), cal)
     assert len(points) == 6
     fit = learn.refit(cal, points, str(runs)).constants["step_overhead"]
     got = (fit["fixed_ms"], fit["ms_per_ksample"], fit["per_table_ms"])
