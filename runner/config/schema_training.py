@@ -170,10 +170,15 @@ class TrainSchema:
     batch_size: int = 256
     """Samples per rank per micro-batch (per step when ``grad_accumulation_steps`` is 1)."""
     pipeline: str = one_of("sparse_dist", tuple(PIPELINES), said={n: p.summary for n, p in PIPELINES.items()})
-    """Training step (``runner/config/pipelines.py``): ``sparse_dist`` | ``base`` (on CPU both measure the same).
-    Accumulation and fp16 loss scaling use the split step. The plan counts the pipeline's input buffers in each
-    GPU's memory (TorchRec's ``PipelineType``: ``train_sparse_dist``, ``train_base``; the split step's
-    ``train_base``), in plan-only jobs too."""
+    """Training step (``runner/config/pipelines.py``, each one's overlap in ``--help``): ``sparse_dist`` | ``base`` |
+    ``fused_sparse_dist`` | ``semi_sync`` | ``sparse_dist_lite`` | ``prefetch_sparse_dist`` (GPU only). On CPU none
+    overlaps anything (all measure about the same). Accumulation and fp16 loss scaling use the split step, with
+    ``sparse_dist`` or ``base`` only. The plan counts the pipeline's input buffers in each GPU's memory (TorchRec's
+    ``PipelineType``), in plan-only jobs too."""
+    semi_sync_start: int = 900
+    """``semi_sync`` only: the step (counted from the job's start or its resume) from which batches are looked up
+    one update stale; before it the pipeline trains as ``sparse_dist`` (TorchRec's ``start_batch``, default 900:
+    synchronous early training lowers early NE loss). >= 0."""
     grad_accumulation_steps: int = 1
     """Micro-batches per optimizer step: a step sees ``batch_size * grad_accumulation_steps`` samples
     per rank, with the dense part's activations of one micro-batch at a time (same result as the larger

@@ -16,6 +16,7 @@ from omegaconf import ListConfig
 from runner.config.choices import allowed_values, describe
 from runner.config.errors import ConfigError
 from runner.config.model_families import FAMILIES
+from runner.config.pipelines import split_step_fault
 from runner.config.reservations import canonical, missing_from_stack
 from runner.config.schema import RunnerConfig, uses_split_step
 from runner.config.schema_model import TableConstraintSchema
@@ -232,6 +233,7 @@ def _validate_run(p: PrecisionSchema, d: DataSchema, t: TrainSchema) -> None:
            "init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0")
     for key in ("steps", "batch_size", "log_every", "grad_accumulation_steps"):
         _check(getattr(t, key) > 0, f"train.{key}", getattr(t, key), "a positive integer")
+    _check(t.semi_sync_start >= 0, "train.semi_sync_start", t.semi_sync_start, "an integer >= 0")
     _check(t.threads_per_worker is None or t.threads_per_worker > 0, "train.threads_per_worker",
            t.threads_per_worker, "null or a positive integer")
     k = t.checkpoint
@@ -265,6 +267,9 @@ def validate(cfg: RunnerConfig) -> None:
                           "a URI without user:password@ (the run folder keeps the config): set "
                           "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead, or put the whole URI in "
                           "MLFLOW_TRACKING_URI")
+    refused = split_step_fault(cfg.train.pipeline, uses_split_step(cfg.train, cfg.precision))
+    if refused is not None:
+        raise ConfigError("train.pipeline", cfg.train.pipeline, refused)
     if uses_split_step(cfg.train, cfg.precision):
         why = "sharding types without data_parallel with train.grad_accumulation_steps > 1 or fp16 loss scaling"
         _check("data_parallel" not in cfg.sharding.types, "sharding.types", list(cfg.sharding.types), why)

@@ -143,6 +143,16 @@ def check_sparse_optimizer(sparse: str, device_kind: str) -> None:
                           f"one of {', '.join(SPARSE_OPTIMIZERS_CPU)} on CPU ({sparse} needs a GPU)")
 
 
+def check_pipeline(pipeline: str, device_kind: str) -> None:
+    """A training pipeline whose overlap needs CUDA (:func:`runner.config.pipelines.device_fault`) is refused on
+    CPU workers before anything trains."""
+    from runner.config.pipelines import device_fault
+
+    allowed = device_fault(pipeline, device_kind)
+    if allowed is not None:
+        raise ConfigError("train.pipeline", pipeline, allowed)
+
+
 def visible_gpus(count: Optional[int] = None) -> List[str]:
     """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); without
     that variable, ``0 .. count-1`` (``count``: torch's device count, read through NVML when it can, so

@@ -1,7 +1,7 @@
 """The training loop: one optimizer step per batch, metrics every ``train.log_every`` steps, checkpoints
 when due; every rank stops at the same step when the data ends.
 
-The step is TorchRec's ``TrainPipelineSparseDist`` (or ``TrainPipelineBase``), or the split step
+The step is the TorchRec pipeline ``train.pipeline`` declares (:mod:`runner.config.pipelines`), or the split step
 (:mod:`.split_step`) when accumulating micro-batches or scaling an fp16 loss. The loop reads no OmegaConf
 node per step (each read costs microseconds): schedule and settings are copied to plain Python first.
 """
@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from runner.config.errors import TrainingError
+from runner.config.pipelines import PIPELINES
 from runner.config.schema import samples_per_step
 from runner.train.optimizers import Schedule, set_learning_rates
+from runner.train.pipeline_classes import pipeline_class
 from runner.train.split_step import LossScale, SplitStep, Unpaused
 
 if TYPE_CHECKING:
@@ -31,17 +33,13 @@ if TYPE_CHECKING:
 
 def make_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device, settings: TrainSchema,
               loss_scale: Optional[LossScale]) -> Any:
-    """TorchRec's sparse pipeline; the split step when accumulating micro-batches or scaling the loss."""
-    if settings.grad_accumulation_steps == 1 and loss_scale is None:
-        if settings.pipeline == "base":
-            return _BasePipeline(dmp, optimizer, device)
-        return TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)
-    return SplitStep(dmp, optimizer, device, settings.grad_accumulation_steps, loss_scale)
-
-
-class _BasePipeline(TrainPipelineBase, Unpaused):
-    """TorchRec's unpipelined step (input dist, forward, backward, step in order), pausable like
-    the sparse pipeline."""
+    """The TorchRec pipeline ``settings.pipeline`` declares; the split step when accumulating micro-batches or
+    scaling the loss (validation allows that only where the declaration does)."""
+    if settings.grad_accumulation_steps > 1 or loss_scale is not None:
+        return SplitStep(dmp, optimizer, device, settings.grad_accumulation_steps, loss_scale)
+    declared = PIPELINES[settings.pipeline]
+    options = dict(declared.options, **{arg: getattr(settings, key) for arg, key in declared.from_train})
+    return pipeline_class(declared)(dmp, optimizer, device, **options)
 
 
 @dataclass

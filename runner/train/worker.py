@@ -27,6 +27,7 @@ from runner.runtime.cores import job_memory
 from runner.runtime.device import (
     backend,
     check_autocast,
+    check_pipeline,
     check_sparse_optimizer,
     check_tf32,
     ddr_cap_for_host,
@@ -135,6 +136,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     cores = bind_cores(cfg.cluster.cpu_affinity, device, env)  # before gloo or OpenMP start threads
     set_tf32(cfg.precision.tf32, device)
     check_sparse_optimizer(cfg.optimizer.sparse, device.type)
+    check_pipeline(cfg.train.pipeline, device.type)
     bound = cores if device.type == "cpu" else None  # a GPU's socket is shared: threads are the host's share
     torch.set_num_threads(affinity.threads_per_worker(cfg.train.threads_per_worker, env.host_workers, bound))
     _init_process_group(device, timedelta(seconds=cfg.cluster.pg_timeout_s), env)

@@ -37,6 +37,7 @@ from runner.runtime.cores import check_dense_batch, job_cores, job_memory
 from runner.runtime.device import (
     check_autocast_before_launch,
     check_gpu_count,
+    check_pipeline,
     check_sparse_optimizer,
     check_start_method,
     check_tf32,
@@ -72,6 +73,7 @@ def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Op
     check_tf32(cfg.precision.tf32, kind)
     check_start_method(cfg.cluster.start_method, kind)
     check_sparse_optimizer(cfg.optimizer.sparse, kind)
+    check_pipeline(cfg.train.pipeline, kind)
     c = cfg.cluster
     workers, memory = c.workers_per_node * len(nodes_on_this_host(c)), job_memory(schedulers.allocations())
     check_dense_batch(data.rows, data.layout.num_dense, workers, memory)
