@@ -229,7 +229,8 @@ def table(rows: List[Dict[str, Any]]) -> Dict[str, List[float]]:
     errors: Dict[str, List[float]] = {"calibrated": [], "default": [], "calibrated_fwd": [], "default_fwd": [],
                                       "memory": []}
     for r in rows:
-        e = {k: error(r[k], r["measured_fwd" if k.endswith("fwd") else "measured"]) for k in errors if k != "memory"}
+        e = {k: error(r[k], r["measured_fwd" if k.endswith("fwd") else "measured"])
+             for k in ("calibrated", "default", "calibrated_fwd", "default_fwd")}
         e["memory"] = error(r.get("mem_estimated"), r.get("mem_measured") or 0.0)
         for k, v in e.items():
             if v is not None:
