@@ -23,7 +23,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
 
-.PHONY: compat fuzz-config fuzz-data fuzz-files gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-optuna bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups clean-outputs mlflow-ui slurm-up slurm-down chromium
+.PHONY: compat fuzz-config fuzz-data fuzz-files gpu-bundle gpu-env gpu-check run test test-fast lint bench bench-plan bench-plan-scale bench-optuna bench-plan-quality bench-estimates bench-tracking bench-store bench-config-path bench-speedups bench-pipelines clean-outputs mlflow-ui slurm-up slurm-down chromium
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -143,6 +143,10 @@ fuzz-files: $(STAMP)
 
 bench-speedups: $(STAMP)
 	$(PY) benchmarks/speedups.py $(ARGS)
+
+# each training pipeline's samples/s against sparse_dist's, one sweep, with the import floor (on CPU a smoke check)
+bench-pipelines: $(STAMP)
+	$(PY) benchmarks/pipelines.py $(ARGS)
 
 # A Slurm of two emulated nodes on this machine (root; installs Debian's packages when missing), for
 # hydra/launcher=slurm and the tests marked slurm. slurm-down stops it and leaves nothing running.
