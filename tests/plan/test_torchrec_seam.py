@@ -123,6 +123,8 @@ OTHER_PRIVATE = {
     "_core": "Hydra's joblib launcher (the arguments it gives joblib)", "_executor": "joblib's loky pool",
     "_optimizer_classes": "torch's apply_optimizer_in_backward (what it records on a parameter)",
     "_optimizer_kwargs": "torch's apply_optimizer_in_backward",
+    "_contains": "optuna's distributions (whether a value is inside the range)",
+    "_trial_id": "optuna's FrozenTrial (its storage id, to tell an interrupted trial again)",
 }
 
 

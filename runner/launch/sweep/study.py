@@ -99,10 +99,13 @@ def _record_fault(record: Dict[str, Any]) -> Optional[str]:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
             return f"{key}={value!r} is not a count"
     values = record.get("values")
-    for value in ([record["param_value_internal"]] if "param_value_internal" in record else []) + (
-            values if isinstance(values, list) else [] if values is None else [values]):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"value {value!r} is not a finite number"
+    told = values if isinstance(values, list) else [] if values is None else [values]
+    for value in ([record["param_value_internal"]] if "param_value_internal" in record else []) + told:
+        # a trial's value may be infinite (a point whose plan does not fit is told the worst), never NaN; a
+        # parameter's value is finite
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or (
+                value not in told and not math.isfinite(value)):
+            return f"value {value!r} is not a number"
     if "param_name" in record:
         from optuna.distributions import json_to_distribution
 
