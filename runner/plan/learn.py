@@ -23,7 +23,8 @@ from runner.plan.calibration import Calibration, cache_dir, file_name, load_cali
 from runner.plan.step_estimate import fitted_ms
 from runner.runtime.hardware import mismatch
 
-MIN_RUNS = 3  # a fit of three terms needs at least three jobs
+MIN_RUNS = 4  # two runs for each of the fixed and per-sample terms
+PER_TABLE_RUNS = 6  # ... and for the per-table term
 
 
 def overhead_ms(constants: Dict[str, Any], batch: int, tables: int) -> float:
@@ -84,10 +85,13 @@ def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Cali
     import numpy as np
     from scipy.optimize import nnls
 
-    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])] for p in points])
+    # at least two runs per term: fewer runs than that fit their own noise (a run's step scatters 5-40% here), so
+    # the per-table term waits for PER_TABLE_RUNS runs
+    columns = 3 if len(points) >= PER_TABLE_RUNS else 2
+    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])][:columns] for p in points])
     y = np.array([max(p["measured_ms"] - p["parts_ms"], 0.0) for p in points])
     w = 1.0 / np.array([p["measured_ms"] for p in points])  # relative to each run's step
-    fixed, per_ksample, per_table = (float(v) for v in nnls(a * w[:, None], y * w)[0])
+    fixed, per_ksample, per_table = ([float(v) for v in nnls(a * w[:, None], y * w)[0]] + [0.0])[:3]
     fit = {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample, "per_table_ms": per_table,
            "fit_error": float(max(abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0
                                       + per_table * p["tables"] - p["measured_ms"]) / p["measured_ms"]
