@@ -165,10 +165,15 @@ def main() -> int:
         if (i + 1) % 5 == 0 or i + 1 == args.count:
             print(f"[fuzz-config] {i + 1}/{args.count} configs, {time.monotonic() - start:.0f} s: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
+    return finish("fuzz-config", out, seed, counts, findings, f"{sum(counts.values())} jobs")
+
+
+def finish(tag: str, out: Path, seed: int, counts: Dict[str, int], findings: List[Dict[str, Any]], what: str) -> int:
+    """A fuzzer's end (this one's, ``make fuzz-data``'s and ``make fuzz-files``'): ``findings.json`` in ``out``, the
+    summary line, and its exit code (1 with a finding)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "findings.json").write_text(json.dumps({"seed": seed, "counts": counts, "findings": findings}, indent=1))
-    print(f"[fuzz-config] seed {seed}: {sum(counts.values())} jobs, {len(findings)} finding(s) "
-          f"({out / 'findings.json'})", flush=True)
+    print(f"[{tag}] seed {seed}: {what}, {len(findings)} finding(s) ({out / 'findings.json'})", flush=True)
     return 1 if findings else 0
 
 

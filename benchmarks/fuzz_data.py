@@ -20,7 +20,6 @@ to ``<out>/<seed>/findings.json``; exit 1 when there is any.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from typing import Any, Callable, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from fuzz_config import PY, run_one  # noqa: E402  (the same outcomes as make fuzz-config)
+from fuzz_config import PY, finish, run_one  # noqa: E402  (the same outcomes as make fuzz-config)
 
 ROWS = 3000
 Damage = Callable[[random.Random, Path, bool], bool]  # (rng, train folder, hash_ids) -> whether it must stop
@@ -236,10 +235,7 @@ def main() -> int:
         if (i + 1) % 5 == 0 or i + 1 == args.count:
             print(f"[fuzz-data] {i + 1}/{args.count} folders, {time.monotonic() - start:.0f} s: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
-    (out / "findings.json").write_text(json.dumps({"seed": seed, "counts": counts, "findings": findings}, indent=1))
-    print(f"[fuzz-data] seed {seed}: {args.count} folders, {len(findings)} finding(s), "
-          f"{time.monotonic() - start:.0f} s ({out / 'findings.json'})", flush=True)
-    return 1 if findings else 0
+    return finish("fuzz-data", out, seed, counts, findings, f"{args.count} folders, {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

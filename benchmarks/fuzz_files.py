@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from fuzz_config import finish  # noqa: E402
 from fuzz_files_kinds import MISSING, Kind, Path_, kinds, relocate  # noqa: E402
 
 Doc = Any
@@ -388,11 +389,7 @@ def main() -> int:
         if args.case is None and ((i + 1) % 25 == 0 or i + 1 == args.count):
             print(f"[fuzz-files] {i + 1}/{args.count} cases, {time.monotonic() - start:.0f} s: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "findings.json").write_text(json.dumps({"seed": seed, "counts": counts, "findings": findings}, indent=1))
-    print(f"[fuzz-files] seed {seed}: {len(cases)} cases, {len(findings)} finding(s), {time.monotonic() - start:.0f} s "
-          f"({out / 'findings.json'})", flush=True)
-    return 1 if findings else 0
+    return finish("fuzz-files", out, seed, counts, findings, f"{len(cases)} cases, {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

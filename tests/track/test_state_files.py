@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 from mlflow.tracking import MlflowClient
 
@@ -278,18 +278,26 @@ def test_a_point_whose_status_is_no_ending_or_whose_run_is_nowhere_runs_again_sa
         assert f"{run / name} cannot be read back; the point runs again" in capsys.readouterr().out
 
 
+def _kept_run(tmp_path: Path, name: str) -> Tuple[str, Path, str]:
+    """A run folder whose MLflow run was started and whose two step events were kept while the store was away."""
+    from runner.runtime import rundir
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_id = start_run(uri, "state_files", name, None, {})
+    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_dir / rundir.EVENTS, 2)
+    return uri, run_dir, run_id
+
+
 def test_a_lost_delivery_record_delivers_the_job_s_own_ending(tmp_path: Path) -> None:
     """delivered.json cut short after the job ended while the store was away: sync ends the run with the ending
     status.json records (before: the run stayed RUNNING for ever)."""
     from runner.runtime import rundir
     from runner.track.sync import sync
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    run_id = start_run(uri, "state_files", "lost_record", None, {})
-    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
-    _log(run_dir / rundir.EVENTS, 2)
+    uri, run_dir, run_id = _kept_run(tmp_path, "lost_record")
     rundir.record_status(run_dir, "FINISHED")
     (run_dir / rundir.DELIVERED).write_text('{"final": {"status": "FINI')
     assert sync([str(run_dir)]) == 0
@@ -307,12 +315,7 @@ def test_sync_says_what_it_passed_over_and_a_journal_value_outside_its_range_is_
     from runner.runtime import rundir
     from runner.track.sync import sync
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    run_id = start_run(uri, "state_files", "said", None, {})
-    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
-    _log(run_dir / rundir.EVENTS, 2)
+    uri, run_dir, run_id = _kept_run(tmp_path, "said")
     with (run_dir / rundir.EVENTS).open("a") as f:
         f.write(json.dumps({"kind": "metrics", "metrics": {"x": 1.0}, "step": "text"}) + "\n")
     rundir.record_status(run_dir, "FINISHED")
