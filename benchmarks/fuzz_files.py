@@ -21,7 +21,7 @@ The reader runs in a forked child with a time limit (a case takes well under a s
 - ``passed over``: a line names the file and what was passed over, and what was read is the clean reading less
   it (a torn event line, a point run again, a calibration part fallen back);
 - ``read as written``: the damage left a value the file's own writer could have written (a metric of another
-  value, a trial's objective), so the file is another valid one;
+  value or another name, a trial's objective), so the file is another valid one;
 
 and anything else is a **finding**: a traceback, an ``unexpected error``, a hang, a refusal that is not one line
 naming the file, values the undamaged file did not hold, or a file the reader rewrote that then reads to a
@@ -163,8 +163,10 @@ def _key_added(rng: random.Random, kind: Kind, file: str, fmt: str, data: bytes)
     doc = parse(fmt, data)
     path = rng.choice(dicts(doc))
     at(doc, path)["fuzz_extra"] = rng.choice([1, -1.5, "x", None, [1, 2]])
-    # a key the reader does not know is ignored: the reading must be the clean one (the key is never in a reading)
-    return _written(rng, kind, fmt, doc, data, path), f"{_name((*path, 'fuzz_extra'))} added", False
+    # a key the reader does not know is ignored: the reading must be the clean one (the key is never in a reading);
+    # in a metrics event a number under a new name is a metric the job could have logged
+    plausible = bool(path) and path[-1] == "metrics" and _number(at(doc, path)["fuzz_extra"])
+    return _written(rng, kind, fmt, doc, data, path), f"{_name((*path, 'fuzz_extra'))} added", plausible
 
 
 def _other_format(rng: random.Random, kind: Kind, file: str, fmt: str, data: bytes) -> Tuple[bytes, str, bool]:
