@@ -110,9 +110,12 @@ def fit_uvm(points: List[Dict[str, Any]], hbm_gibps: float) -> Dict[str, Any]:
     fit = fit_kernels(points)
     measured = fit["device_bw_gibps"]
     h2d = (10 * measured - UVM_CACHE_RATIO * hbm_gibps) / (1 - UVM_CACHE_RATIO) if math.isfinite(measured) else 0.0
-    return {"device_bw_gibps": measured, "kernel_call_fwd_ms": fit["kernel_call_fwd_ms"],
+    # None where the fit measured no bandwidth (launch-bound calls, or slower than the HBM share alone): a value a
+    # calibration file holds is a measurement, and is checked as one when read
+    return {"device_bw_gibps": measured if math.isfinite(measured) else None,
+            "kernel_call_fwd_ms": fit["kernel_call_fwd_ms"],
             "hbm_to_ddr_gibps": h2d if 0 < h2d <= HOST_LINK_MAX_GIBPS else None,
-            "fitted_hbm_to_ddr_gibps": h2d}
+            "fitted_hbm_to_ddr_gibps": h2d if h2d > 0 else None}
 
 
 def fit_rate(points: List[Dict[str, Any]], size: str, scale: float = 1.0) -> Dict[str, float]:

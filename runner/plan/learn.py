@@ -52,6 +52,8 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         est, measured = _read(run / "plan" / "estimates.json"), _read(run / "measured.json")
         if not est or not measured or not est.get("step") or not measured.get("per_rank"):
             continue
+        if set(est["step"].get("fell_back") or {}) & {"dense", "sharded"}:
+            continue  # its estimate left a part out: the residual would be that part, not the step's overhead
         try:
             planned_with = load_calibration(str(est.get("calibration")))
             resolved = yaml.safe_load((run / "resolved.yaml").read_text())

@@ -1,10 +1,10 @@
 """Planning: config in, TorchRec's planner and a sharding plan (with the planner's estimates) out.
 
 The only place that builds an ``EmbeddingShardingPlanner``: the topology and storage reservation from
-:mod:`.topology`, per-table constraints from the sharding policy and the data's pooling, the proposer the
-config names. Pure with respect to processes: :func:`build_planner` needs no process group, and
-:func:`make_plan` uses one only to share rank 0's plan. A plan that cannot be had is one
-:class:`PlanError` line that names the limit hit and the keys that change it.
+:mod:`.topology`, per-table constraints from the sharding policy and the data's pooling, the proposer the config
+names. Pure with respect to processes: :func:`build_planner` needs no process group, and :func:`make_plan` uses one
+only to share rank 0's plan. A plan that cannot be had is one :class:`PlanError` line that names the limit hit and
+the keys that change it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from runner.config.validation import table_constraint
 from runner.plan import step_estimate as steps
 from runner.plan.choice import for_config
 from runner.plan.facts import PlanFacts
+from runner.plan.pinned import pinned_options
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
 from runner.plan.plan_spec import PlanSpec
@@ -191,8 +192,7 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
     (rank 0's) gets ``lower_bound_ms`` (:mod:`.torchrec_adapter.balanced.bound`) and, for the balanced proposer,
     ``compared``: the ratings of TorchRec's plans it started from
     (:func:`.torchrec_adapter.balanced.proposer.compared_metrics`); ``choose_from``: a sweep's plans, for a sweep
-    planned together (:mod:`runner.launch.sweep.plan_together`); ``dense_measured``: the job's dense part timed on
-    its workers, for the whole step (never for the plan: it is the same for every plan).
+    planned together (:mod:`runner.launch.sweep.plan_together`); ``dense_measured``: for the whole step only.
 
     Returns the plan, the planner's chosen options (for a pinned plan, its tables' options as the planner would
     have rated them, :mod:`.pinned`), seconds, and sharders.
@@ -209,12 +209,13 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
             raise PlanError(empty)
         chosen: List[ShardingOption] = []
         if pg is None or dist.get_rank(pg) == 0:  # rated as the planner would have rated it: the run's estimates
-            from runner.plan.pinned import pinned_options
-
-            chosen = pinned_options(spec, model, plan, sharders,
-                                    planner_inputs(spec, world, local_world, device_type, hbm_cap))
-            _whole_step(spec, model, world, local_world, device_type, chosen, facts if facts is not None else {},
-                        dense_measured)
+            try:  # rank 0 alone: what cannot be rated has no estimate, and never stops the job
+                chosen = pinned_options(spec, model, plan, sharders, planner_inputs(spec, world, local_world,
+                                                                                    device_type, hbm_cap))
+                _whole_step(spec, model, world, local_world, device_type, chosen,
+                            facts if facts is not None else {}, dense_measured)
+            except Exception:  # noqa: BLE001
+                chosen = []
         return plan, chosen, time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]

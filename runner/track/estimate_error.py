@@ -30,7 +30,7 @@ def estimate_errors(per_rank: List[Dict[str, Any]], plan: Dict[str, float]) -> D
         if fwd and x.get("embedding_fwd_ms"):
             out[f"error/rank{r}/embedding_fwd"] = fwd / x["embedding_fwd_ms"] - 1
     for r, x in enumerate(per_rank):  # memory: the plan's storage for the rank and the dense part's state
-        storage = plan.get(f"plan/rank{r}/hbm_bytes") or plan.get(f"plan/rank{r}/ddr_bytes")
+        storage = plan.get(f"plan/rank{r}/{'hbm' if x.get('device') == 'cuda' else 'ddr'}_bytes")
         if storage and x.get("mem_over_baseline_bytes"):
             out[f"estimated/rank{r}/mem_bytes"] = storage + float(x.get("dense_state_bytes") or 0.0)
             out[f"error/rank{r}/mem"] = out[f"estimated/rank{r}/mem_bytes"] / x["mem_over_baseline_bytes"] - 1

@@ -17,7 +17,9 @@ def memory_now_bytes(device: torch.device) -> int:
     that the first call of a kernel brings in, nor freed pages the allocator kept). Taken as the baseline once the
     plan is made (imports, process group and planner up, the model on meta) and again after training, so that the
     difference is what the job's model, optimizer, buffers and steps hold."""
-    if device.type == "cuda":
+    if device.type == "cuda":  # what earlier work (the dense part timed before planning) left cached is given back
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
         return int(torch.cuda.memory_reserved(device))
     import ctypes
     import re
@@ -95,7 +97,7 @@ def gather_measurements(result: TrainResult, device: torch.device, cores: Option
     mine = {"step_ms": result.step_time_ms, "embedding_fwd_ms": embedding_ms,
             "peak_mem_bytes": float(peak_memory_bytes(device)), "mem_baseline_bytes": float(baseline_bytes),
             "mem_over_baseline_bytes": float(max(held - baseline_bytes, 0)), "dense_state_bytes": float(dense_bytes),
-            "cores": cores}
+            "device": device.type, "cores": cores}
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

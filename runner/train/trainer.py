@@ -71,8 +71,11 @@ class Trainer:
         if cal is None or "dense" in cal.untrusted():
             return None
         data = next(iter(source(self.inputs, self.env.rank, self.env.world, False, 0, 1)))
-        return job_dense_ms(build_model(cfg, self.device), cfg.precision.autocast, cfg.optimizer, data,
-                            samples_per_step(cfg.train), self.device)
+        # each micro-batch runs forward and backward at train.batch_size; the optimizer steps once
+        timed = job_dense_ms(build_model(cfg, self.device), cfg.precision.autocast, cfg.optimizer, data,
+                             int(cfg.train.batch_size), self.device)
+        micro = int(cfg.train.grad_accumulation_steps)
+        return {**timed, "fwd_ms": timed["fwd_ms"] * micro, "bwd_ms": timed["bwd_ms"] * micro}
 
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""

@@ -14,7 +14,7 @@ def test_run_and_compare_links_open_the_training_view(tmp_path: Path) -> None:
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
-    exp = client.create_experiment("links")
+    exp = client.create_experiment("links", artifact_location=(tmp_path / "mlartifacts").as_uri())  # not cwd's
     a, b = (client.create_run(exp).info.run_id for _ in range(2))
     fragment = urlsplit(run_url(uri, a)).fragment
     assert fragment == f"/experiments/{exp}/runs/{a}?workflowType=machine_learning"

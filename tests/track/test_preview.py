@@ -34,7 +34,10 @@ def test_a_dry_run_previews_every_point_and_writes_nothing(tmp_path: Path, capsy
         cfg = compose(config_name="config", overrides=[*common, "sharding.storage_reserve_percent=0.2"])
     digest = roles.config_hash(hashed(cfg.cluster, cfg.mode, OmegaConf.to_container(cfg, resolve=True)))
     client = MlflowClient(store)
-    run = client.create_run(client.create_experiment("preview"), tags={"runner.config_hash": digest})
+    # with its artifacts beside the store, as the runner makes an experiment (MLflow's own default for a SQLite store
+    # is a "file:" path that it makes relative to the working directory)
+    experiment = client.create_experiment("preview", artifact_location=(tmp_path / "mlartifacts").as_uri())
+    run = client.create_run(experiment, tags={"runner.config_hash": digest})
     client.set_terminated(run.info.run_id, "FINISHED")
     client._tracking_client.store.engine.dispose()  # type: ignore[attr-defined]  (no handle left open)
     before = _snapshot(tmp_path)
