@@ -40,7 +40,7 @@ def test_a_dry_run_previews_every_point_and_writes_nothing(tmp_path: Path, capsy
     run = client.create_run(experiment, tags={"runner.config_hash": digest})
     client.set_terminated(run.info.run_id, "FINISHED")
     client._tracking_client.store.engine.dispose()  # type: ignore[attr-defined]  (no handle left open)
-    before = _snapshot(tmp_path)
+    before, stray = _snapshot(tmp_path), Path("file:").exists()
 
     sweep = ["-m", *common, "sharding.storage_reserve_percent=0.1,0.2,1.5", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     assert preview(sweep) == 2
@@ -52,6 +52,7 @@ def test_a_dry_run_previews_every_point_and_writes_nothing(tmp_path: Path, capsy
                              "[0, 1)"), lines[2]
     assert lines[3].startswith("[dry-run] 3 point(s), 1 refused; launcher ") and "BasicSweeper" in lines[3]
     assert _snapshot(tmp_path) == before  # no sweep folder, the store's bytes as they were
+    assert Path("file:").exists() == stray  # nor a folder MLflow makes for the read-only address, where the user is
 
     # a store that does not exist yet is not created
     assert preview(["-m", *common[:-2], f"tracking.uri=sqlite:///{tmp_path / 'new.db'}", "train.seed=1,2"]) == 0

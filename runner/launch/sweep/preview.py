@@ -10,10 +10,13 @@ store that does not exist yet is not opened; a SQLite file that does is opened r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, Dict, Iterator, List, Optional, cast
 
 LIMIT = 500  # points listed at most (the rest are counted)
 
@@ -91,10 +94,26 @@ def _done(point: Any) -> str:
 
         resolved = cast(Dict[str, Any], OmegaConf.to_container(point, resolve=True))
         digest = config_digest(point.cluster, str(point.mode), resolved)
-        found = finished_runs_of(MlflowClient(tracking_uri=readable), digest, point.tracking.experiment)
+        with _scratch_folder():
+            found = finished_runs_of(MlflowClient(tracking_uri=readable), digest, point.tracking.experiment)
     except Exception as exc:  # noqa: BLE001 - a store that cannot answer: the point is still accepted
         return f"accepted; whether it ran before is unknown ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     return f"accepted; done before (run {found[0].info.run_id})" if found else "accepted; not run yet"
+
+
+@contextlib.contextmanager
+def _scratch_folder() -> Iterator[None]:
+    """The working directory a scratch folder while MLflow opens a read-only SQLite store: it makes the parent folder
+    of the path it is given (``_make_parent_dirs_if_sqlite``), for the read-only address's ``file:<path>`` a folder
+    named ``file:`` in the working directory, which a dry run must not leave behind (and which breaks a later
+    ``pip install -e .`` there)."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="runner-dry-run-") as scratch:
+        os.chdir(scratch)
+        try:
+            yield
+        finally:
+            os.chdir(here)
 
 
 def _read_only(uri: str) -> Optional[str]:
