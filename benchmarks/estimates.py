@@ -135,29 +135,12 @@ def trust_study(tries: int, device: str, folder: Path, store: str, floor: float)
 
 def default_estimate(overrides: List[str], world: int, local: int, device: str) -> Tuple[float, float, Any]:
     """TorchRec's default constants: the plan's estimated step (embeddings only, the busiest rank) and embedding
-    forward, and the plan, planned here as the runner plans it."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import runner.cli  # noqa: F401  (schema and resolvers)
-    from runner.config.tables import table_specs
-    from runner.config.validation import validate
+    forward, and the plan, planned here as the runner plans it (:func:`ranking.plan_here`)."""
     from runner.plan.analysis import per_rank_estimates
-    from runner.plan.plan_file import plan_to_dict
-    from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import make_plan
-    from runner.train.models import planning_model
 
-    # composed here as the runner composes it (not through the tests' conftest, which hides the GPUs from every
-    # process started after its import)
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "cluster.calibration=none"])
-    validate(cfg)
-    plan, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), world, local, device)
+    plan, _, best = ranking.plan_here([*overrides, "cluster.calibration=none"], world, local, device)
     ranks = per_rank_estimates(best, world)
-    return (max(r["total_ms"] for r in ranks), max(r["fwd_compute_ms"] + r["fwd_comms_ms"] for r in ranks),
-            plan_to_dict(plan, table_specs(cfg.model)))
+    return (max(r["total_ms"] for r in ranks), max(r["fwd_compute_ms"] + r["fwd_comms_ms"] for r in ranks), plan)
 
 
 def measure(name: str, overrides: str, calibration: Path, steps: int, device: str, store: str) -> Dict[str, Any]:

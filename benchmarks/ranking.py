@@ -45,9 +45,11 @@ VARIANTS: List[Tuple[str, str, str]] = [  # (label, overrides, the constants it 
 CLOSE = 0.25  # pairs whose measured medians are within this of each other
 
 
-def _plan(overrides: List[str], world: int, local: int, device: str) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
-    """``overrides`` composed as the runner composes them, planned here: the plan as JSON, the plan's facts (its
-    whole step with a calibration) and its chosen options."""
+def plan_here(overrides: List[str], world: int, local: int, device: str
+              ) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
+    """``overrides`` composed as the runner composes them (not through the tests' conftest, which hides the GPUs
+    from every process started after its import), planned here: the plan as JSON, the plan's facts (its whole step
+    with a calibration) and its chosen options."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -76,8 +78,8 @@ def rated(plan_file: Path, base: List[str], calibration: Path, world: int, local
     from runner.plan.analysis import per_rank_estimates
 
     pinned = [*base, f"sharding.plan={plan_file}"]
-    _, facts, _ = _plan([*pinned, f"cluster.calibration={calibration}"], world, local, device)
-    _, _, best = _plan([*pinned, "cluster.calibration=none"], world, local, device)
+    _, facts, _ = plan_here([*pinned, f"cluster.calibration={calibration}"], world, local, device)
+    _, _, best = plan_here([*pinned, "cluster.calibration=none"], world, local, device)
     return {CALIBRATED: facts["step"]["step_ms"], TORCHREC: max(r["total_ms"] for r in per_rank_estimates(best, world))}
 
 
@@ -90,7 +92,7 @@ def plans_of(overrides: str, calibration: Path, world: int, local: int, device: 
     folder.mkdir(parents=True, exist_ok=True)
     found: Dict[str, Path] = {}
     seen: List[Dict[str, Any]] = []
-    first, _, _ = _plan([*overrides.split(), "cluster.calibration=none"], world, local, device)
+    first, _, _ = plan_here([*overrides.split(), "cluster.calibration=none"], world, local, device)
     tables = sorted(((t["rows"] * t["dim"], name) for m in first.values() for name, t in m.items()), reverse=True)
     names = {"big": tables[0][1], "second": tables[min(1, len(tables) - 1)][1]}
     for label, variant, constants in VARIANTS:
@@ -98,7 +100,7 @@ def plans_of(overrides: str, calibration: Path, world: int, local: int, device: 
             continue  # one node: table-row-wise is row-wise
         cal = f"cluster.calibration={calibration if constants == CALIBRATED else 'none'}"
         try:
-            plan, _, _ = _plan([*overrides.split(), *variant.format(**names).split(), cal], world, local, device)
+            plan, _, _ = plan_here([*overrides.split(), *variant.format(**names).split(), cal], world, local, device)
         except (ConfigError, PlanError, ValueError) as exc:
             print(f"  {label}: no plan ({str(exc).splitlines()[0][:100]})", flush=True)
             continue
