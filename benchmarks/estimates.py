@@ -270,7 +270,8 @@ def work_folder(root: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--only", default="", help="comma-separated config numbers (1-based) to run")
+    ap.add_argument("--only", default="", help="comma-separated config numbers (1-based) to run; "
+                    "none: the ranking study alone")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--no-study", action="store_true")
     ap.add_argument("--study-repeats", type=int, default=3, help="trainings of each of the study's two plans")
@@ -278,6 +279,12 @@ def main() -> None:
     ap.add_argument("--no-ranking", action="store_true", help="skip the ranking study")
     ap.add_argument("--ranking-repeats", type=int, default=3, help="trainings of each plan in the ranking study")
     ap.add_argument("--ranking-only", default="", help="comma-separated ranking configs (1-based) to run")
+    ap.add_argument("--ranking-plans", type=int, default=0, help="at most this many distinct plans per ranking "
+                    "config (0: all)")
+    ap.add_argument("--ranking-budget-s", type=float, default=0.0, help="bound the ranking study's seconds (lent "
+                    "device time): rounds beyond two only while they fit (0: none)")
+    ap.add_argument("--calibration", type=Path, default=None, help="plan with this calibration file instead of "
+                    "calibrating first (its world shape must be the configs'; e.g. a GPU's, measured in a first call)")
     ap.add_argument("--trust", type=int, default=5, help="mode=calibrate tries at 1 x 2, quiet and beside a busy "
                     "process, each judged by whether auto takes it (0: none)")
     args = ap.parse_args()
@@ -287,15 +294,20 @@ def main() -> None:
     print(f"import floor {floor:.1f} s", flush=True)
     work = work_folder(ROOT)
     store = f"sqlite:///{work / 'mlflow.db'}"
-    picked = [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
+    picked = [] if args.only == "none" else \
+        [CONFIGS[int(i) - 1] for i in args.only.split(",") if i] if args.only else CONFIGS
     t0 = time.perf_counter()
     study_here = not args.no_study and args.device == "cpu"
-    ranking_here = not args.no_ranking and args.device == "cpu"
+    ranking_here = not args.no_ranking
     shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
+    only = [int(i) for i in args.ranking_only.split(",") if i]
     if ranking_here:
-        shapes |= {shape_of(o, args.device) for _, o in ranking.RANKING}
+        shapes |= {shape_of(o, args.device) for i, (_, o) in enumerate(ranking.RANKING) if not only or i + 1 in only}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
-    calibrations = {s: calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
+    calibrations = {s: args.calibration.resolve() if args.calibration else
+                    calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
+    for shape, path in calibrations.items():
+        print(f"calibration {shape[0]} x {shape[1]}: {path}", flush=True)
     rows = []
     for name, overrides in picked:
         rows.append(measure(name, overrides, calibrations[shape_of(overrides, args.device)], args.steps, args.device,
@@ -314,11 +326,12 @@ def main() -> None:
         else float("nan")
     if ranking_here:
         def train(overrides: List[str]) -> float:
-            run_dir, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
+            shape = shape_args((1, 1), args.device) if args.device == "cuda" else []  # one GPU: every config 1 x 1
+            run_dir, _ = runner([*overrides, *shape, f"train.steps={args.steps}", "train.checkpoint.enabled=false"],
+                                store)
             return float(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
-        only = [int(i) for i in args.ranking_only.split(",") if i]
         ranking.study(calibrations, lambda o: shape_of(o, args.device), train, args.device, work / "ranking",
-                      args.ranking_repeats, only)
+                      args.ranking_repeats, only, args.ranking_plans, args.ranking_budget_s)
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     signed = statistics.median(errors["calibrated"]) if errors["calibrated"] else float("nan")

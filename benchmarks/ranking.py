@@ -143,8 +143,11 @@ def judge(plans: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], Tuple[int, int]],
           train: Callable[[List[str]], float], device: str, folder: Path, repeats: int,
-          only: Optional[List[int]] = None) -> Dict[str, Any]:
-    """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step."""
+          only: Optional[List[int]] = None, most_plans: int = 0, budget_s: float = 0.0) -> Dict[str, Any]:
+    """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step.
+    ``most_plans`` (0: all) keeps a config's first distinct plans; ``budget_s`` (0: none) bounds the study's
+    seconds where time is lent (a GPU's): every plan is trained at least twice, and a further round of a config
+    starts only when the rounds so far say it ends within the budget, the configs left counted at two rounds."""
     t0 = time.perf_counter()
     totals: Dict[str, Any] = {"configs": 0, "pairs": 0, "close": 0, "unordered": 0,
                               **{m: {"fastest": 0, "right": 0, "close_right": 0} for m in (CALIBRATED, TORCHREC)}}
@@ -155,16 +158,26 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
         calibration = calibrations[shape]
         print(f"ranking {name}: planning", flush=True)
         files = plans_of(overrides, calibration, shape[0] * shape[1], shape[1], device, folder / f"config-{i + 1}")
+        if most_plans:
+            files = dict(list(files.items())[:most_plans])
         if len(files) < 2:
             print(f"ranking {name}: {len(files)} distinct plan, nothing to rank", flush=True)
             continue
         base = overrides.split()
         plans = {label: {"file": f, "estimated": rated(f, base, calibration, shape[0] * shape[1], shape[1], device),
                          "measured": []} for label, f in files.items()}
+        left = sum(1 for j in range(i + 1, len(RANKING)) if not only or j + 1 in only)
         for r in range(repeats):
+            t_round = time.perf_counter()
             for label in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
                 plans[label]["measured"].append(train([*base, f"sharding.plan={plans[label]['file']}",
                                                        f"cluster.calibration={calibration}"]))
+            per_round = time.perf_counter() - t_round
+            if budget_s and r + 1 >= 2 and r + 1 < repeats and \
+                    time.perf_counter() - t0 + per_round * (1 + 2 * left) > budget_s:
+                print(f"ranking {name}: {r + 1} rounds (a round takes {per_round:.0f} s; --ranking-budget-s "
+                      f"{budget_s:.0f})", flush=True)
+                break
         verdict = judge(plans)
         for label, p in plans.items():
             print(f"  {label:<32} measured {statistics.median(p['measured']):8.2f} ms (+-{spread(p['measured']):.2f})"
