@@ -310,8 +310,12 @@ def main() -> None:
         print(f"calibration {shape[0]} x {shape[1]}: {path}", flush=True)
     rows = []
     for name, overrides in picked:
-        rows.append(measure(name, overrides, calibrations[shape_of(overrides, args.device)], args.steps, args.device,
-                            store))
+        try:
+            rows.append(measure(name, overrides, calibrations[shape_of(overrides, args.device)], args.steps,
+                                args.device, store))
+        except SystemExit as exc:  # one config's failure said, the others still measured (lent device time)
+            print(f"{name}: {exc}", flush=True)
+            continue
         print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
               flush=True)
     for _ in range(args.repeats - 1):  # the machine's own noise: each config trained again, after all the others
