@@ -107,8 +107,8 @@ class EventPump:
         found = read_json(self._state_path)
         offset = found.get("offset") if isinstance(found, dict) else None
         size = self.path.stat().st_size if self.path.exists() else 0
-        if offset == 0:
-            return 0
+        if offset == 0 or offset is None and isinstance(found, dict) and set(found) <= {"final", "ended"}:
+            return 0  # no offset yet: the job's ending kept before anything was delivered
         if isinstance(offset, int) and 0 < offset <= size:
             with self.path.open("rb") as f:
                 f.seek(offset - 1)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from runner.config.errors import disk_full
+from runner.config.errors import TrackingError, disk_full
 from runner.runtime import rundir
 from runner.runtime.folder_lock import taking_turns
 from runner.track.events import EventPump
@@ -211,6 +211,20 @@ def _sweep_parent(sweep_dir: Path, say: Callable[[str], None] = print) -> Tuple[
     folder = sweep_dir / PARENT_DIR
     with taking_turns(folder, say=say):  # two syncs at once: one creates the parent, the other finds it
         return _open_parent(sweep_dir, folder)
+
+
+def kept_parent(sweep_dir: Path, uri: str) -> Optional[str]:
+    """A resumed sweep's parent run where the sweep kept it in ``<sweep>/parent/`` (the store was away as it began):
+    created now in the parent folder's turn, or found where a ``runner sync`` created it meanwhile (``sweep.json``
+    may not name it yet), so that a resume and a sync at once make one parent. None where no parent of ``uri``'s
+    store is kept; :class:`TrackingError` where the store cannot create it."""
+    info = rundir.read_json(sweep_dir / PARENT_DIR / rundir.RUN_INFO)
+    if not (isinstance(info, dict) and info.get("tracking_uri") == uri):
+        return None
+    run_id, error = _sweep_parent(sweep_dir)
+    if error:
+        raise TrackingError(error)
+    return run_id
 
 
 def _open_parent(sweep_dir: Path, folder: Path) -> Tuple[Optional[str], Optional[str]]:

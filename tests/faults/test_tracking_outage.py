@@ -135,16 +135,18 @@ def _syncs_at_once(folders: list, logs: Path) -> list:
     return [(p.exitcode, o.read_text()) for p, o in zip(procs, outs, strict=True)]
 
 
-def _each_once(url: str, experiment: str, sweep: Path) -> list:
-    """Every run of the spooled ``sweep`` in ``experiment`` exactly once (one parent, each point once, a child of
-    it), FINISHED, and each metric value of each point's event log stored once (no step twice); its runs."""
+def _each_once(url: str, experiment: str, sweep: Path,
+               points: tuple = ("xbw=12.0", "xbw=3.0", "xbw=50.0")) -> list:
+    """Every run of the spooled ``sweep`` in ``experiment`` exactly once (one parent, each of ``points`` (run names)
+    once, a child of it), FINISHED, and each metric value of each point's event log stored once (no step twice);
+    its runs."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(url)
     found = runs(url, experiment)
     parents = [r for r in found if r.data.tags.get("runner.kind") == "sweep"]
     names = sorted(r.info.run_name for r in found if r not in parents)
-    assert len(parents) == 1 and names == ["xbw=12.0", "xbw=3.0", "xbw=50.0"], [r.info.run_name for r in found]
+    assert len(parents) == 1 and names == sorted(points), [r.info.run_name for r in found]
     assert all(r.info.status == "FINISHED" for r in found)
     assert all(r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id for r in found if r not in parents)
     for point in [*sweep.glob("[0-9]*"), sweep / "parent"]:

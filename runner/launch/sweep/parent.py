@@ -44,7 +44,7 @@ from runner.track.store import (
     tracking_uri,
 )
 from runner.track.sweep_points import SWEEP_FILE, grid_size, paired_keys, sweep_info, sweep_name, swept_params
-from runner.track.sync import PARENT_DIR, end_or_keep, kept_runs
+from runner.track.sync import PARENT_DIR, end_or_keep, kept_parent, kept_runs
 from runner.track.ui_links import compare_url
 
 
@@ -108,10 +108,10 @@ def undo_start(line: str) -> None:
 
 
 def _resumable_parent(uri: str, experiment: str, sweep_dir: Path) -> Optional[str]:
-    """The parent run of an earlier sweep in ``sweep_dir`` (same store and experiment), set RUNNING again;
-    None for a new sweep."""
+    """The parent run of an earlier sweep in ``sweep_dir`` (same store and experiment; one it kept while the store
+    was away is created now, or found where a sync made it), set RUNNING again; None for a new sweep."""
     path = sweep_dir / SWEEP_FILE
-    run_id = sweep_info(str(sweep_dir)).get("parent_run_id")
+    run_id = sweep_info(str(sweep_dir)).get("parent_run_id") or kept_parent(sweep_dir, uri)
     if not run_id and path.exists():  # sweep.json cut short or garbled: the store knows the folder's parent
         try:
             found = client(uri).search_runs([experiment], f"tags.`runner.kind` = 'sweep' and "
