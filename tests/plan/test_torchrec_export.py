@@ -100,22 +100,40 @@ def test_torchrec_s_planner_with_the_export_estimates_every_shard_as_the_runner_
 def _same_shards(ours: Dict[str, Tuple[str, str, List[Any]]], theirs: Dict[str, Tuple[str, str, List[Any]]],
                  a2a: float) -> None:
     assert {t: v[0] for t, v in theirs.items()} == TYPES and set(ours) == set(theirs)
-    # the runner gives TorchRec one number within a node, the all-to-all's, for every collective; the export answers
-    # a reduce-scatter (row-wise and table-row-wise forward) with the measured reduce-scatter's: that term alone
-    # differs, by exactly the two bandwidths' ratio. The all-reduce (data-parallel backward) is the measured one in
-    # both (the runner sets inter_host_bw so that TorchRec's all-reduce takes it on one node).
+    # the runner's topology and the export both answer each collective as measured (a reduce-scatter, the forward
+    # of row-wise and table-row-wise shards, with the measured reduce-scatter's bandwidth, not the all-to-all's
+    # ``a2a``): every term is equal
     checked = 0
     for table, (kind, kernel, our_perfs) in ours.items():
         assert theirs[table][:2] == (kind, kernel), table
         for mine, theirs_perf in zip(our_perfs, theirs[table][2], strict=True):
-            scale = a2a / RS_GIBPS if kind in ("row_wise", "table_row_wise") else 1.0
-            for term in ("fwd_compute", "bwd_compute", "bwd_comms", "prefetch_compute"):
+            for term in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute"):
                 assert getattr(theirs_perf, term) == pytest.approx(getattr(mine, term), rel=1e-9, abs=1e-15), (
                     table, term)
-            assert theirs_perf.fwd_comms == pytest.approx(mine.fwd_comms * scale, rel=1e-9), (table, kind)
             checked += 1
-    assert checked >= len(TYPES)
+    assert checked >= len(TYPES) and a2a != RS_GIBPS
     assert all(p.fwd_comms > 0 for p in theirs["t0"][2]) and all(p.bwd_comms > 0 for p in theirs["t2"][2])
+
+
+def test_the_runner_s_topology_answers_each_measured_collective_and_a_configured_bandwidth_wins(
+        tmp_path: Path) -> None:
+    from torchrec.distributed.planner.types import CollectiveType
+
+    from runner.plan.topology import build_topology
+
+    cal = load_calibration(_calibrated(tmp_path))
+    a2a = cal.constants["intra_node_bandwidth"]
+    measured = build_topology(cfg_for().cluster, 2, 2, "cpu", calibration=cal).comms_bandwidths
+    assert measured.get_bw(2, 2, CollectiveType.REDUCE_SCATTER) == gibps_to_bytes_per_ms(RS_GIBPS)
+    assert measured.get_bw(2, 2, CollectiveType.ALL_REDUCE) == gibps_to_bytes_per_ms(AR_GIBPS)
+    assert measured.get_bw(2, 2, CollectiveType.ALL_TO_ALL) == pytest.approx(gibps_to_bytes_per_ms(a2a))
+    assert measured.get_bw(2, 2, CollectiveType.ALL_GATHER) == pytest.approx(gibps_to_bytes_per_ms(a2a))
+    # a bandwidth the config sets is every collective's of its scope (a sweep's "what if")
+    what_if = build_topology(cfg_for("cluster.intra_node_bandwidth=7.0").cluster, 2, 2, "cpu", calibration=cal)
+    for kind in (CollectiveType.REDUCE_SCATTER, CollectiveType.ALL_TO_ALL):
+        assert what_if.comms_bandwidths.get_bw(2, 2, kind) == gibps_to_bytes_per_ms(7.0)
+    # without a calibration: TorchRec's own
+    assert type(build_topology(cfg_for().cluster, 2, 2, "cpu").comms_bandwidths).__name__ == "BasicCommsBandwidths"
 
 
 def test_the_export_answers_each_collective_as_measured_and_torchrec_s_basic_numbers_where_not(

@@ -61,7 +61,7 @@ def perf_knobs(topology: Any) -> Tuple[Any, ...]:
     """The topology's values that TorchRec's perf estimator reads and its enumeration does not: the bandwidths
     (a sweep's points) and the constants a calibration sets (:mod:`runner.plan.calibration`)."""
     return (topology.intra_host_bw, topology.inter_host_bw, topology.hbm_mem_bw, topology.ddr_mem_bw,
-            topology.hbm_to_ddr_mem_bw, topology.bwd_compute_multiplier)
+            topology.hbm_to_ddr_mem_bw, topology.bwd_compute_multiplier, str(getattr(topology, "comms_bandwidths", "")))
 
 
 class ReusingEnumerator(CompactEnumerator):
