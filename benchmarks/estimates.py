@@ -301,6 +301,8 @@ def main() -> None:
     ranking_here = not args.no_ranking
     shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
     only = [int(i) for i in args.ranking_only.split(",") if i]
+    if args.device == "cuda":  # one GPU: every ranking config planned and trained as 1 x 1
+        ranking.RANKING[:] = [(n, f"{o} {' '.join(shape_args((1, 1), args.device))}") for n, o in ranking.RANKING]
     if ranking_here:
         shapes |= {shape_of(o, args.device) for i, (_, o) in enumerate(ranking.RANKING) if not only or i + 1 in only}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}

@@ -139,6 +139,8 @@ def steps(gpus: int, bf16: bool, out: Path) -> List[Step]:
         Step("calibrate", [*one, "mode=calibrate", f"cluster.calibration_dir={out / 'calibrations'}",
                            "calibrate.max_spread=0.99"], says="calibration done"),
         Step("calibrated", [*one, *SHORT, f"cluster.calibration_dir={out / 'calibrations'}"], says="embeddings rated"),
+        Step("dcn_calibrated", [*one, *SHORT, "model=dcn", f"cluster.calibration_dir={out / 'calibrations'}"],
+             says="embeddings rated"),  # its dense part timed on the GPU before planning (its cross net's own device)
         Step("hbm_cap_above_device", [*one, *SHORT, "cluster.hbm_cap_gib=100000"], expect_ok=False,
              says="cluster.hbm_cap_gib=100000"),
         Step("bf16_checkpoint" if bf16 else "fp32_checkpoint",

@@ -140,7 +140,9 @@ def dense_model(model: nn.Module, device: torch.device, batch: int) -> nn.Module
         if isinstance(module, EmbeddingBagCollection):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
             setattr(parent, name.rsplit(".", 1)[-1], FixedEmbeddings(module, batch, device))
-    return model
+    # some of TorchRec's arches make their parameters on the CPU whatever the dense device (DCN's LowRankCrossNet:
+    # seen on an H200, "mat2 is on cpu"); in training DMP moves them, here nothing else would
+    return model.to(device)
 
 
 def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
