@@ -43,7 +43,8 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
             "kernels": [{**k["shape"], "fwd_ms": med(k["fwd"]), "bwd_ms": med(k["bwd"])} for k in measured["kernels"]],
             "dense": {int(r): {p: med(v) for p, v in m.items()} for r, m in measured["dense"].items()},
             "optimizer": {int(n): med(v) for n, v in measured["optimizer"].items()},
-            "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"]}
+            "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"],
+            "step": {int(r): med(v) for r, v in (measured.get("step") or {}).items()}}
 
 
 def uvm_text(uvm: Dict[str, Any]) -> str:

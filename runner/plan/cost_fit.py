@@ -214,20 +214,21 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
 
 def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
     """What the job's step with tiny tables took beyond every part measured alone (the loop, the pipeline, the
-    model's wrappers), at two batches: its measured step less the fitted parts at that batch (the embeddings' bytes
-    by TorchRec's terms, the table-wise lookups, dense, optimizer, dense all-reduce, input), fitted to the batch
-    (fixed + ms per 1,000 samples; the difference at least 0)."""
-    job = measured["job"]
-    points = [{"ksamples": int(rows) / 1000.0, "ms": max(median_ms([s for rank in per_rank for s in rank])
-                                                           - _parts_ms(c, job, measured["params"], int(rows)), 1e-3)}
+    model's wrappers) at each batch it was timed at: its step less the parts at that batch (:func:`_parts_ms`),
+    fitted to the batch (fixed + ms per 1,000 samples; the difference at least 0)."""
+    points = [{"ksamples": int(rows) / 1000.0, "ms": max(median_ms(_pooled(per_rank)) - _parts_ms(
+        c, measured["job"], measured["params"], int(rows), measured["dense"].get(rows)), 1e-3)}
               for rows, per_rank in measured["step"].items()]
     if len(points) < 2:
         return {"fixed_ms": points[0]["ms"], "ms_per_unit": 0.0, "ms_per_ksample": 0.0}
     return _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
 
 
-def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -> float:
-    """Every fitted part of the tiny-table job's step at ``batch`` (see :func:`step_overhead`)."""
+def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
+              dense_at: Optional[Dict[str, Any]] = None) -> float:
+    """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms, the
+    table-wise lookups, the dense part and optimizer (``dense_at``: their samples at ``batch``, as a job times its
+    own; else their fits), dense all-reduce, input."""
     from runner.plan.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
 
     world = job["world"]
@@ -241,7 +242,8 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int) -
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
     return (lookups + sum(lookups_ms(c, {"table_wise": len(job["dims"])}, batch).values())
-            + dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6)
+            + (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
+               else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
             + (reduce["latency_ms"] + params * 4 * 1000.0 / ((reduce["bandwidth_gibps"] or math.inf) * GIB)
                if world > 1 else 0.0)
             + (fitted_ms(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))

@@ -44,6 +44,17 @@ if TYPE_CHECKING:
 # per table more than 8 tables show (TorchRec's bookkeeping per feature), so the fit reaches 64
 SMALL_BATCH, MANY_TABLES, MOST_TABLES = 64, 8, 64
 STEP_STEPS = 40  # steps of the tiny-table job (the loop times those after its warm-up)
+# the tiny-table job's batches, as multiples of the job's: its overhead grows with the batch (2 x 2 emulated nodes on
+# 2 cores: 13, 17 and 27 ms at 64, 256 and 1,024 samples), and a slope read off a quarter and the batch alone, one of
+# them disturbed, put it at 69 ms at 1,024 (+82% on the step); a point at 4x spans the batches jobs use
+STEP_BATCHES = (0.25, 1, 4)
+
+
+def step_batches(batch: int, grid: str) -> List[int]:
+    """The per-rank batches the tiny-table job is timed at: :data:`STEP_BATCHES` x ``batch`` (``grid=small``: the
+    first two)."""
+    span = STEP_BATCHES[:2] if grid == "small" else STEP_BATCHES
+    return sorted({max(int(batch * f), 1) for f in span})
 
 
 class _Progress:
@@ -134,7 +145,8 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     from runner.train.models import build_model
 
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
-                              repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows})}
+                              repeats)
+             for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *step_batches(rows, cfg.calibrate.grid)})}
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
@@ -193,7 +205,7 @@ def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torc
     mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, repeats_for(c), env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
-    rows = (max(cfg.train.batch_size // 4, 1), cfg.train.batch_size)
+    rows = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
     steps = STEP_STEPS // 2 if cfg.calibrate.grid == "small" else STEP_STEPS
     mine["step"] = {r: step_samples(cfg, r, env.rank, env.world, env.local_world, device, steps) for r in rows}
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them

@@ -490,3 +490,27 @@ def test_a_calibration_missing_a_collective_of_its_world_is_damaged(tmp_path: Pa
     del cal.constants["collectives"]["all_to_all"]["intra"]
     path = save(cal, tmp_path / "x.calibration.yaml")  # written whole (its digest matches): still not a calibration
     assert "it is damaged (no collectives.all_to_all.intra)" in _refusal(path)
+
+
+def test_the_step_overhead_is_fitted_over_every_batch_timed_with_the_dense_part_measured_there() -> None:
+    # the tiny-table job's step at a quarter, 1x and 4x the job's batch: its parts (the dense part as measured at
+    # each batch, which at 4x is twice its fit: a model's dense part does not follow the square layers' rate) plus
+    # an overhead of 2 ms + 5 ms per 1,000 samples, which the fit recovers
+    from runner.plan.cost_fit import _parts_ms, step_overhead
+    from runner.train.calibrate import step_batches
+
+    measured = _measured()
+    constants, _, _ = fit_all(measured)
+    job = {"batch": 256, "world": 2, "device": "cpu", "pooling": 1, "layers": [], "other_params": 0, "dims": [64] * 6}
+    batches = step_batches(256, "full")
+    assert batches == [64, 256, 1024] and step_batches(256, "small") == [64, 256]
+    fitted = _parts_ms(constants, job, measured["params"], 1024)
+    measured["dense"][1024] = {"fwd": [[fitted]] * 2, "bwd": [[fitted]] * 2, "optimizer": [[0.15]] * 2}
+    measured.update(job=job, step={b: [[_parts_ms(constants, job, measured["params"], b, measured["dense"].get(b))
+                                        + 2.0 + 5.0 * b / 1000.0]] * 2 for b in batches})
+    fit = step_overhead(constants, measured)
+    assert fit["fixed_ms"] == pytest.approx(2.0, rel=1e-6) and fit["ms_per_ksample"] == pytest.approx(5.0, rel=1e-6)
+    assert fit["fit_error"] == pytest.approx(0.0, abs=1e-9)
+    # the dense part by its fit at 4x (what the overhead took before): the 4x point's dense time lands in the overhead
+    measured["dense"].pop(1024)
+    assert step_overhead(constants, measured)["ms_per_ksample"] > 5.5

@@ -43,6 +43,9 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert c["linear_bwd"]["ms_per_gflop"] > 0 and c["linear_fwd"]["ms_per_gflop"] > 0
     assert c["dense_bwd"]["fixed_ms"] > 0 and c["dense_bwd"]["ms_per_gflop"] >= 0
     assert len(cal.measurements["kernels"]) == 8 and len(cal.measurements["collectives"]["all_to_all"]["intra"]) == 3
+    # the tiny-table job's step at each batch its overhead is fitted over (the small grid: a quarter and the batch)
+    assert set(cal.measurements["step"]) == {32, 128} and all(v > 0 for v in cal.measurements["step"].values())
+    assert c["step_overhead"]["fixed_ms"] >= 0 and c["step_overhead"]["ms_per_ksample"] >= 0
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
     from runner.plan.choice import for_job
 
