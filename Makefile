@@ -46,7 +46,15 @@ $(STAMP): requirements/lock.txt pyproject.toml
 
 # A CUDA machine: the CUDA builds of torch and FBGEMM, then everything else as `make run` installs it. The
 # venv stays CUDA from here on (later `make` runs never install the CPU builds into it).
+# An NVIDIA GPU here (the driver's device files, else nvidia-smi): without one, gpu-env and gpu-check stop in one
+# line before downloading CUDA builds that would replace the CPU ones for nothing (FORCE=1 builds the CUDA venv anyway;
+# `make gpu-check ARGS=--cpu` checks the steps on CPU)
+HAS_GPU = $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo yes || (nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes))
+NO_GPU = { echo "$@: no NVIDIA GPU on this machine (no /dev/nvidia0, no nvidia-smi): it needs one; FORCE=1 builds \
+the CUDA environment anyway, make gpu-check ARGS=--cpu checks its steps on CPU (docs/gpu.md)"; exit 1; }
+
 gpu-env:
+	@test -n "$(HAS_GPU)$(FORCE)" || $(NO_GPU)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# a CPU build already here (torch 2.14.1+cpu satisfies ==2.14.1) would stay: take both out first
 	$(PY) -m pip uninstall --quiet --yes torch fbgemm-gpu-cpu 2>/dev/null || true
@@ -60,7 +68,12 @@ gpu-env:
 # A GPU box end to end (docs/gpu.md): the CUDA environment (once), what was found, the GPU tests, runner
 # commands over the CUDA path; outputs/gpu-check/report.md is what to send us
 gpu-check:
+ifneq ($(filter --cpu,$(ARGS)),)
+	$(MAKE) $(STAMP)
+else
+	@test -n "$(HAS_GPU)$(FORCE)" || $(NO_GPU)
 	test -f $(CUDA_MARK) || $(MAKE) gpu-env
+endif
 	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 # Every supported stack (requirements/stacks.toml) built on this CPU machine (.compat/<stack>/) and checked:
