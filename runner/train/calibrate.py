@@ -141,12 +141,14 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     rows = samples_per_step(cfg.train)
     say("dense part", 0, 3, force=True)
     repeats = repeats_for(cfg.calibrate)
-    data = next(iter(source(job_data(cfg), env.rank, env.world, False, 0, 1)))
+    # also at the tiny-table job's batches (its overhead is what its step takes beyond these): a batch that large
+    steps = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
+    big = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(steps[-1], cfg.train.batch_size)}}))
+    data = next(iter(source(job_data(big), env.rank, env.world, False, 0, 1)))
     from runner.train.models import build_model
 
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
-                              repeats)
-             for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *step_batches(rows, cfg.calibrate.grid)})}
+                              repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *steps})}
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
