@@ -147,7 +147,9 @@ def _retyped(rng: random.Random, v: Any) -> Any:
 
 def _truncated(rng: random.Random, kind: Kind, file: str, fmt: str, data: bytes) -> Tuple[bytes, str, bool]:
     cut = rng.randrange(len(data))
-    return data[:cut], f"cut at byte {cut} of {len(data)}", False
+    # a run's event log is appended line by line: cut anywhere, it is the log as its writer left it at some moment
+    # (the lines after not written yet, the torn last one still being written)
+    return data[:cut], f"cut at byte {cut} of {len(data)}", file.endswith("events.jsonl")
 
 
 def _key_missing(rng: random.Random, kind: Kind, file: str, fmt: str, data: bytes) -> Tuple[bytes, str, bool]:

@@ -221,8 +221,9 @@ def journal_subset(reading: Any, clean: Any) -> bool:
 
 def make_run(folder: Path) -> None:
     """A job's run folder as an outage leaves it: run.json names the run, the event log holds 6 metric steps, params
-    and tags, delivered.json says 2 lines reached the store and keeps the final status; status.json as the job
-    wrote it. The store is a real MLflow SQLite store in the folder."""
+    and tags (each line marked with the writer id of events_writer.json), delivered.json says 2 lines reached the
+    store and keeps the final status; status.json as the job wrote it. The store is a real MLflow SQLite store in
+    the folder."""
     from runner.runtime import rundir
     from runner.track.events import EventLog, EventPump
     from runner.track.store import start_run
@@ -266,14 +267,15 @@ def read_run(case: Path) -> Any:
 
 def run_domain(file: str, path: Path_, value: Any) -> bool:
     """The event log's metric values are any float rank 0 measured (a diverging loss is NaN), its steps and times
-    counts; delivered.json's offset a line's start, its final status one of MLflow's; run.json's run id MLflow's."""
+    counts; delivered.json's offset a line's start, its final status one of MLflow's; run.json's run id MLflow's. A
+    metric, param or tag left out of an event is one the job did not log there."""
     leaf = path[-1] if path else None
     if file.endswith("events.jsonl"):
         if len(path) >= 2 and path[-2] == "metrics":
-            return isinstance(value, float)
+            return isinstance(value, float) or value is MISSING
         if leaf in ("step", "time"):
             return _int(value)
-        return len(path) >= 2 and path[-2] in ("params", "tags") and isinstance(value, str)
+        return len(path) >= 2 and path[-2] in ("params", "tags") and (isinstance(value, str) or value is MISSING)
     if file.endswith("status.json"):
         return leaf == "objective" and _finite(value)
     return False
@@ -456,7 +458,8 @@ def kinds() -> List[Kind]:
         Kind("optuna-journal", {"sweep/optuna_journal.log": "jsonl"}, make_journal, read_journal, journal_domain,
              journal_subset),
         Kind("run-folder", {"run/events.jsonl": "jsonl", "run/delivered.json": "json", "run/run.json": "json",
-                            "run/status.json": "json"}, make_run, read_run, run_domain, run_subset),
+                            "run/status.json": "json", "run/events_writer.json": "json"}, make_run, read_run,
+             run_domain, run_subset),
         Kind("sweep-point", {"sweep/0/status.json": "json", "sweep/0/results.json": "json",
                              "sweep/0/run.json": "json"}, make_point, read_point, point_domain, point_subset),
         Kind("sweep-json", {"sweep/sweep.json": "json"}, make_sweep, read_sweep, sweep_domain, _never),

@@ -7,7 +7,8 @@
   its presence tells rank 0 that a driver owns the MLflow run, and ``python -m runner sync`` whether that driver
   is gone (:func:`driver_gone`);
 - ``run.json``: the MLflow store and run id, published by the driver once the run exists;
-- ``events.jsonl``: what rank 0 reports for MLflow (metrics, tags, artifacts), one JSON line each;
+- ``events.jsonl``: what rank 0 reports for MLflow (metrics, tags, artifacts), one JSON line each, marked with
+  the job's writer id (``events_writer.json``: lines of another are passed over);
 - ``delivered.json``: how much of it is in the store, and the final status while the store was unreachable
   (``python -m runner sync <run folder>`` delivers the rest);
 - ``results.json``: rank 0's results (losses, AUC, throughput; or the plan's estimates in ``mode=plan``);
@@ -34,6 +35,7 @@ RESOLVED = "resolved.yaml"
 DRIVER = "driver.json"
 RUN_INFO = "run.json"
 EVENTS = "events.jsonl"
+EVENTS_WRITER = "events_writer.json"  # the id each line of events.jsonl is marked with by the job's processes
 RESULTS = "results.json"
 STATUS = "status.json"
 MEASURED = "measured.json"
@@ -112,7 +114,7 @@ def error_records(run_dir: Path) -> list:
 
 
 PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the same folder
-_JOB_FILES = (DRIVER, RUN_INFO, EVENTS, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, DELIVERED)
+_JOB_FILES = (DRIVER, RUN_INFO, EVENTS, EVENTS_WRITER, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, DELIVERED)
 
 
 def set_aside_previous(run_dir: Path, names: Sequence[str] = _JOB_FILES) -> Optional[Path]:

@@ -5,17 +5,25 @@ With a driver (``python -m runner``), rank 0 appends each report as one JSON lin
 lines to the store every few seconds and once more at the end (:class:`EventPump`). Under an external
 ``torchrun``, with no driver, rank 0's own process runs the pump from a thread
 (:func:`runner.track.mlflow_run.torchrun_run`).
+
+Each line carries its writer's id (``writer``): the run folder's, made by the first process that writes the log
+(``events_writer.json``) and taken by every later one of the same job (the driver, rank 0, a rank 0 restarted by
+torch elastic, a resumed sweep's process for its parent), which may log the same steps again. A process of an
+earlier job in the folder (its files set aside, e.g. a rank 0 left running) still holds the earlier id: its lines,
+interleaved with the job's, are passed over by the reader, saying so, instead of reaching the job's run.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from runner.config.errors import disk_full
-from runner.runtime.rundir import DELIVERED, read_json, update_json
+from runner.runtime.rundir import DELIVERED, EVENTS_WRITER, read_json, update_json
 from runner.track.store import client, log_artifacts, log_params, log_step_metrics, outage_reason, set_tags
 
 
@@ -26,10 +34,11 @@ class EventLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._f = path.open("a", buffering=1)
+        self.writer = _writer_of(path)
 
     def _write(self, event: Dict[str, Any]) -> None:
         try:
-            self._f.write(json.dumps(event) + "\n")
+            self._f.write(json.dumps({**event, "writer": self.writer}) + "\n")
         except OSError as exc:  # a full disk: name the event log (the write's error names no file)
             raise OSError(exc.errno, exc.strerror, exc.filename or str(self.path)) from exc
 
@@ -48,6 +57,42 @@ class EventLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+def log_writer(path: Path) -> Optional[int]:
+    """The id of the event log ``path``'s writer (``events_writer.json`` beside it); None where there is none (an
+    older runner's folder) or it cannot be read back: then every line is the job's."""
+    found = read_json(path.with_name(EVENTS_WRITER))
+    writer = found.get("writer") if isinstance(found, dict) else None
+    return writer if _count(writer) else None
+
+
+def _writer_of(path: Path) -> int:
+    """This process's writer id for the log ``path``: the folder's, made now where this is its first writer
+    (written whole under a temporary name, then linked: two first writers at once agree on one)."""
+    mark = path.with_name(EVENTS_WRITER)
+    for _ in range(50):  # a writer that is making it: read again
+        found = log_writer(path)
+        if found is not None or not mark.exists():
+            break
+        time.sleep(0.02)
+    if found is not None:
+        return found
+    if mark.exists():  # damaged: the reader takes every line as the job's; left as it is
+        return secrets.randbits(62)
+    writer = secrets.randbits(62)
+    tmp = mark.with_name(f"{mark.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({"writer": writer}))
+        os.link(tmp, mark)
+    except FileExistsError:
+        found = log_writer(path)
+        writer = found if found is not None else writer
+    except OSError:  # a read-only or full folder: the lines are marked, the reader takes them all
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return writer
 
 
 _GROUP_VALUES = 1000  # metric values per delivery (MLflow's batch limit: one store transaction each)
@@ -82,7 +127,8 @@ class EventPump:
         data = self._unread()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
         skipped: List[int] = []
-        for group, size in _groups(data[:end], skipped):
+        others: List[int] = []
+        for group, size in _groups(data[:end], skipped, log_writer(self.path), others):
             try:
                 if group:
                     self._deliver(group)
@@ -96,6 +142,11 @@ class EventPump:
         if skipped:
             self._warn(f"[runner] warning: {self.path}: {len(skipped)} damaged line(s) ({sum(skipped)} bytes) are not "
                       "events; passed over, the rest delivered")
+        if others:
+            self._warn(f"[runner] warning: {self.path}: {len(others)} line(s) written by another process than the run "
+                       f"folder's job (writer {', '.join(map(str, sorted(set(others))))}, not the job's "
+                       f"{log_writer(self.path)} in {EVENTS_WRITER}: an earlier job's process still writing?); passed "
+                       "over, the rest delivered")
         return self._up()
 
     def _delivered(self, say: bool = True) -> int:
@@ -170,7 +221,8 @@ def _event(line: bytes) -> Optional[Dict[str, Any]]:
         event = json.loads(line)
     except ValueError:
         return None
-    return event if isinstance(event, dict) and _FIELDS_OK.get(event.get("kind"), _never)(event) else None
+    return event if isinstance(event, dict) and _FIELDS_OK.get(event.get("kind"), _never)(event) and (
+        event.get("writer") is None or _count(event["writer"])) else None
 
 
 def _never(event: Dict[str, Any]) -> bool:
@@ -197,15 +249,20 @@ _FIELDS_OK: Dict[Any, Callable[[Dict[str, Any]], bool]] = {  # what EventLog wri
 }
 
 
-def _groups(data: bytes, skipped: List[int]) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
+def _groups(data: bytes, skipped: List[int], writer: Optional[int], others: List[int]
+            ) -> Iterator[Tuple[List[Dict[str, Any]], int]]:
     """The lines of ``data`` as delivery groups (consecutive metric events together), with their bytes; a line
-    that is not an event is passed over (its bytes counted with the next group's) and counted in ``skipped``."""
+    that is not an event is passed over (its bytes counted with the next group's) and counted in ``skipped``, one
+    marked by another writer than ``writer`` (the folder's; None: any) passed over too, its writer in ``others``."""
     group: List[Dict[str, Any]] = []
     size = values = 0
     for line in data.splitlines(keepends=True):
         event = _event(line)
-        if event is None:
-            skipped.append(len(line))
+        if event is None or writer is not None and event.get("writer") not in (None, writer):
+            if event is None:
+                skipped.append(len(line))
+            else:
+                others.append(event["writer"])
             size += len(line)
             continue
         n = len(event.get("metrics", ()))

@@ -195,7 +195,8 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
     from omegaconf import OmegaConf
 
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
-    rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.DELIVERED, rundir.RESULTS))
+    rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.EVENTS_WRITER, rundir.DELIVERED,
+                                         rundir.RESULTS))
     run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg))  # the root is a mapping
     run.open(cfg.tracking.experiment, config, store.default_run_name(cfg.tracking.run_name, config), None,

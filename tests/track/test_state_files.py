@@ -338,3 +338,37 @@ def test_sync_says_what_it_passed_over_and_a_journal_value_outside_its_range_is_
     with pytest.raises(SystemExit):
         journal_storage(tmp_path / "study")
     assert "x=-0.5 is outside its range" in capsys.readouterr().err
+
+
+def test_lines_of_another_writer_are_passed_over_a_restarted_one_s_delivered(tmp_path: Path) -> None:
+    """make fuzz-files (seed 38125): two writers' lines interleaved in one events.jsonl were both delivered. Each
+    line carries its writer's id, the run folder's (events_writer.json, made by the job's first writer and taken by
+    every later one): a rank 0 restarted in the job relogs its steps and is delivered; the lines of a process of
+    another writer id, interleaved with the job's, are passed over in one line naming the file and the writers."""
+    from runner.runtime.rundir import EVENTS_WRITER
+    from runner.track.events import log_writer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = start_run(uri, "state_files", "writers", None, {})
+    events = tmp_path / "events.jsonl"
+    job, intruder = EventLog(events), EventLog(events)
+    assert job.writer == intruder.writer == log_writer(events)  # one job's processes share the folder's id
+    intruder.writer = job.writer + 1  # as a process of another job's log (its id another)
+    for step in range(4):
+        job.metrics({"train/loss": 1.0 / (step + 1)}, step)
+        intruder.metrics({"train/loss": 5.0 + step}, step + 1)
+    restarted = EventLog(events)  # a rank 0 restarted by torch elastic: from its checkpoint at step 2, again
+    for step in (2, 3):
+        restarted.metrics({"train/loss": 0.1 * step}, step)
+    for log in (job, intruder, restarted):
+        log.close()
+    said: List[str] = []
+    assert EventPump(events, uri, run_id, say=said.append)()
+    stored = sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, "train/loss"))
+    assert stored == sorted([(s, 1.0 / (s + 1)) for s in range(4)] + [(2, 0.2), (3, 0.1 * 3)]), stored
+    assert len(said) == 1 and str(events) in said[0] and "4 line(s) written by another process" in said[0], said
+    assert f"writer {job.writer + 1}, not the job's {job.writer}" in said[0], said
+
+    (tmp_path / EVENTS_WRITER).write_text("{")  # the mark's record damaged: every line is the job's, as before
+    assert log_writer(events) is None and EventLog(events).writer != job.writer
+
