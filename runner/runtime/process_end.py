@@ -33,6 +33,8 @@ PR_SET_PDEATHSIG = 1
 WATCH_S = 1.0  # the fallback's polling interval
 DRIVER_PID = "RUNNER_DRIVER_PID"  # set by the driver for its agents
 AGENT_PID = "RUNNER_AGENT_PID"  # set by an agent for its workers
+SWEEP_PID = "RUNNER_SWEEP_PID"  # set by a sweep's process for the pool's processes that run its points
+_SWEEP_WATCHED: List[int] = []
 
 
 def _request_death_signal(sig: int) -> bool:
@@ -61,6 +63,28 @@ def die_with_parent(env_var: str, sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
     if not armed:
         threading.Thread(target=_watch, args=(parent, sig), name="parent-watch", daemon=True).start()
+
+
+def end_with_sweep(sig: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
+    """In a pool's process running a sweep's points (joblib's worker, a child of the sweep's process): ``sig`` to this
+    process once the sweep's process is gone (a SIGKILL, the OOM killer), so that the point it runs ends KILLED and
+    the process with it (SIGKILL ``grace_s`` later where it is still there); elsewhere nothing. Polled, not the
+    kernel's parent-death signal: that follows the thread that started the process, and the pool is started by
+    threads of the sweep's process that end before it does."""
+    expected = os.environ.get(SWEEP_PID, "")
+    if _SWEEP_WATCHED or not expected.isdigit() or int(expected) == os.getpid() or os.getppid() != int(expected):
+        return
+    sweep = int(expected)
+    _SWEEP_WATCHED.append(sweep)
+
+    def watch() -> None:
+        while os.getppid() == sweep:
+            time.sleep(WATCH_S)
+        os.kill(os.getpid(), sig)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
 
 
 def exit_now(code: object) -> NoReturn:

@@ -133,6 +133,13 @@ def set_aside_previous(run_dir: Path, names: Sequence[str] = _JOB_FILES) -> Opti
     return dest
 
 
+def earlier_jobs(run_dir: Path) -> List[Path]:
+    """The folders an earlier job's files were set aside to in ``run_dir`` (:func:`set_aside_previous`: an attempt
+    run again, a resumed point), oldest first, each holding that job's ``run.json``."""
+    found = [d for d in (run_dir / PREVIOUS).glob("*") if d.name.isdigit() and (d / RUN_INFO).exists()]
+    return sorted(found, key=lambda d: int(d.name))
+
+
 def point_dirs(sweep_dir: Path) -> List[Path]:
     """A sweep folder's point folders (``0``, ``1``, ...), in job order."""
     if not sweep_dir.is_dir():

@@ -67,6 +67,22 @@ def log_writer(path: Path) -> Optional[int]:
     return writer if _count(writer) else None
 
 
+def last_logged(path: Path, metric: str) -> Optional[float]:
+    """The last value of ``metric`` the job logged in the event log ``path`` (None: none, or no log): what its run
+    gets, whether or not the store is there now."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return None
+    writer, found = log_writer(path), None
+    for line in lines:
+        event = _event(line)
+        if event and event["kind"] == "metrics" and metric in event["metrics"] and (
+                writer is None or event.get("writer") in (None, writer)):
+            found = float(event["metrics"][metric])
+    return found
+
+
 def _writer_of(path: Path) -> int:
     """This process's writer id for the log ``path``: the folder's, made now where this is its first writer
     (written whole under a temporary name, then linked: two first writers at once agree on one)."""

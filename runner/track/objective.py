@@ -8,15 +8,19 @@ no value (no plan fits, a failed job) is an answer, not a crash: it returns the 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
+from runner.runtime import rundir
 from runner.track import store
+from runner.track.events import last_logged
 
 if TYPE_CHECKING:
     from runner.config.schema import ObjectiveSchema
 
 Objective = Union[float, List[float]]  # one metric's value, or each metric's for a multi-objective study
-_IN_RESULTS = {"eval/auc": "eval_auc", "plan/est_step_ms": "est_step_ms", "train/loss": "final_loss"}
+_IN_RESULTS = {"eval/auc": "eval_auc", "eval/ne": "eval_ne", "eval/logloss": "eval_logloss",
+               "plan/est_step_ms": "est_step_ms", "train/loss": "final_loss"}
 
 
 def objective(o: ObjectiveSchema, mode: str) -> Tuple[str, str]:
@@ -38,20 +42,25 @@ def worst(direction: str) -> float:
     return -math.inf if direction == "max" else math.inf
 
 
-def objective_value(wanted: List[Tuple[str, str]], results: Optional[Dict[str, Any]]) -> Objective:
-    """The objective metrics' (``wanted``: :func:`objectives`) last values in the job's run (or its results), the
-    worst value for each it has not; one number, or a list where ``more_metrics`` asks for more."""
-    values = [_value(results, metric, direction) for metric, direction in wanted]
+def objective_value(wanted: List[Tuple[str, str]], results: Optional[Dict[str, Any]],
+                    run_dir: Optional[Path] = None) -> Objective:
+    """The objective metrics' (``wanted``: :func:`objectives`) last values in the job's results, else in what rank 0
+    logged (``run_dir``'s event log: the value the run gets, whether or not the store is there now), else in its
+    run; the worst value for each it has not; one number, or a list where ``more_metrics`` asks for more."""
+    values = [_value(results, metric, direction, run_dir) for metric, direction in wanted]
     return values[0] if len(values) == 1 else values
 
 
-def _value(results: Optional[Dict[str, Any]], metric: str, direction: str) -> float:
+def _value(results: Optional[Dict[str, Any]], metric: str, direction: str, run_dir: Optional[Path]) -> float:
     if not results or results.get("plan_status") == "infeasible":
         return worst(direction)
     value = results.get(_IN_RESULTS.get(metric, ""))
+    if value is None and run_dir is not None:
+        value = last_logged(run_dir / rundir.EVENTS, metric)
     if value is None and results.get("run_id"):
         try:
             value = store.client(results["tracking_uri"]).get_run(results["run_id"]).data.metrics.get(metric)
         except Exception:  # the store is out: the point has no value here
             value = None
     return worst(direction) if value is None or value != value else float(value)
+

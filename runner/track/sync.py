@@ -27,11 +27,17 @@ def kept_runs(sweep_dir: Path) -> List[Path]:
     """The run folders of a sweep (its points', its parent's) whose run the store does not wholly have: created
     or ended while it was away, kept for ``python -m runner sync``."""
     kept = []
-    for run_dir in [*rundir.point_dirs(sweep_dir), sweep_dir / PARENT_DIR]:
+    for run_dir in [*_with_earlier(rundir.point_dirs(sweep_dir)), sweep_dir / PARENT_DIR]:
         info, state = rundir.read_json(run_dir / rundir.RUN_INFO), rundir.read_json(run_dir / rundir.DELIVERED)
         if isinstance(info, dict) and info.get("pending") or isinstance(state, dict) and state.get("final"):
             kept.append(run_dir)
     return kept
+
+
+def _with_earlier(run_dirs: List[Path]) -> List[Path]:
+    """``run_dirs`` each after its earlier jobs' folders (an attempt that failed and ran again, a point run again by
+    a resume): a job that ended while the store was away keeps its ending there, moved aside with its files."""
+    return [d for run_dir in run_dirs for d in (*rundir.earlier_jobs(run_dir), run_dir)]
 
 
 def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any], parent: Optional[str] = None) -> str:
@@ -263,7 +269,7 @@ def sync(args: List[str]) -> int:
 
     for arg in args:
         folder = Path(arg).resolve()
-        runs = [folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder)
+        runs = _with_earlier([folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder))
         parent = None
         if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
             runs.append(folder / PARENT_DIR)

@@ -372,3 +372,46 @@ def test_lines_of_another_writer_are_passed_over_a_restarted_one_s_delivered(tmp
     (tmp_path / EVENTS_WRITER).write_text("{")  # the mark's record damaged: every line is the job's, as before
     assert log_writer(events) is None and EventLog(events).writer != job.writer
 
+
+def test_sync_delivers_the_ending_an_earlier_attempt_kept_in_its_set_aside_folder(tmp_path: Path) -> None:
+    """A chaos run's finding (tests/faults/test_chaos.py): an attempt whose agent was killed while the store was away
+    kept its FAILED ending in delivered.json; its retry set those files aside (previous/1/), where no sync looked, and
+    the run stayed RUNNING. runner sync of the folder (or its sweep) delivers earlier jobs' kept endings too."""
+    from runner.runtime import rundir
+    from runner.track.sync import kept_runs, sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    point = sweep / "0"
+    point.mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")
+    first = start_run(uri, "state_files", "attempt 1", None, {})
+    rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": first})
+    _log(point / rundir.EVENTS, 2)
+    rundir.update_json(point / rundir.DELIVERED, final={"status": "FAILED", "error": "the agent was killed"})
+    rundir.set_aside_previous(point)
+    second = start_run(uri, "state_files", "attempt 2", None, {})
+    rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": second})
+    rundir.update_json(point / rundir.DELIVERED, final={"status": "FINISHED", "error": None})
+    assert kept_runs(sweep) == [point / "previous" / "1", point]
+    assert sync([str(sweep)]) == 0
+    client = MlflowClient(uri)
+    assert [client.get_run(r).info.status for r in (first, second)] == ["FAILED", "FINISHED"]
+    assert [m.step for m in client.get_metric_history(first, "train/loss")] == [0, 1]
+
+
+def test_a_trial_s_objective_is_what_its_job_logged_while_the_store_is_away(tmp_path: Path) -> None:
+    """A chaos run's finding (tests/faults/test_chaos.py): a trial of a study on [eval/auc, eval/ne] that ended while
+    the store was away was told NE = inf (the worst), as NE was read from the store alone; its run got the real NE
+    later from sync, and the Pareto front disagreed with the store. The objective is read from the job's results,
+    else its event log (the values its run gets), and only then the store."""
+    from runner.runtime.rundir import EVENTS
+    from runner.track.objective import objective_value
+
+    log = EventLog(tmp_path / EVENTS)
+    log.metrics({"eval/auc": 0.7, "plan/max_mem_bytes": 5.0}, 10)
+    log.metrics({"plan/max_mem_bytes": 4.0}, 20)
+    log.close()
+    away = {"eval_auc": 0.71, "eval_ne": 0.93, "run_id": "r", "tracking_uri": "http://127.0.0.1:9"}
+    wanted = [("eval/auc", "max"), ("eval/ne", "min"), ("plan/max_mem_bytes", "min"), ("eval/other", "max")]
+    assert objective_value(wanted, away, tmp_path) == [0.71, 0.93, 4.0, float("-inf")]

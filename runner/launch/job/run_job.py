@@ -80,6 +80,9 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from runner.runtime.process_end import end_with_sweep
+
+    end_with_sweep()  # a pool's process: it and its point end with the sweep's process
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     job = _Job(cfg, Path(hc.runtime.output_dir).resolve(), Path(hc.sweep.dir).resolve() if multirun else None,
@@ -102,7 +105,7 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
         raise SystemExit(end.exit_code) from None
     except Exception as exc:
         return _failed(job, exc)
-    value = objective_value(job.objectives, results)
+    value = objective_value(job.objectives, results, job.run_dir)
     outcome.record(outcome.finished(results), job.run_dir, objective=value)
     if job.multirun:
         _say_progress(job.sweep_dir, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))

@@ -27,10 +27,17 @@ def pools_points(launcher: DictConfig) -> bool:
 
 
 def warm_pool(launcher: DictConfig, modules: Sequence[str]) -> None:
-    """A sweep about to start whose points run in a pool (``launcher``: the ``hydra.launcher`` config): the pool
-    started now, in the background, each process importing ``modules``, while the sweep's own process opens its
-    parent run (its workers would otherwise start, and import, only once the first points are handed out)."""
+    """A sweep about to start whose points run in a pool (``launcher``: the ``hydra.launcher`` config): its processes
+    told to end with this one (:func:`runner.runtime.process_end.end_with_sweep`: a sweep killed outright leaves no
+    pool process running a point); with ``modules``, the pool started now, in the background, each process importing
+    them, while the sweep's own process opens its parent run (its workers would otherwise start, and import, only
+    once the first points are handed out)."""
     if not pools_points(launcher):
+        return
+    from runner.runtime.process_end import SWEEP_PID
+
+    os.environ[SWEEP_PID] = str(os.getpid())  # inherited by the pool's processes, started from here on
+    if not modules:
         return
     from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
     from joblib import Parallel, delayed, effective_n_jobs

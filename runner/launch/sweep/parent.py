@@ -178,10 +178,9 @@ class SweepParentRun(Callback):
             raise SystemExit(2) from None
         if note:
             print(note, flush=True)
-        if config.mode == "plan":  # a plan-only point's imports, in the pool's processes while the parent opens
-            from runner.launch.job.plan_only import IMPORTS
+        from runner.launch.job.plan_only import IMPORTS  # a plan-only point's, for the pool while the parent opens
 
-            warm_pool(config.hydra.launcher, IMPORTS)
+        warm_pool(config.hydra.launcher, IMPORTS if config.mode == "plan" else ())  # the pool ends with this process
         sweep_stop.clear(sweep_dir)  # a resumed sweep counts its failures anew
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
