@@ -66,6 +66,9 @@ def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
     return seconds, round(max(per_rank.values()), 6)
 
 
+SPEEDUPS = ("record_copies", "shared_placements", "partition_helper", "shard_estimators")  # what _off puts back
+
+
 @contextlib.contextmanager
 def _off(name: str) -> Iterator[None]:
     """The speed-up ``name`` put back to TorchRec's (or Python's) own call while open."""
@@ -88,11 +91,14 @@ def _off(name: str) -> Iterator[None]:
     elif name == "partition_helper":
         patch(planning_loop, "HELPER_AFTER_S", float("inf"))
     elif name == "shard_estimators":
-        from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+        from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
 
-        patch(planner, "shard_estimators", lambda topology, constraints: [
+        from runner.plan.torchrec_adapter.shard_estimators import storage_estimator
+
+        # TorchRec's perf estimator as it comes (its config looked up per shard); the storage estimator the same
+        patch(planner, "shard_estimators", lambda topology, constraints, pipeline: [
             EmbeddingPerfEstimator(topology=topology, constraints=constraints),
-            EmbeddingStorageEstimator(topology=topology, constraints=constraints)])
+            storage_estimator(topology, constraints, pipeline)])
     try:
         yield
     finally:
@@ -111,7 +117,7 @@ def one_scale(tables: int, ranks: int) -> str:
     _plan(cfg, ranks)  # warm: imports, the model on meta, the first enumeration's caches
     on_s, on_ms = _plan(cfg, ranks)
     parts = [f"speedups: tables={tables} ranks={ranks} all_on_s={on_s:.1f} est_step_ms={on_ms}"]
-    for name in ("record_copies", "shared_placements", "partition_helper", "shard_estimators"):
+    for name in SPEEDUPS:
         with _off(name):
             off_s, off_ms = _plan(cfg, ranks)
         same = "yes" if off_ms == on_ms else "NO"
