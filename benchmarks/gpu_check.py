@@ -90,6 +90,8 @@ def figures(run_dir: Path) -> Dict[str, str]:
         out["peak GiB"] = f"{measured['measured/peak_mem_bytes'] / 2**30:.2f}"
     if measured.get("ratio/mem_measured_over_estimated"):
         out["peak / plan's estimate"] = f"{measured['ratio/mem_measured_over_estimated']:.2f}"
+    if measured.get("error/mem") is not None:  # what the busiest rank holds above its baseline against its estimate
+        out["held over baseline: error"] = f"{measured['error/mem']:+.0%}"
     if results.get("hbm_cap_bytes"):
         out["HBM cap GiB"] = f"{results['hbm_cap_bytes'] / 2**30:.2f}"
     return out
@@ -207,7 +209,8 @@ def main() -> None:
         rows.append(row)
         failed |= row["outcome"] != "ok"
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-    keys = ["step", "outcome", "exit", "seconds", "samples/s", "peak GiB", "peak / plan's estimate", "HBM cap GiB",
+    keys = ["step", "outcome", "exit", "seconds", "samples/s", "peak GiB", "peak / plan's estimate",
+            "held over baseline: error", "HBM cap GiB",
             "detail"]
     report += ["## Runner commands", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     report += ["| " + " | ".join(r.get(k, "") for k in keys) + " |" for r in rows]
