@@ -124,8 +124,11 @@ def judge(plans: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"unordered": 0, "pairs": 0, "close": 0}
     fastest = min(names, key=lambda n: med[n])
     for model in (CALIBRATED, TORCHREC):
-        out[model] = {"fastest": min(names, key=lambda n: plans[n]["estimated"][model]) == fastest, "right": 0,
-                      "close_right": 0}
+        pick = min(names, key=lambda n: plans[n]["estimated"][model])
+        # a pick the measurement cannot tell from the fastest (their medians within their spreads, as a pair that is
+        # not counted) is counted apart: "tied", beside the strict verdict
+        tied = med[pick] - med[fastest] <= spread(plans[pick]["measured"]) + spread(plans[fastest]["measured"])
+        out[model] = {"fastest": pick == fastest, "tied": tied, "right": 0, "close_right": 0}
     for a, b in combinations(names, 2):
         gap = abs(med[a] - med[b])
         if gap <= spread(plans[a]["measured"]) + spread(plans[b]["measured"]):
@@ -150,7 +153,8 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
     starts only when the rounds so far say it ends within the budget, the configs left counted at two rounds."""
     t0 = time.perf_counter()
     totals: Dict[str, Any] = {"configs": 0, "pairs": 0, "close": 0, "unordered": 0,
-                              **{m: {"fastest": 0, "right": 0, "close_right": 0} for m in (CALIBRATED, TORCHREC)}}
+                              **{m: dict.fromkeys(("fastest", "tied", "right", "close_right"), 0)
+                                 for m in (CALIBRATED, TORCHREC)}}
     for i, (name, overrides) in enumerate(RANKING):
         if only and i + 1 not in only:
             continue
@@ -183,20 +187,22 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
             print(f"  {label:<32} measured {statistics.median(p['measured']):8.2f} ms (+-{spread(p['measured']):.2f})"
                   f"  calibrated {p['estimated'][CALIBRATED]:8.2f}  TorchRec {p['estimated'][TORCHREC]:7.3f}",
                   flush=True)
-        print(f"ranking {name}: fastest chosen: calibrated {verdict[CALIBRATED]['fastest']}, TorchRec "
-              f"{verdict[TORCHREC]['fastest']}; pairs ordered right: calibrated {verdict[CALIBRATED]['right']}/"
+        print(f"ranking {name}: fastest chosen: calibrated {verdict[CALIBRATED]['fastest']} (or tied "
+              f"{verdict[CALIBRATED]['tied']}), TorchRec {verdict[TORCHREC]['fastest']} (or tied "
+              f"{verdict[TORCHREC]['tied']}); pairs ordered right: calibrated {verdict[CALIBRATED]['right']}/"
               f"{verdict['pairs']}, TorchRec {verdict[TORCHREC]['right']}/{verdict['pairs']} (close "
               f"{verdict['close']}; within their spread, not counted: {verdict['unordered']})", flush=True)
         totals["configs"] += 1
         for key in ("pairs", "close", "unordered"):
             totals[key] += verdict[key]
         for m in (CALIBRATED, TORCHREC):
-            for key in ("fastest", "right", "close_right"):
+            for key in ("fastest", "tied", "right", "close_right"):
                 totals[m][key] += verdict[m][key]
     n, pairs, close = totals["configs"], totals["pairs"], totals["close"]
     for m in (CALIBRATED, TORCHREC):
         t = totals[m]
-        print(f"ranking, {m}: fastest chosen in {t['fastest']} of {n} configs; pairs ordered right {t['right']} of "
+        print(f"ranking, {m}: fastest chosen in {t['fastest']} of {n} configs ({t['tied']} of {n} counting a pick "
+              f"the measurement cannot tell from the fastest); pairs ordered right {t['right']} of "
               f"{pairs} ({t['right'] / max(pairs, 1):.0%}); close pairs {t['close_right']} of {close} "
               f"({t['close_right'] / max(close, 1):.0%})", flush=True)
     print(f"ranking: {n} configs, {pairs} ordered pairs ({close} close), {totals['unordered']} within their spread; "
