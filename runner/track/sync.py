@@ -127,9 +127,14 @@ def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional
         if created:
             assert pending is not None  # no run id: the record of the run kept while the store was away
             run_id = open_kept(run_dir, uri, pending, parent)
-        elif parent:  # created while the sweep ran, before its parent existed
+        else:
             run = client(uri).get_run(str(run_id))
-            if PARENT_TAG not in run.data.tags:
+            if run.info.lifecycle_stage == "deleted":  # e.g. a point's earlier run, replaced when it ran again
+                rundir.update_json(run_dir / rundir.DELIVERED, final=None)  # nothing kept for the store any more
+                print(f"[runner] synced {run_dir}: its MLflow run {run_id} was deleted (a point run again by a resume "
+                      "replaces its earlier run): nothing delivered", flush=True)
+                return None
+            if parent and PARENT_TAG not in run.data.tags:  # created while the sweep ran, before its parent existed
                 client(uri).set_tag(str(run_id), PARENT_TAG, parent)
     except Exception as exc:  # noqa: BLE001
         return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "

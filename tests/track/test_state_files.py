@@ -415,3 +415,24 @@ def test_a_trial_s_objective_is_what_its_job_logged_while_the_store_is_away(tmp_
     away = {"eval_auc": 0.71, "eval_ne": 0.93, "run_id": "r", "tracking_uri": "http://127.0.0.1:9"}
     wanted = [("eval/auc", "max"), ("eval/ne", "min"), ("plan/max_mem_bytes", "min"), ("eval/other", "max")]
     assert objective_value(wanted, away, tmp_path) == [0.71, 0.93, 4.0, float("-inf")]
+
+
+def test_sync_passes_over_a_run_the_store_deleted(tmp_path: Path, capsys) -> None:
+    """The chaos test's next finding: a resume replaces a killed point's earlier run (soft-deleted, so the parent keeps
+    one child per point) while that attempt's set-aside folder still kept reports; runner sync then failed on it for
+    good (the store refuses a deleted run). It is passed over in one line, nothing left kept."""
+    from runner.runtime import rundir
+    from runner.track.sync import kept_runs, sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "sweep" / "0"
+    run_dir.mkdir(parents=True)
+    run_id = start_run(uri, "state_files", "replaced", None, {})
+    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_dir / rundir.EVENTS, 2)
+    rundir.update_json(run_dir / rundir.DELIVERED, final={"status": "KILLED", "error": "stopped"})
+    MlflowClient(uri).delete_run(run_id)
+    assert sync([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"its MLflow run {run_id} was deleted" in out and "nothing delivered" in out, out
+    assert kept_runs(tmp_path / "sweep") == []
