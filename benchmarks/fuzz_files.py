@@ -5,11 +5,11 @@ that reads it, and the outcomes sorted. Not part of ``make test``.
     python3 benchmarks/fuzz_files.py [--count N] [--seed S] [--case I] [--only KIND] [--out outputs/fuzz-files]
 
 The files (:mod:`fuzz_files_kinds`, each made clean once by the runner's own writers): a calibration YAML given by
-path and found by ``auto``, an Optuna sweep's journal, a run folder's ``events.jsonl``, ``delivered.json``,
-``run.json`` and ``status.json`` (``runner sync``), a sweep point's ``status.json``, ``results.json`` and
-``run.json`` (``runner resume`` keeping it), ``sweep.json`` (``runner resume``), a pinned ``plan.json``
-(``sharding.plan``) and a checkpoint's ``meta.json`` (``train.resume``). Each case damages one file one way
-(:data:`DAMAGES`): cut short, a value turned NaN, negative, huge or of another type, a key missing or added,
+path and found by ``auto``, an Optuna sweep's journal, a run folder's ``events.jsonl``, ``events_writer.json``,
+``delivered.json``, ``run.json`` and ``status.json`` (``runner sync``), a sweep point's ``status.json``,
+``results.json`` and ``run.json`` (``runner resume`` keeping it), ``sweep.json`` (``runner resume``), a pinned
+``plan.json`` (``sharding.plan``) and a checkpoint's ``meta.json`` (``train.resume``). Each case damages one file
+one way (:data:`DAMAGES`): cut short, a value turned NaN, negative, huge or of another type, a key missing or added,
 another format version, two writers interleaved; a calibration's value and key damages are drawn both as an edit
 (its digest then no longer matches) and written again with a new digest (through its value checks).
 

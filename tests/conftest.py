@@ -55,7 +55,7 @@ FAST = ["train.steps=30", "train.log_every=10", "train.batch_size=128", "data.ev
 LONGEST = ["slurm/test_slurm.py", "faults/test_faults.py", "track/test_sweeps.py", "track/test_optuna.py",
            "train/test_checkpoints.py",
            "train/test_sharding_e2e.py", "train/test_training_options.py", "faults/test_tracking_outage.py",
-           "faults/test_sync_races.py",
+           "faults/test_sync_races.py", "faults/test_chaos.py",
            "track/test_remote_tracking.py", "launch/test_launch.py", "data/test_data.py", "test_e2e.py",
            "track/test_store.py", "plan/test_search.py"]
 
