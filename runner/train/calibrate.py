@@ -6,6 +6,7 @@ rank 0 gathers the measurements, fits them (:mod:`runner.plan.cost_fit`), writes
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, cast
 
@@ -143,8 +144,7 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     repeats = repeats_for(cfg.calibrate)
     # also at the tiny-table job's batches (its overhead is what its step takes beyond these): a batch that large
     steps = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
-    big = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(steps[-1], cfg.train.batch_size)}}))
-    data = next(iter(source(job_data(big), env.rank, env.world, False, 0, 1)))
+    data = next(iter(source(replace(job_data(cfg), rows=max(steps[-1], rows)), env.rank, env.world, False, 0, 1)))
     from runner.train.models import build_model
 
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
