@@ -301,8 +301,6 @@ def main() -> None:
     ranking_here = not args.no_ranking
     shapes = {shape_of(o, args.device) for _, o in picked} | ({(2, 2)} if study_here else set())
     only = [int(i) for i in args.ranking_only.split(",") if i]
-    if args.device == "cuda":  # one GPU: every ranking config planned and trained as 1 x 1
-        ranking.RANKING[:] = [(n, f"{o} {' '.join(shape_args((1, 1), args.device))}") for n, o in ranking.RANKING]
     if ranking_here:
         shapes |= {shape_of(o, args.device) for i, (_, o) in enumerate(ranking.RANKING) if not only or i + 1 in only}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
@@ -332,12 +330,11 @@ def main() -> None:
         else float("nan")
     if ranking_here:
         def train(overrides: List[str]) -> float:
-            shape = shape_args((1, 1), args.device) if args.device == "cuda" else []  # one GPU: every config 1 x 1
-            run_dir, _ = runner([*overrides, *shape, f"train.steps={args.steps}", "train.checkpoint.enabled=false"],
-                                store)
+            run_dir, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
             return float(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
         ranking.study(calibrations, lambda o: shape_of(o, args.device), train, args.device, work / "ranking",
-                      args.ranking_repeats, only, args.ranking_plans, args.ranking_budget_s)
+                      args.ranking_repeats, only, args.ranking_plans, args.ranking_budget_s,
+                      shape_args((1, 1), args.device) if args.device == "cuda" else [])  # one GPU: every config 1 x 1
     med = {k: statistics.median(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     top = {k: max(map(abs, v)) if v else float("nan") for k, v in errors.items()}
     signed = statistics.median(errors["calibrated"]) if errors["calibrated"] else float("nan")

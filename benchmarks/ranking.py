@@ -17,7 +17,7 @@ import statistics
 import time
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 GEN = "model=dnn_many model.generated_tables.max_rows=20000"
 RANKING: List[Tuple[str, str]] = [  # (name, overrides): none of them is the calibration's own job
@@ -146,11 +146,13 @@ def judge(plans: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], Tuple[int, int]],
           train: Callable[[List[str]], float], device: str, folder: Path, repeats: int,
-          only: Optional[List[int]] = None, most_plans: int = 0, budget_s: float = 0.0) -> Dict[str, Any]:
+          only: Optional[List[int]] = None, most_plans: int = 0, budget_s: float = 0.0,
+          extra: Sequence[str] = ()) -> Dict[str, Any]:
     """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step.
     ``most_plans`` (0: all) keeps a config's first distinct plans; ``budget_s`` (0: none) bounds the study's
     seconds where time is lent (a GPU's): every plan is trained at least twice, and a further round of a config
-    starts only when the rounds so far say it ends within the budget, the configs left counted at two rounds."""
+    starts only when the rounds so far say it ends within the budget, the configs left counted at two rounds.
+    ``extra``: overrides every config is planned and trained with (on a GPU, its one-GPU shape)."""
     t0 = time.perf_counter()
     totals: Dict[str, Any] = {"configs": 0, "pairs": 0, "close": 0, "unordered": 0,
                               **{m: dict.fromkeys(("fastest", "tied", "right", "close_right"), 0)
@@ -158,6 +160,7 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
     for i, (name, overrides) in enumerate(RANKING):
         if only and i + 1 not in only:
             continue
+        overrides = " ".join([overrides, *extra])
         shape = shape_of(overrides)
         calibration = calibrations[shape]
         print(f"ranking {name}: planning", flush=True)
