@@ -3,7 +3,7 @@
 A declaration says which of TorchRec's pipeline classes (``torchrec.distributed.train_pipeline.train_pipelines``)
 trains the step, the keyword arguments the runner gives it, where it runs, and whether the split step
 (:mod:`runner.train.split_step`: gradient accumulation, fp16 loss scaling) may stand in for it. The schema's allowed
-values (:mod:`.schema_training`), the validation (:func:`pipeline_fault`), the training loop and the planner read it;
+values (:mod:`.schema`), the validation (:func:`pipeline_fault`), the training loop and the planner read it;
 nothing else names a pipeline. Every one of them is in each supported stack (TorchRec 1.6.1 to 1.9.2, read from
 their wheels), so no stack refuses one.
 

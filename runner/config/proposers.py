@@ -5,7 +5,7 @@ once the installed TorchRec is the one the adapter was tested with), which of To
 for it on TorchRec's stock planner, whether its plans are TorchRec's (the runner's speed-ups of TorchRec's
 proposers give TorchRec's answers) or its own, where it runs, the ``sharding.*`` keys it reads, the proposer
 the planner falls back to when it finds no packing, and whether a sweep's points plan together with it.
-The schema's allowed values (:mod:`.schema_model`), the planner (:mod:`runner.plan.proposer_build`), the
+The schema's allowed values (:mod:`.schema`), the planner (:mod:`runner.plan.proposer_build`), the
 plan report and the sweep's planning read it; nothing else names a proposer. Adding one is its module in
 ``runner/plan/torchrec_adapter/``, its declaration below and its test (docs/architecture.md).
 """

@@ -5,7 +5,7 @@ table (the dense part, the input batches in flight, a margin). Each policy is on
 classes (``torchrec.distributed.planner.storage_reservations``); its declaration says which, the first TorchRec
 release that has it (an older stack refuses it before launch, naming the stack that has it), the ``sharding.*``
 keys it reads and the function of :mod:`runner.plan.plan_memory` that builds it. The schema's allowed values
-(:mod:`.schema_model`), the validation, the planner and the plan report read it; nothing else names a policy.
+(:mod:`.schema`), the validation, the planner and the plan report read it; nothing else names a policy.
 TorchRec's classes reserve GPU memory (HBM) only; on CPU workers the runner keeps the same bytes of host memory
 free (:mod:`runner.plan.plan_memory`), so every policy plans and trains on CPU too.
 """

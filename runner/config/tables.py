@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List
 from runner.config.model_families import FAMILIES
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ModelSchema
+    from runner.config.schema import ModelSchema
 
 
 @dataclass(frozen=True)

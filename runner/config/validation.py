@@ -18,14 +18,21 @@ from runner.config.errors import ConfigError
 from runner.config.model_families import FAMILIES
 from runner.config.pipelines import split_step_fault
 from runner.config.reservations import canonical, missing_from_stack
-from runner.config.schema import RunnerConfig, uses_split_step
-from runner.config.schema_model import TableConstraintSchema
+from runner.config.schema import RunnerConfig, TableConstraintSchema, uses_split_step
 from runner.config.secrets import redact_uri, split_credentials
 from runner.config.tables import table_specs
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
-    from runner.config.schema_training import DataSchema, OptimizerSchema, PrecisionSchema, ScheduleSchema, TrainSchema
+    from runner.config.schema import (
+        ClusterSchema,
+        DataSchema,
+        ModelSchema,
+        OptimizerSchema,
+        PrecisionSchema,
+        ScheduleSchema,
+        ShardingSchema,
+        TrainSchema,
+    )
 
 
 def check_choices(cls: type, node: Any, prefix: str = "") -> None:

@@ -10,7 +10,7 @@ from runner.config.parts import part
 from runner.data.files import CRITEO_DENSE, CRITEO_LAYOUT, CRITEO_SPARSE, criteo_files, parquet_files
 
 if TYPE_CHECKING:
-    from runner.config.schema_training import DataSchema
+    from runner.config.schema import DataSchema
     from runner.data.layout import JobData
 
 

@@ -12,9 +12,7 @@ from runner.config.tables import table_specs
 
 if TYPE_CHECKING:
     from runner.config.data_sources import DataSource
-    from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ModelSchema
-    from runner.config.schema_training import DataSchema
+    from runner.config.schema import DataSchema, ModelSchema, RunnerConfig
 
 DENSE_PREFIX = "dense_"
 

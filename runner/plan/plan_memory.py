@@ -21,10 +21,10 @@ from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import StorageReservation
 
 from runner.config.reservations import canonical, reservation_of
-from runner.plan.calibration import GIB
+from runner.plan.cost.calibration import GIB
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 _CLASSES = "torchrec.distributed.planner.storage_reservations"
 
@@ -118,7 +118,7 @@ class HostMemoryToo(StorageReservation):
 def build_storage_reservation(sharding: ShardingSchema, topology: Topology,
                               dense_tensor_bytes: Optional[int] = None) -> HostMemoryToo:
     """The reservation ``sharding`` asks for on ``topology``'s devices; ``dense_tensor_bytes``: the dense
-    parameters' bytes (:func:`runner.plan.topology.dense_bytes`), which the policies that reserve the dense part
+    parameters' bytes (:func:`runner.plan.cost.topology.dense_bytes`), which the policies that reserve the dense part
     multiply (None: TorchRec sizes it from the module)."""
     inner = torchrec_reservation(sharding, dense_tensor_bytes, topology)
     return HostMemoryToo(inner, canonical(sharding.storage_reserve_policy))

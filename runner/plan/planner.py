@@ -19,24 +19,24 @@ from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.reservations import reservation_of
-from runner.config.schema_model import SHARDING_TYPES
+from runner.config.schema import SHARDING_TYPES
 from runner.config.validation import table_constraint
-from runner.plan import step_estimate as steps
-from runner.plan.choice import for_config
+from runner.plan.cost import step_estimate as steps
+from runner.plan.cost.choice import for_config
+from runner.plan.cost.topology import build_topology, dense_bytes, topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.pinned import pinned_options
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
-from runner.plan.plan_spec import PlanSpec
+from runner.plan.spec import PlanSpec
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
-from runner.plan.topology import build_topology, dense_bytes, topology_knobs
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.config.schema_model import ShardingSchema, TableConstraintSchema
+    from runner.config.schema import ShardingSchema, TableConstraintSchema
     from runner.plan.facts import PlanChoices
 
 
@@ -106,7 +106,7 @@ def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device
                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
                   progress: Optional[Callable[..., None]] = None,
                   choose_from: Optional[PlanChoices] = None) -> EmbeddingShardingPlanner:
-    """The planner for ``spec`` (:func:`runner.plan.plan_spec.plan_spec`) on a world of ``world_size`` ranks,
+    """The planner for ``spec`` (:func:`runner.plan.spec.plan_spec`) on a world of ``world_size`` ranks,
     ``local_world_size`` per node. With ``reuse``, enumerated options are shared with this process's later planners
     (:mod:`.torchrec_adapter.enumeration_reuse`); ``hbm_cap``: bytes per GPU read from the devices (see
     :func:`make_plan`); ``search_space``: options already enumerated (and the enumerator that did it) instead of a new

@@ -18,7 +18,7 @@ from runner.config.parts import part
 from runner.config.proposers import PROPOSERS, Proposer
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 
 def stock_dynamic_programming(sharding: ShardingSchema) -> Any:

@@ -9,7 +9,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from runner.config.precisions import COMM_DTYPES
 
 if TYPE_CHECKING:
-    from runner.config.schema_training import PrecisionSchema
+    from runner.config.schema import PrecisionSchema
 
 
 class EmbeddingBagCollectionAnyDeviceSharder(EmbeddingBagCollectionSharder):

@@ -1,6 +1,6 @@
 """``mode=calibrate``: one rank's part. Every rank measures (:mod:`.calibrate_parts`) at once, as a job runs;
-rank 0 gathers the measurements, fits them (:mod:`runner.plan.cost_fit`), writes the calibration file
-(:mod:`runner.plan.calibration`) and its report (:mod:`runner.plan.calibration_report`), and logs them.
+rank 0 gathers the measurements, fits them (:mod:`runner.plan.cost.cost_fit`), writes the calibration file
+(:mod:`runner.plan.cost.calibration`) and its report (:mod:`runner.plan.cost.calibration_report`), and logs them.
 """
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, cast
+from typing import TYPE_CHECKING, Any, Dict, List, cast
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from runner.config.schema import samples_per_step
-from runner.plan.trust import PARTS, allowed_median_error
+from runner.plan import PARTS, allowed_median_error
 from runner.train.calibrate_job import step_samples
 from runner.train.calibrate_parts import (
     COLLECTIVES,
@@ -35,8 +35,7 @@ from runner.train.calibrate_parts import (
 from runner.train.timing import Repeats
 
 if TYPE_CHECKING:
-    from runner.config.schema import CalibrateSchema, RunnerConfig
-    from runner.config.schema_training import OptimizerSchema, PrecisionSchema
+    from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig
     from runner.track.reporter import Reporter
     from runner.train.rank_env import RankEnv
 
@@ -137,7 +136,7 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     4x and 16x as many; a batch from the source at the job's batch and a quarter of it."""
     from runner.data.layout import job_data
     from runner.data.pipeline import source
-    from runner.plan.step_estimate import dense_facts
+    from runner.plan import dense_facts
 
     rows = samples_per_step(cfg.train)
     say("dense part", 0, 3, force=True)
@@ -191,11 +190,13 @@ def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
 
 
 def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
-                    fingerprint: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
-    """Every rank measures (collectives, kernels, sharded lookups, the dense part, the job's step with tiny tables),
+                    *_: object) -> Dict[str, Any]:
+    """A calibration job's rank (its mode's ``works``; the trainer's marks, cores and host allocation unused):
+    every rank measures (collectives, kernels, sharded lookups, the dense part, the job's step with tiny tables),
     the measurements gathered on every rank; rank 0 fits, writes and logs the calibration and returns the
     results."""
-    from runner.plan.calibration_report import calibrate_results
+    from runner.plan import calibrate_results
+    from runner.runtime.hardware import fingerprint
 
     started = time.perf_counter()
     say = _Progress(reporter.active)
@@ -217,5 +218,5 @@ def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torc
             gathered["collectives"][name][scope] = {n: [s for s in per_rank if s] for n, per_rank in by_size.items()}
     if not reporter.active:
         return {}
-    return calibrate_results(c, cfg.cluster.calibration_dir, run_dir, gathered, fingerprint(),
-                             time.perf_counter() - started, reporter)
+    return calibrate_results(c, cfg.cluster.calibration_dir, run_dir, gathered, fingerprint(
+        device.type, env.world // env.local_world, env.local_world, device), time.perf_counter() - started, reporter)

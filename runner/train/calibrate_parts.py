@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from torchrec import EmbeddingBagCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from runner.config.schema_training import OptimizerSchema, PrecisionSchema
+    from runner.config.schema import OptimizerSchema, PrecisionSchema
 
 KIB, MIB = 1024, 1024**2
 COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
@@ -101,7 +101,7 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
     sparse optimizer fused into its backward: forward and backward ms."""
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
-    from runner.plan.torchrec_adapter.moved import fused_tbe_class, tbe_placement
+    from runner.runtime.moved_names import fused_tbe_class, tbe_placement
 
     cls, kwargs = sparse_optimizer
     tbe = fused_tbe_class()([(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda", uvm_caching))],
@@ -222,7 +222,7 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from runner.plan.sharders import sharders_for
+    from runner.plan import sharders_for
     from runner.train.optimizers import sparse_optimizer
 
     rows, names = 64 * world, [f"t{i}" for i in range(tables)]

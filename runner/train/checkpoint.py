@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torchrec.optim.keyed import CombinedOptimizer
 
-    from runner.config.schema_training import CheckpointSchema
+    from runner.config.schema import CheckpointSchema
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 META = "meta.json"

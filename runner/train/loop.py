@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.keyed import CombinedOptimizer
 
-    from runner.config.schema_training import OptimizerSchema, TrainSchema
+    from runner.config.schema import OptimizerSchema, TrainSchema
 
 
 def make_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device, settings: TrainSchema,

@@ -24,8 +24,7 @@ from runner.config.tables import table_specs
 from runner.train.optimizers import mark_sparse_optimizer
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ModelSchema
+    from runner.config.schema import ModelSchema, RunnerConfig
 
 
 def table_configs(model_cfg: ModelSchema, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
@@ -202,7 +201,7 @@ def _check_dense_fits(model: nn.Module, device: torch.device, num_dense: int, la
     import psutil
 
     from runner.config.errors import ConfigError
-    from runner.plan.topology import GIB, dense_bytes
+    from runner.plan import GIB, dense_bytes
 
     need = dense_bytes(model)
     if device.type == "cuda":

@@ -20,7 +20,7 @@ from runner.config.parts import part
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-    from runner.config.schema_training import ClipSchema, OptimizerSchema, ScheduleSchema
+    from runner.config.schema import ClipSchema, OptimizerSchema, ScheduleSchema
 
 
 def sparse_parameters(model: torch.nn.Module) -> Any:
@@ -32,7 +32,7 @@ def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
     """Optimizer class and kwargs that TorchRec maps onto an FBGEMM fused optimizer."""
     from torchrec import optim as trec
 
-    from runner.plan.torchrec_adapter.moved import weight_decay_mode
+    from runner.runtime.moved_names import weight_decay_mode
 
     spec = SPARSE[o.sparse]
     kwargs: Dict[str, Any] = {"lr": o.sparse_lr * lr_factor(o.sparse_schedule, 1, 1)}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from runner.config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 
 def env_int(name: str, default: int) -> int:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.keyed import CombinedOptimizer
 
-    from runner.config.schema_training import PrecisionSchema
+    from runner.config.schema import PrecisionSchema
 
 
 @dataclass

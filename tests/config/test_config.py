@@ -115,8 +115,7 @@ def test_every_key_with_allowed_values_refuses_others_naming_them() -> None:
     """The allowed values stated on a schema field are what validation accepts and what its error names."""
     from omegaconf import OmegaConf
 
-    from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import TableConstraintSchema
+    from runner.config.schema import RunnerConfig, TableConstraintSchema
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -189,7 +188,7 @@ def test_help_filtered_by_a_word_in_process(capsys: pytest.CaptureFixture) -> No
 
     from runner.config.choices import allowed_values
     from runner.config.proposers import PROPOSERS
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
     (field,) = [f for f in dataclasses.fields(ShardingSchema) if f.name == "proposer"]
     allowed, _ = allowed_values(field)  # each with its declaration's summary
@@ -219,8 +218,7 @@ def test_a_resolved_config_is_typed_at_load_and_a_wrong_type_is_one_line(tmp_pat
     from conftest import cfg_for
     from omegaconf import OmegaConf
 
-    from runner.config.schema import load_resolved
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema, load_resolved
     from runner.launch import torchrun
 
     path = tmp_path / "resolved.yaml"

@@ -10,7 +10,7 @@ import torch
 from conftest import FAST, finished_run, metric_history, run_cli, runs, stderr_lines
 from omegaconf import OmegaConf
 
-from runner.config.schema_training import ScheduleSchema
+from runner.config.schema import ScheduleSchema
 from runner.train.checkpoint import complete_checkpoints
 from runner.train.optimizers import lr_factor
 
@@ -201,7 +201,7 @@ def test_mmoe_trains_two_tasks_and_logs_each(store: str, tmp_path: Path) -> None
     ("sgd", torch.optim.SGD, {"momentum": 0.9}),
 ])
 def test_dense_optimizers_and_value_clipping(name: str, cls: type, extra: dict) -> None:
-    from runner.config.schema_training import OptimizerSchema
+    from runner.config.schema import OptimizerSchema
     from runner.train.optimizers import dense_optimizer
 
     o = OmegaConf.merge(OmegaConf.structured(OptimizerSchema), {

@@ -33,7 +33,7 @@ from runner.runtime.logfile import log_to_file
 from runner.runtime.process_end import AGENT_PID, DRIVER_PID, die_with_parent, exit_now
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 
 def _set_threads(threads: int) -> None:

@@ -120,7 +120,7 @@ def prewarm_for(args: List[str]) -> None:
     flags = [a for a in args if a.startswith("-") and a not in ("-m", "--multirun")]
     if flags or any(re.match(r"\+*(mode=(plan|write_data)|hydra/launcher=|experiment=)", a) for a in args):
         return
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
     from runner.runtime.affinity import threads_per_worker, workers_on_host
 
     c = ClusterSchema()  # the default cluster's count

@@ -22,7 +22,7 @@ from runner.runtime.process_end import DRIVER_PID
 from runner.track.sweep_points import sweep_of
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
     from runner.launch.schedulers import Scheduler
 
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL

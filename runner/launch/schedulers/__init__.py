@@ -29,7 +29,7 @@ from runner.config.place import Place
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 
 class Task:

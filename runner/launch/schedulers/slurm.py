@@ -29,7 +29,7 @@ from runner.runtime import rundir
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 TORCH_PORT = 29500  # torch's default rendezvous port; a job's port is this + its id modulo PORT_SPAN
 PORT_SPAN = 2000

@@ -27,7 +27,7 @@ from runner.runtime import rundir
 from runner.track.store import sqlite_folder, tracking_uri
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 # Filesystems that every node of a cluster mounts alike (the store and the sweep folder must be on one).
 SHARED_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs", "cifs",

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ShardingSchema
-    from runner.plan.facts import PlanFacts
-    from runner.plan.plan_spec import PlanSpec
+    from runner.config.schema import ShardingSchema
+    from runner.plan import PlanFacts, PlanSpec
 
 PLAN_SET_ENV = "RUNNER_SWEEP_PLAN_SET"  # the plan set's file, for the sweep's jobs (set by plan_together)
 _LOADED: Dict[str, Dict[str, Any]] = {}
@@ -46,9 +45,10 @@ _LOADED: Dict[str, Dict[str, Any]] = {}
 def applies(mode: str, sharding: ShardingSchema) -> bool:
     """Whether a sweep's point (of ``mode``, with its ``sharding`` keys) is one this module plans together: a
     balanced plan-only point."""
+    from runner.config.modes import MODES
     from runner.config.proposers import PROPOSERS
 
-    return mode == "plan" and PROPOSERS[sharding.proposer].plans_sweeps_together and not sharding.plan
+    return MODES[mode].plans_together and PROPOSERS[sharding.proposer].plans_sweeps_together and not sharding.plan
 
 
 def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
@@ -106,7 +106,7 @@ def _plan_point(i: int, spec: PlanSpec, build_model: Callable[[], Any], count: i
     """Point ``i``'s plan (as entries; None where no plan fits: its job says so) and what it compared; its
     planning model shared with the points of the same model (``build_model``: a new one)."""
     from runner.config.errors import PlanError
-    from runner.plan.planner import make_plan, plan_entries, reusable_model
+    from runner.plan import make_plan, plan_entries, reusable_model
     from runner.runtime.device import device_type
 
     if tty:

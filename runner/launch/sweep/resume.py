@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config import roles
-from runner.plan.choice import hashed
+from runner.config.modes import MODES
+from runner.plan import hashed
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
@@ -26,8 +27,7 @@ from runner.track.sweep_points import SWEEP_FILE, sweep_info
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from runner.config.schema import TrackingSchema
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema, TrackingSchema
     from runner.track.driver_run import DriverRun
 
 ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (rundir.record_status)
@@ -121,7 +121,7 @@ def _sweep_parent_in_store() -> bool:
 
 def reuse_asked(mode: str, reuse: Optional[bool]) -> bool:
     """Whether ``sweep.reuse`` (``reuse``) is on for a job of ``mode`` (null: plan-only jobs)."""
-    return mode == "plan" if reuse is None else bool(reuse)
+    return MODES[mode].reuses if reuse is None else bool(reuse)
 
 
 def reusable(digest: str, tracking: TrackingSchema) -> Optional[Any]:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torchrec.distributed.planner.types import Enumerator
 
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 RATING_MARGIN = 1e-9  # relative: a bound within rounding of the best plan is never skipped
 

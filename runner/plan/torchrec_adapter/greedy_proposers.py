@@ -28,7 +28,7 @@ from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Enumerator
 
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 
 class SkippingGreedyProposer(SkippingProposer):

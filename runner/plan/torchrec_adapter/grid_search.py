@@ -15,7 +15,7 @@ from runner.config.errors import PlanError
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Enumerator
 
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 
 class BoundedGridSearchProposer(GridSearchProposer):

@@ -50,7 +50,7 @@ from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefix
 from runner.runtime.cores import collector_paused, may_fork, return_freed_memory
 
 if TYPE_CHECKING:
-    from runner.config.schema_model import ShardingSchema
+    from runner.config.schema import ShardingSchema
 
 
 class BalancedPlanner(SearchLoopPlanner):
