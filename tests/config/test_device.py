@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from runner.config.errors import ConfigError
 from runner.config.precisions import in_hardware
-from runner.launch.schedulers.slurm_submit import job_shape, parse_node_resources
+from runner.launch.schedulers.slurm import job_shape, parse_node_resources
 from runner.runtime.device import (
     GIB,
     check_autocast,

@@ -5,9 +5,9 @@ process is one of a scheduler's tasks (and that task's node, rendezvous and run 
 anything is submitted, how a stop ends the job, the run's tags, whether rank 0 is known to be on node 0
 (a static rendezvous), which signals it sends early, and what a stopped sweep cancels. Two implement it:
 :mod:`.local` (this host's agents, nodes emulated or one host of a multi-host job under torch elastic) and
-:mod:`.slurm` (a Slurm job step, one task per node, and ``hydra/launcher=slurm``'s submission in
-:mod:`.slurm_submit`). A job's scheduler is resolved once, where it takes its place
-(:func:`runner.launch.job.run_job.run_job`), and handed down from there.
+:mod:`.slurm` (a Slurm job step, one task per node, and ``hydra/launcher=slurm``'s submission). A job's
+scheduler is resolved once, where it takes its place (:func:`runner.launch.job.run_job.run_job`), and handed
+down from there.
 
 Each module of this package that defines a ``SCHEDULER`` is registered, by its name, when the package is first
 asked (no list to edit): a new scheduler is its module here (what it must write: :class:`Scheduler`'s doc), its
