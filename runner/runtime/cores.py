@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple
 
 from runner.config.errors import ConfigError
+from runner.config.modes import MODES
 from runner.runtime.affinity import worker_cores
 from runner.runtime.device import visible_gpus
 
@@ -96,7 +97,7 @@ def plan_batch_size(mode: str, launcher: DictConfig, points: int, pooled: bool) 
     :mod:`runner.plan.torchrec_adapter.enumeration_reuse` redoes the perf estimate once per bandwidth pair a
     process meets instead of at nearly every point. None when it does not apply (training sweeps, one process, or
     ``batch_size`` already set). ``launcher``: the composed ``hydra.launcher``."""
-    if mode != "plan" or not pooled or str(launcher.get("batch_size", "auto")) != "auto":
+    if not MODES[mode].answer_is_plan or not pooled or str(launcher.get("batch_size", "auto")) != "auto":
         return None
     jobs = parallel_jobs(launcher)
     return -(-points // jobs) if 1 < jobs < points else None

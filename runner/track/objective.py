@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
+from runner.config.modes import MODES
 from runner.runtime import rundir
 from runner.track import store
 from runner.track.events import last_logged
@@ -25,7 +26,7 @@ _IN_RESULTS = {"eval/auc": "eval_auc", "eval/ne": "eval_ne", "eval/logloss": "ev
 
 def objective(o: ObjectiveSchema, mode: str) -> Tuple[str, str]:
     """``(metric, direction)`` of ``tracking.objective`` (``o``) for a job of ``mode``, defaults filled in."""
-    metric = o.metric or ("plan/est_step_ms" if mode == "plan" else "eval/auc")
+    metric = o.metric or MODES[mode].objective
     return metric, o.direction or _by_name(metric)
 
 

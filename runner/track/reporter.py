@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from runner.config.modes import DEFAULT, MODES
+from runner.config.parts import part
 from runner.runtime import rundir, signals
 from runner.track import ui_links
 from runner.track.estimate_error import against_estimates, estimate_errors
@@ -248,19 +250,30 @@ def summary_line(results: Dict[str, Any]) -> str:
         view = ui_links.view_hint(results["tracking_uri"], results.get("run_id"))
     if results.get("plan_status") == "infeasible":
         return f"[runner] plan done: no plan fits ({results['reason']}); MLflow run {run}; {view}"
-    if results.get("mode") == "calibrate":
-        kept = (f"kept for cluster.calibration=auto as {results['kept']}" if results.get("kept")
-                else "not kept for cluster.calibration=auto")
-        return (f"[runner] calibration done in {results['seconds']:.0f}s: {results['headline']}; written to "
-                f"{results['file']}, {kept}; MLflow run {run}; {view}")
-    if results.get("mode") == "plan":
-        types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
-        est = (f"{results.get('step_phrase') or 'estimated step %.3f ms' % results['est_step_ms']}, max memory "
-               f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
-        if results.get("lower_bound_ms") and results.get("gap_to_bound") is not None:
-            est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
-        return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
-                f"{results['plan_seconds']:.1f}s; MLflow run {run}; {view}")
+    return str(part(MODES[results.get("mode", DEFAULT)].reports)(results, run, view))
+
+
+def calibration_line(results: Dict[str, Any], run: str, view: str) -> str:
+    """A calibration's last line (:func:`summary_line`)."""
+    kept = (f"kept for cluster.calibration=auto as {results['kept']}" if results.get("kept")
+            else "not kept for cluster.calibration=auto")
+    return (f"[runner] calibration done in {results['seconds']:.0f}s: {results['headline']}; written to "
+            f"{results['file']}, {kept}; MLflow run {run}; {view}")
+
+
+def plan_line(results: Dict[str, Any], run: str, view: str) -> str:
+    """A plan-only job's last line (:func:`summary_line`)."""
+    types = ", ".join(f"{n} {t}" for t, n in results["sharding_types"].items())
+    est = (f"{results.get('step_phrase') or 'estimated step %.3f ms' % results['est_step_ms']}, max memory "
+           f"{results['max_mem_bytes'] / 2**30:.2f} GiB per rank, " if results.get("est_step_ms") else "")
+    if results.get("lower_bound_ms") and results.get("gap_to_bound") is not None:
+        est += f"{results['gap_to_bound']:+.2%} from the lower bound {results['lower_bound_ms']:.3f} ms, "
+    return (f"[runner] plan done: {types} over {results['world_size']} ranks; {est}planned in "
+            f"{results['plan_seconds']:.1f}s; MLflow run {run}; {view}")
+
+
+def training_line(results: Dict[str, Any], run: str, view: str) -> str:
+    """A training job's last line (:func:`summary_line`)."""
     return (f"[runner] done: final loss {results['final_loss']:.4f}, eval AUC {results['eval_auc']:.4f}"
             + (f", NE {results['eval_ne']:.4f}, " if results.get("eval_ne") is not None else ", ")
             + f"{results['samples_per_s']:.0f} samples/s, MLflow run {run}; {view}")

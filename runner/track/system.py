@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
+from runner.config.modes import MODES
+
 if TYPE_CHECKING:
     from runner.config.schema import TrackingSchema
 
@@ -46,9 +48,9 @@ class SystemMetrics:
 def start_system_metrics(tracking: TrackingSchema, mode: str, nodes: int, uri: str, run_id: str,
                          node: int) -> Optional[SystemMetrics]:
     """A monitor for this host's share of ``run_id`` (a job of ``mode`` on ``nodes`` nodes), or None when
-    ``tracking.system_metrics`` is off or the job does not train (or MLflow's monitor cannot start here: the run
+    ``tracking.system_metrics`` is off or the job's mode logs none (or MLflow's monitor cannot start here: the run
     goes on without it)."""
-    if mode != "train" or not tracking.system_metrics:
+    if not MODES[mode].system_metrics or not tracking.system_metrics:
         return None
     try:
         return SystemMetrics(uri, run_id, node if nodes > 1 else None, float(tracking.system_metrics_interval_s))

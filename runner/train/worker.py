@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from runner.config.errors import one_line
+from runner.config.modes import MODES
+from runner.config.parts import part
 from runner.config.place import read_place
 from runner.config.schema import load_resolved
 from runner.runtime import affinity, rundir
@@ -41,6 +43,7 @@ from runner.train.rank_env import RankEnv, env_int
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
+    from runner.track.reporter import Reporter
 
 
 def select_device(cluster_device: str, local_rank: int) -> torch.device:
@@ -123,7 +126,6 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     """Set this process up as one rank, then run its part of the job; rank 0 returns the results. ``joined``
     runs once the process group is up (a failure after that reaches every peer through it at once)."""
     from runner.track.reporter import Reporter
-    from runner.train.trainer import Trainer
 
     marks = {"worker_started": time.time()}  # forked: just started; spawned: its imports done
     env = RankEnv.from_environment(cfg.cluster)
@@ -147,26 +149,28 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
         joined()
     reporter = Reporter(run_dir, env.rank, cfg.train.steps, cfg.sweep.verbose)
     try:
-        ddr = cfg.cluster.ddr_cap_gib
-        if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
-            place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
-            ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers,
-                                                                               *job_memory(allocated))[0]
-        if cfg.mode == "calibrate":
-            from runner.runtime.hardware import fingerprint
-            from runner.train import calibrate
-
-            results = calibrate.run_calibration(cfg, run_dir, env, device, reporter, lambda: fingerprint(
-                device.type, env.world // env.local_world, env.local_world, device))
-        else:
-            hbm = gpu_memory_cap(cfg.cluster.hbm_cap_gib, device)
-            results = Trainer(cfg, run_dir, env, device, reporter, marks, hbm, ddr).run(cores)
+        results = part(MODES[cfg.mode].works)(cfg, run_dir, env, device, reporter, marks, cores, allocated)
     except BaseException as exc:
         reporter.failed(exc)
         end_process_group(failed=True)
         raise
     dist.destroy_process_group()
     return results
+
+
+def train_rank(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
+               marks: Dict[str, float], cores: Optional[List[int]], allocated: Sequence[Tuple[int, str]]
+               ) -> Dict[str, Any]:
+    """A training job's rank (its mode's ``works``): the model trained with the memory caps this rank plans with."""
+    from runner.train.trainer import Trainer
+
+    ddr = cfg.cluster.ddr_cap_gib
+    if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
+        place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
+        ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers,
+                                                                           *job_memory(allocated))[0]
+    hbm = gpu_memory_cap(cfg.cluster.hbm_cap_gib, device)
+    return Trainer(cfg, run_dir, env, device, reporter, marks, hbm, ddr).run(cores)
 
 
 ABORT_WITHIN_S = 10.0  # how long a failed rank waits for its process group to end before it exits anyway

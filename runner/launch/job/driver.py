@@ -4,7 +4,7 @@ It writes the resolved config (what the workers run: they never compose again), 
 opens the MLflow run (:class:`runner.track.driver_run.DriverRun`) while the workers import and rendezvous,
 writes rank 0's reports to the run as they come, and ends the run FINISHED, FAILED with the one-line
 reason, or KILLED.
-``mode=plan`` plans in this process instead of launching; ``mode=write_data`` writes data and opens no run.
+What it runs is the job's mode's (:mod:`runner.config.modes`): agents (:func:`drive_workers`), a plan here, no run.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 
 from runner import STARTED
 from runner.config.errors import TrackingError
+from runner.config.modes import MODES
+from runner.config.parts import part
 from runner.config.place import Place
-from runner.config.schema import WORKER_MODES
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
@@ -98,7 +99,7 @@ def _plan_choices() -> Any:
     from hydra.core.hydra_config import HydraConfig
 
     from runner.launch.sweep.plan_together import choices_for
-    from runner.plan.planner import runners_planner
+    from runner.plan import runners_planner
 
     if not runners_planner() or not HydraConfig.initialized():
         return None
@@ -118,8 +119,7 @@ def plan_sweep_together(args: List[str]) -> None:
     points = grid_points(lambda point: applies(str(point.mode), point.sharding))
     if len(points) < 2:
         return  # before TorchRec's import: a sweep of other points does not pay it (3 s here)
-    from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import runners_planner
+    from runner.plan import plan_spec, runners_planner
 
     if not runners_planner():
         return  # (TorchRec's stock planner: each point plans with it)
@@ -134,10 +134,25 @@ def plan_sweep_together(args: List[str]) -> None:
                   None if printer is None else lambda i, counts: printer(counts, f"point {i + 1} of {len(points)}: "))
 
 
-def _train(cfg: RunnerConfig, data: JobData, hydra_job: HydraJob, run: DriverRun, chart: PlanChart, place: Place,
-           scheduler: Scheduler) -> Optional[Dict[str, Any]]:
-    """Launch this host's agents; rank 0's results (None when rank 0 ran on another host). The plan's chart
-    is drawn while the workers train, once rank 0 has written the plan."""
+def drive_plan(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJob, run: DriverRun, chart: PlanChart,
+               place: Place, scheduler: Scheduler) -> Dict[str, Any]:
+    """A plan-only job (its mode's ``drives``): planned in this process, its store checked as it plans."""
+    from runner.launch.job.plan_only import plan_beside, plan_only
+
+    plan = lambda: plan_only(cfg, run.run_dir, _plan_choices())  # noqa: E731
+    if hydra_job.job_num is None:  # the plan made in a fork while this process opens and feeds the run
+        return plan_beside(plan, run, chart)
+    run.open()  # a sweep's point: its process plans its next points with the same model
+    return plan()
+
+
+def drive_workers(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJob, run: DriverRun, chart: PlanChart,
+                  place: Place, scheduler: Scheduler) -> Optional[Dict[str, Any]]:
+    """A job on workers (its mode's ``drives``): launch this host's agents; rank 0's results (None when rank 0
+    ran on another host). The plan's chart is drawn while the workers train, once rank 0 has written the plan."""
+    assert data is not None  # built for every job on workers
+    if hydra_job.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
+        store.check_store(run.uri)  # (the sweep began with the store there) goes on and keeps its run for later
     run_dir = run.run_dir
 
     def pump() -> None:
@@ -201,7 +216,7 @@ def reuse_job(cfg: RunnerConfig, earlier: Run, scheduler: Scheduler) -> Dict[str
     earlier_run = _job_folder(hydra_job, config)
     from runner.data.layout import job_data
 
-    run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if cfg.mode == "train" else None)
+    run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if MODES[cfg.mode].records_data else None)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
     results = link_point(hydra_job.run_dir, earlier, run)
     results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
@@ -217,49 +232,31 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
     """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``scheduler``: the
     job's (:mod:`runner.launch.schedulers`); ``attempt``: which run of this job it is (``sweep.retries``);
     ``place``: where it runs (:mod:`runner.config.place`)."""
-    if cfg.mode not in WORKER_MODES:
+    mode = MODES[cfg.mode]
+    if not mode.on_workers:
         discard_warm()  # no workers: free the core the prewarmed agent would hold
-    if cfg.mode == "write_data":
-        from runner.data.writer import write_data
-
-        return write_data(cfg)
+    if not mode.opens_run:
+        return dict(part(mode.drives)(cfg))
     # workers measure start-up from it: the command's start for its first job, this job's for a sweep's later jobs
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
     config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(hydra_job, config)
     port = cfg.cluster.master_port or free_port()
-    if cfg.cluster.master_port and cfg.mode in WORKER_MODES and cfg.cluster.node_rank in (None, 0):
+    if cfg.cluster.master_port and mode.on_workers and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
     rundir.write_json(hydra_job.run_dir / rundir.DRIVER, rundir.driver_record(port))
     from runner.data.layout import job_data
 
-    data = job_data(cfg) if cfg.mode in WORKER_MODES else None  # built once: checked, its datasets recorded
-    run = driver_run(cfg, hydra_job, config, port, scheduler, data if cfg.mode == "train" else None, attempt)
+    data = job_data(cfg) if mode.on_workers else None  # built once: checked, its datasets recorded
+    run = driver_run(cfg, hydra_job, config, port, scheduler, data if mode.records_data else None, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
-    if hydra_job.job_num is None and cfg.mode != "plan":  # an unreachable server is refused before any worker
-        # starts; a sweep's point (the sweep began with the store there) goes on and keeps its run for later.
-        # Plan-only: checked while the plan is made (:func:`.plan_only.plan_beside`)
-        store.check_store(run.uri)
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
-    if cfg.mode in WORKER_MODES and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
+    if mode.on_workers and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
     chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
-    if cfg.mode == "plan":
-        from runner.launch.job.plan_only import plan_beside, plan_only
-
-        def plan_work() -> Dict[str, Any]:
-            plan = lambda: plan_only(cfg, run.run_dir, _plan_choices())  # noqa: E731
-            if hydra_job.job_num is None:  # the plan made in a fork while this process opens and feeds the run
-                return plan_beside(plan, run, chart)
-            run.open()  # a sweep's point: its process plans its next points with the same model
-            return plan()
-
-        work: Callable[[], Optional[Dict[str, Any]]] = plan_work
-    else:
-        assert data is not None  # a worker mode's
-        work = lambda: _train(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731
+    work = lambda: part(mode.drives)(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731
     with job_cores(hydra_job.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _ended(run, chart, scheduler, work)
 

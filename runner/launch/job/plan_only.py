@@ -23,15 +23,10 @@ from runner.runtime.process_end import answer_of, fork_answer, give_up, keep_unt
 from runner.track.reporter import Reporter
 from runner.track.store import check_store, sqlite_folder
 
-# what a plan-only job imports as it runs (``runner.plan.planner`` reaches the TorchRec adapter only after its version
-# check): a sweep's pool of processes imports them before its first points (``schedulers.host_pool.warm_pool``)
-IMPORTS = ("runner.launch.job.run_job", "runner.plan.planner", "runner.train.models", "mlflow",
-           "matplotlib.backends.backend_agg", "matplotlib.figure")
-
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
     from runner.launch.job.end import PlanChart
-    from runner.plan.facts import PlanChoices, PlanFacts
+    from runner.plan import PlanChoices, PlanFacts
     from runner.track.driver_run import DriverRun
 
 
@@ -105,7 +100,7 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
         if local:
             check_store(run.uri)  # refused in one line
         run.open()
-        from runner.plan.chart import load_matplotlib
+        from runner.plan import load_matplotlib
 
         load_matplotlib()  # the chart's, while the plan is made
     except BaseException:
@@ -120,10 +115,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
     write the report and report it to the job's run folder ``run_dir`` (its event log, for the run's holder to
     deliver); return the results. ``choose_from``: the plans of a sweep planned together
     (:mod:`runner.launch.sweep.plan_together`)."""
-    from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import make_plan, reusable_model
-    from runner.plan.report import write_plan_report
-    from runner.plan.step_estimate import step_phrase
+    from runner.plan import make_plan, plan_spec, reusable_model, step_phrase, write_plan_report
     from runner.train.models import planning_model
 
     spec = plan_spec(cfg)
@@ -134,7 +126,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
     local = cfg.cluster.workers_per_node
     kind = device_type(cfg.cluster.device, planning=True)
     reporter = Reporter(run_dir, 0, cfg.train.steps, cfg.sweep.verbose)
-    base = {"mode": "plan", "world_size": world}
+    base = {"mode": cfg.mode, "world_size": world}
     notes: List[str] = []
     facts: PlanFacts = {}
     progress = PlanProgress()

@@ -24,7 +24,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config.errors import TrackingError
-from runner.config.sweepers import RUNNER_SWEEPERS
+from runner.config.modes import MODES
+from runner.config.sweepers import RUNNER_SWEEPERS, sweeper_of
 from runner.launch.schedulers.host_pool import end_pool, warm_pool
 from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.sweep_report import write_sweep_report
@@ -178,9 +179,7 @@ class SweepParentRun(Callback):
             raise SystemExit(2) from None
         if note:
             print(note, flush=True)
-        from runner.launch.job.plan_only import IMPORTS  # a plan-only point's, for the pool while the parent opens
-
-        warm_pool(config.hydra.launcher, IMPORTS if config.mode == "plan" else ())  # the pool ends with this process
+        warm_pool(config.hydra.launcher, MODES[config.mode].warm_imports)  # the pool ends with this process
         sweep_stop.clear(sweep_dir)  # a resumed sweep counts its failures anew
         swept = swept_params(config)
         overrides = " ".join(config.hydra.overrides.task)
@@ -193,7 +192,7 @@ class SweepParentRun(Callback):
             if not isinstance(exc, TrackingError) and not is_outage(self._uri, exc):
                 raise
             self._keep_parent(config, sweep_dir, sweep_name(list(swept), sweep_dir), tags, params, exc)
-        grid = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        grid = sweeper_of(str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))).grid
         paired = paired_keys(config)
         _Running.before = (rundir.read_json(sweep_dir / SWEEP_FILE), _Running.before[1])
         rundir.write_json(sweep_dir / SWEEP_FILE, {  # read by each point's driver, and by a resume

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Set, 
 from runner import PROJECT_ROOT
 from runner.config.errors import ConfigError, first_line, wrong_type
 from runner.config.keydocs import check_known_keys, unknown_key_line
+from runner.config.modes import MODES
 from runner.config.paired import point
-from runner.config.sweepers import RUNNER_SWEEPERS
+from runner.config.sweepers import RUNNER_SWEEPERS, sweeper_of
 from runner.config.validation import validate
 from runner.launch import schedulers
 from runner.launch.schedulers.host_pool import pools_points
 from runner.launch.sweep.overrides import combinations, file_sweeps, split_args, sweep_axes
-from runner.plan.calibration import check_file, check_folder
+from runner.plan import check_file, check_folder
 from runner.runtime.cores import plan_batch_size
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def check_points(combos: List[List[str]], config_name: Optional[str], loader: Co
             validate(cast("RunnerConfig", cfg))
             schedulers.named(cfg.cluster.scheduler)  # one of the schedulers (a ConfigError naming them)
             check_file(cfg.cluster.calibration)  # a calibration file that cannot be used: one line, nothing starts
-            if cfg.mode == "calibrate" and cfg.calibrate.keep:  # where it will be kept, before anything is measured
+            if MODES[cfg.mode].keeps_calibration and cfg.calibrate.keep:  # before anything is measured
                 check_folder(cfg.cluster.calibration_dir)
             _CHECKED.add(tuple(combo))
             if _GRID and _GRID[2] is None:  # the grid's first point (the first value of every sweep)
@@ -219,10 +220,14 @@ def check_points(combos: List[List[str]], config_name: Optional[str], loader: Co
 
 
 def _check_sweeper(sweeper: DictConfig, objective: ObjectiveSchema, mode: str) -> Optional[str]:
-    """A searching sweeper (``hydra.sweeper``) must optimise the way ``tracking.objective`` says is better, one
-    direction per metric a job of ``mode`` returns."""
+    """A sweeper (``hydra.sweeper``) the runner declares; a searching one must optimise the way
+    ``tracking.objective`` says is better, one direction per metric a job of ``mode`` returns."""
     from runner.track.objective import objectives
 
+    try:
+        sweeper_of(str(sweeper.get("_target_")))
+    except ConfigError as exc:
+        return str(exc)
     wanted = sweeper.get("direction")
     if wanted is None:
         return None

@@ -18,6 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, cast
 
+from runner.config.parts import part
+from runner.config.sweepers import sweeper_of
+
 LIMIT = 500  # points listed at most (the rest are counted)
 
 
@@ -40,8 +43,8 @@ def preview(args: List[str]) -> int:
                             combinations(values, order)[:1], config_name, loader) else None
         sweeper = str(first.hydra.sweeper._target_) if first is not None else "?"
         launcher = str(first.hydra.launcher._target_) if first is not None else "?"
-        if first is not None and "optuna" in sweeper.lower():
-            return _search(first, args)
+        if first is not None and (previews := sweeper_of(sweeper).previews):
+            return int(part(previews)(first, args))
         total = math.prod(len(v) for v in values)
         refused = 0
         grid = (point(c, order) for c in itertools.product(*values))  # Hydra's order (the runner's grid sweeper)
@@ -58,7 +61,7 @@ def preview(args: List[str]) -> int:
     return 2 if refused else 0
 
 
-def _search(first: Any, args: List[str]) -> int:
+def search_preview(first: Any, args: List[str]) -> int:
     """A searching sweeper's preview: its search space, trials and storage (its points are drawn as it runs)."""
     from omegaconf import OmegaConf
 

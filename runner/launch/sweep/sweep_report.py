@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from runner.config.modes import DEFAULT, MODES
 from runner.runtime import rundir
 from runner.track.store import flatten
 from runner.track.sweep_points import SWEEP_FILE
@@ -24,7 +25,8 @@ from runner.track.sweep_points import SWEEP_FILE
 
 def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
     results = rundir.read_json(job_dir / rundir.RESULTS)
-    if results is None or results.get("mode") != "plan" and not (job_dir / rundir.PLAN / "plan.json").exists():
+    planned = results is not None and MODES[results.get("mode", DEFAULT)].answer_is_plan
+    if results is None or not planned and not (job_dir / rundir.PLAN / "plan.json").exists():
         return None
     run = rundir.read_json(job_dir / rundir.RUN_INFO) or {}  # the point's MLflow run, as its owner recorded it
     point = {"job": int(job_dir.name), "params": flatten(yaml.safe_load((job_dir / rundir.RESOLVED).read_text())),
