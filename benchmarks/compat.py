@@ -42,10 +42,10 @@ SHORT = ["train.steps=10", "train.log_every=5", "train.batch_size=128", "data.ev
 
 _IMPORTS = """
 import ast, importlib, pathlib
-from runner.plan.torchrec_adapter import moved
+from runner.runtime import moved_names as moved
 names = set()
 for path in pathlib.Path('runner').rglob('*.py'):
-    if path.name == 'moved.py':
+    if path.name == "moved_names.py":
         continue
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split('.')[0] in ('torchrec', 'fbgemm_gpu'):

@@ -169,10 +169,10 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
 
 
 def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Path]) -> None:
-    """Learning from runs, shown: each world's calibration refitted (:mod:`runner.plan.learn`) from the runs of its
+    """Learning from runs, shown: each world's calibration refitted (:mod:`runner.plan.cost.learn`) from the runs of its
     first, third, ... configs, and the estimates of the others before and after (their overhead recomputed)."""
-    from runner.plan import learn
-    from runner.plan.calibration import load_calibration
+    from runner.plan.cost import learn
+    from runner.plan.cost.calibration import load_calibration
 
     before: List[float] = []
     after: List[float] = []

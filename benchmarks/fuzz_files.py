@@ -122,7 +122,7 @@ def _written(rng: random.Random, kind: Kind, fmt: str, doc: Doc, data: bytes, pa
     """The damaged document as bytes; for a file with a digest, half the time written again with a new digest (as
     ``save`` writes it), so that its value checks are what refuses it."""
     if kind.digest and isinstance(doc, dict) and rng.random() < 0.5:
-        from runner.plan.calibration import digest
+        from runner.plan.cost.calibration import digest
 
         doc["digest"] = digest(doc)
         kind.resaved = True  # type: ignore[attr-defined]

@@ -85,8 +85,8 @@ def _lookups() -> Dict[str, Any]:
 
 def make_calibration(folder: Path) -> None:
     """This machine's fingerprint (1 x 2 CPU workers) and constants as ``mode=calibrate`` fits them."""
-    from runner.plan.calibration import Calibration, save
-    from runner.plan.trust import PARTS
+    from runner.plan.cost.calibration import Calibration, save
+    from runner.plan.cost.trust import PARTS
     from runner.runtime.hardware import fingerprint
 
     coll = {name: {"intra": {"latency_ms": 0.1, "bandwidth_gibps": 2.0, "fit_error": 0.0}}
@@ -110,8 +110,8 @@ def _calibration_reading(cal: Any) -> Any:
 
 def read_calibration(case: Path) -> Any:
     """``cluster.calibration=<file>``: the pre-check's :func:`check_file`, then what :func:`for_job` plans with."""
-    from runner.plan.calibration import check_file
-    from runner.plan.choice import for_job
+    from runner.plan.cost.calibration import check_file
+    from runner.plan.cost.choice import for_job
 
     path = str(case / "cal" / CAL_FILE)
     check_file(path)
@@ -123,7 +123,7 @@ def read_calibration(case: Path) -> Any:
 def read_calibration_auto(case: Path) -> Any:
     """``cluster.calibration=auto`` over a folder holding the file: a file that cannot be used is skipped (the plan
     line says which and why), a part whose value fails its check falls back alone (the line names it)."""
-    from runner.plan.choice import for_job
+    from runner.plan.cost.choice import for_job
 
     chosen = for_job(SimpleNamespace(calibration="auto", calibration_dir=str(case / "cal"), nodes=1,
                                      workers_per_node=2), "cpu", True)

@@ -57,7 +57,7 @@ def plan_here(overrides: List[str], world: int, local: int, device: str
     from runner.config.tables import table_specs
     from runner.config.validation import validate
     from runner.plan.plan_file import plan_to_dict
-    from runner.plan.plan_spec import plan_spec
+    from runner.plan.spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
 

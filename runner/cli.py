@@ -18,7 +18,7 @@ from runner import PROJECT_ROOT
 from runner.config import paired
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
-from runner.launch.job.run_job import say_error
+from runner.launch.job.hydra_call import say_error
 from runner.launch.sweep.precheck import CONF_DIR, hydra_conf, precheck
 from runner.runtime import signals
 
@@ -45,8 +45,8 @@ register_schemas()
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_job(cfg: DictConfig) -> Optional[Objective]:
-    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.run_job.run_job`."""
-    from runner.launch.job.run_job import run_job
+    """Hydra's entry for one job (a sweep's point, or the single run): :func:`runner.launch.job.hydra_call.run_job`."""
+    from runner.launch.job.hydra_call import run_job
 
     return run_job(cast("RunnerConfig", cfg))  # the schema-typed config Hydra composed
 
@@ -142,14 +142,14 @@ def _diff(args: List[str]) -> int:
 
 
 def _export_calibration(args: List[str]) -> int:
-    from runner.plan.torchrec_export import export_calibration_command
+    from runner.plan import export_calibration_command
 
     return export_calibration_command(args)
 
 
 # `resume` is a sweep's own command again: it runs as one
 def _learn_calibration(args: List[str]) -> int:
-    from runner.plan.learn import learn_command
+    from runner.plan import learn_command
 
     return learn_command(args)
 

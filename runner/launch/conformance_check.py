@@ -14,15 +14,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, List, Tuple, cast
+from typing import Any, List, Tuple, cast
 
 from runner.config.proposers import PROPOSERS
-from runner.plan.torchrec_adapter.conformance import CHECKING
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from runner.plan.plan_spec import PlanSpec
+from runner.plan import CHECKING
 
 _TABLES = 24
 _POINT = ("experiment=plan_many_tables", f"model.generated_tables.count={_TABLES}", "cluster=gpu_2x8",
@@ -46,57 +41,14 @@ def _compose(*overrides: str) -> Any:
     return cfg
 
 
-def _enumeration_differences(spec: PlanSpec, model: nn.Module, world: int, local: int) -> List[str]:
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-
-    from runner.plan.planner import planner_inputs
-    from runner.plan.sharders import sharders_for
-    from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, expand_all
-    from runner.plan.torchrec_adapter.shard_estimators import shard_estimators
-
-    topology, batch, constraints = planner_inputs(spec, world, local, "cuda", None)
-    sharders = sharders_for(spec.precision)
-
-    def kwargs() -> Any:
-        return {"topology": topology, "batch_size": batch, "constraints": constraints,
-                "estimator": shard_estimators(topology, constraints, spec.pipeline)}
-    theirs = EmbeddingEnumerator(**kwargs()).enumerate(model, sharders)
-    ours = expand_all(CompactEnumerator(compact=True, **kwargs()).enumerate(model, sharders))
-    if len(ours) != len(theirs):
-        return [f"the compact enumeration has {len(ours)} options, TorchRec's {len(theirs)}"]
-    for mine, full in zip(ours, theirs, strict=True):
-        key = (full.fqn, full.sharding_type, full.compute_kernel)
-        if (mine.fqn, mine.sharding_type, mine.compute_kernel) != key:
-            return [f"the compact enumeration's options are not TorchRec's ({mine.fqn} where TorchRec has {key})"]
-        shards = [(s.size, s.offset, s.storage, s.perf) for s in mine.shards]
-        if shards != [(s.size, s.offset, s.storage, s.perf) for s in full.shards]:
-            return [f"the compact enumeration's shards of {' '.join(key)} differ from TorchRec's"]
-    return []
-
-
 def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) -> List[str]:
-    from runner.config.tables import table_specs
-    from runner.plan.analysis import per_rank_estimates
-    from runner.plan.plan_file import plan_to_dict
-    from runner.plan.plan_spec import plan_spec
-    from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
-    from runner.plan.sharders import sharders_for
-    from runner.plan.topology import dense_bytes
+    from runner.plan import plan_spec, proposer_differs
     from runner.train.models import planning_model
 
     out = []
     for name in proposers:
         cfg = _compose(*_POINT, f"sharding.proposer={name}", *_PROPOSED[name])
-        model, sharders, specs = planning_model(cfg), sharders_for(cfg.precision), table_specs(cfg.model)
-        answers: List[Any] = []
-        for build in (build_planner, torchrec_planner):
-            estimates = PlanEstimates()
-            try:
-                plan = build(plan_spec(cfg), world, local, "cuda", estimates, dense_bytes(model)).plan(model, sharders)
-                answers.append((plan_to_dict(plan, specs), per_rank_estimates(estimates.best_plan, world)))
-            except Exception as exc:  # noqa: BLE001  (no plan is an answer too; it must be the same one)
-                answers.append(("no plan", type(exc).__name__))
-        if answers[0] != answers[1]:
+        if proposer_differs(plan_spec(cfg), planning_model(cfg), world, local):
             out.append(f"the {name} proposer's plan differs from TorchRec's own")
     return out
 
@@ -104,12 +56,12 @@ def _proposer_differences(world: int, local: int, proposers: Tuple[str, ...]) ->
 def failures(proposers: Tuple[str, ...] = tuple(_PROPOSED)) -> List[str]:
     """What differs between the runner's planner and TorchRec's on the built-in problem (the enumeration, then
     each of ``proposers``); empty when nothing."""
-    from runner.plan.plan_spec import plan_spec
+    from runner.plan import enumeration_differences, plan_spec
     from runner.train.models import planning_model
 
     cfg = _compose(*_POINT)
     world, local = cfg.cluster.nodes * cfg.cluster.workers_per_node, cfg.cluster.workers_per_node
-    return (_enumeration_differences(plan_spec(cfg), planning_model(cfg), world, local)
+    return (enumeration_differences(plan_spec(cfg), planning_model(cfg), world, local)
             or _proposer_differences(world, local, proposers))
 
 

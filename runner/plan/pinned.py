@@ -16,7 +16,7 @@ from torchrec.distributed.types import ShardingPlan
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.spec import PlanSpec
 
 
 def _sizes(parameter_sharding: Any) -> List[Tuple[int, ...]]:

@@ -21,7 +21,7 @@ from torchrec.types import DataType
 
 from runner.config.errors import PlanError
 from runner.config.tables import TableSpec
-from runner.plan.torchrec_adapter.moved import cache_algorithm, multipass_prefetch_config
+from runner.runtime.moved_names import cache_algorithm, multipass_prefetch_config
 
 # CacheParams' fields that a plan file keeps (its statistics object is the planner's input, not the plan's)
 _CACHE_ENUMS = ("algorithm", "precision")

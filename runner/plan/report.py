@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.reservations import canonical
 from runner.plan.analysis import COLLECTIVES, ESTIMATES, comms_per_rank, per_rank_estimates, plan_metrics
-from runner.plan.calibration import NONE
+from runner.plan.cost.calibration import NONE
+from runner.plan.cost.step_estimate import step_markdown, step_metrics, step_phrase
+from runner.plan.cost.topology import topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
-from runner.plan.step_estimate import step_markdown, step_metrics, step_phrase
 from runner.plan.summary import summary_markdown, summary_metrics
-from runner.plan.topology import topology_knobs
 from runner.runtime import rundir
 
 if TYPE_CHECKING:
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.spec import PlanSpec
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)
 PER_RANK_METRICS_UP_TO = 64  # ranks whose every plan/rank<r>/... is logged; beyond, the busiest ones'

@@ -1,6 +1,6 @@
 """What hardware and software a job runs on, as a fingerprint a calibration is matched by.
 
-A calibration (:mod:`runner.plan.calibration`) is only valid for the devices, collectives and library builds it
+A calibration (:mod:`runner.plan.cost.calibration`) is only valid for the devices, collectives and library builds it
 was measured on: the fingerprint names them. :func:`MATCHED` lists the keys that must be equal for a calibration
 to be used; the world's shape (nodes, workers per node) is recorded beside them and matched where it matters.
 """

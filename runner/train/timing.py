@@ -1,7 +1,7 @@
 """How a measurement is timed: one warm-up, then repeats synchronised with the device, and more of them while the
 median they give is not known well enough (:class:`Repeats`), every rank of a collective agreeing on each round.
 
-``mode=calibrate`` (:mod:`.calibrate_parts`) and the embedding forward a training job times after its steps
+``mode=calibrate`` (:mod:`.calibrate`) and the embedding forward a training job times after its steps
 (:mod:`.evaluate`) use it.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from runner.plan.trust import median_error
+from runner.plan import median_error
 
 
 def alone(want: bool, past: bool) -> bool:
@@ -36,7 +36,7 @@ def together(device: torch.device, group: Any = None) -> Callable[[bool, bool], 
 @dataclass(frozen=True)
 class Repeats:
     """How often a measurement is timed: ``least`` repeats, then, in rounds of ``least``, more while its median's
-    relative standard error (:func:`runner.plan.cost_fit.median_error`) is above ``within``, up to ``most`` and
+    relative standard error (:func:`runner.plan.cost.cost_fit.median_error`) is above ``within``, up to ``most`` and
     until ``deadline`` (``time.perf_counter()``): a scattered point is measured until its median is known as well as
     a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once."""
 

@@ -20,13 +20,11 @@ from runner.config.schema import samples_per_step
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for
 from runner.data.values import hashed_ids
-from runner.plan.plan_spec import plan_spec
-from runner.plan.planner import make_plan
-from runner.plan.report import write_plan_report
+from runner.plan import make_plan, plan_spec, write_plan_report
 from runner.runtime import rundir
 from runner.track.trial import TrialPruning
 from runner.train import checkpoint
-from runner.train.calibrate_parts import job_dense_ms
+from runner.train.calibrate import job_dense_ms
 from runner.train.evaluate import (
     dense_state_bytes,
     embedding_forward_ms,
@@ -41,7 +39,7 @@ from runner.train.split_step import loss_scale_for
 
 if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
-    from runner.plan.facts import PlanFacts
+    from runner.plan import PlanFacts
     from runner.track.reporter import Reporter
     from runner.train.rank_env import RankEnv
 
@@ -64,7 +62,7 @@ class Trainer:
         """This job's dense part timed here before planning (:func:`job_dense_ms`), where it plans with a calibration
         whose dense part is trusted and ``calibrate.dense_per_job`` is on; else None (the calibration's fit)."""
         from runner.data.pipeline import source
-        from runner.plan.choice import for_config
+        from runner.plan import for_config
 
         cfg = self.cfg
         cal = for_config(cfg.cluster, cfg.mode, self.device.type).calibration if cfg.calibrate.dense_per_job else None

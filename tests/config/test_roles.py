@@ -59,7 +59,7 @@ CHANGES = {  # override -> whether the earlier point still answers it
 
 def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsys) -> None:
     from runner.launch.sweep.resume import config_digest, kept_point, reusable, reuse_asked
-    from runner.plan.choice import hashed
+    from runner.plan.cost.choice import hashed
     from runner.runtime import rundir
     from runner.track import store
 

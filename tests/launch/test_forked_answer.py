@@ -142,7 +142,7 @@ def test_a_bound_fork_stopped_alone_leaves_the_bound_to_this_process() -> None:
 
     import numpy as np
 
-    from runner.plan.torchrec_adapter.balanced import bound_ahead
+    from runner.plan.torchrec_adapter.balanced import bound as bound_ahead
     from runner.plan.torchrec_adapter.balanced.problem import Problem
 
     device = SimpleNamespace(storage=SimpleNamespace(hbm=8, ddr=0, ssd=0))

@@ -13,10 +13,10 @@ import pytest
 from conftest import cfg_for
 
 from runner.launch.sweep import plan_together as sweep_plans
-from runner.plan.plan_spec import plan_spec
+from runner.plan.cost.topology import dense_bytes
+from runner.plan.spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
-from runner.plan.topology import dense_bytes
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound, lower_bound_of, lp_bound, simple_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort
@@ -290,7 +290,8 @@ def test_a_plan_that_fails_after_its_bound_fork_started_leaves_no_process(monkey
     import os
 
     from runner.config.errors import PlanError
-    from runner.plan.torchrec_adapter.balanced import balanced_planner, bound_ahead
+    from runner.plan.torchrec_adapter.balanced import balanced_planner
+    from runner.plan.torchrec_adapter.balanced import bound as bound_ahead
 
     started: List[int] = []
     start = bound_ahead.start_bound

@@ -17,14 +17,14 @@ from torchrec.distributed.planner import Topology
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.config.errors import ConfigError
 from runner.launch.sweep.precheck import precheck
-from runner.plan import calibration as cal_mod
-from runner.plan import trust as cost_fit
-from runner.plan.calibration import Calibration, load_calibration, save
-from runner.plan.choice import for_job
-from runner.plan.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
-from runner.plan.plan_spec import plan_spec
-from runner.plan.step_estimate import PARTS
-from runner.plan.topology import build_topology, gibps_to_bytes_per_ms, topology_knobs
+from runner.plan.cost import calibration as cal_mod
+from runner.plan.cost import trust as cost_fit
+from runner.plan.cost.calibration import Calibration, load_calibration, save
+from runner.plan.cost.choice import for_job
+from runner.plan.cost.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.cost.step_estimate import PARTS
+from runner.plan.cost.topology import build_topology, gibps_to_bytes_per_ms, topology_knobs
+from runner.plan.spec import plan_spec
 from runner.runtime.hardware import fingerprint
 
 KNOWN = {"device_bw_gibps": 17.5, "kernel_call_fwd_ms": 0.21, "kernel_call_bwd_ms": 0.13, "bwd_compute_multiplier": 6.4}
@@ -234,7 +234,7 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
     from omegaconf import OmegaConf
 
     from runner.config.roles import config_hash
-    from runner.plan.choice import hashed
+    from runner.plan.cost.choice import hashed
 
     cfg = cfg_for("mode=plan", f"cluster.calibration_dir={tmp_path}")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -249,7 +249,7 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
 
 
 def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None:
-    from runner.plan.cost_fit import fit_uvm
+    from runner.plan.cost.cost_fit import fit_uvm
 
     hbm, h2d = 900.0, 40.0  # GiB/s; TorchRec's UVM-caching bandwidth is (0.2 x HBM + 0.8 x host-to-GPU) / 10
     per_byte = 1000.0 / ((0.2 * hbm + 0.8 * h2d) / 10 * GIB)
@@ -278,7 +278,7 @@ def _scattered_collectives(repeats: int) -> Dict[str, Any]:
 
 
 def test_one_scattered_part_falls_back_alone_and_the_plan_line_names_it(tmp_path: Path) -> None:
-    from runner.plan.calibration_report import _trust_words
+    from runner.plan.cost.calibration_report import _trust_words
 
     constants, spreads, errors = fit_all(_scattered_collectives(5))
     allowed = cost_fit.allowed_median_error(0.25, 5)
@@ -416,9 +416,9 @@ def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
 def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step(tmp_path: Path) -> None:
     import torch
 
+    from runner.plan.cost.step_estimate import replicated_params
     from runner.plan.planner import make_plan
-    from runner.plan.step_estimate import replicated_params
-    from runner.train.calibrate_parts import job_dense_ms
+    from runner.train.calibrate import job_dense_ms
     from runner.train.models import planning_model
 
     path = save(_calibration(), tmp_path / "c.yaml")
@@ -445,7 +445,7 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
 
     assert tables == sum(t.num_embeddings * t.embedding_dim for t in table_specs(cfg.model)) > 0
     assert parts["optimizer"] == pytest.approx(measured["optimizer_ms"] + c["optimizer"]["ms_per_unit"] * tables / 1e6)
-    from runner.plan.step_estimate import step_text
+    from runner.plan.cost.step_estimate import step_text
 
     assert "the dense part measured on this job's model" in step_text(timed["step"])
 
@@ -453,7 +453,7 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
 def test_a_calibration_learns_its_step_overhead_from_runs(tmp_path: Path) -> None:
     import json
 
-    from runner.plan import learn
+    from runner.plan.cost import learn
 
     folder = tmp_path / "cals"
     cal = load_calibration(save(_calibration(), folder / f"20260101-000000-mine{cal_mod.SUFFIX}"))
@@ -496,7 +496,7 @@ def test_the_step_overhead_is_fitted_over_every_batch_timed_with_the_dense_part_
     # the tiny-table job's step at a quarter, 1x and 4x the job's batch: its parts (the dense part as measured at
     # each batch, which at 4x is twice its fit: a model's dense part does not follow the square layers' rate) plus
     # an overhead of 2 ms + 5 ms per 1,000 samples, which the fit recovers
-    from runner.plan.cost_fit import _parts_ms, step_overhead
+    from runner.plan.cost.cost_fit import _parts_ms, step_overhead
     from runner.train.calibrate import step_batches
 
     measured = _measured()

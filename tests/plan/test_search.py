@@ -16,11 +16,11 @@ from torchrec.distributed.planner.types import PlannerError, Storage, Topology
 
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
+from runner.plan.cost.topology import dense_bytes
 from runner.plan.plan_file import plan_to_dict
-from runner.plan.plan_spec import plan_spec
+from runner.plan.spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
-from runner.plan.topology import dense_bytes
 from runner.plan.torchrec_adapter import planning_loop as search_loop
 from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer, VectorisedDynamicProgrammingProposer
 from runner.train.models import planning_model
@@ -220,7 +220,7 @@ def test_no_packing_line_names_what_stopped_the_search() -> None:
     """Where the dynamic-programming search finds no packing although the tables fit, its line says each table
     has an option that fits on one rank (not that each fits), and what stopped it: how many proposals held a
     shard no rank can hold, naming the largest such favoured option, and how many left a shard no room."""
-    from runner.plan.plan_spec import plan_spec
+    from runner.plan.spec import plan_spec
     from runner.plan.torchrec_adapter.runner_planner import explain_planner_error
 
     cfg = cfg_for(*BASE, "sharding.storage_reserve_percent=0.89")

@@ -1,4 +1,4 @@
-"""A calibration exported in TorchRec's own terms (:mod:`runner.plan.torchrec_export`): TorchRec's own planner,
+"""A calibration exported in TorchRec's own terms (:mod:`runner.plan.cost.torchrec_export`): TorchRec's own planner,
 given the exported file and nothing of the runner, estimates every shard as the runner's calibrated plan does."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from conftest import cfg_for
 from test_calibration import _calibration
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.plan.calibration import load_calibration, save
-from runner.plan.topology import gibps_to_bytes_per_ms
-from runner.plan.torchrec_export import (
+from runner.plan.cost.calibration import load_calibration, save
+from runner.plan.cost.topology import gibps_to_bytes_per_ms
+from runner.plan.cost.torchrec_export import (
     default_export_path,
     export_beside,
     export_calibration_command,
@@ -61,7 +61,7 @@ def test_torchrec_s_planner_with_the_export_estimates_every_shard_as_the_runner_
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 
-    from runner.plan.plan_spec import plan_spec
+    from runner.plan.spec import plan_spec
     from runner.plan.planner import PlanEstimates, make_plan, planner_inputs
     from runner.plan.sharders import sharders_for
     from runner.train.models import planning_model
@@ -119,7 +119,7 @@ def test_the_runner_s_topology_answers_each_measured_collective_and_a_configured
         tmp_path: Path) -> None:
     from torchrec.distributed.planner.types import CollectiveType
 
-    from runner.plan.topology import build_topology
+    from runner.plan.cost.topology import build_topology
 
     cal = load_calibration(_calibrated(tmp_path))
     a2a = cal.constants["intra_node_bandwidth"]

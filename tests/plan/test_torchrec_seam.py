@@ -8,7 +8,7 @@ import torch
 import torchrec
 from conftest import cfg_for
 
-from runner.plan.plan_spec import plan_spec
+from runner.plan.spec import plan_spec
 from runner.plan.planner import EmbeddingShardingPlanner, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
 from runner.plan.torchrec_adapter import torchrec_seam
@@ -94,16 +94,16 @@ def test_the_conformance_check_finds_a_torchrec_proposer_that_changed(monkeypatc
 
 def test_no_module_path_that_only_some_supported_releases_have_outside_its_function() -> None:
     """FBGEMM's and TorchRec's module paths that moved between supported releases are imported only in
-    ``torchrec_adapter/moved.py``, and its functions find the names on the installed stack."""
+    ``runtime/moved_names.py``, and its functions find the names on the installed stack."""
     import re
     from pathlib import Path
 
-    from runner.plan.torchrec_adapter import moved
+    from runner.runtime import moved_names as moved
 
     root = Path(torchrec_seam.__file__).resolve().parents[3] / "runner"
     found = {}
     for path in root.rglob("*.py"):
-        if path.name == "moved.py":
+        if path.name == "moved_names.py":
             continue
         for module in re.findall(r"(?:from|import)\s+((?:fbgemm_gpu|torchrec)[\w.]*)", path.read_text()):
             if module in moved.VERSIONED or any(module in places for places in moved.PLACES.values()):
@@ -173,7 +173,7 @@ try:
 finally:
     loaded = sorted(m for m in sys.modules
                     if m.startswith("runner.plan.torchrec_adapter.")
-                    and not m.endswith((".torchrec_seam", ".moved", ".conformance")))
+                    and not m.endswith((".torchrec_seam", ".conformance")))
     print("adapter modules loaded:", loaded or "none", flush=True)
 """
 # an attribute TorchRec's class no longer sets (its __init__ keeps it under another name, as a renaming release
@@ -232,7 +232,7 @@ def test_only_the_adapter_reaches_into_torchrec_and_only_after_the_version_check
         text = path.read_text()
         for line in text.splitlines():
             if line.startswith(("from runner.plan.torchrec_adapter", "import runner.plan.torchrec_adapter")) \
-                    and not any(m in line for m in ("torchrec_seam", "moved", "conformance")):
+                    and not any(m in line for m in ("torchrec_seam", "conformance")):
                 outside.setdefault(str(path), []).append(line)
         for name in listed:
             if re.search(rf"[.\"]{name}\b", text):

@@ -25,7 +25,7 @@ def test_a_dry_run_previews_every_point_and_writes_nothing(tmp_path: Path, capsy
     from runner.config import roles
     from runner.launch.sweep.precheck import hydra_conf
     from runner.launch.sweep.preview import preview
-    from runner.plan.choice import hashed
+    from runner.plan.cost.choice import hashed
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["mode=plan", "model=dlrm", "cluster=local", "cluster.calibration=none", f"tracking.uri={store}",

@@ -1,7 +1,7 @@
 """How a job's MLflow run ends: the one module that ends it, whichever process holds the run, from the job's
 outcome (:mod:`.outcome`).
 
-The driver (:mod:`.driver`, its run a :class:`runner.track.driver_run.DriverRun`) and rank 0 under a plain
+The driver (:mod:`.driver`, its run a :class:`runner.track.mlflow_run.DriverRun`) and rank 0 under a plain
 torchrun (:mod:`runner.launch.torchrun`, its run a :class:`runner.track.mlflow_run.MlflowRun`) both end a finished
 job with :func:`end_finished_run`: the plan's chart (:class:`PlanChart`, the one place it is drawn) as the run's
 last report, what is left delivered, a plan-only answer's plan in the run's description, the run ended, the
@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from runner.launch.job.outcome import Outcome, finished
-from runner.plan.analysis import CHART, ESTIMATES, plan_description
-from runner.plan.chart import draw_plan_chart
+from runner.plan import CHART, ESTIMATES, draw_plan_chart, plan_description
 from runner.runtime import rundir
-from runner.track.driver_run import DriverRun
-from runner.track.mlflow_run import MlflowRun
+from runner.track.mlflow_run import DriverRun, MlflowRun
 from runner.track.reporter import summary_line
 from runner.track.sweep_points import sweep_of
 

@@ -91,3 +91,4 @@ def verdict(say: Callable[[str], None]) -> Tuple[bool, str]:
     finally:
         if lock is not None:
             lock.close()
+

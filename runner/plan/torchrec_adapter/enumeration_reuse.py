@@ -29,7 +29,7 @@ from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, 
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.spec import PlanSpec
 
 _OPTIONS: Dict[str, Tuple[List[ShardingOption], Any, Any]] = {}
 _MODELS: Dict[str, Any] = {}
@@ -59,7 +59,7 @@ def reused_model(key: str, build: Callable[[], Any]) -> Any:
 
 def perf_knobs(topology: Any) -> Tuple[Any, ...]:
     """The topology's values that TorchRec's perf estimator reads and its enumeration does not: the bandwidths
-    (a sweep's points) and the constants a calibration sets (:mod:`runner.plan.calibration`)."""
+    (a sweep's points) and the constants a calibration sets (:mod:`runner.plan.cost.calibration`)."""
     return (topology.intra_host_bw, topology.inter_host_bw, topology.hbm_mem_bw, topology.ddr_mem_bw,
             topology.hbm_to_ddr_mem_bw, topology.bwd_compute_multiplier, str(getattr(topology, "comms_bandwidths", "")))
 

@@ -22,7 +22,7 @@ from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 if TYPE_CHECKING:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.spec import PlanSpec
 
 GIB = 1024**3
 KINDS = {"cuda": ("hbm", "HBM", "hbm_cap_gib"), "cpu": ("ddr", "host memory", "ddr_cap_gib")}

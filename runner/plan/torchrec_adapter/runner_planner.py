@@ -15,10 +15,10 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
+from runner.plan.cost.step_estimate import step_perf_model
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_memory import build_storage_reservation
 from runner.plan.proposer_build import build_proposer, declared
-from runner.plan.step_estimate import step_perf_model
 from runner.plan.torchrec_adapter.balanced.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entries_of, job_facts
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Stats
 
     from runner.plan.facts import PlanChoices
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.spec import PlanSpec
 
 # what the planner outside the adapter reads of the balanced search, through this module only
 __all__ = ["entries_of", "explain_planner_error", "plan_bound", "plan_with_runner", "runner_planner"]
@@ -147,7 +147,7 @@ def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: 
     """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
     where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
     when the named proposer found none)."""
-    from runner.plan.topology import dense_bytes
+    from runner.plan.cost.topology import dense_bytes
 
     planner = None
     job = _Job(spec, model, world, device_type, sharders, estimates, dense_bytes(model), inputs, progress)

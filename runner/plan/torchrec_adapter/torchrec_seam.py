@@ -15,8 +15,8 @@ The pin ``torchrec==1.9.2`` is their first protection. This list and a conforman
   stack), the runner plans with TorchRec's stock planner (its own storage reservations, no private name), and
   says so in one note line (:func:`seam_note`), rather than failing or silently answering differently; another
   version that passes gets the runner's planner, said in one note line too (:func:`conformance_note`). This
-  module imports nothing of TorchRec's at module level; the rest of the adapter (but :mod:`.moved` and
-  :mod:`.conformance`, which import nothing at module level either) is imported only after :func:`seam_note`
+  module imports nothing of TorchRec's at module level; the rest of the adapter (but
+  :mod:`.conformance`, which imports nothing at module level either) is imported only after :func:`seam_note`
   found nothing (``tests/plan/test_torchrec_seam.py`` checks both in a subprocess).
 """
 

@@ -8,8 +8,8 @@ numbers and import nothing of TorchRec's; :mod:`.proposer` and :mod:`.balanced_p
 - :mod:`.exact`: branch and bound over every option and placement, for small problems.
 - :mod:`.proposer`: TorchRec's options as the problem, the search from its starts, the report's note.
 - :mod:`.balanced_planner`: the planner: TorchRec's reservation, enumeration, rating and plan around the search.
-- :mod:`.bound`: the lower bound on any plan's estimated step (mean rank, largest shard, an LP relaxation).
-- :mod:`.bound_ahead`: that bound computed in a forked helper beside the search, on the core it leaves idle.
+- :mod:`.bound`: the lower bound on any plan's estimated step (mean rank, largest shard, an LP relaxation, whole
+  shards), computed in a fork beside the search where a core is idle.
 
 ``tests/plan/test_balanced.py`` checks them; docs/planning.md describes the search.
 """

@@ -25,9 +25,7 @@ from runner.config.errors import ConfigError
 from runner.config.parts import part
 from runner.config.proposers import BALANCED_STARTS, PROPOSERS
 from runner.plan.analysis import summed_per_rank
-from runner.plan.torchrec_adapter.balanced import bound_ahead
-from runner.plan.torchrec_adapter.balanced.bound import known as bound_known
-from runner.plan.torchrec_adapter.balanced.bound import lower_bound_of, remember_bound
+from runner.plan.torchrec_adapter.balanced import bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort, ticker
 from runner.plan.torchrec_adapter.balanced.problem import Problem, Solution, rating, valid, valid_rating
 from runner.plan.torchrec_adapter.balanced.proposer import (
@@ -69,7 +67,7 @@ class BalancedPlanner(SearchLoopPlanner):
             with quick_copies(), collector_paused():
                 return self._plan_balanced(module, sharders)
         finally:  # the bound's fork, where the plan failed or nothing took its bound, ended now: not left for
-            bound_ahead.end_bound_fork()  # the next plan of this process to reap
+            bound.end_bound_fork()  # the next plan of this process to reap
 
     def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
         start_time = time.perf_counter()
@@ -86,9 +84,9 @@ class BalancedPlanner(SearchLoopPlanner):
             c.total, c.largest, c.storage  # noqa: B018  (computed before the bound's fork, once for both)
         known = self.balanced.choose_from[1].get("bound") if self.balanced.choose_from is not None else None
         if known:  # a sweep planned together found this point's bound in its first pass
-            remember_bound(space, problem, (float(known[0]), str(known[1])))
-        if may_fork() and not bound_known(space, problem):  # the plan's bound, on the core the search leaves idle
-            bound_ahead.start_bound(space, problem, lower_bound_of, self._phase)
+            bound.remember_bound(space, problem, (float(known[0]), str(known[1])))
+        if may_fork() and not bound.known(space, problem):  # the plan's bound, on the core the search leaves idle
+            bound.start_bound(space, problem, bound.lower_bound_of, self._phase)
         if self.balanced.choose_from is not None:
             chosen = self._choose(problem, table_options)
             if chosen is not None:

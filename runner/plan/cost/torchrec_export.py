@@ -1,7 +1,7 @@
 """A calibration in TorchRec's own terms: one self-contained Python file (TorchRec only, not the runner) that registers
 a ``HardwarePerfConfig`` with ``EmbeddingPerfEstimatorFactory`` and defines a ``GeneralizedCommsBandwidth``, so that a
 TorchRec user plans with the measured constants. It carries what a plan with the calibration gives TorchRec
-(:func:`runner.plan.topology.topology_knobs`, untrusted parts fallen back, :func:`runner.plan.trust.fallen_back`): the
+(:func:`.topology.topology_knobs`, untrusted parts fallen back, :func:`.trust.fallen_back`): the
 device's memory bandwidth and backward multiplier, a GPU's host-to-GPU bandwidth, and each collective's measured
 bandwidth per scope (``BasicCommsBandwidths``' answer where not measured). TorchRec's model has no fixed cost per call
 or collective and no dense part: those stay the runner's. Written beside ``calibration.yaml`` by ``mode=calibrate``, and
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from runner.config.errors import first_line
-from runner.plan.calibration import Calibration, load_calibration, whole_or_refused
-from runner.plan.topology import gibps_to_bytes_per_ms, topology_knobs
-from runner.plan.trust import fallen_back
+from runner.plan.cost.calibration import Calibration, load_calibration, whole_or_refused
+from runner.plan.cost.topology import gibps_to_bytes_per_ms, topology_knobs
+from runner.plan.cost.trust import fallen_back
 
 FILE_NAME = "calibration_torchrec.py"  # beside calibration.yaml in a run folder
 HOOKS_SINCE = "1.6.1"  # the first TorchRec with both hooks: every stack of requirements/stacks.toml (wheels checked)

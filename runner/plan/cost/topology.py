@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import BasicCommsBandwidths, CollectiveType
 
-from runner.plan.calibration import GIB
+from runner.plan.cost.calibration import GIB
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.config.schema_model import ClusterSchema
-    from runner.plan.calibration import Calibration
+    from runner.config.schema import ClusterSchema
+    from runner.plan.cost.calibration import Calibration
 
 
 TORCHREC_INTRA_GIBPS, TORCHREC_CROSS_GIBPS = 600.0, 12.5  # TorchRec's defaults, the cluster keys' defaults too

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from runner.plan.calibration import Calibration, cache_dir, file_name, load_calibration, save
-from runner.plan.step_estimate import fitted_ms
+from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
+from runner.plan.cost.step_estimate import fitted_ms
 from runner.runtime.hardware import mismatch
 
 MIN_RUNS = 4  # two runs for each of the fixed and per-sample terms
@@ -139,7 +139,7 @@ def learn_command(args: List[str]) -> int:
 
 def _kept(folder: Path) -> List[Calibration]:
     """The calibrations kept in ``folder``, newest first (files that cannot be read passed over)."""
-    from runner.plan.calibration import SUFFIX
+    from runner.plan.cost.calibration import SUFFIX
 
     out = []
     for path in sorted(folder.glob(f"*{SUFFIX}"), reverse=True) if folder.is_dir() else []:

@@ -1,5 +1,5 @@
 """The step a user will see, estimated: TorchRec's embedding estimate (with the calibration's constants) plus the
-parts TorchRec does not model, from a calibration (:mod:`runner.plan.calibration`).
+parts TorchRec does not model, from a calibration (:mod:`runner.plan.cost.calibration`).
 
 Per rank, in ms: ``embeddings`` (TorchRec's perf of the rank's shards: lookups forward and backward and their
 all-to-alls, plus the ids' all-to-all that its total leaves out), ``sharded_lookups`` (what a sharded lookup costs
@@ -25,8 +25,8 @@ from torchrec.distributed.planner.types import PerfModel
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.plan.calibration import Calibration
-    from runner.plan.plan_spec import PlanSpec
+    from runner.plan.cost.calibration import Calibration
+    from runner.plan.spec import PlanSpec
 
 PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
          "step_overhead")
@@ -96,7 +96,7 @@ def input_dist_ms(best_plan: List[Any], world: int, with_total: bool = False) ->
 def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
     """A collective's latency and bandwidth in ``cal``; where it has none (the collectives fell back, or a time that
     did not grow with the bytes), TorchRec's bandwidth for the scope and no latency, as TorchRec's model."""
-    from runner.plan.topology import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
+    from runner.plan.cost.topology import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
 
     found = cal.constants.get("collectives", {}).get(name, {})
     fit = found.get("cross" if cross and "cross" in found else "intra") or {}
@@ -158,7 +158,7 @@ def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
 
 def step_text(step: Dict[str, Any]) -> str:
     """``12.345 ms (embeddings 1.2, kernel calls 0.3, ...)`` for the report, the plan line and the summary."""
-    from runner.plan.trust import FALLBACK
+    from runner.plan.cost.trust import FALLBACK
 
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
     fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())
@@ -237,7 +237,7 @@ def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[St
     """The perf model a planner of ``spec`` rates plans with: :class:`StepPerfModel` with a calibration, else None
     (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
     comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
-    from runner.plan.choice import for_config
+    from runner.plan.cost.choice import for_config
     from runner.plan.proposer_build import declared
 
     cal = for_config(spec.cluster, spec.mode, device_type).calibration

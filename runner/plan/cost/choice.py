@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config.errors import first_line
+from runner.config.modes import MODES
 from runner.config.schema import WORKER_MODES
-from runner.plan.calibration import (
+from runner.plan.cost.calibration import (
     AUTO,
     NONE,
     SUFFIX,
@@ -24,13 +25,13 @@ from runner.plan.calibration import (
     refused,
     whole_or_refused,
 )
-from runner.plan.trust import PARTS, fallen_back, fell_back_note
+from runner.plan.cost.trust import PARTS, fallen_back, fell_back_note
 from runner.runtime.hardware import fingerprint, mismatch
 
 if TYPE_CHECKING:
     import torch
 
-    from runner.config.schema_model import ClusterSchema
+    from runner.config.schema import ClusterSchema
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def hashed(cluster: ClusterSchema, mode: str, config: Dict[str, Any]) -> Dict[st
     """``config`` (a job's config resolved, as a dict; ``cluster`` and ``mode`` its own) as ``runner.config_hash`` and
     ``sweep.reuse`` compare it: for a plan-only job, ``cluster.calibration`` is the calibration it plans with (its file
     and when it was made), not the word, so that a new calibration is another answer. Other jobs: as it is."""
-    if mode != "plan":
+    if not MODES[mode].answer_is_plan:
         return config
     from runner.runtime.device import device_type
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from runner.plan.calibration import Calibration, cache_dir, file_name, save
-from runner.plan.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
-from runner.plan.torchrec_export import export_beside
-from runner.plan.trust import FALLBACK, allowed_median_error, trust
+from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
+from runner.plan.cost.cost_fit import HOST_LINK_MAX_GIBPS, fit_all, kernel_bytes
+from runner.plan.cost.torchrec_export import export_beside
+from runner.plan.cost.trust import FALLBACK, allowed_median_error, trust
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema

@@ -16,7 +16,7 @@ Cal = TypeVar("Cal", bound="Trusting")
 
 
 class Trusting(Protocol):
-    """What this module asks of a calibration (:class:`runner.plan.calibration.Calibration`)."""
+    """What this module asks of a calibration (:class:`runner.plan.cost.calibration.Calibration`)."""
 
     constants: Dict[str, Any]
 
@@ -50,7 +50,7 @@ def allowed_median_error(max_spread: float, repeats: int) -> float:
 
 PARTS = ("collectives", "kernels", "sharded", "dense")
 """The parts a calibration trusts one by one: a part whose median is not known well enough falls back alone
-(:func:`runner.plan.calibration.fallen_back`)."""
+(:func:`runner.plan.cost.calibration.fallen_back`)."""
 
 
 def trust(errors: Dict[str, float], constants: Dict[str, Any], allowed: float) -> Dict[str, bool]:
@@ -119,8 +119,8 @@ def value_faults(constants: Dict[str, Any]) -> Dict[str, str]:
 
 def fallen_back(cal: Cal) -> Cal:
     """``cal`` with every part it does not trust taken out (``cal.untrusted()``): the plan then uses TorchRec's
-    constants for it where TorchRec has the term (:func:`runner.plan.topology.topology_knobs` sets no knob that is
-    absent), and no term where it has none (:mod:`runner.plan.step_estimate` names the parts it did not estimate)."""
+    constants for it where TorchRec has the term (:func:`runner.plan.cost.topology.topology_knobs` sets no knob that is
+    absent), and no term where it has none (:mod:`.step_estimate` names the parts it did not estimate)."""
     gone = cal.untrusted()
     if not gone:
         return cal

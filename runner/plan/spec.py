@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 if TYPE_CHECKING:
-    from runner.config.schema import RunnerConfig
-    from runner.config.schema_model import ClusterSchema, ModelSchema, ShardingSchema
-    from runner.config.schema_training import PrecisionSchema
+    from runner.config.schema import ClusterSchema, ModelSchema, PrecisionSchema, RunnerConfig, ShardingSchema
     from runner.config.tables import TableSpec
 
 

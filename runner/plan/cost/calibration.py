@@ -1,7 +1,7 @@
 """A calibration: the planner's cost model fitted to one machine, as a file.
 
 ``python -m runner mode=calibrate`` measures the job's own workers (:mod:`runner.train.calibrate`), fits the
-measurements (:mod:`runner.plan.cost_fit`) and writes a :class:`Calibration`: a versioned YAML file with the
+measurements (:mod:`runner.plan.cost.cost_fit`) and writes a :class:`Calibration`: a versioned YAML file with the
 hardware's fingerprint (:mod:`runner.runtime.hardware`), the fitted constants, the spread of the repeats and the
 measurements themselves. ``cluster.calibration`` chooses the one a plan uses (:func:`for_job`): ``auto`` the newest
 in the cache folder whose fingerprint matches, ``none`` TorchRec's default constants, byte for byte, or a file.
@@ -11,7 +11,7 @@ memory bandwidth that FBGEMM's fused kernel reaches, the backward-to-forward rat
 workers where the config leaves them null), so TorchRec's estimators, its planner and the runner's rate plans
 with them; the runner's own terms where TorchRec has none (what a sharded lookup costs per call, per table and per
 sample beyond TorchRec's bytes, the dense part, the optimizer, the input and the step's overhead), in the whole step
-(:mod:`runner.plan.step_estimate`) and the plans' rating. FBGEMM's kernel's own fixed cost per call
+(:mod:`runner.plan.cost.step_estimate`) and the plans' rating. FBGEMM's kernel's own fixed cost per call
 (``kernel_call_*_ms``) is recorded beside them.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from runner.config.errors import config_error_line, first_line
-from runner.plan.trust import PARTS, value_faults
+from runner.plan.cost.trust import PARTS, value_faults
 
 if TYPE_CHECKING:
 
@@ -53,10 +53,10 @@ class Calibration:
     constants: Dict[str, Any]
     spread: Dict[str, float] = field(default_factory=dict)
     trusted: Dict[str, bool] = field(default_factory=lambda: {part: True for part in PARTS})
-    """Each part's trust (:func:`runner.plan.trust.trust`)."""
+    """Each part's trust (:func:`runner.plan.cost.trust.trust`)."""
     measurements: Dict[str, Any] = field(default_factory=dict)
     made: str = ""
-    median_error: Dict[str, float] = field(default_factory=dict)  # each part's (:func:`runner.plan.trust.median_error`)
+    median_error: Dict[str, float] = field(default_factory=dict)  # each part's (:func:`.trust.median_error`)
     learned: Dict[str, Any] = field(default_factory=dict)  # refitted from runs: how many, where (:mod:`.learn`)
     format: int = FORMAT
     path: Optional[str] = None  # where it was read from (not written)

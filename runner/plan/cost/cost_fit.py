@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from runner.plan.trust import median_error, spread
+from runner.plan.cost.trust import median_error, spread
 
 GIB = 1024**3
 ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
@@ -229,7 +229,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms, the
     table-wise lookups, the dense part and optimizer (``dense_at``: their samples at ``batch``, as a job times its
     own; else their fits), dense all-reduce, input."""
-    from runner.plan.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
+    from runner.plan.cost.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
 
     world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
