@@ -35,7 +35,6 @@ ONE_CONCEPT = "One concept:"
 # Remove a pair once it is.
 SUFFIX_SIBLINGS_LEFT = {
     ("study", "study_definition"),
-    ("calibration", "calibration_report"),
 }
 
 

@@ -42,7 +42,7 @@ _DOOR: Dict[str, str] = {
     "draw_plan_chart": "chart", "load_matplotlib": "chart",
     # the cost model: which calibration a job plans with, its files, its fit from raw measurements, its words
     "for_config": "cost.choice", "hashed": "cost.choice", "check_file": "cost.calibration",
-    "check_folder": "cost.calibration", "calibrate_results": "cost.calibration_report", "PARTS": "cost.trust",
+    "check_folder": "cost.calibration", "calibrate_results": "cost.fit", "PARTS": "cost.trust",
     "allowed_median_error": "cost.trust", "median_error": "cost.trust", "dense_facts": "cost.step_estimate",
     "step_phrase": "cost.step_estimate", "dense_bytes": "cost.topology", "GIB": "cost.topology",
     "learn_command": "cost.learn", "export_calibration_command": "cost.torchrec_export",
@@ -63,17 +63,17 @@ if TYPE_CHECKING:  # what mypy sees of the door; at run time each name is import
     from runner.plan.analysis import CHART, ESTIMATES, plan_description
     from runner.plan.chart import draw_plan_chart, load_matplotlib
     from runner.plan.cost.calibration import check_file, check_folder
-    from runner.plan.cost.calibration_report import calibrate_results
     from runner.plan.cost.choice import for_config, hashed
+    from runner.plan.cost.fit import calibrate_results
     from runner.plan.cost.learn import learn_command
     from runner.plan.cost.step_estimate import dense_facts, step_phrase
     from runner.plan.cost.topology import GIB, dense_bytes
     from runner.plan.cost.torchrec_export import export_calibration_command
     from runner.plan.cost.trust import PARTS, allowed_median_error, median_error
     from runner.plan.facts import PlanChoices, PlanFacts
-    from runner.plan.spec import PlanSpec, plan_spec
     from runner.plan.planner import make_plan, plan_entries, reusable_model, runners_planner
     from runner.plan.report import write_plan_report
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import PlanSpec, plan_spec
     from runner.plan.torchrec_adapter.comparison import enumeration_differences, proposer_differs
     from runner.plan.torchrec_adapter.conformance import CHECKING

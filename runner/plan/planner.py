@@ -28,9 +28,9 @@ from runner.plan.facts import PlanFacts
 from runner.plan.pinned import pinned_options
 from runner.plan.plan_file import load_plan
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
-from runner.plan.spec import PlanSpec
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import PlanSpec
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ def together(device: torch.device, group: Any = None) -> Callable[[bool, bool], 
 @dataclass(frozen=True)
 class Repeats:
     """How often a measurement is timed: ``least`` repeats, then, in rounds of ``least``, more while its median's
-    relative standard error (:func:`runner.plan.cost.cost_fit.median_error`) is above ``within``, up to ``most`` and
+    relative standard error (:func:`runner.plan.cost.fit.median_error`) is above ``within``, up to ``most`` and
     until ``deadline`` (``time.perf_counter()``): a scattered point is measured until its median is known as well as
     a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once."""
 

@@ -21,7 +21,7 @@ from runner.plan.cost import calibration as cal_mod
 from runner.plan.cost import trust as cost_fit
 from runner.plan.cost.calibration import Calibration, load_calibration, save
 from runner.plan.cost.choice import for_job
-from runner.plan.cost.cost_fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.cost.fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
 from runner.plan.cost.step_estimate import PARTS
 from runner.plan.cost.topology import build_topology, gibps_to_bytes_per_ms, topology_knobs
 from runner.plan.spec import plan_spec
@@ -249,7 +249,7 @@ def test_a_new_calibration_is_another_answer_for_a_plan_only_job(tmp_path: Path)
 
 
 def test_the_uvm_caching_kernel_gives_torchrec_s_host_to_gpu_bandwidth() -> None:
-    from runner.plan.cost.cost_fit import fit_uvm
+    from runner.plan.cost.fit import fit_uvm
 
     hbm, h2d = 900.0, 40.0  # GiB/s; TorchRec's UVM-caching bandwidth is (0.2 x HBM + 0.8 x host-to-GPU) / 10
     per_byte = 1000.0 / ((0.2 * hbm + 0.8 * h2d) / 10 * GIB)
@@ -278,7 +278,7 @@ def _scattered_collectives(repeats: int) -> Dict[str, Any]:
 
 
 def test_one_scattered_part_falls_back_alone_and_the_plan_line_names_it(tmp_path: Path) -> None:
-    from runner.plan.cost.calibration_report import _trust_words
+    from runner.plan.cost.fit import _trust_words
 
     constants, spreads, errors = fit_all(_scattered_collectives(5))
     allowed = cost_fit.allowed_median_error(0.25, 5)
@@ -496,7 +496,7 @@ def test_the_step_overhead_is_fitted_over_every_batch_timed_with_the_dense_part_
     # the tiny-table job's step at a quarter, 1x and 4x the job's batch: its parts (the dense part as measured at
     # each batch, which at 4x is twice its fit: a model's dense part does not follow the square layers' rate) plus
     # an overhead of 2 ms + 5 ms per 1,000 samples, which the fit recovers
-    from runner.plan.cost.cost_fit import _parts_ms, step_overhead
+    from runner.plan.cost.fit import _parts_ms, step_overhead
     from runner.train.calibrate import step_batches
 
     measured = _measured()

@@ -1,7 +1,7 @@
 """A calibration: the planner's cost model fitted to one machine, as a file.
 
 ``python -m runner mode=calibrate`` measures the job's own workers (:mod:`runner.train.calibrate`), fits the
-measurements (:mod:`runner.plan.cost.cost_fit`) and writes a :class:`Calibration`: a versioned YAML file with the
+measurements (:mod:`runner.plan.cost.fit`) and writes a :class:`Calibration`: a versioned YAML file with the
 hardware's fingerprint (:mod:`runner.runtime.hardware`), the fitted constants, the spread of the repeats and the
 measurements themselves. ``cluster.calibration`` chooses the one a plan uses (:func:`for_job`): ``auto`` the newest
 in the cache folder whose fingerprint matches, ``none`` TorchRec's default constants, byte for byte, or a file.
