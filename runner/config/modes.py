@@ -66,7 +66,7 @@ MODES: Dict[str, Mode] = {m.name: m for m in (
     Mode("plan", "plan and log in the driver only, for any cluster", _DRIVER + "drive_plan",
          objective="plan/est_step_ms", answer_is_plan=True, reuses=True, plans_together=True,
          reports=_LINES + "plan_line",
-         warm_imports=("runner.launch.job.run_job", "runner.plan.planner", "runner.train.models", "mlflow",
+         warm_imports=("runner.launch.job.hydra_call", "runner.plan.planner", "runner.train.models", "mlflow",
                        "matplotlib.backends.backend_agg", "matplotlib.figure")),
     Mode("calibrate", "measure this cluster's kernels, collectives and dense part on the job's workers and write a "
          "calibration (docs/calibration.md)", _DRIVER + "drive_workers", "runner.train.calibrate:run_calibration",

@@ -82,7 +82,7 @@ def read_json(path: Path) -> Optional[Any]:
 
 def record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
     """How this job ended (``status.json``; ``error`` is its one line): written by the job's owner
-    (:mod:`runner.launch.job.run_job`), or by the Slurm launcher for a point that never ran. A record that cannot be
+    (:mod:`runner.launch.job.hydra_call`), or by the Slurm launcher for a point that never ran. A record that cannot be
     written is a warning: the job's own outcome matters more (a full disk was already said)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ def test_a_requeued_slurm_job_past_its_retries_does_not_run(monkeypatch, tmp_pat
 
     from runner.config.errors import WorkerFailure
     from runner.launch import schedulers
-    from runner.launch.job.run_job import _attempts, _Job
+    from runner.launch.job.hydra_call import _attempts, _Job
 
     for key, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
                        "SLURM_RESTART_COUNT": "1"}.items():

@@ -1,7 +1,7 @@
 """The driver: one job = one run folder, one MLflow run, one launch of this host's agents.
 
 It writes the resolved config (what the workers run: they never compose again), starts the agents,
-opens the MLflow run (:class:`runner.track.driver_run.DriverRun`) while the workers import and rendezvous,
+opens the MLflow run (:class:`runner.track.mlflow_run.DriverRun`) while the workers import and rendezvous,
 writes rank 0's reports to the run as they come, and ends the run FINISHED, FAILED with the one-line
 reason, or KILLED.
 What it runs is the job's mode's (:mod:`runner.config.modes`): agents (:func:`drive_workers`), a plan here, no run.
@@ -27,7 +27,7 @@ from runner.config.place import Place
 from runner.launch import schedulers
 from runner.launch.job import outcome
 from runner.launch.job.end import PlanChart, end_finished_run, end_job_run
-from runner.launch.job.job_run import HydraJob, driver_run
+from runner.launch.job.run_record import HydraJob, driver_run
 from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
 from runner.launch.processes.supervisor import launch, nodes_on_this_host
@@ -49,7 +49,7 @@ from runner.runtime.device import (
     visible_gpus,
 )
 from runner.track import store
-from runner.track.driver_run import DriverRun
+from runner.track.mlflow_run import DriverRun
 from runner.track.sweep_points import sweep_info
 from runner.track.sync import end_if_lost
 from runner.train.checkpoint import checkpoint_root, resolve
@@ -264,7 +264,7 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
 def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,
            work: Callable[[], Optional[Dict[str, Any]]]) -> Dict[str, Any]:
     """The job's ``work`` (to plan or to train); the MLflow run ended with the job's outcome (:mod:`.outcome`,
-    :mod:`.end`: the value :func:`runner.launch.job.run_job.run_job` records, as under a plain torchrun)."""
+    :mod:`.end`: the value :func:`runner.launch.job.hydra_call.run_job` records, as under a plain torchrun)."""
     try:
         results = work()
         if results is None:

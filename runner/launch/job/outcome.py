@@ -2,7 +2,7 @@
 
 :func:`of_error` turns whatever ended a job (a failure, a stop, a full disk) into an :class:`Outcome`: its
 status, its one line, its exit code. It is computed once per exception (the value is kept on it), so the
-driver that ends the MLflow run and :func:`runner.launch.job.run_job.run_job` that records ``status.json`` and
+driver that ends the MLflow run and :func:`runner.launch.job.hydra_call.run_job` that records ``status.json`` and
 prints the line hold the same value, as rank 0 does under a plain torchrun. A finished job's outcome is
 :func:`finished`. :func:`record` writes ``status.json``; :mod:`.end` ends the MLflow run: nothing else writes
 either.

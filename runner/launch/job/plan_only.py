@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from runner.config.schema import RunnerConfig
     from runner.launch.job.end import PlanChart
     from runner.plan import PlanChoices, PlanFacts
-    from runner.track.driver_run import DriverRun
+    from runner.track.mlflow_run import DriverRun
 
 
 class PlanProgress:

@@ -6,7 +6,7 @@ anything is submitted, how a stop ends the job, the run's tags, whether rank 0 i
 (a static rendezvous), which signals it sends early, and what a stopped sweep cancels. Two implement it:
 :mod:`.local` (this host's agents, nodes emulated or one host of a multi-host job under torch elastic) and
 :mod:`.slurm` (a Slurm job step, one task per node, and ``hydra/launcher=slurm``'s submission). A job's
-scheduler is resolved once, where it takes its place (:func:`runner.launch.job.run_job.run_job`), and handed
+scheduler is resolved once, where it takes its place (:func:`runner.launch.job.hydra_call.run_job`), and handed
 down from there.
 
 Each module of this package that defines a ``SCHEDULER`` is registered, by its name, when the package is first

@@ -1,6 +1,6 @@
 """How far a sweep is: one line per finished point, with the count, the failures and the time left.
 
-Each point's job prints it once its outcome is recorded (:mod:`runner.launch.job.run_job`), whichever launcher and
+Each point's job prints it once its outcome is recorded (:mod:`runner.launch.job.hydra_call`), whichever launcher and
 process ran it: the counts are read from the points' ``status.json`` files in the sweep folder, the total
 from ``sweep.json`` (a grid's points), the pace from the points finished since the sweep (or its resume)
 began, so that points run in parallel count as they do.

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
     from runner.config.schema import ClusterSchema, TrackingSchema
-    from runner.track.driver_run import DriverRun
+    from runner.track.mlflow_run import DriverRun
 
 ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (rundir.record_status)
 

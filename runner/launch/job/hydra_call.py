@@ -199,7 +199,7 @@ def _attempts(job: _Job) -> Dict[str, Any]:
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``; on the scheduler's
     task it runs as, if any."""
     from runner.launch.job.driver import execute_job
-    from runner.track.driver_run import record_requeued
+    from runner.track.mlflow_run import record_requeued
 
     cfg, run_dir, task = job.cfg, job.run_dir, job.task
     attempt = 1

@@ -1,7 +1,7 @@
-"""A job's MLflow run (:func:`driver_run`: a :class:`runner.track.driver_run.DriverRun`) and what it records
-(:func:`run_record`), from where Hydra placed the job (:class:`HydraJob`): its name in a sweep, its tags (the
-point's values, Hydra's choices, the scheduler's, whether the prewarmed agent took it), its config's hash, its
-datasets.
+"""What a job's MLflow run records (:func:`run_record`), from where Hydra placed the job (:class:`HydraJob`): its
+name in a sweep, its tags (the point's values, Hydra's choices, the scheduler's, whether the prewarmed agent took
+it), its config's hash, its datasets; and the driver's run that opens with it (:func:`driver_run`: a
+:class:`runner.track.mlflow_run.DriverRun`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from runner.launch.sweep.resume import config_digest
 from runner.runtime import rundir
 from runner.runtime.cores import parallel_jobs
 from runner.track import store
-from runner.track.driver_run import DriverRun, JobShape, RunRecord
+from runner.track.mlflow_run import DriverRun, JobShape, RunRecord
 from runner.track.sweep_points import point_name, point_values, sweep_info
 
 if TYPE_CHECKING:
