@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runner.train.calibrate_parts import BACK_TO_BACK, collective_samples
+from runner.train.calibrate import BACK_TO_BACK, collective_samples
 from runner.train.timing import Repeats
 
 
