@@ -3,17 +3,16 @@ timed alone: collectives by message size in each scope, FBGEMM's embedding kerne
 GPU), sharded lookups of each family, linear layers, the configured model's dense part, its optimizer and input.
 Last, the configured job itself with every table tiny, trained by the runner's own loop, so that what its step takes
 beyond every part measured alone (the loop, the pipeline, the model's wrappers) can be read off
-(:func:`runner.plan.cost.fit.step_overhead`). Rank 0 gathers the measurements, fits them
-(:mod:`runner.plan.cost.fit`), writes the calibration file (:mod:`runner.plan.cost.calibration`) and its
-report (:mod:`runner.plan.cost.fit`), and logs them. A training job times its own dense part here
-too (:func:`job_dense_ms`).
+(:func:`runner.plan.cost.fit.step_overhead`). Rank 0 gathers the measurements, fits them and writes the
+calibration file and its report (:mod:`runner.plan.cost.fit`, :mod:`runner.plan.cost.calibration`), and logs them.
+A training job times its own dense part here too (:func:`job_dense_ms`).
 
 Every measurement is one warm-up and ``repeats`` timed runs, each synchronised with the device, as lists of ms.
 Every rank measures at once, as in a job (the ranks share the host's cores and links as training does).
 
-One concept: the measuring a calibration is fitted from, on the job's workers. Each part's samples and the phase
-that runs it over the grid sit side by side, and the run that orders the phases and gathers them reads them all;
-the fit, the file and their use are the planner's (:mod:`runner.plan.cost`).
+One concept: the measuring a calibration is fitted from, on the job's workers: each part's samples, the phases
+that take them over the grid, and the run that orders the phases and gathers what every rank measured. The fit,
+the file and their use are the planner's (:mod:`runner.plan.cost`).
 """
 
 from __future__ import annotations
