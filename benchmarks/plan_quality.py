@@ -96,9 +96,9 @@ def problem_at(cfg: Any, ranks: int) -> Tuple[Any, Any]:
     """The point's options (TorchRec's enumerator, reused across points of one bandwidth) as the balanced
     search's problem."""
     from runner.plan.cost.topology import dense_bytes
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import build_planner, reusable_model
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import plan_spec
     from runner.plan.torchrec_adapter.balanced.proposer import problem_of
     from runner.train.models import planning_model
 
@@ -115,9 +115,9 @@ def torchrec_rating(cfg: Any, ranks: int, proposer: str = "greedy") -> Optional[
     ``dynamic_programming``: TorchRec's plan, found faster; ``tests/plan/test_greedy.py``, ``test_search.py``):
     its rating."""
     from runner.plan.cost.topology import dense_bytes
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import PlanEstimates, build_planner, reusable_model
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     cfg.sharding.proposer = proposer
@@ -139,8 +139,8 @@ def dp_rating(cfg: Any, ranks: int) -> Optional[float]:
     """TorchRec's dynamic-programming plan's rating as the balanced planner rates it when it is a start (its plan,
     and where it finds none, its plan without the options no GPU can hold): the balanced planner run with it named
     in ``sharding.balanced_compare`` and a search of no length; None where TorchRec's proposer finds no plan."""
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import make_plan, reusable_model
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     cfg.sharding.balanced_compare = ["dynamic_programming"]

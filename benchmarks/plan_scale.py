@@ -126,9 +126,9 @@ def raw_plan(tables: int, ranks: int) -> Tuple[float, Optional[Tuple[Any, Any]]]
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.cost.topology import dense_bytes
     from runner.plan.plan_file import plan_to_dict
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import PlanEstimates, torchrec_planner
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -57,8 +57,8 @@ def plan_here(overrides: List[str], world: int, local: int, device: str
     from runner.config.tables import table_specs
     from runner.config.validation import validate
     from runner.plan.plan_file import plan_to_dict
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import make_plan
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     GlobalHydra.instance().clear()

@@ -48,9 +48,9 @@ def _config(tables: int, ranks: int, extra: Tuple[str, ...] = ()) -> Any:
 def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
     """Seconds of one call of the runner's planner, and its plan's estimated step (ms)."""
     from runner.plan.cost.topology import dense_bytes
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import PlanEstimates, build_planner, reusable_model
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     model = reusable_model(plan_spec(cfg), lambda: planning_model(cfg))

@@ -14,9 +14,9 @@ from conftest import cfg_for
 
 from runner.launch.sweep import plan_together as sweep_plans
 from runner.plan.cost.topology import dense_bytes
-from runner.plan.spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
 from runner.plan.torchrec_adapter.balanced.bound import lower_bound, lower_bound_of, lp_bound, simple_bound
 from runner.plan.torchrec_adapter.balanced.effort import Effort

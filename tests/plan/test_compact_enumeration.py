@@ -18,9 +18,9 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
 from runner.config.tables import table_specs
 from runner.plan.plan_file import load_plan, plan_to_dict
-from runner.plan.spec import plan_spec
 from runner.plan.planner import make_plan, planner_inputs
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter.compact_enumeration import (
     CompactEnumerator,
     expand_all,

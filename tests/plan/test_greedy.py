@@ -11,9 +11,9 @@ from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.cost.topology import dense_bytes
 from runner.plan.plan_file import plan_to_dict
-from runner.plan.spec import plan_spec
 from runner.plan.planner import PlanEstimates, build_planner, torchrec_planner
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter.greedy_proposers import SkippingGreedyProposer
 from runner.train.models import planning_model
 

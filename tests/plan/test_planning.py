@@ -19,8 +19,8 @@ from runner.config.tables import table_specs
 from runner.plan.analysis import comms_per_rank
 from runner.plan.cost.topology import gibps_to_bytes_per_ms
 from runner.plan.plan_file import load_plan, plan_to_dict
-from runner.plan.spec import plan_spec
 from runner.plan.planner import make_plan
+from runner.plan.spec import plan_spec
 from runner.train.models import build_model
 from runner.train.optimizers import apply_sparse_optimizer
 

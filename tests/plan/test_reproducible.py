@@ -15,8 +15,8 @@ from conftest import cfg_for
 
 from runner.config.tables import table_specs
 from runner.plan.plan_file import plan_to_dict
-from runner.plan.spec import plan_spec
 from runner.plan.planner import make_plan
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter.balanced import proposer as balanced_proposer
 from runner.plan.torchrec_adapter.balanced.effort import Effort
 from runner.plan.torchrec_adapter.balanced.problem import DEVICE, Choice, Problem, rating

@@ -24,9 +24,9 @@ from runner.config.reservations import RESERVATIONS, missing_from_stack
 from runner.config.validation import validate
 from runner.plan.cost.topology import dense_bytes
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank
-from runner.plan.spec import plan_spec
 from runner.plan.planner import build_constraints
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import plan_spec
 from runner.train.models import planning_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # TorchRec's heuristic class warns when built

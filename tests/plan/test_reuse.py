@@ -7,8 +7,8 @@ from test_planning import cfg_for
 from runner.config.tables import table_specs
 from runner.plan.analysis import per_rank_estimates
 from runner.plan.plan_file import plan_to_dict
-from runner.plan.spec import plan_spec
 from runner.plan.planner import make_plan
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter.enumeration_reuse import enumeration_key
 from runner.train.models import planning_model
 

@@ -61,9 +61,9 @@ def test_torchrec_s_planner_with_the_export_estimates_every_shard_as_the_runner_
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 
-    from runner.plan.spec import plan_spec
     from runner.plan.planner import PlanEstimates, make_plan, planner_inputs
     from runner.plan.sharders import sharders_for
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     path = _calibrated(tmp_path)

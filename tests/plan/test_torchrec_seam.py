@@ -8,9 +8,9 @@ import torch
 import torchrec
 from conftest import cfg_for
 
-from runner.plan.spec import plan_spec
 from runner.plan.planner import EmbeddingShardingPlanner, build_planner, make_plan, torchrec_planner
 from runner.plan.sharders import sharders_for
+from runner.plan.spec import plan_spec
 from runner.plan.torchrec_adapter import torchrec_seam
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
 from runner.train.models import build_model

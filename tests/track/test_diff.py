@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 def planned_folder(folder: Path, *overrides: str) -> Path:
     """A run folder as a job writes it (resolved config, plan report), planned in-process for 2 CPU ranks."""
-    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
     from runner.plan.report import write_plan_report
+    from runner.plan.spec import plan_spec
     from runner.train.models import build_model
     from runner.train.optimizers import apply_sparse_optimizer
 

@@ -148,8 +148,8 @@ def _write_plan(path: Path) -> None:
 
     from runner.config.tables import table_specs
     from runner.plan.plan_file import plan_to_dict
-    from runner.plan.plan_spec import plan_spec
     from runner.plan.planner import make_plan
+    from runner.plan.spec import plan_spec
     from runner.train.models import planning_model
 
     cfg = cfg_for(*TIGHT_PLAN, "sharding.storage_reserve_percent=0.1")
