@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, Set
+from typing import Dict, Set, Tuple
 
 import pytest
 
@@ -31,11 +31,8 @@ ALLOWED: Dict[str, Set[str]] = {
 EXPLAIN_OVER = 400
 ONE_CONCEPT = "One concept:"
 # Module names that are a sibling's plus a suffix, not yet merged into one module (or named each for its own
-# concept), wherever their folder is: launch/sweep/, plan/ (calibration), plan/torchrec_adapter/balanced/, train/.
-# Remove a pair once it is.
-SUFFIX_SIBLINGS_LEFT = {
-    ("study", "study_definition"),
-}
+# concept), as (name, name + suffix), wherever their folder is; a pair is removed once it is (none is left now).
+SUFFIX_SIBLINGS_LEFT: Set[Tuple[str, str]] = set()
 
 
 def _module(path: Path) -> str:

@@ -32,8 +32,7 @@ def go_on(folder: Path, *overrides: str, space_args: List[str] = SPACE) -> Any:
     """What the sweeper does as the study is loaded (or made) from ``folder``'s journal: the study, checked."""
     import optuna
 
-    from runner.launch.sweep.study import journal_storage, search_space
-    from runner.launch.sweep.study_definition import keep_or_refuse
+    from runner.launch.sweep.study import journal_storage, keep_or_refuse, search_space
 
     cfg = sweep_cfg(*overrides)
     space, _ = search_space(dict(cfg.hydra.sweeper.params), space_args)

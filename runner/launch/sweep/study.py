@@ -1,14 +1,38 @@
-"""An Optuna study kept in its sweep folder, for the runner's Optuna sweeper
+"""The runner's Optuna study, kept in its sweep folder, for the runner's Optuna sweeper
 (``runner/launch/plugins/hydra_plugins/runner_launcher/optuna_sweeper.py``): Optuna's journal storage
 (``optuna_journal.log``, one line per change, appended under a file lock, so a stopped sweep resumes from it
-and processes on other nodes may open it too), and the search space read from Hydra's sweep syntax.
+and processes on other nodes may open it too), the search space read from Hydra's sweep syntax, a trial's
+overrides and values, the study's results, and what the study is, checked when it goes on (a resume, or the same
+command with the same sweep folder).
+
+A study's *definition* is what its trials were drawn and judged by: its directions, the metrics its jobs return
+(``tracking.objective.metric`` and ``more_metrics``) and its search space. Optuna keeps only the directions, and
+``create_study(load_if_exists=True)`` loads the old ones without a word when the command gives others; the space
+it does not keep at all. So the runner keeps the definition in the study itself (a user attribute, in whatever
+storage holds the study) and a command that changes it is refused in one line naming each change and how to start
+a new study: the old trials would steer the sampler and the best trial would be judged on another question.
+How the study is *run* (sampler, pruner, ``n_trials``, ``n_jobs``) may change between runs of it: the change is
+kept and said in one line.
+
+One concept: a study as the runner keeps it, from its journal to its results. The search space is read once from
+Hydra's syntax and is both what trials are drawn from and part of the definition checked on a resume; the journal's
+checks and the definition's end the command the same way (:func:`refuse`), before any trial.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cast
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.runtime import rundir
+from runner.track.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
     import optuna
@@ -57,8 +81,6 @@ def _damage(path: Path) -> Optional[str]:
     cannot read; here every whole line must be a record and the first must create the study. A last line cut
     short (a stop while a record was appended) is what Optuna's journal is built to survive: the study goes on
     without that change, and a line says so."""
-    import json
-
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -92,8 +114,6 @@ def _record_fault(record: Dict[str, Any]) -> Optional[str]:
     """What of one journal record Optuna's replay would fail on or take as another value (None: nothing): ids, op
     codes and states counts (Optuna indexes its lists with them), an objective or a parameter's value a finite
     number (Optuna fails a trial told NaN), its distribution a record (Optuna's JSON)."""
-    import math
-
     for key in _COUNTS:
         value = record.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
@@ -121,10 +141,6 @@ def _record_fault(record: Dict[str, Any]) -> Optional[str]:
 def write_trial_file(folder: Path, storage: Any, study_name: str, pruner: Any) -> Optional[Path]:
     """With a pruner: what a trial's job needs to report to its trial (:mod:`runner.track.trial`: the study's
     storage, name and pruner), written to the sweep folder; None without one."""
-    from omegaconf import OmegaConf
-
-    from runner.track.trial import TRIAL_FILE
-
     if pruner is None:
         return None
     path = folder / TRIAL_FILE
@@ -177,8 +193,6 @@ def search_space(params: Dict[str, Any], arguments: List[str]) -> Tuple[Dict[str
 def value_text(value: Any) -> str:
     """A drawn value as Hydra's override grammar reads it back as the same value: ``null``, ``true``, numbers as
     they are, a string quoted where it would otherwise read as another type or hold the grammar's characters."""
-    import re
-
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -214,8 +228,6 @@ def mark_fit(trial: optuna.Trial, job_dir: Path) -> None:
     pruner stopped, which had a plan) is left as it is."""
     from optuna.exceptions import UpdateFinishedTrialError
 
-    from runner.runtime import rundir
-
     fits = (rundir.read_json(job_dir / rundir.RESULTS) or {}).get("plan_status") != "infeasible"
     try:
         trial.set_constraint(PLAN_FITS, 0.0 if fits else 1.0)
@@ -246,10 +258,7 @@ def tally(study: optuna.Study) -> Dict[str, int]:
 def write_results(study: optuna.Study, directions: List[str], folder: Path) -> None:
     """The study's counts (trials with a plan, infeasible ones apart from failed ones) and its best trial (or
     Pareto front) among those with a plan, printed and kept in ``optimization_results.yaml``."""
-    import time
-
     import optuna
-    from omegaconf import OmegaConf
 
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     counts = tally(study)
@@ -273,3 +282,142 @@ def write_results(study: optuna.Study, directions: List[str], folder: Path) -> N
               + "; ".join(f"trial {f['trial']} {f['params']} -> {f['values']}" for f in front), flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(out), folder / "optimization_results.yaml")
+
+
+DEFINITION = "runner.definition"  # the study's user attributes that hold it
+SETTINGS = "runner.settings"
+
+
+def definition(directions: List[str], metrics: List[str], space: Mapping[str, Any]) -> Dict[str, Any]:
+    """A study's definition as JSON values: directions, objective metrics, and each searched key's distribution
+    (Optuna's own JSON of it)."""
+    from optuna.distributions import distribution_to_json
+
+    return {"directions": [str(d).lower() for d in directions], "metrics": list(metrics),
+            "space": {key: json.loads(distribution_to_json(d)) for key, d in sorted(space.items())}}
+
+
+def settings(sampler: Any, pruner: Any, n_trials: int, n_jobs: int) -> Dict[str, Any]:
+    """How a study is run: the sampler's and pruner's configs (``_target_`` and keys; None: no pruner), trials
+    and trials at once."""
+    return {"sampler": _plain(sampler), "pruner": _plain(pruner), "n_trials": int(n_trials), "n_jobs": int(n_jobs)}
+
+
+def _plain(part: Any) -> Any:
+    return OmegaConf.to_container(part, resolve=True) if isinstance(part, DictConfig) else part
+
+
+def _kept(study: optuna.Study) -> Dict[str, Any]:
+    """The definition the study was made with; for a study made before the runner kept it, what Optuna kept:
+    its directions and its trials' distributions (its metrics are then unknown, and not compared)."""
+    found = study.user_attrs.get(DEFINITION)
+    if isinstance(found, dict):
+        return found
+    space: Dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        space.update(trial.distributions)
+    return {**definition([d.name for d in study.directions], [], space), "metrics": None}
+
+
+def _text(dist: Dict[str, Any]) -> str:
+    """A distribution as Hydra's sweep syntax writes it (``choice(...)``, ``interval(...)``, ``range(...)``)."""
+    attrs = dist.get("attributes", {})
+    if "choices" in attrs:
+        return f"choice({', '.join(map(str, attrs['choices']))})"
+    low, high, step = attrs.get("low"), attrs.get("high"), attrs.get("step")
+    if step not in (None, 1) or (step == 1 and dist.get("name") == "FloatDistribution"):
+        return f"range {low}..{high} step {step}"  # Hydra's range() stops before its end: its last value here
+    text = f"interval({low}, {high})"
+    text = f"int({text})" if dist.get("name") == "IntDistribution" else text
+    return f"tag(log, {text})" if attrs.get("log") else text
+
+
+def changes(kept: Mapping[str, Any], now: Mapping[str, Any]) -> List[str]:
+    """Each difference between two definitions, in words (empty: the same study)."""
+    out = []
+    if kept["directions"] != now["directions"]:
+        out.append(f"hydra.sweeper.direction {_one(kept['directions'])} -> {_one(now['directions'])}")
+    if kept.get("metrics") is not None and kept["metrics"] != now["metrics"]:
+        out.append(f"objective metric(s) (tracking.objective.metric, more_metrics) {_one(kept['metrics'])} -> "
+                   f"{_one(now['metrics'])}")
+    before, after = kept["space"], now["space"]
+    for key in sorted(set(before) | set(after)):
+        if key not in after:
+            out.append(f"search key {key} removed (was {_text(before[key])})")
+        elif key not in before:
+            out.append(f"search key {key} added ({_text(after[key])})")
+        elif before[key] != after[key]:
+            out.append(f"{key} {_text(before[key])} -> {_text(after[key])}")
+    return out
+
+
+def _one(values: List[str]) -> str:
+    return values[0] if len(values) == 1 else f"[{', '.join(values)}]"
+
+
+def setting_changes(kept: Mapping[str, Any], now: Mapping[str, Any]) -> List[str]:
+    """Each difference in how the study is run, in words."""
+    out = []
+    for part in ("sampler", "pruner"):
+        a, b = kept.get(part), now.get(part)
+        if a != b:
+            out.append(f"{part} {_part_text(a, b)} -> {_part_text(b, a)}")
+    for key in ("n_trials", "n_jobs"):
+        if key in kept and kept[key] != now[key]:
+            out.append(f"{key} {kept[key]} -> {now[key]}")
+    return out
+
+
+def _part_text(part: Any, other: Any) -> str:
+    """A sampler's or pruner's config as its class and the keys where it differs from ``other``."""
+    if not isinstance(part, dict):
+        return "none"
+    name = str(part.get("_target_", "?")).rsplit(".", 1)[-1]
+    if not isinstance(other, dict) or other.get("_target_") != part.get("_target_"):
+        return name
+    differ = [f"{k}={part.get(k)}" for k in sorted(set(part) | set(other)) if k != "_target_" and
+              part.get(k) != other.get(k)]
+    return f"{name}({', '.join(differ)})"
+
+
+def check_study(study: optuna.Study, now: Dict[str, Any], run: Dict[str, Any], where: str) -> Optional[str]:
+    """Compare the study with this command's definition ``now`` and settings ``run``: the one-line refusal when
+    the definition changed (the study is left as it was), else None, with the definition and settings kept in the
+    study and a line said where the settings changed."""
+    if not study.user_attrs.get(DEFINITION) and not study.get_trials(deepcopy=False):
+        study.set_user_attr(DEFINITION, now)  # a new study: made with this definition
+        study.set_user_attr(SETTINGS, run)
+        return None
+    changed = changes(_kept(study), now)
+    if changed:
+        return (f"the Optuna study {study.study_name!r} in {where} was defined otherwise: {'; '.join(changed)}; a "
+                "study's trials were drawn and judged by its definition, so it cannot change: start a new study "
+                "with hydra.sweeper.study_name=<a new name>, or in a new sweep folder (hydra.sweep.dir=...), or "
+                "resume this one with its own definition")
+    if not study.user_attrs.get(DEFINITION):  # a study made before the runner kept its definition
+        study.set_user_attr(DEFINITION, now)
+    before = study.user_attrs.get(SETTINGS)
+    said = setting_changes(before, run) if isinstance(before, dict) else []
+    if said:
+        print(f"[runner] optuna: study {study.study_name!r} goes on with {'; '.join(said)} (how it is run may "
+              "change; its trials so far are kept)", flush=True)
+    if said or not isinstance(before, dict):
+        study.set_user_attr(SETTINGS, run)
+    return None
+
+
+def keep_or_refuse(study: optuna.Study, sweeper: Any, objective: Any, mode: str, space: Mapping[str, Any],
+                   where: str) -> None:
+    """The runner's Optuna sweeper's check of a study it loaded or made, before any trial: the sweep's
+    ``hydra.sweeper`` (``sweeper``), ``tracking.objective`` (``objective``), job ``mode`` and search ``space``
+    against what the study keeps; a changed definition ends the command in one line (exit 2,
+    :func:`refuse`)."""
+    from runner.track.objective import objectives
+
+    direction = sweeper.direction
+    directions = [str(direction)] if isinstance(direction, str) else [str(d) for d in direction]
+    metrics = [m for m, _ in objectives(objective, mode)]
+    run = settings(sweeper.get("sampler"), sweeper.get("pruner"), sweeper.n_trials, sweeper.n_jobs)
+    refusal = check_study(study, definition(directions, metrics, space), run, where)
+    if refusal:
+        refuse(refusal)

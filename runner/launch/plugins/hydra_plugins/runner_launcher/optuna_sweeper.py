@@ -14,7 +14,7 @@
   as any one ends (``hydra.sweeper.batch=true``: Hydra's way, ``n_jobs`` at a time, each batch waiting for its
   slowest). With Hydra's basic launcher trials run one after the other, in this process.
 - **Resume** (``python -m runner resume <sweep folder>``, or the same command with the same
-  ``hydra.sweep.dir``): the study goes on from its journal, its definition unchanged (``study_definition``).
+  ``hydra.sweep.dir``): the study goes on from its journal, its definition unchanged (``keep_or_refuse``).
   A trial the stop interrupted (still RUNNING there) runs again with its own values in its own job folder (job
   number = trial number) and its result is told to it; finished trials count toward ``n_trials``, so the study
   runs only the trials it still lacks, numbered on from the last (a seeded sampler seeded with its seed plus the
@@ -92,7 +92,7 @@ class OptunaSweeper(Sweeper):
             self.sampler = self.sampler(search_space={k: list(d.choices) for k, d in space.items()})
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self.sampler,
                                     pruner=self.pruner, directions=cast(Any, self.directions), load_if_exists=True)
-        from runner.launch.sweep.study_definition import keep_or_refuse  # a changed one refused before any trial
+        from runner.launch.sweep.study import keep_or_refuse  # a changed one refused before any trial
         keep_or_refuse(study, self.config.hydra.sweeper, self.config.tracking.objective, str(self.config.mode),
                        space, str(self.storage or folder))
         self.trial_file = write_trial_file(folder, storage, self.study_name,
