@@ -22,11 +22,11 @@ TRIAL_FILE = "optuna_trial.yaml"
 class TrialPruning:
     """The pruning of one trial's training, for the loop's checkpoints; inactive where the job is no such trial."""
 
-    def __init__(self, o: ObjectiveSchema, rank: int, device: Optional[torch.device] = None) -> None:
+    def __init__(self, o: ObjectiveSchema, mode: str, rank: int, device: Optional[torch.device] = None) -> None:
         from runner.track.objective import objective
 
         self.file, self.number, self.rank, self.device = o.study, o.trial, rank, device  # NCCL: the GPU's tensor
-        self.metric = objective(o, "train")[0]
+        self.metric = objective(o, mode)[0]
         self.active = bool(self.file) and self.number is not None and not o.more_metrics
         self._trial: Any = None
         self.pruned_value: Optional[float] = None

@@ -56,7 +56,7 @@ class Trainer:
         self.dmp, self.optimizer, self.sharding_types = self._build()
         self.checkpointer = checkpoint.Checkpointer(cfg.train.checkpoint, run_dir, env.rank)
         self.loss_scale = loss_scale_for(cfg.precision)
-        self.pruning, self.stop = TrialPruning(cfg.tracking.objective, env.rank, self.device), False
+        self.pruning, self.stop = TrialPruning(cfg.tracking.objective, cfg.mode, env.rank, self.device), False
 
     def _dense_ms(self) -> Optional[Dict[str, float]]:
         """This job's dense part timed here before planning (:func:`job_dense_ms`), where it plans with a calibration
