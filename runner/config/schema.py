@@ -554,6 +554,18 @@ def uses_split_step(train: TrainSchema, precision: PrecisionSchema) -> bool:
     return train.grad_accumulation_steps > 1 or loss_scaling_enabled(precision)
 
 
+def resolved_mapping(node: object) -> Dict[str, Any]:
+    """An OmegaConf mapping ``node`` resolved, as plain dicts and lists: the form a job's config takes where it
+    leaves the typed config (its run's params and ``resolved.yaml``, its config hash, enumeration's reuse key), made
+    once per job and handed on; the same for a node of Hydra's own config (a launcher's arguments, a sweeper's
+    search space). It reads no part: it takes any node, as OmegaConf does."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(plain, dict)  # the root is a mapping
+    return {str(k): v for k, v in plain.items()}
+
+
 def load_resolved(path: Path) -> RunnerConfig:
     """A job's ``resolved.yaml`` (written by the driver, or given to torchrun) as the typed config: merged onto
     the schema, so a value of the wrong type, or a key the schema does not have, fails here in one line naming

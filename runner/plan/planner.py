@@ -125,7 +125,8 @@ def planner_inputs(spec: PlanSpec, world_size: int, local_world_size: int, devic
             hbm_cap: Optional[int]) -> Tuple[Topology, int, Dict[str, ParameterConstraints]]:
     """The topology (with the calibration's constants), batch and constraints every planner of ``spec`` plans with."""
     calibration = for_config(spec.cluster, spec.mode, device_type).calibration
-    return (build_topology(spec.cluster, world_size, local_world_size, device_type, hbm_cap, calibration),
+    return (build_topology(spec.cluster, world_size, local_world_size, device_type, hbm_cap, calibration,
+                           spec.ddr_cap_gib),
             spec.batch, build_constraints(spec.sharding, [t.name for t in spec.tables], spec.pooling, spec.excluded))
 
 
@@ -139,7 +140,7 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
     topology, batch, constraints = planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap)
-    proposer = stock_proposer(spec.sharding)
+    proposer = stock_proposer(spec.proposer, spec.sharding)
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
                                      estimator=stock_estimators(topology, constraints, spec.pipeline))
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch, enumerator=enumerator,

@@ -37,25 +37,25 @@ def stock_uniform(sharding: ShardingSchema) -> Any:
     return UniformProposer()
 
 
-def declared(sharding: ShardingSchema) -> Proposer:
-    """The declaration of the proposer ``sharding.proposer`` names."""
-    return PROPOSERS[sharding.proposer]
+def declared(name: str) -> Proposer:
+    """The declaration of the proposer ``name`` (``sharding.proposer``, or the one a proposer falls back to)."""
+    return PROPOSERS[name]
 
 
-def build_proposer(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
-    """The runner's proposer for ``sharding.proposer`` (None: TorchRec's default list); refused on CPU workers
-    where it does not run there."""
-    spec = declared(sharding)
+def build_proposer(name: str, sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+    """The runner's proposer ``name`` with ``sharding``'s knobs (None: TorchRec's default list); refused on CPU
+    workers where it does not run there."""
+    spec = declared(name)
     if not spec.cpu and device_type != "cuda":
-        raise ConfigError("sharding.proposer", sharding.proposer,
+        raise ConfigError("sharding.proposer", name,
                           "another proposer on CPU workers (it bins HBM, which they do not have)")
     if spec.builds is None:
         return None
     return part(spec.builds)(sharding, device_type, world_size)
 
 
-def stock_proposer(sharding: ShardingSchema) -> Any:
-    """TorchRec's own proposer(s) standing in for ``sharding.proposer`` on its stock planner (None: its default
-    list)."""
-    stock = declared(sharding).stock
+def stock_proposer(name: str, sharding: ShardingSchema) -> Any:
+    """TorchRec's own proposer(s) standing in for the proposer ``name`` on its stock planner, with ``sharding``'s
+    knobs (None: its default list)."""
+    stock = declared(name).stock
     return part(stock)(sharding) if stock is not None else None

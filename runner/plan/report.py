@@ -71,7 +71,7 @@ def _markdown(spec: PlanSpec, plan: Dict[str, Dict[str, Any]], ranks: List[Dict[
         "",
         f"intra-node {bandwidths['intra']:g} GiB/s, cross-node {bandwidths['cross']:g} GiB/s, {reserve} "
         f"(sharding.storage_reserve_percent {spec.sharding.storage_reserve_percent:g}), "
-        f"proposer {spec.sharding.proposer}, planned for the {spec.pipeline} pipeline",
+        f"proposer {spec.proposer}, planned for the {spec.pipeline} pipeline",
         "",
         *summary_markdown(ranks, local),
         "## Tables per sharding type and the collectives they use",

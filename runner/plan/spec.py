@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from runner.config.schema import ClusterSchema, ModelSchema, PrecisionSchema, RunnerConfig, ShardingSchema
@@ -19,8 +19,8 @@ class PlanSpec:
     cannot take)."""
 
     mode: str
-    sharding: ShardingSchema
-    cluster: ClusterSchema
+    sharding: ShardingSchema  # its ``proposer`` is :attr:`proposer`'s
+    cluster: ClusterSchema  # its ``ddr_cap_gib`` is :attr:`ddr_cap_gib`'s
     precision: PrecisionSchema
     model: ModelSchema
     tables: List[TableSpec]
@@ -32,34 +32,28 @@ class PlanSpec:
     num_dense: int  # ``data.num_dense_features``
     pipeline: str  # TorchRec's ``PipelineType`` value of the step the job runs (runner.config.pipelines)
     enumerated: Dict[str, Any]  # the keys enumeration reads (:func:`runner.config.roles.enumerated`)
+    proposer: str  # the proposer that plans: ``sharding.proposer``, or the one a proposer falls back to
+    ddr_cap_gib: Optional[float]  # host memory per worker, GiB: ``cluster.ddr_cap_gib``, or what a host gives one
 
     def with_ddr_cap(self, gib: Optional[float]) -> "PlanSpec":
-        """The same plan with ``cluster.ddr_cap_gib=<gib>`` (the host memory a host gives each worker)."""
-        from omegaconf import OmegaConf
-
-        if gib == self.cluster.ddr_cap_gib:
+        """The same plan with ``gib`` of host memory per worker (the host memory a host gives each worker)."""
+        if gib == self.ddr_cap_gib:
             return self
-        cluster = cast("ClusterSchema", OmegaConf.merge(self.cluster, {"ddr_cap_gib": gib}))
         tree = dict(self.enumerated)
         if "ddr_cap_gib" in tree.get("cluster", {}):  # enumeration's storage reads it: the reuse key follows
             tree["cluster"] = {**tree["cluster"], "ddr_cap_gib": gib}
-        return dataclasses.replace(self, cluster=cluster, enumerated=tree)
+        return dataclasses.replace(self, ddr_cap_gib=gib, enumerated=tree)
 
     def with_proposer(self, name: str) -> "PlanSpec":
-        """The same plan by ``sharding.proposer=<name>`` (a proposer's fall-back)."""
-        from omegaconf import OmegaConf
-
-        sharding = cast("ShardingSchema", OmegaConf.merge(self.sharding, {"proposer": name}))
-        return dataclasses.replace(self, sharding=sharding)
+        """The same plan by the proposer ``name`` (a proposer's fall-back)."""
+        return dataclasses.replace(self, proposer=name)
 
 
 def plan_spec(cfg: RunnerConfig) -> PlanSpec:
     """``cfg``'s plan part (:class:`PlanSpec`)."""
-    from omegaconf import OmegaConf
-
     from runner.config import roles
     from runner.config.pipelines import planned_pipeline
-    from runner.config.schema import samples_per_step, uses_split_step
+    from runner.config.schema import resolved_mapping, samples_per_step, uses_split_step
     from runner.config.tables import table_specs
 
     rows = samples_per_step(cfg.train)
@@ -68,4 +62,4 @@ def plan_spec(cfg: RunnerConfig) -> PlanSpec:
                     ("data_parallel",) if uses_split_step(cfg.train, cfg.precision) else (),
                     int(cfg.train.grad_accumulation_steps), int(cfg.data.num_dense_features),
                     planned_pipeline(cfg.train.pipeline, uses_split_step(cfg.train, cfg.precision)),
-                    roles.enumerated(cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))))
+                    roles.enumerated(resolved_mapping(cfg)), str(cfg.sharding.proposer), cfg.cluster.ddr_cap_gib)

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from runner.runtime import rundir, signals
 from runner.runtime.folder_lock import taking_turns
@@ -200,11 +200,13 @@ def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
     """Rank 0's run under a plain torchrun: opened now, delivered every 2 s (as a driver does) while it trains."""
     from omegaconf import OmegaConf
 
+    from runner.config.schema import resolved_mapping
+
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
     rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.EVENTS_WRITER, rundir.DELIVERED,
                                          rundir.RESULTS))
     run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
-    config = cast(Dict[str, Any], OmegaConf.to_container(cfg))  # the root is a mapping
+    config = resolved_mapping(cfg)
     run.open(cfg.tracking.experiment, config, store.default_run_name(cfg.tracking.run_name, config), None,
              {"runner.launcher": "torchrun"})
     (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's

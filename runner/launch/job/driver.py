@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -207,12 +207,12 @@ def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
-def reuse_job(cfg: RunnerConfig, earlier: Run, scheduler: Scheduler) -> Dict[str, Any]:
+def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler: Scheduler) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
-    folder and child run, linked to that run, nothing planned or trained."""
+    folder and child run, linked to that run, nothing planned or trained. ``config``: ``cfg`` resolved, as the job
+    made it (:func:`runner.config.schema.resolved_mapping`)."""
     discard_warm()
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
-    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(hydra_job, config)
     from runner.data.layout import job_data
 
@@ -227,11 +227,11 @@ def reuse_job(cfg: RunnerConfig, earlier: Run, scheduler: Scheduler) -> Dict[str
     return results
 
 
-def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place: Optional[Place] = None
-                ) -> Dict[str, Any]:
-    """Write the resolved config, launch (or plan), keep the MLflow run, return the results. ``scheduler``: the
-    job's (:mod:`runner.launch.schedulers`); ``attempt``: which run of this job it is (``sweep.retries``);
-    ``place``: where it runs (:mod:`runner.config.place`)."""
+def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler, attempt: int = 1,
+                place: Optional[Place] = None) -> Dict[str, Any]:
+    """Write the resolved config (``config``: ``cfg`` resolved, as the job made it), launch (or plan), keep the
+    MLflow run, return the results. ``scheduler``: the job's (:mod:`runner.launch.schedulers`); ``attempt``: which
+    run of this job it is (``sweep.retries``); ``place``: where it runs (:mod:`runner.config.place`)."""
     mode = MODES[cfg.mode]
     if not mode.on_workers:
         discard_warm()  # no workers: free the core the prewarmed agent would hold
@@ -240,7 +240,6 @@ def execute_job(cfg: RunnerConfig, scheduler: Scheduler, attempt: int = 1, place
     # workers measure start-up from it: the command's start for its first job, this job's for a sweep's later jobs
     os.environ["RUNNER_START_UNIX"] = str(STARTED if next(_JOBS) == 0 else time.time())
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)  # where Hydra placed it (the node's folder)
-    config = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     earlier_run = _job_folder(hydra_job, config)
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and mode.on_workers and cfg.cluster.node_rank in (None, 0):

@@ -12,16 +12,15 @@ folder's ``status.json``, where a sweep's outcome is read from (:mod:`runner.lau
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config.errors import TrackingError, WorkerFailure
 from runner.config.place import Place
-from runner.config.schema import freeze
+from runner.config.schema import freeze, resolved_mapping
 from runner.config.validation import validate
 from runner.launch.job import outcome
 from runner.launch.sweep import stop as sweep_stop
@@ -55,17 +54,11 @@ class _Job:
     task: Optional[Task] = None
     place: Place = field(default_factory=lambda: Place("local"))
     scheduler: Scheduler = field(default_factory=_this_host)  # this host's until the job takes its place
+    resolved: Dict[str, Any] = field(default_factory=dict)  # the config resolved, as its run records it (once placed)
 
     @property
     def multirun(self) -> bool:
         return self.sweep_dir is not None
-
-    @functools.cached_property
-    def resolved(self) -> Dict[str, Any]:
-        """The config resolved, as the job's run records it (once its place is taken)."""
-        from omegaconf import OmegaConf
-
-        return cast(Dict[str, Any], OmegaConf.to_container(self.cfg, resolve=True))
 
     @property
     def objectives(self) -> List[Tuple[str, str]]:
@@ -130,6 +123,7 @@ def _take_place(job: _Job) -> bool:
         return False
     if job.task is not None or not checked(job.overrides):
         validate(job.cfg)  # once per job: with the scheduler's values adopted, unless the pre-check validated it
+    job.resolved = resolved_mapping(job.cfg)  # once per job: every boundary (run, resume, reuse) is handed it
     return True
 
 
@@ -190,7 +184,7 @@ def _answer(job: _Job) -> Dict[str, Any]:
     if earlier is not None:
         from runner.launch.job.driver import reuse_job
 
-        return reuse_job(job.cfg, earlier, job.scheduler)
+        return reuse_job(job.cfg, job.resolved, earlier, job.scheduler)
     return _attempts(job)
 
 
@@ -213,7 +207,7 @@ def _attempts(job: _Job) -> Dict[str, Any]:
                                 f"{attempt} does not run")
     while True:
         try:
-            return execute_job(cfg, job.scheduler, attempt, job.place)
+            return execute_job(cfg, job.resolved, job.scheduler, attempt, job.place)
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise

@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, cast
+from typing import TYPE_CHECKING, List, Sequence
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -41,11 +41,11 @@ def warm_pool(launcher: DictConfig, modules: Sequence[str]) -> None:
         return
     from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
     from joblib import Parallel, delayed, effective_n_jobs
-    from omegaconf import OmegaConf
+
+    from runner.config.schema import resolved_mapping
 
     # the arguments joblib's launcher will give Parallel, so that it finds this pool and takes it over
-    composed = cast(Dict[str, Any], OmegaConf.to_container(launcher, resolve=True))
-    args = {str(k): v for k, v in composed.items() if k != "_target_"}
+    args = {k: v for k, v in resolved_mapping(launcher).items() if k != "_target_"}
     args["backend"] = "loky"
     process_joblib_cfg(args)
 

@@ -16,10 +16,13 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 from runner.config.parts import part
 from runner.config.sweepers import sweeper_of
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 LIMIT = 500  # points listed at most (the rest are counted)
 
@@ -63,14 +66,12 @@ def preview(args: List[str]) -> int:
 
 def search_preview(first: Any, args: List[str]) -> int:
     """A searching sweeper's preview: its search space, trials and storage (its points are drawn as it runs)."""
-    from omegaconf import OmegaConf
-
+    from runner.config.schema import resolved_mapping
     from runner.launch.sweep.study import JOURNAL_FILE, search_space
 
     sweeper = first.hydra.sweeper
     arguments = [a for a in args if "=" in a and not a.startswith(("hydra.", "hydra/", "-"))]  # as the sweeper has
-    params = cast(Dict[str, Any], OmegaConf.to_container(sweeper.params or {}, resolve=True))
-    space, fixed = search_space(dict(params), arguments)
+    space, fixed = search_space(resolved_mapping(sweeper.params) if sweeper.params else {}, arguments)
     for key, dist in space.items():
         print(f"[dry-run] searched: {key} in {dist}", flush=True)
     storage = sweeper.storage or str(Path(str(first.hydra.sweep.dir)) / JOURNAL_FILE)
@@ -80,12 +81,11 @@ def search_preview(first: Any, args: List[str]) -> int:
     return 0
 
 
-def _done(point: Any) -> str:
+def _done(point: DictConfig) -> str:
     """Whether the experiment already holds a FINISHED run of a ``point``'s config (composed):
     ``done before (run <id>)``, ``not run yet``, or why that cannot be told here (the store does not exist yet, or
     cannot be reached)."""
-    from omegaconf import OmegaConf
-
+    from runner.config.schema import resolved_mapping
     from runner.launch.sweep.resume import config_digest, finished_runs_of
     from runner.track import store
 
@@ -95,8 +95,7 @@ def _done(point: Any) -> str:
     try:
         from mlflow.tracking import MlflowClient
 
-        resolved = cast(Dict[str, Any], OmegaConf.to_container(point, resolve=True))
-        digest = config_digest(point.cluster, str(point.mode), resolved)
+        digest = config_digest(point.cluster, str(point.mode), resolved_mapping(point))
         with _scratch_folder():
             found = finished_runs_of(MlflowClient(tracking_uri=readable), digest, point.tracking.experiment)
     except Exception as exc:  # noqa: BLE001 - a store that cannot answer: the point is still accepted

@@ -115,7 +115,7 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``replicated_params``:
     the data-parallel tables' parameters, which the dense optimizer updates on every rank beside the dense part's;
     ``measured``: the job's own dense part timed on its workers at its batch (``fwd_ms``, ``bwd_ms``,
-    ``optimizer_ms``, :func:`runner.train.calibrate_parts.dense_samples`), used instead of the fit where given:
+    ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of the fit where given:
     what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross layers, interactions)."""
     c, cross = cal.constants, world > local
     reduce = _collective(cal, "all_reduce", cross)
@@ -241,6 +241,6 @@ def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[St
     from runner.plan.proposer_build import declared
 
     cal = for_config(spec.cluster, spec.mode, device_type).calibration
-    if cal is None or declared(spec.sharding).own_planner:
+    if cal is None or declared(spec.proposer).own_planner:
         return None
     return StepPerfModel(cal, world, spec.rows)

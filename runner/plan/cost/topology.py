@@ -98,10 +98,12 @@ def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
 
 
 def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: int, device_type: str,
-                   hbm_cap: Optional[int] = None, calibration: Optional[Calibration] = None) -> Topology:
+                   hbm_cap: Optional[int] = None, calibration: Optional[Calibration] = None,
+                   ddr_cap_gib: Optional[float] = None) -> Topology:
     """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
     (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``; ``calibration``: the
-    constants it sets (:func:`topology_knobs`; None: TorchRec's defaults, untouched)."""
+    constants it sets (:func:`topology_knobs`; None: TorchRec's defaults, untouched); ``ddr_cap_gib``: host memory
+    per worker, GiB (the plan's :attr:`~runner.plan.spec.PlanSpec.ddr_cap_gib`; None: TorchRec's default)."""
     knobs, bandwidths = topology_knobs(calibration, device_type, cluster.intra_node_bandwidth,
                                        cluster.cross_node_bandwidth, world_size, local_world_size)
     kwargs: Dict[str, Any] = dict(
@@ -120,8 +122,8 @@ def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: in
         kwargs["hbm_cap"] = int(hbm_cap)
     elif cluster.hbm_cap_gib is not None:
         kwargs["hbm_cap"] = int(cluster.hbm_cap_gib * GIB)
-    if cluster.ddr_cap_gib is not None:
-        kwargs["ddr_cap"] = int(cluster.ddr_cap_gib * GIB)
+    if ddr_cap_gib is not None:
+        kwargs["ddr_cap"] = int(ddr_cap_gib * GIB)
     return Topology(**kwargs)
 
 

@@ -46,7 +46,7 @@ def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
 
 def _budget_text(spec: PlanSpec, device_type: str, per_rank: float, world: int) -> str:
     _, word, cap_key = KINDS[device_type]
-    cap = getattr(spec.cluster, cap_key)
+    cap = spec.ddr_cap_gib if cap_key == "ddr_cap_gib" else getattr(spec.cluster, cap_key)
     s = spec.sharding
     declared = reservation_of(s.storage_reserve_policy)
     reserve = " ".join(f"sharding.{k}={v:g}" if isinstance(v := getattr(s, k), float) else f"sharding.{k}={v}"
@@ -111,7 +111,7 @@ def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world:
             f"({shape[0]} x {shape[1]}), {_fmt(totals[largest])}) but the cluster has {_fmt(capacity)}: "
             f"{where}; {more}"))
     return Infeasible(NO_PACKING, (
-        f"no sharding plan found by sharding.proposer={spec.sharding.proposer}{also}: the tables need at least "
+        f"no sharding plan found by sharding.proposer={spec.proposer}{also}: the tables need at least "
         f"{_fmt(total)} of the cluster's {_fmt(capacity)} of {word} and each has an option that fits on one rank "
         f"({where}), but no combination tried packs{_stopped(planner, by_table, budget, mem)}; try another "
         f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))

@@ -52,9 +52,9 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
     topology, batch, constraints = inputs
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
               "estimator": shard_estimators(topology, constraints, spec.pipeline)}
-    proposer = build_proposer(spec.sharding, device_type, world_size)
+    proposer = build_proposer(spec.proposer, spec.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
-    own = declared(spec.sharding).own_planner  # the balanced search's planner
+    own = declared(spec.proposer).own_planner  # the balanced search's planner
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
@@ -135,7 +135,7 @@ def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[Sha
         plan = job.planner(other).plan(job.model, job.sharders)
     except Exception:  # noqa: BLE001 - none either: the first planner's state explains why
         return None
-    notes.append(f"sharding.proposer={job.spec.sharding.proposer} found no packing (nor without the options no GPU "
+    notes.append(f"sharding.proposer={job.spec.proposer} found no packing (nor without the options no GPU "
                  f"can hold); this plan was found by the next proposer, sharding.proposer={name}")
     return plan
 
@@ -178,7 +178,7 @@ def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: 
             facts["fallback"] = "placeable_only"
         line = explain_planner_error(exc, planner, spec, world, device_type)
         why = diagnose(planner, spec, world, device_type)
-        after = declared(spec.sharding).falls_back_to
+        after = declared(spec.proposer).falls_back_to
         if found is None and after and why and why.cause == NO_PACKING:
             found = _next_proposers_plan(job, after, notes)
             facts["fallback"] = after if found is not None else None
