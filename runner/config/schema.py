@@ -555,10 +555,8 @@ def uses_split_step(train: TrainSchema, precision: PrecisionSchema) -> bool:
 
 
 def resolved_mapping(node: object) -> Dict[str, Any]:
-    """An OmegaConf mapping ``node`` resolved, as plain dicts and lists: the form a job's config takes where it
-    leaves the typed config (its run's params and ``resolved.yaml``, its config hash, enumeration's reuse key), made
-    once per job and handed on; the same for a node of Hydra's own config (a launcher's arguments, a sweeper's
-    search space). It reads no part: it takes any node, as OmegaConf does."""
+    """An OmegaConf mapping resolved, in plain dicts: a job's config where it leaves the typed one (its run, its
+    ``resolved.yaml``, its hash, enumeration's reuse key), made once per job; or a node of Hydra's own config."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(node, resolve=True)

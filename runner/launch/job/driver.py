@@ -209,8 +209,7 @@ def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
 
 def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler: Scheduler) -> Dict[str, Any]:
     """A sweep's point answered by ``earlier``, a FINISHED run of the same config (``sweep.reuse``): its own
-    folder and child run, linked to that run, nothing planned or trained. ``config``: ``cfg`` resolved, as the job
-    made it (:func:`runner.config.schema.resolved_mapping`)."""
+    folder and child run, linked to that run, nothing planned or trained (``config``: ``cfg`` resolved)."""
     discard_warm()
     hydra_job = HydraJob.from_hydra(scheduler, cfg.cluster.node_rank)
     earlier_run = _job_folder(hydra_job, config)

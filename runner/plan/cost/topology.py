@@ -100,10 +100,9 @@ def gibps_to_bytes_per_ms(gib_per_s: float) -> float:
 def build_topology(cluster: ClusterSchema, world_size: int, local_world_size: int, device_type: str,
                    hbm_cap: Optional[int] = None, calibration: Optional[Calibration] = None,
                    ddr_cap_gib: Optional[float] = None) -> Topology:
-    """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap``
-    (bytes per GPU, read from the job's devices) stands in for ``cluster.hbm_cap_gib``; ``calibration``: the
-    constants it sets (:func:`topology_knobs`; None: TorchRec's defaults, untouched); ``ddr_cap_gib``: host memory
-    per worker, GiB (the plan's :attr:`~runner.plan.spec.PlanSpec.ddr_cap_gib`; None: TorchRec's default)."""
+    """TorchRec topology from the cluster config, for the world the workers really form. ``hbm_cap`` (bytes per GPU,
+    from the job's devices) stands in for ``cluster.hbm_cap_gib``, ``ddr_cap_gib`` is the plan's host memory per
+    worker; ``calibration``: the constants it sets (:func:`topology_knobs`; None: TorchRec's defaults, untouched)."""
     knobs, bandwidths = topology_knobs(calibration, device_type, cluster.intra_node_bandwidth,
                                        cluster.cross_node_bandwidth, world_size, local_world_size)
     kwargs: Dict[str, Any] = dict(
