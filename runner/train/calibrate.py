@@ -414,11 +414,10 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     sizes = (params, 16 * params) if cfg.calibrate.grid == "small" else (params, 16 * params, 1 << 22, 1 << 24)
     optimizer = {n: optimizer_samples(cfg.optimizer, n, device, repeats) for n in sorted(set(sizes))}
     say("input", 2, 3, force=True)
-    quarter = cast("RunnerConfig", OmegaConf.merge(cfg, {"train": {"batch_size": max(cfg.train.batch_size // 4, 1)},
-                                                         "data": {"prefetch_batches": 0}}))
-    n = cfg.calibrate.repeats
-    inputs = {r: input_samples(iter(source(job_data(c), env.rank, env.world, False, 0, n + 1)), n)
-              for r, c in ((rows, cfg), (samples_per_step(quarter.train), quarter))}
+    n, whole = cfg.calibrate.repeats, job_data(cfg)
+    quarter = max(cfg.train.batch_size // 4, 1) * cfg.train.grad_accumulation_steps  # the job's rows at a quarter batch
+    inputs = {r: input_samples(iter(source(replace(whole, rows=r), env.rank, env.world, False, 0, n + 1)), n)
+              for r in (rows, quarter)}
     job = {"batch": rows, "world": env.world, "device": device.type, "pooling": int(cfg.data.ids_per_feature),
            "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank

@@ -10,7 +10,7 @@ from conftest import cfg_for, launch_in_process
 from mlflow.tracking import MlflowClient
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.plan import calibration as cal_mod
+from runner.plan.cost import calibration as cal_mod
 from runner.runtime.hardware import fingerprint, mismatch
 from runner.track.reporter import summary_line
 
@@ -47,7 +47,7 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert set(cal.measurements["step"]) == {32, 128} and all(v > 0 for v in cal.measurements["step"].values())
     assert c["step_overhead"]["fixed_ms"] >= 0 and c["step_overhead"]["ms_per_ksample"] >= 0
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
-    from runner.plan.choice import for_job
+    from runner.plan.cost.choice import for_job
 
     chosen = for_job(cfg.cluster, "cpu", True)
     assert chosen.calibration is not None and chosen.calibration.path == results["kept"]
