@@ -66,14 +66,14 @@ def run_plain(steps: int, batch: int, tmp: Path, bind: bool, warmup: int, device
 
 
 def run_runner(steps: int, batch: int, tmp: Path, extra: tuple = ()) -> dict:
-    run_dir = tmp / "runner"
+    run_folder = tmp / "runner"
     start = time.time()
     _run([str(PY), "-m", "runner", "sharding=tablewise", f"train.steps={steps}", f"train.batch_size={batch}",
           "train.checkpoint.enabled=false", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
-          "tracking.experiment=benchmark", f"hydra.run.dir={run_dir}", *extra])
-    r = json.loads((run_dir / "results.json").read_text())
-    plan = json.loads((run_dir / "plan" / "plan.json").read_text())
-    measured = json.loads((run_dir / "measured.json").read_text()) if (run_dir / "measured.json").exists() else {}
+          "tracking.experiment=benchmark", f"hydra.run.dir={run_folder}", *extra])
+    r = json.loads((run_folder / "results.json").read_text())
+    plan = json.loads((run_folder / "plan" / "plan.json").read_text())
+    measured = json.loads((run_folder / "measured.json").read_text()) if (run_folder / "measured.json").exists() else {}
     return {"samples_per_s": r["samples_per_s"], "startup_s": r["first_step_unix"] - start,
             "startup_phases_s": r.get("startup_s", {}), "per_rank": measured.get("per_rank", []),
             "sharding_types": {t: p["sharding_type"] for m in plan.values() for t, p in m.items()}}

@@ -95,10 +95,10 @@ def shape_args(shape: Tuple[int, int], device: str) -> List[str]:
 
 
 def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> Path:
-    run_dir, out = runner(["mode=calibrate", *shape_args(shape, device), f"cluster.calibration_dir={folder}"], store)
+    run_folder, out = runner(["mode=calibrate", *shape_args(shape, device), f"cluster.calibration_dir={folder}"], store)
     lines = [ln[len("[runner] calibration: "):] for ln in out.splitlines() if ln.startswith("[runner] calibration: ")]
     print(f"calibration {shape[0]} x {shape[1]}: {'; '.join(lines)}", flush=True)
-    return run_dir / "calibration" / "calibration.yaml"
+    return run_folder / "calibration" / "calibration.yaml"
 
 
 def trust_study(tries: int, device: str, folder: Path, store: str, floor: float) -> Dict[str, int]:
@@ -113,10 +113,10 @@ def trust_study(tries: int, device: str, folder: Path, store: str, floor: float)
         try:
             for i in range(tries):
                 start = time.perf_counter()
-                run_dir, _ = runner(["mode=calibrate", *shape_args((1, 2), device),
+                run_folder, _ = runner(["mode=calibrate", *shape_args((1, 2), device),
                                      f"cluster.calibration_dir={folder / f'{label}{i}'}"], store)
                 seconds = time.perf_counter() - start
-                data = yaml.safe_load((run_dir / "calibration" / "calibration.yaml").read_text())
+                data = yaml.safe_load((run_folder / "calibration" / "calibration.yaml").read_text())
                 trusted, errors = data["trusted"], data["median_error"]
                 kept = any((folder / f"{label}{i}").glob("*.calibration.yaml"))
                 used = kept and all(trusted[p] for p in ("collectives", "kernels", "dense"))
@@ -148,20 +148,20 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
             f"cluster.device={device}", "train.checkpoint.enabled=false"]
     if device == "cuda":
         args += ["cluster.nodes=1", "cluster.workers_per_node=1"]  # one GPU: every config as 1 x 1
-    run_dir, _ = runner(args, store)
-    measured = json.loads((run_dir / "measured.json").read_text())
-    est = json.loads((run_dir / "plan" / "estimates.json").read_text())
+    run_folder, _ = runner(args, store)
+    measured = json.loads((run_folder / "measured.json").read_text())
+    est = json.loads((run_folder / "plan" / "estimates.json").read_text())
     step = est.get("step") or {}
     slowest = max(range(len(measured["per_rank"])), key=lambda r: measured["per_rank"][r]["step_ms"])
     fwd = [x.get("embedding_fwd_ms") or 0.0 for x in measured["per_rank"]]
     world, local = len(measured["per_rank"]), est["local_world_size"]
     d_step, d_fwd, d_plan = default_estimate([a for a in args if not a.startswith("cluster.calibration=")], world,
                                              local, device)
-    trained = json.loads((run_dir / "plan" / "plan.json").read_text())
+    trained = json.loads((run_folder / "plan" / "plan.json").read_text())
     held = [measured.get(f"measured/rank{r}/mem_over_baseline_bytes") for r in range(world)]
     mem_rank = max(range(world), key=lambda r: held[r] or 0.0)  # the rank that holds most
     return {"mem_measured": held[mem_rank], "mem_estimated": measured.get(f"estimated/rank{mem_rank}/mem_bytes"),
-            "name": name, "run_dir": run_dir, "shape": (world // local, local), "args": args,
+            "name": name, "run_folder": run_folder, "shape": (world // local, local), "args": args,
             "repeats": [measured["per_rank"][slowest]["step_ms"]], "measured": measured["per_rank"][slowest]["step_ms"],
             "measured_fwd": max(fwd),
             "calibrated": step.get("step_ms"), "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"])
@@ -179,12 +179,12 @@ def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Pat
     for shape, path in sorted(calibrations.items()):
         mine = [r for r in rows if r["shape"] == shape and r["calibrated"]]
         cal = load_calibration(path)
-        taught = learn.run_points([r["run_dir"] for r in mine[0::2]], cal)
+        taught = learn.run_points([r["run_folder"] for r in mine[0::2]], cal)
         if len(taught) < learn.MIN_RUNS:
             continue
         new = learn.refit(cal, taught, "bench-estimates").constants
         for row in mine[1::2]:
-            for p in learn.run_points([row["run_dir"]], cal):
+            for p in learn.run_points([row["run_folder"]], cal):
                 was, now = p["parts_ms"] + p["overhead_ms"], p["parts_ms"] + learn.overhead_ms(new, p["batch"],
                                                                                                   p["tables"])
                 before.append(was / row["measured"] - 1)
@@ -246,9 +246,9 @@ def study(calibration: Path, steps: int, device: str, store: str, repeats: int) 
     for i in range(repeats):
         pair = [("TorchRec's constants", "none"), ("calibrated", str(calibration))]
         for label, cal in pair if i % 2 == 0 else pair[::-1]:
-            run_dir, out = runner([*STUDY.split(), f"cluster.calibration={cal}", f"train.steps={steps}",
+            run_folder, out = runner([*STUDY.split(), f"cluster.calibration={cal}", f"train.steps={steps}",
                                    "train.checkpoint.enabled=false"], store)
-            got[label].append(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+            got[label].append(json.loads((run_folder / "measured.json").read_text())["measured/step_ms"])
             plans[label] = next(ln for ln in out.splitlines() if ln.startswith("[runner] sharding plan:"))
     for label, steps_ms in got.items():
         print(f"study ({STUDY}), {label}: measured step {statistics.median(steps_ms):.2f} ms (median of "
@@ -320,8 +320,8 @@ def main() -> None:
               flush=True)
     for _ in range(args.repeats - 1):  # the machine's own noise: each config trained again, after all the others
         for row in rows:
-            run_dir, _ = runner(row["args"], store)
-            row["repeats"].append(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+            run_folder, _ = runner(row["args"], store)
+            row["repeats"].append(json.loads((run_folder / "measured.json").read_text())["measured/step_ms"])
     for row in rows:
         row["measured"] = statistics.median(row["repeats"])
     errors = table(rows)
@@ -330,8 +330,8 @@ def main() -> None:
         else float("nan")
     if ranking_here:
         def train(overrides: List[str]) -> float:
-            run_dir, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
-            return float(json.loads((run_dir / "measured.json").read_text())["measured/step_ms"])
+            run_folder, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
+            return float(json.loads((run_folder / "measured.json").read_text())["measured/step_ms"])
         ranking.study(calibrations, lambda o: shape_of(o, args.device), train, args.device, work / "ranking",
                       args.ranking_repeats, only, args.ranking_plans, args.ranking_budget_s,
                       shape_args((1, 1), args.device) if args.device == "cuda" else [])  # one GPU: every config 1 x 1

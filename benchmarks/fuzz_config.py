@@ -105,16 +105,16 @@ def _left(marker: str) -> List[int]:
 
 def run_one(args: List[str], folder: Path, timeout: float) -> Tuple[str, str]:
     """The outcome (done, refused, failed, or a finding's kind) and the line that says it."""
-    run_dir = folder / "run"
+    run_folder = folder / "run"
     cmd = [str(PY), "-m", "runner", *args, f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
-           f"hydra.run.dir={run_dir}"]
+           f"hydra.run.dir={run_folder}"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        subprocess.run(["pkill", "-KILL", "-f", str(run_dir)], check=False)
+        subprocess.run(["pkill", "-KILL", "-f", str(run_folder)], check=False)
         return "finding: ran past its time", f"no end within {timeout:.0f} s"
     time.sleep(0.5)
-    left = _left(str(run_dir))
+    left = _left(str(run_folder))
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     said = errors[0] if errors else (proc.stdout.strip().splitlines() or [""])[-1]
     if left:

@@ -224,7 +224,7 @@ def make_run(folder: Path) -> None:
     and tags (each line marked with the writer id of events_writer.json), delivered.json says 2 lines reached the
     store and keeps the final status; status.json as the job wrote it. The store is a real MLflow SQLite store in
     the folder."""
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.events import EventLog, EventPump
     from runner.track.store import start_run
 
@@ -232,19 +232,19 @@ def make_run(folder: Path) -> None:
     run.mkdir(parents=True)
     store = uri(folder)
     run_id = start_run(store, "fuzz_files", "run", None, {"runner.record_id": "r1"})
-    rundir.write_json(run / rundir.RUN_INFO, {"tracking_uri": store, "run_id": run_id})
-    log = EventLog(run / rundir.EVENTS)
+    run_files.write_json(run / run_files.RUN_INFO, {"tracking_uri": store, "run_id": run_id})
+    log = EventLog(run / run_files.EVENTS)
     log.params({"train.steps": "6", "model": "dlrm"})
     log.metrics({"train/loss": 0.9}, 0)
     log.close()
-    EventPump(run / rundir.EVENTS, store, run_id, say=lambda line: None)()  # the first 2 lines reached the store
-    log = EventLog(run / rundir.EVENTS)
+    EventPump(run / run_files.EVENTS, store, run_id, say=lambda line: None)()  # the first 2 lines reached the store
+    log = EventLog(run / run_files.EVENTS)
     for step in range(1, 6):
         log.metrics({"train/loss": round(1.0 / (step + 1), 4), "train/samples_per_s": 1000.0 + step}, step)
     log.tags({"runner.plan": "tablewise"})
     log.close()
-    rundir.update_json(run / rundir.DELIVERED, final={"status": "FINISHED", "error": None})
-    rundir.record_status(run, "FINISHED", objective=0.5)
+    run_files.update_json(run / run_files.DELIVERED, final={"status": "FINISHED", "error": None})
+    run_files.record_status(run, "FINISHED", objective=0.5)
 
 
 def read_run(case: Path) -> Any:
@@ -298,16 +298,16 @@ def make_point(folder: Path) -> None:
     """A finished plan-only point: its resolved config, status.json, results.json and run.json."""
     from omegaconf import OmegaConf
 
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track import store
 
     cfg = _point_cfg()
     run = folder / "sweep" / "0"
     run.mkdir(parents=True)
-    OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
-    rundir.record_status(run, "FINISHED", objective=12.5)
-    rundir.write_json(run / rundir.RESULTS, {"mode": "plan", "est_step_ms": 12.5})
-    rundir.write_json(run / rundir.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri),
+    OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
+    run_files.record_status(run, "FINISHED", objective=12.5)
+    run_files.write_json(run / run_files.RESULTS, {"mode": "plan", "est_step_ms": 12.5})
+    run_files.write_json(run / run_files.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri),
                                               "run_id": "0" * 32})
 
 
@@ -350,11 +350,11 @@ def point_subset(reading: Any, clean: Any) -> bool:
 # -- sweep.json: resume's command and the check that it is the same sweep ----------------------------------------
 
 def make_sweep(folder: Path) -> None:
-    from runner.runtime import rundir
+    from runner.runtime import run_files
 
     sweep = folder / "sweep"
     sweep.mkdir(parents=True)
-    rundir.write_json(sweep / "sweep.json", {
+    run_files.write_json(sweep / "sweep.json", {
         "parent_run_id": "a" * 32, "swept": ["train.seed"], "overrides": ["mode=plan", "train.seed=1,2"],
         "command": ["-m", "mode=plan", "train.seed=1,2"], "points": 2, "started": 1764300000.0, "paired": []})
 

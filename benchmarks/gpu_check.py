@@ -79,10 +79,10 @@ class Step:
         self.name, self.args, self.expect_ok, self.says, self.after = name, args, expect_ok, says, after
 
 
-def figures(run_dir: Path) -> Dict[str, str]:
+def figures(run_folder: Path) -> Dict[str, str]:
     """samples/s, measured peak memory against the plan's estimate, the planner's HBM cap."""
-    results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
-    measured = json.loads((run_dir / "measured.json").read_text()) if (run_dir / "measured.json").exists() else {}
+    results = json.loads((run_folder / "results.json").read_text()) if (run_folder / "results.json").exists() else {}
+    measured = json.loads((run_folder / "measured.json").read_text()) if (run_folder / "measured.json").exists() else {}
     out = {}
     if results.get("samples_per_s"):
         out["samples/s"] = f"{results['samples_per_s']:.0f}"
@@ -98,8 +98,8 @@ def figures(run_dir: Path) -> Dict[str, str]:
 
 
 def run_step(step: Step, out: Path, uri: str) -> Dict[str, str]:
-    run_dir = out / step.name
-    args = [sys.executable, "-m", "runner", *step.args, f"hydra.run.dir={run_dir}", f"tracking.uri={uri}",
+    run_folder = out / step.name
+    args = [sys.executable, "-m", "runner", *step.args, f"hydra.run.dir={run_folder}", f"tracking.uri={uri}",
             "tracking.experiment=gpu-check"]
     t0 = time.perf_counter()
     try:
@@ -107,14 +107,14 @@ def run_step(step: Step, out: Path, uri: str) -> Dict[str, str]:
         code, text = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
         code, text = -1, "timed out after 600 s"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "output.txt").write_text(text)
+    run_folder.mkdir(parents=True, exist_ok=True)
+    (run_folder / "output.txt").write_text(text)
     ok = (code == 0) == step.expect_ok and (not step.says or step.says in text)
     row = {"step": step.name, "outcome": "ok" if ok else "FAILED", "exit": str(code),
            "seconds": f"{time.perf_counter() - t0:.0f}"}
-    row.update(figures(run_dir))
+    row.update(figures(run_folder))
     if step.after is not None and ok:
-        row.update(step.after(run_dir))
+        row.update(step.after(run_folder))
     if not ok:
         lines = [line for line in text.splitlines() if line.strip()]
         row["detail"] = (lines[-1] if lines else "no output")[:300]

@@ -69,11 +69,11 @@ def runner_plan(tables: int, ranks: int, tmp: Path, extra: Tuple[str, ...] = (),
                 echo: bool = False) -> Dict[str, Any]:
     """The whole command; its seconds, results, plan and per-rank estimates, note and peak memory (``timeout``:
     stopped after that many seconds and reported unanswered; ``echo``: its progress lines printed as they come)."""
-    run_dir = tmp / f"run{tables}{len(list(tmp.glob('run*')))}"
+    run_folder = tmp / f"run{tables}{len(list(tmp.glob('run*')))}"
     t0 = time.perf_counter()
     with open(tmp / "out.txt", "w") as out, open(tmp / "err.txt", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "runner", "mode=plan", *overrides(tables, ranks), *extra,
-                                 f"hydra.run.dir={run_dir}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+                                 f"hydra.run.dir={run_folder}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
                                  "tracking.experiment=plan_scale"], cwd=ROOT, stdout=out, stderr=err, text=True)
         status, usage, shown = _wait(proc, timeout, tmp / "out.txt" if echo else None)
     seconds = time.perf_counter() - t0
@@ -84,13 +84,13 @@ def runner_plan(tables: int, ranks: int, tmp: Path, extra: Tuple[str, ...] = (),
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         sys.exit(f"runner plan failed:\n{stderr[-3000:]}")
-    results = json.loads((run_dir / "results.json").read_text())
+    results = json.loads((run_folder / "results.json").read_text())
     found = results.get("plan_status") == "feasible"
     note = [line for line in stdout.splitlines() if line.startswith("[runner] note:")]
     return {"seconds": seconds, "results": results, "found": found, "note": note[0] if note else "",
             "peak_gib": usage.ru_maxrss / 2**20,
-            "plan": json.loads((run_dir / "plan" / "plan.json").read_text()) if found else None,
-            "per_rank": json.loads((run_dir / "plan" / "estimates.json").read_text())["per_rank"] if found else None}
+            "plan": json.loads((run_folder / "plan" / "plan.json").read_text()) if found else None,
+            "per_rank": json.loads((run_folder / "plan" / "estimates.json").read_text())["per_rank"] if found else None}
 
 
 def _wait(proc: subprocess.Popen, timeout: Optional[float], echo: Optional[Path]) -> Tuple[Optional[int], Any, int]:

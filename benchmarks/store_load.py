@@ -145,20 +145,20 @@ def outage(points: int, n_jobs: int, folder: Path, down_s: float) -> List[str]:
     port = int(uri.rsplit(":", 1)[1])
     reserves, bandwidths = grid(points)
     expected = len(reserves) * len(bandwidths)
-    sweep_dir = folder / "sweep-outage"
+    sweep_folder = folder / "sweep-outage"
     args = [sys.executable, "-m", "runner", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", *PLAN,
             f"sharding.storage_reserve_percent={','.join(reserves)}",
             f"cluster.intra_node_bandwidth={','.join(bandwidths)}", "tracking.experiment=outage",
-            f"hydra.sweep.dir={sweep_dir}"]
+            f"hydra.sweep.dir={sweep_folder}"]
     t0 = time.perf_counter()
     printed = (folder / "outage.out").open("w+")  # a file, not a pipe: a sweep prints more than a pipe holds
     proc = subprocess.Popen(args, cwd=ROOT, env=runner_env(uri), stdout=printed, stderr=subprocess.STDOUT, text=True)
-    while len(list(sweep_dir.glob("*/status.json"))) < expected // 4 and proc.poll() is None:
+    while len(list(sweep_folder.glob("*/status.json"))) < expected // 4 and proc.poll() is None:
         time.sleep(0.2)
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
     killed = time.perf_counter() - t0
-    done_then = len(list(sweep_dir.glob("*/status.json")))
+    done_then = len(list(sweep_folder.glob("*/status.json")))
     time.sleep(down_s)
     server, _ = start_server(folder / "server", port)
     back = time.perf_counter() - t0
@@ -178,7 +178,7 @@ def outage(points: int, n_jobs: int, folder: Path, down_s: float) -> List[str]:
                             f"missing {sorted(set(range(expected)) - complete - listed)[:10]}, "
                             f"both {sorted(complete & listed)[:10]}")
         s0 = time.perf_counter()
-        sync = subprocess.run([sys.executable, "-m", "runner", "sync", str(sweep_dir)], cwd=ROOT,
+        sync = subprocess.run([sys.executable, "-m", "runner", "sync", str(sweep_folder)], cwd=ROOT,
                               env=runner_env(uri), capture_output=True, text=True)
         sync_s = time.perf_counter() - s0
         if sync.returncode != 0:

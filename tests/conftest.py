@@ -156,10 +156,10 @@ def metric_history(uri: str, run_id: str, key: str) -> List[float]:
     return [m.value for m in sorted(hist, key=lambda m: m.step)]
 
 
-def finished_run(store: str, experiment: str, run_dir: Path, args: List[str], **kwargs) -> tuple:
+def finished_run(store: str, experiment: str, run_folder: Path, args: List[str], **kwargs) -> tuple:
     """Run ``python -m runner ARGS`` into its own MLflow experiment and folder; it must succeed.
     Returns the process and the experiment's one MLflow run."""
-    proc = run_cli([*args, f"tracking.uri={store}", f"tracking.experiment={experiment}", f"hydra.run.dir={run_dir}"],
+    proc = run_cli([*args, f"tracking.uri={store}", f"tracking.experiment={experiment}", f"hydra.run.dir={run_folder}"],
                    **kwargs)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = runs(store, experiment)
@@ -250,9 +250,9 @@ def ui_text(url: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-def launch_in_process(cfg, run_dir: Path, uri: str, name: str):
+def launch_in_process(cfg, run_folder: Path, uri: str, name: str):
     """A 2-rank job of ``cfg`` in this test's own process tree, as TorchRec's golden example tests itself: its
-    resolved config written to ``run_dir``, its MLflow run opened here (as the driver does), torch elastic's
+    resolved config written to ``run_folder``, its MLflow run opened here (as the driver does), torch elastic's
     ``elastic_launch`` forking two gloo workers on the runner's worker entry. Returns ``({rank: results}, run id,
     the MlflowRun)``; the caller ends the run."""
     import signal
@@ -261,20 +261,20 @@ def launch_in_process(cfg, run_dir: Path, uri: str, name: str):
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from runner.launch.processes.ports import free_port
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.mlflow_run import MlflowRun
     from runner.train.worker import elastic_entry
 
-    run_dir.mkdir()
-    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+    run_folder.mkdir()
+    OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=name, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
                           start_method="fork")
-    mlflow_run = MlflowRun(run_dir, uri)
+    mlflow_run = MlflowRun(run_folder, uri)
     run_id = mlflow_run.open(cfg.tracking.experiment, OmegaConf.to_container(cfg, resolve=True), name, None, {})
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
-        return elastic_launch(launch, elastic_entry)(str(run_dir)), run_id, mlflow_run
+        return elastic_launch(launch, elastic_entry)(str(run_folder)), run_id, mlflow_run
     finally:  # torch elastic installs its own stop handlers in this process
         for s, h in handlers.items():
             signal.signal(s, h)

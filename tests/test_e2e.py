@@ -13,8 +13,8 @@ from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs, st
 pytestmark = pytest.mark.slow
 
 
-def plan_types(run_dir: Path) -> dict[str, str]:
-    plan = json.loads((run_dir / "plan" / "plan.json").read_text())
+def plan_types(run_folder: Path) -> dict[str, str]:
+    plan = json.loads((run_folder / "plan" / "plan.json").read_text())
     return {t: p["sharding_type"] for tables in plan.values() for t, p in tables.items()}
 
 

@@ -106,9 +106,9 @@ def test_no_import_circle() -> None:
 
 def test_import_walk_sees_deferred_imports(tmp_path: Path) -> None:
     """The walk finds imports inside functions too (a circle made of one would otherwise go unseen)."""
-    (tmp_path / "a.py").write_text("def f():\n    from runner.runtime import rundir\n")
-    found = _imports(tmp_path / "a.py", {"runner.config", "runner.runtime.rundir"}, "runner.x")
-    assert found == {"runner.runtime.rundir"}
+    (tmp_path / "a.py").write_text("def f():\n    from runner.runtime import run_files\n")
+    found = _imports(tmp_path / "a.py", {"runner.config", "runner.runtime.run_files"}, "runner.x")
+    assert found == {"runner.runtime.run_files"}
 
 
 @pytest.mark.parametrize("stage", sorted(set(ALLOWED) - {"cli"}))
@@ -192,7 +192,7 @@ def _callers(name: str) -> Set[str]:
 
 
 def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
-    """``status.json`` is written by one function (``runtime.rundir.record_status``), called from a job's outcome
+    """``status.json`` is written by one function (``runtime.run_files.record_status``), called from a job's outcome
     (``launch.job.outcome``), for a point that never ran, the Slurm launcher, and for a job whose driver was killed
     outright, ``runner sync`` (``track.sync``); the plan chart is drawn by
     ``launch.job.end`` only, which alone ends a job's run, on the driver's path and under a plain torchrun alike."""

@@ -2,7 +2,7 @@
 
 Every stage raises one of these with a message that is already the line to print (what is wrong, where,
 what to do); :func:`one_line` puts the kind in front. Workers record that line for the driver
-(:mod:`runner.runtime.rundir`), the driver and the CLI print it. Any other exception is shown by its class
+(:mod:`runner.runtime.run_files`), the driver and the CLI print it. Any other exception is shown by its class
 name and first line, and its traceback goes to the run folder.
 """
 

@@ -25,7 +25,7 @@ class Mode:
     ``(cfg, data, hydra_job, run, chart, place, scheduler) -> results`` (:func:`runner.launch.job.driver.execute_job`);
     without a run (``opens_run``): ``(cfg) -> results``."""
     works: Optional[str] = None
-    """``module:function`` each worker runs (:func:`runner.train.worker.run`): ``(cfg, run_dir, env, device,
+    """``module:function`` each worker runs (:func:`runner.train.worker.run`): ``(cfg, run_folder, env, device,
     reporter, marks, cores, allocated) -> results`` (rank 0's); None: no workers, the job runs in the driver."""
     opens_run: bool = True
     """The job has a run folder and an MLflow run; False: the driver runs ``drives`` on the config alone."""

@@ -50,14 +50,14 @@ class Place:
             changes["train"] = {"checkpoint": {"dir": self.checkpoint_dir}}
         return freeze(cast("RunnerConfig", OmegaConf.merge(cfg, changes)))
 
-    def write(self, run_dir: Path) -> None:
-        (run_dir / PLACE_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+    def write(self, run_folder: Path) -> None:
+        (run_folder / PLACE_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
 
 
-def read_place(run_dir: Path) -> Optional[Place]:
-    """The place the driver recorded in ``run_dir`` (None under a plain torchrun, where no driver records one)."""
+def read_place(run_folder: Path) -> Optional[Place]:
+    """The place the driver recorded in ``run_folder`` (None under a plain torchrun, where no driver records one)."""
     try:
-        found = json.loads((run_dir / PLACE_FILE).read_text())
+        found = json.loads((run_folder / PLACE_FILE).read_text())
     except (OSError, ValueError):
         return None
     names = {f.name for f in dataclasses.fields(Place)}

@@ -1,4 +1,4 @@
-"""The plan report every run writes into ``<run_dir>/plan/``: JSON, table, estimates, comms, chart."""
+"""The plan report every run writes into ``<run_folder>/plan/``: JSON, table, estimates, comms, chart."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from runner.plan.cost.topology import topology_knobs
 from runner.plan.facts import PlanFacts
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
 from runner.plan.summary import summary_markdown, summary_metrics
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 if TYPE_CHECKING:
     from runner.plan.spec import PlanSpec
@@ -159,7 +159,7 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
              + ", ".join(f"{n} {t}" for t, n in types.items())
              + ("" if constants is None else "; TorchRec's default constants" if constants == NONE
                 else f"; calibrated ({Path(constants).name})"))
-    rundir.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
+    run_files.write_json(out / ESTIMATES, {"device": device_type, "per_rank": ranks, "comms_bytes_per_step": comms,
                                         "title": title, "estimated": bool(best_plan),
                                         "local_world_size": local, "step": step,
                                         "calibration": facts.get("calibration"),  # whole: the driver reads it

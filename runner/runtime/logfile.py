@@ -11,14 +11,14 @@ import logging
 import warnings
 from pathlib import Path
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 _LIBRARIES = ("torch", "torchrec", "fbgemm_gpu")
 
 
-def log_to_file(run_dir: Path, who: str, level: int = logging.WARNING) -> None:
+def log_to_file(run_folder: Path, who: str, level: int = logging.WARNING) -> None:
     """Route every logger (torch's own terminal handlers included) and ``warnings`` to the run's log."""
-    handler = logging.FileHandler(run_dir / rundir.LOG, delay=True)
+    handler = logging.FileHandler(run_folder / run_files.LOG, delay=True)
     handler.setFormatter(logging.Formatter(f"[%(asctime)s][{who}][%(name)s][%(levelname)s] %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):  # a forked worker's copy of its agent's handler: closed, not left to the GC

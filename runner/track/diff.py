@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from runner.config.secrets import redact_uri
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track import store
 
 # (label, MLflow metric, results.json key); memory shown in GiB
@@ -45,19 +45,19 @@ def from_folder(folder: Path) -> RunView:
     """A run folder's config, plan and headline metrics (from its files: no store needed)."""
     import yaml
 
-    resolved = folder / rundir.RESOLVED
+    resolved = folder / run_files.RESOLVED
     if not resolved.exists():
-        raise DiffError(f"{folder} is not a run folder (no {rundir.RESOLVED})")
+        raise DiffError(f"{folder} is not a run folder (no {run_files.RESOLVED})")
     config = store.flatten(yaml.safe_load(resolved.read_text()) or {})
-    results = rundir.read_json(folder / rundir.RESULTS) or {}
+    results = run_files.read_json(folder / run_files.RESULTS) or {}
     metrics = {metric: float(results[key]) for _, metric, key in HEADLINE if results.get(key) is not None}
-    estimates = rundir.read_json(folder / rundir.PLAN / "estimates.json") or {}
+    estimates = run_files.read_json(folder / run_files.PLAN / "estimates.json") or {}
     ranks = estimates.get("per_rank") or []
     if ranks and estimates.get("estimated", True):
         mem = "hbm_bytes" if estimates.get("device") == "cuda" else "ddr_bytes"
         metrics.setdefault("plan/est_step_ms", max(r["total_ms"] for r in ranks))
         metrics.setdefault("plan/max_mem_bytes", max(r[mem] for r in ranks))
-    return RunView(str(folder), config, rundir.read_json(folder / rundir.PLAN / "plan.json"), metrics)
+    return RunView(str(folder), config, run_files.read_json(folder / run_files.PLAN / "plan.json"), metrics)
 
 
 def from_run_id(uri: str, run_id: str) -> RunView:
@@ -68,14 +68,14 @@ def from_run_id(uri: str, run_id: str) -> RunView:
         raise DiffError(f"{run_id} is neither a run folder nor a run in {redact_uri(uri)} "
                         f"({str(exc).splitlines()[0][:200]})") from None
     folder = Path(run.data.tags.get("runner.run_dir", ""))
-    if run.data.tags.get("runner.run_dir") and (folder / rundir.RESOLVED).exists():
+    if run.data.tags.get("runner.run_dir") and (folder / run_files.RESOLVED).exists():
         view = from_folder(folder)
         view.metrics.update({m: v for m, v in run.data.metrics.items() if m in {h[1] for h in HEADLINE}})
         view.label = f"{run.info.run_name} ({run_id})"
         return view
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            plan = rundir.read_json(Path(store.client(uri).download_artifacts(run_id, "plan/plan.json", tmp)))
+            plan = run_files.read_json(Path(store.client(uri).download_artifacts(run_id, "plan/plan.json", tmp)))
         except Exception:  # noqa: BLE001 - a run without a plan (refused before planning)
             plan = None
     return RunView(f"{run.info.run_name} ({run_id})", dict(run.data.params), plan, dict(run.data.metrics))

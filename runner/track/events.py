@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from runner.config.errors import disk_full
-from runner.runtime.rundir import DELIVERED, EVENTS_WRITER, read_json, update_json
+from runner.runtime.run_files import DELIVERED, EVENTS_WRITER, read_json, update_json
 from runner.track.store import client, log_artifacts, log_params, log_step_metrics, outage_reason, set_tags
 
 

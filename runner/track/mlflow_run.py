@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from runner.runtime import rundir, signals
+from runner.runtime import run_files, signals
 from runner.runtime.folder_lock import taking_turns
 from runner.track import store
 from runner.track.events import EventLog, EventPump
@@ -46,8 +46,8 @@ class MlflowRun:
 
     RETRY_S = 5.0  # how often a kept run's creation is tried again while the job runs
 
-    def __init__(self, run_dir: Path, uri: str) -> None:
-        self.run_dir, self.uri = run_dir, uri
+    def __init__(self, run_folder: Path, uri: str) -> None:
+        self.run_folder, self.uri = run_folder, uri
         self.run_id: Optional[str] = None
         self.pending: Optional[Dict[str, Any]] = None  # the run to create once the store is back
         self.pump: Optional[EventPump] = None
@@ -57,7 +57,7 @@ class MlflowRun:
         self._next_try = 0.0
         self.system: Any = None  # this host's system-metrics monitor (False: none, asked once); stopped at the end
         # a sweep's point: a store away is said once for the sweep, with one sync command, not by each point
-        self.in_sweep = sweep_of(run_dir) is not None
+        self.in_sweep = sweep_of(run_folder) is not None
 
     @property
     def opened(self) -> bool:
@@ -79,17 +79,17 @@ class MlflowRun:
                     raise
                 self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
                     name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
-                rundir.write_json(self.run_dir / rundir.RUN_INFO,
+                run_files.write_json(self.run_folder / run_files.RUN_INFO,
                                   {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
                 self.report_last([], None, params=params)
                 self._next_try = time.monotonic() + self.RETRY_S
                 if not self.in_sweep:
                     print(f"[runner] tracking store {self.uri} unreachable ({store.outage_reason(exc)}): the job goes "
                           "on; its MLflow run is created when the store is back (or by python -m runner sync "
-                          f"{self.run_dir})", flush=True)
+                          f"{self.run_folder})", flush=True)
                 return None
-            self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
-            rundir.write_json(self.run_dir / rundir.RUN_INFO,
+            self.pump = EventPump(self.run_folder / run_files.EVENTS, self.uri, self.run_id)
+            run_files.write_json(self.run_folder / run_files.RUN_INFO,
                               {"tracking_uri": self.uri, "run_id": self.run_id, **(record or {})})
             try:
                 store.log_params(self.uri, self.run_id, params)
@@ -106,19 +106,19 @@ class MlflowRun:
         if time.monotonic() < self._next_try:
             return False
         try:
-            self.run_id = open_kept(self.run_dir, self.uri, self.pending)
+            self.run_id = open_kept(self.run_folder, self.uri, self.pending)
         except Exception:  # noqa: BLE001 - still away
             self._next_try = time.monotonic() + self.RETRY_S
             return False
         self.pending = None
-        self.pump = EventPump(self.run_dir / rundir.EVENTS, self.uri, self.run_id)
-        print(f"[runner] tracking store {self.uri} is back: MLflow run {self.run_id} created for {self.run_dir}",
+        self.pump = EventPump(self.run_folder / run_files.EVENTS, self.uri, self.run_id)
+        print(f"[runner] tracking store {self.uri} is back: MLflow run {self.run_id} created for {self.run_folder}",
               flush=True)
         return True
 
     def deliver(self) -> bool:
         """Write rank 0's new reports to the run; True when the store has all of them."""
-        with self._lock, taking_turns(self.run_dir, wait=False) as turn:
+        with self._lock, taking_turns(self.run_folder, wait=False) as turn:
             if not turn:  # a runner sync delivers this folder now: what it delivers is not sent again
                 return False
             if not self._create_kept():
@@ -152,7 +152,7 @@ class MlflowRun:
         if self.pending is not None:
             tags = self.pending["tags"]
             tags["mlflow.note.content"] = f"{tags.get('mlflow.note.content', '')}\n\n{section}".strip()
-            rundir.update_json(self.run_dir / rundir.RUN_INFO, pending=self.pending)
+            run_files.update_json(self.run_folder / run_files.RUN_INFO, pending=self.pending)
             return
         with contextlib.suppress(Exception):  # an outage: the run keeps its Description without the section
             note = store.NOTE_OF.get(self.run_id or "")
@@ -167,7 +167,7 @@ class MlflowRun:
         """Files made once every rank has ended (the plan's chart), or ``params``, appended to the run folder's
         event log as rank 0's last report: they reach the run as the others do (from the folder by ``sync``
         in an outage)."""
-        log = EventLog(self.run_dir / rundir.EVENTS)
+        log = EventLog(self.run_folder / run_files.EVENTS)
         if params:
             log.params(params)
         if files:
@@ -189,28 +189,28 @@ class MlflowRun:
         self.stop_system_metrics()
         if not self.opened:
             return True
-        with self._lock, taking_turns(self.run_dir):  # the last delivery waits for a sync's turn to end
+        with self._lock, taking_turns(self.run_folder):  # the last delivery waits for a sync's turn to end
             self._next_try = 0.0  # one more try to create a kept run
             created = self._create_kept()
-            return end_or_keep(self.run_dir, self.pump if created else None, self.uri, self.run_id, status, error,
+            return end_or_keep(self.run_folder, self.pump if created else None, self.uri, self.run_id, status, error,
                                say=not self.in_sweep)
 
 
-def torchrun_run(cfg: RunnerConfig, run_dir: Path) -> MlflowRun:
+def torchrun_run(cfg: RunnerConfig, run_folder: Path) -> MlflowRun:
     """Rank 0's run under a plain torchrun: opened now, delivered every 2 s (as a driver does) while it trains."""
     from omegaconf import OmegaConf
 
     from runner.config.schema import resolved_mapping
 
     # an earlier torchrun job in this folder: its reports and run stay its own (only rank 0 writes these files)
-    rundir.set_aside_previous(run_dir, (rundir.RUN_INFO, rundir.EVENTS, rundir.EVENTS_WRITER, rundir.DELIVERED,
-                                         rundir.RESULTS))
-    run = MlflowRun(run_dir, store.tracking_uri(cfg.tracking.uri))
+    run_files.set_aside_previous(run_folder, (run_files.RUN_INFO, run_files.EVENTS, run_files.EVENTS_WRITER,
+                                              run_files.DELIVERED, run_files.RESULTS))
+    run = MlflowRun(run_folder, store.tracking_uri(cfg.tracking.uri))
     config = resolved_mapping(cfg)
     run.open(cfg.tracking.experiment, config, store.default_run_name(cfg.tracking.run_name, config), None,
              {"runner.launcher": "torchrun"})
-    (run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's
-    run.artifacts([run_dir / rundir.RESOLVED])
+    (run_folder / run_files.RESOLVED).write_text(OmegaConf.to_yaml(config))  # the config the ranks run, as a driver's
+    run.artifacts([run_folder / run_files.RESOLVED])
     if run.run_id:  # this host's system metrics, as a driver records them
         run.system = start_system_metrics(cfg.tracking, cfg.mode, cfg.cluster.nodes, run.uri, run.run_id,
                                           int(os.environ.get("GROUP_RANK", "0")))
@@ -251,14 +251,14 @@ class DriverRun:
     agent took the job).
     """
 
-    def __init__(self, tracking: TrackingSchema, job: JobShape, run_dir: Path, config: Dict[str, Any], port: int,
+    def __init__(self, tracking: TrackingSchema, job: JobShape, run_folder: Path, config: Dict[str, Any], port: int,
                  record: Callable[[], RunRecord], static_rendezvous: bool = False) -> None:
-        self.tracking, self.job, self.run_dir, self.config, self.port = tracking, job, run_dir, config, port
+        self.tracking, self.job, self.run_folder, self.config, self.port = tracking, job, run_folder, config, port
         self._record = record
         self.uri = store.tracking_uri(tracking.uri)
         self.multi_host = job.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
-        self._run = run = MlflowRun(run_dir, self.uri)  # open, deliver, end
+        self._run = run = MlflowRun(run_folder, self.uri)  # open, deliver, end
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
         # the run's own, as MlflowRun does them: deliver, report_last, add_to_note, stop_system_metrics (this host's
         # last samples, logged before the run ends), end (False: the store is unreachable and the ending is kept in
@@ -278,7 +278,7 @@ class DriverRun:
     def rank0_here(self) -> bool:
         if self.static:
             return self.job.node_rank == 0
-        return (self.run_dir / rundir.PIDS / "rank0.pid").exists()
+        return (self.run_folder / run_files.PIDS / "rank0.pid").exists()
 
     @property
     def opens_early(self) -> bool:
@@ -297,7 +297,7 @@ class DriverRun:
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
         if self.job.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
-            line = f"[runner] MLflow run {self.run_id} | run folder {self.run_dir}"  # over a plan's count line, on
+            line = f"[runner] MLflow run {self.run_id} | run folder {self.run_folder}"  # over a plan's count line, on
             print(f"\r{line}\x1b[K" if sys.stdout.isatty() else line, flush=True)  # a terminal (plan_beside)
         self._run.system = self._system_metrics(run_id, self.job.node_rank or 0)
         if record.datasets:
@@ -318,7 +318,7 @@ class DriverRun:
         if self.opened:
             self._run.deliver()
         if self._run.system is None and self.static and self.job.node_rank:  # node k: once node 0 opened it
-            info = rundir.read_json(self.run_dir.parent / rundir.RUN_INFO)
+            info = run_files.read_json(self.run_folder.parent / run_files.RUN_INFO)
             if info and info.get("run_id"):
                 monitor = self._system_metrics(info["run_id"], self.job.node_rank)
                 self._run.system = monitor or False  # off: asked once
@@ -329,10 +329,10 @@ class DriverRun:
             self.open()
 
 
-def record_requeued(run_dir: Path, job: str, attempt: int, scheduler: str = "the scheduler") -> None:
+def record_requeued(run_folder: Path, job: str, attempt: int, scheduler: str = "the scheduler") -> None:
     """The run of the attempt before ``attempt``, stopped when ``scheduler`` requeued job ``job`` after a lost node (it
     ended KILLED, as a cancelled job does): FAILED, saying so. The new attempt gets its own run."""
-    info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
+    info = run_files.read_json(run_folder / run_files.RUN_INFO) or {}
     if not info.get("run_id"):
         return
     with contextlib.suppress(Exception):  # the earlier run keeps its status; the new attempt runs all the same

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from runner.config.modes import MODES
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track import store
 from runner.track.events import last_logged
 
@@ -44,20 +44,20 @@ def worst(direction: str) -> float:
 
 
 def objective_value(wanted: List[Tuple[str, str]], results: Optional[Dict[str, Any]],
-                    run_dir: Optional[Path] = None) -> Objective:
+                    run_folder: Optional[Path] = None) -> Objective:
     """The objective metrics' (``wanted``: :func:`objectives`) last values in the job's results, else in what rank 0
-    logged (``run_dir``'s event log: the value the run gets, whether or not the store is there now), else in its
+    logged (``run_folder``'s event log: the value the run gets, whether or not the store is there now), else in its
     run; the worst value for each it has not; one number, or a list where ``more_metrics`` asks for more."""
-    values = [_value(results, metric, direction, run_dir) for metric, direction in wanted]
+    values = [_value(results, metric, direction, run_folder) for metric, direction in wanted]
     return values[0] if len(values) == 1 else values
 
 
-def _value(results: Optional[Dict[str, Any]], metric: str, direction: str, run_dir: Optional[Path]) -> float:
+def _value(results: Optional[Dict[str, Any]], metric: str, direction: str, run_folder: Optional[Path]) -> float:
     if not results or results.get("plan_status") == "infeasible":
         return worst(direction)
     value = results.get(_IN_RESULTS.get(metric, ""))
-    if value is None and run_dir is not None:
-        value = last_logged(run_dir / rundir.EVENTS, metric)
+    if value is None and run_folder is not None:
+        value = last_logged(run_folder / run_files.EVENTS, metric)
     if value is None and results.get("run_id"):
         try:
             value = store.client(results["tracking_uri"]).get_run(results["run_id"]).data.metrics.get(metric)

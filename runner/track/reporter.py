@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from runner.config.modes import DEFAULT, MODES
 from runner.config.parts import part
-from runner.runtime import rundir, signals
+from runner.runtime import run_files, signals
 from runner.track import ui_links
 from runner.track.estimate_error import against_estimates, estimate_errors
 from runner.track.events import EventLog
@@ -38,17 +38,17 @@ class Reporter:
     torchrun). Training never waits for the store.
     """
 
-    def __init__(self, run_dir: Path, rank: int, steps: int, verbose: bool) -> None:
+    def __init__(self, run_folder: Path, rank: int, steps: int, verbose: bool) -> None:
         """``steps``: ``train.steps``; ``verbose``: ``sweep.verbose``."""
-        self.run_dir, self.rank, self.steps, self.verbose = run_dir, rank, steps, verbose
+        self.run_folder, self.rank, self.steps, self.verbose = run_folder, rank, steps, verbose
         self.active = rank == 0
         self.plan_metrics: Dict[str, float] = {}
         self.extra: Dict[str, Any] = {}
-        self._sink: Optional[EventLog] = EventLog(run_dir / rundir.EVENTS) if self.active else None
+        self._sink: Optional[EventLog] = EventLog(run_folder / run_files.EVENTS) if self.active else None
 
     def _quiet(self) -> bool:
         """A sweep's point, at the default verbosity (``sweep.verbose=false``): details stay in its files."""
-        return not self.verbose and sweep_of(self.run_dir) is not None
+        return not self.verbose and sweep_of(self.run_folder) is not None
 
     def flush(self) -> None:
         """Every report made so far is in the event log (complete lines, for the run's owner to deliver)."""
@@ -76,7 +76,7 @@ class Reporter:
         self.step_metrics(0, report.logged_metrics())
         self._tags(report.tags)
         assert self._sink is not None  # active: the sink is open
-        self._sink.artifacts(sorted(report.folder.iterdir()), rundir.PLAN)
+        self._sink.artifacts(sorted(report.folder.iterdir()), run_files.PLAN)
         self.plan_metrics = report.metrics
 
     def calibrated(self, report: Any) -> Dict[str, Any]:
@@ -88,7 +88,7 @@ class Reporter:
         assert self._sink is not None  # only rank 0 reports a calibration
         self._sink.artifacts(sorted(report.folder.iterdir()), report.folder.name)
         self.flush()
-        rundir.write_json(self.run_dir / rundir.RESULTS, report.results)
+        run_files.write_json(self.run_folder / run_files.RESULTS, report.results)
         return dict(report.results)
 
     def hbm_cap(self, cap: Optional[int], ddr: Optional[float] = None) -> None:
@@ -186,7 +186,7 @@ class Reporter:
             m["ratio/mem_measured_over_estimated"] = m["measured/peak_mem_bytes"] / est_mem
         m.update(estimate_errors(per_rank, self.plan_metrics))
         self.step_metrics(self.steps, m)
-        rundir.write_json(self.run_dir / rundir.MEASURED, {"per_rank": per_rank, **m})
+        run_files.write_json(self.run_folder / run_files.MEASURED, {"per_rank": per_rank, **m})
         print(against_estimates(per_rank, self.plan_metrics), flush=True)
 
     @contextlib.contextmanager
@@ -223,7 +223,7 @@ class Reporter:
                    "samples_per_s": result.samples_per_s, "eval_auc": eval_metrics["eval/auc"],
                    "eval_logloss": eval_metrics["eval/logloss"], "eval_ne": eval_metrics.get("eval/ne"),
                    "loss_steps": result.steps, "first_step_unix": result.first_step_unix, **self.extra}
-        rundir.write_json(self.run_dir / rundir.RESULTS, results)
+        run_files.write_json(self.run_folder / run_files.RESULTS, results)
         return results
 
 

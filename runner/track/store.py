@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from runner import PROJECT_ROOT
 from runner.config.errors import TrackingError, first_line
 from runner.config.secrets import credentials_to_environment, redact_value
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.runtime.signals import uninterrupted
 
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
@@ -67,7 +67,7 @@ def client(uri: str) -> Any:
         return MlflowClient(tracking_uri=uri)
     # MLflow creates and migrates a SQLite schema in every process that opens the store (the client does, as
     # it is made): jobs started together on a new file would race (duplicate tables, half-done migrations).
-    with rundir.exclusive(db.with_name(db.name + ".runner-lock")):  # MLflow keeps it for the process
+    with run_files.exclusive(db.with_name(db.name + ".runner-lock")):  # MLflow keeps it for the process
         return MlflowClient(tracking_uri=uri)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 SWEEP_FILE = "sweep.json"
 SHORT_NAMES = {"cross_node_bandwidth": "xbw", "intra_node_bandwidth": "ibw", "storage_reserve_percent": "reserve"}
@@ -58,20 +58,20 @@ def grid_size(swept: Dict[str, List[str]], paired: List[str]) -> int:
     return crossed * (len(swept[paired[0]]) if paired else 1)
 
 
-def sweep_of(run_dir: Path) -> Optional[Path]:
-    """The sweep folder ``run_dir`` is a point of (its parent holds ``sweep.json``), or None for a single job."""
-    return run_dir.parent if (run_dir.parent / SWEEP_FILE).exists() else None
+def sweep_of(run_folder: Path) -> Optional[Path]:
+    """The sweep folder ``run_folder`` is a point of (its parent holds ``sweep.json``), or None for a single job."""
+    return run_folder.parent if (run_folder.parent / SWEEP_FILE).exists() else None
 
 
-def sweep_info(sweep_dir: Optional[str]) -> Dict[str, Any]:
+def sweep_info(sweep_folder: Optional[str]) -> Dict[str, Any]:
     """``sweep.json`` of a sweep folder: ``parent_run_id`` and ``swept`` keys ({} outside a sweep)."""
-    found = rundir.read_json(Path(sweep_dir) / SWEEP_FILE) if sweep_dir else None
+    found = run_files.read_json(Path(sweep_folder) / SWEEP_FILE) if sweep_folder else None
     return found if isinstance(found, dict) else {}
 
 
-def parent_run_id(sweep_dir: Optional[str]) -> Optional[str]:
+def parent_run_id(sweep_folder: Optional[str]) -> Optional[str]:
     """The sweep's parent run id, written by :class:`SweepParentRun` into the sweep folder."""
-    return sweep_info(sweep_dir).get("parent_run_id")
+    return sweep_info(sweep_folder).get("parent_run_id")
 
 
 def point_values(swept: List[str], config: Mapping[str, Any], choices: Mapping[str, Any]) -> Dict[str, str]:
@@ -89,7 +89,7 @@ def point_name(values: Mapping[str, str]) -> str:
     return " ".join(f"{SHORT_NAMES.get(k.split('.')[-1], k.split('.')[-1])}={v}" for k, v in values.items())
 
 
-def sweep_name(swept: List[str], sweep_dir: Path) -> str:
+def sweep_name(swept: List[str], sweep_folder: Path) -> str:
     """The parent run's name: what the sweep varies and its folder, e.g. ``sweep xbw x reserve (10-03-12)``."""
     keys = " x ".join(SHORT_NAMES.get(k.split(".")[-1], k.split(".")[-1]) for k in swept)
-    return f"sweep {keys} ({sweep_dir.name})" if keys else f"sweep {sweep_dir.name}"
+    return f"sweep {keys} ({sweep_folder.name})" if keys else f"sweep {sweep_folder.name}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from runner.config.errors import TrackingError, disk_full
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.runtime.folder_lock import taking_turns
 from runner.track.events import EventPump
 from runner.track.store import client, end_run, experiment_id, outage_reason
@@ -23,24 +23,25 @@ PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last report
 PARENT_TAG = "mlflow.parentRunId"
 
 
-def kept_runs(sweep_dir: Path) -> List[Path]:
+def kept_runs(sweep_folder: Path) -> List[Path]:
     """The run folders of a sweep (its points', its parent's) whose run the store does not wholly have: created
     or ended while it was away, kept for ``python -m runner sync``."""
     kept = []
-    for run_dir in [*_with_earlier(rundir.point_dirs(sweep_dir)), sweep_dir / PARENT_DIR]:
-        info, state = rundir.read_json(run_dir / rundir.RUN_INFO), rundir.read_json(run_dir / rundir.DELIVERED)
+    for run_folder in [*_with_earlier(run_files.point_dirs(sweep_folder)), sweep_folder / PARENT_DIR]:
+        info = run_files.read_json(run_folder / run_files.RUN_INFO)
+        state = run_files.read_json(run_folder / run_files.DELIVERED)
         if isinstance(info, dict) and info.get("pending") or isinstance(state, dict) and state.get("final"):
-            kept.append(run_dir)
+            kept.append(run_folder)
     return kept
 
 
-def _with_earlier(run_dirs: List[Path]) -> List[Path]:
-    """``run_dirs`` each after its earlier jobs' folders (an attempt that failed and ran again, a point run again by
+def _with_earlier(run_folders: List[Path]) -> List[Path]:
+    """``run_folders`` each after its earlier jobs' folders (an attempt that failed and ran again, a point run again by
     a resume): a job that ended while the store was away keeps its ending there, moved aside with its files."""
-    return [d for run_dir in run_dirs for d in (*rundir.earlier_jobs(run_dir), run_dir)]
+    return [d for run_folder in run_folders for d in (*run_files.earlier_jobs(run_folder), run_folder)]
 
 
-def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any], parent: Optional[str] = None) -> str:
+def open_kept(run_folder: Path, uri: str, pending: Mapping[str, Any], parent: Optional[str] = None) -> str:
     """Create the MLflow run of a job that began while the store was away (``run.json``'s ``pending`` record:
     experiment, name, tags; ``parent``: the sweep's parent run, where the record has none), or find it where an
     earlier try created it; ``run.json`` then names it."""
@@ -52,11 +53,11 @@ def open_kept(run_dir: Path, uri: str, pending: Mapping[str, Any], parent: Optio
         tags[PARENT_TAG] = parent
     run_id = found[0].info.run_id if found else client(uri).create_run(
         experiment, tags=tags, run_name=pending["name"]).info.run_id
-    rundir.update_json(run_dir / rundir.RUN_INFO, run_id=run_id, pending=None)
+    run_files.update_json(run_folder / run_files.RUN_INFO, run_id=run_id, pending=None)
     return run_id
 
 
-def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: Optional[str], status: str,
+def end_or_keep(run_folder: Path, pump: Optional[EventPump], uri: str, run_id: Optional[str], status: str,
                 error: Optional[str] = None, say: bool = True) -> bool:
     """Deliver what is left and end the run with ``status``; if the store is unreachable (or the run is
     still to be created: ``run_id`` None), keep the ending in the run folder and say how to deliver it. True
@@ -64,7 +65,7 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: Opti
     if run_id is not None and (pump is None or _deliver_but_full(pump)):
         try:
             end_run(uri, run_id, status, error)
-            rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=status)
+            run_files.update_json(run_folder / run_files.DELIVERED, final=None, ended=status)
             return True
         except Exception as exc:  # noqa: BLE001 - the store went away between the two calls
             if disk_full(exc):  # the run folder's disk (delivered.json), not the store: the run did end
@@ -72,14 +73,14 @@ def end_or_keep(run_dir: Path, pump: Optional[EventPump], uri: str, run_id: Opti
             if pump is not None:
                 pump.went_down(exc)
     try:
-        rundir.update_json(run_dir / rundir.DELIVERED, final={"status": status, "error": error})
+        run_files.update_json(run_folder / run_files.DELIVERED, final={"status": status, "error": error})
     except OSError as exc:  # a full run folder: what could not be kept is said with the job's line
         if not disk_full(exc):
             raise
-    kept = (pump or EventPump(run_dir / rundir.EVENTS, uri, "", say=lambda line: None)).pending()
+    kept = (pump or EventPump(run_folder / run_files.EVENTS, uri, "", say=lambda line: None)).pending()
     if say:
         print(f"[runner] tracking pending: the store {uri} is unreachable; {kept} reports and the final status "
-              f"({status}) are kept in {run_dir}; deliver them with: python -m runner sync {run_dir}", flush=True)
+              f"({status}) are kept in {run_folder}; deliver them with: python -m runner sync {run_folder}", flush=True)
     return False
 
 
@@ -97,82 +98,85 @@ def _deliver_but_full(pump: EventPump) -> bool:
         return True
 
 
-def _sync_one(run_dir: Path, quiet: bool = False, parent: Optional[str] = None,
+def _sync_one(run_folder: Path, quiet: bool = False, parent: Optional[str] = None,
               say: Callable[[str], None] = print) -> Optional[str]:
     """Deliver one run folder's kept reports and ending; the one-line reason when it cannot. ``quiet``: say
     nothing of a run that had nothing kept; ``parent``: the sweep's parent run, which the run becomes a child of
     where it has no parent yet (the sweep began while the store was away). Taking turns with any other process
     delivering the folder (another sync, the live job, a resume): everything is read again once it is this one's
     turn, so what the other delivered (the run it created, the offset it reached) is not delivered twice."""
-    if not (run_dir / rundir.RUN_INFO).exists():
-        return f"{run_dir}: not a run folder of the runner (no {rundir.RUN_INFO})"
-    with taking_turns(run_dir, say=say):
-        return _deliver_kept(run_dir, quiet, parent)
+    if not (run_folder / run_files.RUN_INFO).exists():
+        return f"{run_folder}: not a run folder of the runner (no {run_files.RUN_INFO})"
+    with taking_turns(run_folder, say=say):
+        return _deliver_kept(run_folder, quiet, parent)
 
 
-def _deliver_kept(run_dir: Path, quiet: bool, parent: Optional[str]) -> Optional[str]:
+def _deliver_kept(run_folder: Path, quiet: bool, parent: Optional[str]) -> Optional[str]:
     """:func:`_sync_one`'s work, in the folder's turn."""
-    path = run_dir / rundir.RUN_INFO
-    info = rundir.read_json(path)
+    path = run_folder / run_files.RUN_INFO
+    info = run_files.read_json(path)
     pending = info.get("pending") if isinstance(info, dict) else None
     named = isinstance(info, dict) and (isinstance(info.get("run_id"), str) and info["run_id"] or not info.get("run_id")
                                         and isinstance(pending, dict))  # an id of another type is no MLflow run's
     if not (named and isinstance(info, dict) and isinstance(info.get("tracking_uri"), str)):
         return (f"{path} cannot be read back (cut short, emptied or garbled), so the MLflow run it names is unknown; "
-                f"the run's reports stay in {run_dir / rundir.EVENTS}")
-    final = _final(run_dir)
+                f"the run's reports stay in {run_folder / run_files.EVENTS}")
+    final = _final(run_folder)
     uri, run_id = info["tracking_uri"], info.get("run_id")
     created = not run_id
     try:
         if created:
             assert pending is not None  # no run id: the record of the run kept while the store was away
-            run_id = open_kept(run_dir, uri, pending, parent)
+            run_id = open_kept(run_folder, uri, pending, parent)
         else:
             run = client(uri).get_run(str(run_id))
             if run.info.lifecycle_stage == "deleted":  # e.g. a point's earlier run, replaced when it ran again
-                rundir.update_json(run_dir / rundir.DELIVERED, final=None)  # nothing kept for the store any more
-                print(f"[runner] synced {run_dir}: its MLflow run {run_id} was deleted (a point run again by a resume "
-                      "replaces its earlier run): nothing delivered", flush=True)
+                # nothing kept for the store any more
+                run_files.update_json(run_folder / run_files.DELIVERED, final=None)
+                print(f"[runner] synced {run_folder}: its MLflow run {run_id} was deleted (a point run again by a "
+                      "resume replaces its earlier run): nothing delivered", flush=True)
                 return None
             if parent and PARENT_TAG not in run.data.tags:  # created while the sweep ran, before its parent existed
                 client(uri).set_tag(str(run_id), PARENT_TAG, parent)
     except Exception as exc:  # noqa: BLE001
-        return (f"{run_dir}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
+        return (f"{run_folder}: the store {uri} is still unreachable ({outage_reason(exc)}); nothing is lost, "
                 "run sync again later")
-    pump = EventPump(run_dir / rundir.EVENTS, uri, str(run_id), say=lambda line: None, warn=print)
+    pump = EventPump(run_folder / run_files.EVENTS, uri, str(run_id), say=lambda line: None, warn=print)
     before = pump.pending()
     if not pump():
-        return f"{run_dir}: the store {uri} is still unreachable ({pump.down}); nothing is lost, run sync again later"
+        return (f"{run_folder}: the store {uri} is still unreachable ({pump.down}); nothing is lost, run sync again "
+                "later")
     if final:
         try:
             end_run(uri, run_id, final["status"], final.get("error"))
         except Exception as exc:  # noqa: BLE001
-            return f"{run_dir}: the store {uri} refused the final status ({outage_reason(exc)})"
-        rundir.update_json(run_dir / rundir.DELIVERED, final=None, ended=final["status"])
-    lost = None if final else _end_lost(run_dir, uri, str(run_id))
-    if lost is not None and lost.startswith(str(run_dir)):
+            return f"{run_folder}: the store {uri} refused the final status ({outage_reason(exc)})"
+        run_files.update_json(run_folder / run_files.DELIVERED, final=None, ended=final["status"])
+    lost = None if final else _end_lost(run_folder, uri, str(run_id))
+    if lost is not None and lost.startswith(str(run_folder)):
         return lost  # the store refused
     ended = f", ended {final['status']}" if final else f", ended KILLED: {lost}" if lost else ""
     if before or final or created or lost or not quiet:
-        print(f"[runner] synced {run_dir}: {before} reports delivered to MLflow run {run_id}"
+        print(f"[runner] synced {run_folder}: {before} reports delivered to MLflow run {run_id}"
               f"{' (created now)' if created else ''}{ended}", flush=True)
     return None
 
 
-def _final(run_dir: Path) -> Optional[Dict[str, Any]]:
+def _final(run_folder: Path) -> Optional[Dict[str, Any]]:
     """The ending kept for the store (``delivered.json``'s ``final``: a status a job ends with, its error a line or
     None); where that record cannot be read back, the job's own (``status.json``), so that the run is not left
     RUNNING; None where there is none to deliver."""
     def ending(found: Any) -> bool:
         return isinstance(found, dict) and found.get("status") in ("FINISHED", "FAILED", "KILLED") and isinstance(
             found.get("error"), (str, type(None)))
-    state = rundir.read_json(run_dir / rundir.DELIVERED)
+    state = run_files.read_json(run_folder / run_files.DELIVERED)
     if isinstance(state, dict) and state and set(state) <= {"offset", "final", "ended"} and (
             state.get("final") is None or ending(state["final"])):
         return state.get("final")
-    if not (run_dir / rundir.DELIVERED).exists():
+    if not (run_folder / run_files.DELIVERED).exists():
         return None
-    status = rundir.read_status(run_dir)  # the delivery record is damaged (a warning says so): the job's own record
+    # the delivery record is damaged (a warning says so): the job's own record
+    status = run_files.read_status(run_folder)
     return {"status": status["status"], "error": status.get("error")} if status is not None and ending(status) \
         else None
 
@@ -180,28 +184,28 @@ def _final(run_dir: Path) -> Optional[Dict[str, Any]]:
 LOST_TAG = "runner.driver_lost"
 
 
-def end_if_lost(run_dir: Path) -> Optional[str]:
-    """The line saying that the job of ``run_dir`` (an earlier job's files, set aside for a new job in the same
+def end_if_lost(run_folder: Path) -> Optional[str]:
+    """The line saying that the job of ``run_folder`` (an earlier job's files, set aside for a new job in the same
     folder) was lost and its run ended KILLED now; None where it was not lost, or the store cannot say."""
-    info = rundir.read_json(run_dir / rundir.RUN_INFO)
+    info = run_files.read_json(run_folder / run_files.RUN_INFO)
     if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str) and info.get("run_id")):
         return None
-    state = rundir.read_json(run_dir / rundir.DELIVERED)
+    state = run_files.read_json(run_folder / run_files.DELIVERED)
     if isinstance(state, dict) and state.get("final"):
         return None  # it ended; the store was away: runner sync delivers that ending
-    why = _end_lost(run_dir, info["tracking_uri"], str(info["run_id"]))
-    if why is None or why.startswith(str(run_dir)):
+    why = _end_lost(run_folder, info["tracking_uri"], str(info["run_id"]))
+    if why is None or why.startswith(str(run_folder)):
         return None
     return f"[runner] the earlier job in this run folder was lost ({why}): its MLflow run {info['run_id']} ended KILLED"
 
 
-def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
-    """A run the store has as RUNNING whose driver was killed outright (:func:`rundir.driver_gone`): ended KILLED,
+def _end_lost(run_folder: Path, uri: str, run_id: str) -> Optional[str]:
+    """A run the store has as RUNNING whose driver was killed outright (:func:`run_files.driver_gone`): ended KILLED,
     tagged with why and when it was last heard from, ``status.json`` written; the words, or None where the run is
     not such a one. A line starting with the folder where the store refused."""
-    if rundir.read_status(run_dir) is not None:
+    if run_files.read_status(run_folder) is not None:
         return None  # the job recorded how it ended: its driver was not killed outright
-    why = rundir.driver_gone(run_dir)
+    why = run_files.driver_gone(run_folder)
     if why is None:
         return None
     try:
@@ -210,37 +214,37 @@ def _end_lost(run_dir: Path, uri: str, run_id: str) -> Optional[str]:
         client(uri).set_tag(run_id, LOST_TAG, why)
         end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
     except Exception as exc:  # noqa: BLE001
-        return f"{run_dir}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
-    rundir.record_status(run_dir, "KILLED", f"the job was lost: {why}")
+        return f"{run_folder}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
+    run_files.record_status(run_folder, "KILLED", f"the job was lost: {why}")
     return why
 
 
-def _sweep_parent(sweep_dir: Path, say: Callable[[str], None] = print) -> Tuple[Optional[str], Optional[str]]:
+def _sweep_parent(sweep_folder: Path, say: Callable[[str], None] = print) -> Tuple[Optional[str], Optional[str]]:
     """The sweep's parent run id, created now where the sweep kept it (the store was away as it began) and
     written into ``sweep.json`` (for a resume); (None, the reason) where the store still cannot be reached
     (the points' runs then wait too: they are to be its children)."""
-    folder = sweep_dir / PARENT_DIR
+    folder = sweep_folder / PARENT_DIR
     with taking_turns(folder, say=say):  # two syncs at once: one creates the parent, the other finds it
-        return _open_parent(sweep_dir, folder)
+        return _open_parent(sweep_folder, folder)
 
 
-def kept_parent(sweep_dir: Path, uri: str) -> Optional[str]:
+def kept_parent(sweep_folder: Path, uri: str) -> Optional[str]:
     """A resumed sweep's parent run where the sweep kept it in ``<sweep>/parent/`` (the store was away as it began):
     created now in the parent folder's turn, or found where a ``runner sync`` created it meanwhile (``sweep.json``
     may not name it yet), so that a resume and a sync at once make one parent. None where no parent of ``uri``'s
     store is kept; :class:`TrackingError` where the store cannot create it."""
-    info = rundir.read_json(sweep_dir / PARENT_DIR / rundir.RUN_INFO)
+    info = run_files.read_json(sweep_folder / PARENT_DIR / run_files.RUN_INFO)
     if not (isinstance(info, dict) and info.get("tracking_uri") == uri):
         return None
-    run_id, error = _sweep_parent(sweep_dir)
+    run_id, error = _sweep_parent(sweep_folder)
     if error:
         raise TrackingError(error)
     return run_id
 
 
-def _open_parent(sweep_dir: Path, folder: Path) -> Tuple[Optional[str], Optional[str]]:
+def _open_parent(sweep_folder: Path, folder: Path) -> Tuple[Optional[str], Optional[str]]:
     """:func:`_sweep_parent`'s work, in the parent folder's turn."""
-    info = rundir.read_json(folder / rundir.RUN_INFO)
+    info = run_files.read_json(folder / run_files.RUN_INFO)
     if not isinstance(info, dict) or not isinstance(info.get("tracking_uri"), str):
         return None, None  # said by the parent folder's own sync
     if info.get("run_id"):
@@ -250,12 +254,12 @@ def _open_parent(sweep_dir: Path, folder: Path) -> Tuple[Optional[str], Optional
     try:
         run_id = open_kept(folder, info["tracking_uri"], info["pending"])
     except Exception as exc:  # noqa: BLE001
-        return None, (f"{sweep_dir}: the store {info['tracking_uri']} is still unreachable ({outage_reason(exc)}); "
+        return None, (f"{sweep_folder}: the store {info['tracking_uri']} is still unreachable ({outage_reason(exc)}); "
                       "nothing is lost, run sync again later")
-    sweep_file = sweep_dir / SWEEP_FILE
-    found = rundir.read_json(sweep_file)
+    sweep_file = sweep_folder / SWEEP_FILE
+    found = run_files.read_json(sweep_file)
     if isinstance(found, dict):
-        rundir.write_json(sweep_file, {**found, "parent_run_id": run_id})
+        run_files.write_json(sweep_file, {**found, "parent_run_id": run_id})
     return run_id, None
 
 
@@ -274,17 +278,17 @@ def sync(args: List[str]) -> int:
 
     for arg in args:
         folder = Path(arg).resolve()
-        runs = _with_earlier([folder] if (folder / rundir.RUN_INFO).exists() else rundir.point_dirs(folder))
+        runs = _with_earlier([folder] if (folder / run_files.RUN_INFO).exists() else run_files.point_dirs(folder))
         parent = None
-        if runs and (folder / PARENT_DIR / rundir.RUN_INFO).exists():  # a sweep: its parent's last reports too
+        if runs and (folder / PARENT_DIR / run_files.RUN_INFO).exists():  # a sweep: its parent's last reports too
             runs.append(folder / PARENT_DIR)
             parent, error = _sweep_parent(folder, say_once)  # first: its points' runs become its children
             if error:  # the store is still away: said once for the sweep
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 failed += 1
                 continue
-        errors = [e for e in (_sync_one(run_dir, len(runs) > 1, parent if run_dir.name != PARENT_DIR else None,
-                                        say_once) for run_dir in runs or [folder]) if e]
+        errors = [e for e in (_sync_one(run_folder, len(runs) > 1, parent if run_folder.name != PARENT_DIR else None,
+                                        say_once) for run_folder in runs or [folder]) if e]
         for error in errors:
             print(f"error: {error}", file=sys.stderr, flush=True)
         if len(runs) > 1:

@@ -441,7 +441,7 @@ def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:
     return merge(everyone)
 
 
-def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
+def run_calibration(cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: torch.device, reporter: Reporter,
                     *_: object) -> Dict[str, Any]:
     """A calibration job's rank (its mode's ``works``; the trainer's marks, cores and host allocation unused):
     every rank measures (collectives, kernels, sharded lookups, the dense part, the job's step with tiny tables),
@@ -470,5 +470,5 @@ def run_calibration(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torc
             gathered["collectives"][name][scope] = {n: [s for s in per_rank if s] for n, per_rank in by_size.items()}
     if not reporter.active:
         return {}
-    return calibrate_results(c, cfg.cluster.calibration_dir, run_dir, gathered, fingerprint(
+    return calibrate_results(c, cfg.cluster.calibration_dir, run_folder, gathered, fingerprint(
         device.type, env.world // env.local_world, env.local_world, device), time.perf_counter() - started, reporter)

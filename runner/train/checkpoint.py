@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from runner.config.errors import CheckpointError
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 if TYPE_CHECKING:
     import torch
@@ -28,9 +28,9 @@ META = "meta.json"
 BEST = "best.json"
 
 
-def checkpoint_root(checkpoint_dir: Optional[str], run_dir: Path) -> Path:
+def checkpoint_root(checkpoint_dir: Optional[str], run_folder: Path) -> Path:
     """Where a job's checkpoints go: ``train.checkpoint.dir`` (``checkpoint_dir``), else the run folder's."""
-    return Path(checkpoint_dir).resolve() if checkpoint_dir else run_dir / rundir.CHECKPOINTS
+    return Path(checkpoint_dir).resolve() if checkpoint_dir else run_folder / run_files.CHECKPOINTS
 
 
 def complete_checkpoints(root: Path) -> List[Path]:
@@ -233,9 +233,9 @@ def check_space(root: Path, my_bytes: int, step: int) -> int:
 class Checkpointer:
     """Saves on every rank (DCP is collective); rank 0 finalises, prunes and tracks the best."""
 
-    def __init__(self, settings: CheckpointSchema, run_dir: Path, rank: int) -> None:
+    def __init__(self, settings: CheckpointSchema, run_folder: Path, rank: int) -> None:
         self.cfg = settings
-        self.root = checkpoint_root(settings.dir, run_dir)
+        self.root = checkpoint_root(settings.dir, run_folder)
         self.rank = rank
 
     def due(self, step: int) -> bool:

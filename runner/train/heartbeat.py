@@ -17,20 +17,20 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 BEAT_S = 2.0  # seconds between two signs of life
 SILENT_AFTER_S = 2.5 * BEAT_S  # no sign of life for this long: the rank stopped answering
 _TIMEOUT = re.compile(r"timed out|timeout|Watchdog caught collective", re.IGNORECASE)
 
 
-def _beat_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / rundir.PIDS / f"rank{rank}.beat"
+def _beat_file(run_folder: Path, rank: int) -> Path:
+    return run_folder / run_files.PIDS / f"rank{rank}.beat"
 
 
-def start(run_dir: Path, rank: int, node: int) -> None:
+def start(run_folder: Path, rank: int, node: int) -> None:
     """Write this rank's sign of life (time and node) every :data:`BEAT_S`, from a daemon thread."""
-    path = _beat_file(run_dir, rank)
+    path = _beat_file(run_folder, rank)
     temporary = path.with_suffix(f".beat.{os.getpid()}")
 
     def beat() -> None:
@@ -43,7 +43,7 @@ def start(run_dir: Path, rank: int, node: int) -> None:
     threading.Thread(target=beat, name="runner-heartbeat", daemon=True).start()
 
 
-def silent_peers(run_dir: Path, world: int, own: int, now: Optional[float] = None) -> List[Tuple[int, int, float]]:
+def silent_peers(run_folder: Path, world: int, own: int, now: Optional[float] = None) -> List[Tuple[int, int, float]]:
     """The other ranks with no sign of life for :data:`SILENT_AFTER_S`: (rank, node, seconds silent)."""
     now = time.time() if now is None else now
     found = []
@@ -51,7 +51,7 @@ def silent_peers(run_dir: Path, world: int, own: int, now: Optional[float] = Non
         if rank == own:
             continue
         try:
-            stamp, node = _beat_file(run_dir, rank).read_text().split()
+            stamp, node = _beat_file(run_folder, rank).read_text().split()
         except (OSError, ValueError):
             continue  # never started (its own failure names it) or on a host whose folder is not shared
         if now - float(stamp) > SILENT_AFTER_S:
@@ -67,9 +67,9 @@ def is_collective_timeout(exc: BaseException) -> bool:
     return (backend_error is not None and isinstance(exc, backend_error)) or bool(_TIMEOUT.search(str(exc)))
 
 
-def timeout_line(run_dir: Path, world: int, own: int, timeout_s: float) -> Tuple[str, List[Tuple[int, int, float]]]:
+def timeout_line(run_folder: Path, world: int, own: int, timeout_s: float) -> Tuple[str, List[Tuple[int, int, float]]]:
     """The error line of this rank's timed-out wait (no library source paths) and the silent peers it names."""
-    silent = silent_peers(run_dir, world, own)
+    silent = silent_peers(run_folder, world, own)
     if silent:
         longest = max(age for _, _, age in silent)
         return (f"did not answer within cluster.pg_timeout_s={timeout_s:g} s (no sign of life from it for "

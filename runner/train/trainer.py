@@ -21,7 +21,7 @@ from runner.data.layout import job_data
 from runner.data.pipeline import batches_for
 from runner.data.values import hashed_ids
 from runner.plan import make_plan, plan_spec, write_plan_report
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.trial import TrialPruning
 from runner.train import checkpoint
 from runner.train.calibrate import job_dense_ms
@@ -47,14 +47,14 @@ if TYPE_CHECKING:
 class Trainer:
     """This rank's model, plan and optimizers, and the steps that train, evaluate and save them."""
 
-    def __init__(self, cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
+    def __init__(self, cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: torch.device, reporter: Reporter,
                  marks: Dict[str, float], hbm_cap: Optional[int] = None, ddr_cap_gib: Optional[float] = None) -> None:
-        self.cfg, self.run_dir, self.env, self.device, self.hbm_cap = cfg, run_dir, env, device, hbm_cap
+        self.cfg, self.run_folder, self.env, self.device, self.hbm_cap = cfg, run_folder, env, device, hbm_cap
         self.ddr_cap_gib = ddr_cap_gib if ddr_cap_gib is not None else cfg.cluster.ddr_cap_gib  # the job's place's
         self.reporter, self.marks = reporter, marks
         self.inputs = job_data(cfg)
         self.dmp, self.optimizer, self.sharding_types = self._build()
-        self.checkpointer = checkpoint.Checkpointer(cfg.train.checkpoint, run_dir, env.rank)
+        self.checkpointer = checkpoint.Checkpointer(cfg.train.checkpoint, run_folder, env.rank)
         self.loss_scale = loss_scale_for(cfg.precision)
         self.pruning, self.stop = TrialPruning(cfg.tracking.objective, cfg.mode, env.rank, self.device), False
 
@@ -101,7 +101,7 @@ class Trainer:
         types: List[str] = []
         if self.reporter.active:
             report = write_plan_report(spec, plan, best_plan, env.world, env.local_world, self.device.type,
-                                       self.run_dir / rundir.PLAN, seconds, " ".join(notes), facts)
+                                       self.run_folder / run_files.PLAN, seconds, " ".join(notes), facts)
             self.reporter.plan(report)
             self.reporter.hbm_cap(self.hbm_cap, self.ddr_cap_gib)
             types = sorted(report.tags["runner.sharding_types"].split(","))
@@ -134,7 +134,8 @@ class Trainer:
     def save(self, step: int, metrics: Dict[str, float]) -> None:
         meta = {"world_size": self.env.world, "sharding_types": self.sharding_types, "metrics": metrics,
                 "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None}
-        path = self.checkpointer.save(step, self.dmp, self.optimizer, meta, self.run_dir / rundir.PLAN / "plan.json")
+        path = self.checkpointer.save(step, self.dmp, self.optimizer, meta,
+                                      self.run_folder / run_files.PLAN / "plan.json")
         self.reporter.checkpointed(step, path, metrics)
 
     def evaluate_and_save(self, step: int) -> None:

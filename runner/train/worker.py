@@ -24,7 +24,7 @@ from runner.config.modes import MODES
 from runner.config.parts import part
 from runner.config.place import read_place
 from runner.config.schema import load_resolved
-from runner.runtime import affinity, rundir
+from runner.runtime import affinity, run_files
 from runner.runtime.cores import job_memory
 from runner.runtime.device import (
     backend,
@@ -121,7 +121,7 @@ def preload() -> None:
     import runner.train.trainer  # noqa: F401
 
 
-def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] = None,
+def run(cfg: RunnerConfig, run_folder: Path, joined: Optional[Callable[[], None]] = None,
         allocated: Sequence[Tuple[int, str]] = ()) -> Dict[str, Any]:
     """Set this process up as one rank, then run its part of the job; rank 0 returns the results. ``joined``
     runs once the process group is up (a failure after that reaches every peer through it at once)."""
@@ -129,10 +129,10 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
 
     marks = {"worker_started": time.time()}  # forked: just started; spawned: its imports done
     env = RankEnv.from_environment(cfg.cluster)
-    pids = run_dir / rundir.PIDS  # for operators (and tests) that need to find a rank's process
+    pids = run_folder / run_files.PIDS  # for operators (and tests) that need to find a rank's process
     pids.mkdir(exist_ok=True)
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
-    heartbeat.start(run_dir, env.rank, env_int("GROUP_RANK", 0))
+    heartbeat.start(run_folder, env.rank, env_int("GROUP_RANK", 0))
     device = select_device(cfg.cluster.device, env.local_rank)
     check_gpu(cfg.precision.autocast, device)
     cores = bind_cores(cfg.cluster.cpu_affinity, device, env)  # before gloo or OpenMP start threads
@@ -147,9 +147,9 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     marks["process_group"] = time.time()
     if joined is not None:
         joined()
-    reporter = Reporter(run_dir, env.rank, cfg.train.steps, cfg.sweep.verbose)
+    reporter = Reporter(run_folder, env.rank, cfg.train.steps, cfg.sweep.verbose)
     try:
-        results = part(MODES[cfg.mode].works)(cfg, run_dir, env, device, reporter, marks, cores, allocated)
+        results = part(MODES[cfg.mode].works)(cfg, run_folder, env, device, reporter, marks, cores, allocated)
     except BaseException as exc:
         reporter.failed(exc)
         end_process_group(failed=True)
@@ -158,7 +158,7 @@ def run(cfg: RunnerConfig, run_dir: Path, joined: Optional[Callable[[], None]] =
     return results
 
 
-def train_rank(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.device, reporter: Reporter,
+def train_rank(cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: torch.device, reporter: Reporter,
                marks: Dict[str, float], cores: Optional[List[int]], allocated: Sequence[Tuple[int, str]]
                ) -> Dict[str, Any]:
     """A training job's rank (its mode's ``works``): the model trained with the memory caps this rank plans with."""
@@ -166,11 +166,11 @@ def train_rank(cfg: RunnerConfig, run_dir: Path, env: RankEnv, device: torch.dev
 
     ddr = cfg.cluster.ddr_cap_gib
     if device.type == "cuda":  # UVM tables live in host memory: plan with what this host gives the job, as
-        place = read_place(run_dir)  # the driver worked it out (place.json); under a plain torchrun, here
+        place = read_place(run_folder)  # the driver worked it out (place.json); under a plain torchrun, here
         ddr = place.ddr_cap_gib if place is not None else ddr_cap_for_host(ddr, env.host_workers,
                                                                            *job_memory(allocated))[0]
     hbm = gpu_memory_cap(cfg.cluster.hbm_cap_gib, device)
-    return Trainer(cfg, run_dir, env, device, reporter, marks, hbm, ddr).run(cores)
+    return Trainer(cfg, run_folder, env, device, reporter, marks, hbm, ddr).run(cores)
 
 
 ABORT_WITHIN_S = 10.0  # how long a failed rank waits for its process group to end before it exits anyway
@@ -199,31 +199,31 @@ def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
     return not ender.is_alive()
 
 
-def _record_error(run_dir: Path, exc: BaseException, timeout_s: float) -> None:
+def _record_error(run_folder: Path, exc: BaseException, timeout_s: float) -> None:
     """One line per failed rank, for the driver to report (the earliest is the root cause). A collective that
     timed out names the peers that went silent (:mod:`.heartbeat`), without the library's source paths."""
     rank = os.environ.get("RANK", "?")
     record: Dict[str, Any] = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
     if heartbeat.is_collective_timeout(exc) and rank.isdigit():
-        record["error"], silent = heartbeat.timeout_line(run_dir, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
+        record["error"], silent = heartbeat.timeout_line(run_folder, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
         record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
     with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-        rundir.record_error(run_dir, f"rank{rank}", record, traceback.format_exc())
+        run_files.record_error(run_folder, f"rank{rank}", record, traceback.format_exc())
 
 
-def run_guarded(run_dir: Path, pg_timeout_s: float, life: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
-    """A rank's whole ``life`` (:func:`run`), its failure recorded in ``run_dir`` (``pg_timeout_s``: the process
+def run_guarded(run_folder: Path, pg_timeout_s: float, life: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """A rank's whole ``life`` (:func:`run`), its failure recorded in ``run_folder`` (``pg_timeout_s``: the process
     group's timeout, ``cluster.pg_timeout_s``, which a timed-out collective's line names)."""
     die_with_parent(AGENT_PID)  # an agent that dies (or is killed) takes its workers along
-    log_to_file(run_dir, f"rank{os.environ.get('RANK', '?')}")
+    log_to_file(run_folder, f"rank{os.environ.get('RANK', '?')}")
     try:
         return life()
     except BaseException as exc:
-        _record_error(run_dir, exc, pg_timeout_s)
+        _record_error(run_folder, exc, pg_timeout_s)
         raise
 
 
-def elastic_entry(run_dir: str) -> Dict[str, Any]:
-    """Entry point for the runner's elastic agents: the resolved config is ``<run_dir>/resolved.yaml``."""
-    cfg, folder = load_resolved(Path(run_dir) / rundir.RESOLVED), Path(run_dir)
+def elastic_entry(run_folder: str) -> Dict[str, Any]:
+    """Entry point for the runner's elastic agents: the resolved config is ``<run_folder>/resolved.yaml``."""
+    cfg, folder = load_resolved(Path(run_folder) / run_files.RESOLVED), Path(run_folder)
     return run_guarded(folder, cfg.cluster.pg_timeout_s, lambda: run(cfg, folder))

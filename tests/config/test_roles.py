@@ -60,7 +60,7 @@ CHANGES = {  # override -> whether the earlier point still answers it
 def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsys) -> None:
     from runner.launch.sweep.resume import config_digest, kept_point, reusable, reuse_asked
     from runner.plan.cost.choice import hashed
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track import store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -68,13 +68,13 @@ def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsy
     before = cfg_for(*base)
     point = tmp_path / "0"  # the earlier point: its folder as a job leaves it, and its FINISHED run
     point.mkdir()
-    OmegaConf.save(before, point / rundir.RESOLVED, resolve=True)
-    rundir.record_status(point, "FINISHED", objective=1.0)
-    rundir.write_json(point / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
+    OmegaConf.save(before, point / run_files.RESOLVED, resolve=True)
+    run_files.record_status(point, "FINISHED", objective=1.0)
+    run_files.write_json(point / run_files.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
     run_id = store.start_run(uri, "roles", "earlier", None, {"runner.config_hash": roles.config_hash(
         hashed(before.cluster, before.mode, OmegaConf.to_container(before, resolve=True)))})  # as the job's run has it
     store.end_run(uri, run_id, "FINISHED")
-    rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    run_files.write_json(point / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
 
     for change, same in CHANGES.items():
         now = cfg_for(*base, change)

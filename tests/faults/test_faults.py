@@ -64,16 +64,17 @@ class Job:
 
     def __init__(self, tmp: Path, store: str, experiment: str, args: List[str]) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
-        self.run_dir, self.out = tmp / "run", tmp / "out.txt"
+        self.run_folder, self.out = tmp / "run", tmp / "out.txt"
         env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=uuid.uuid4().hex)
         env.pop("MLFLOW_TRACKING_URI", None)
         self.err = tmp / "err.txt"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner", *args, f"tracking.uri={store}", f"tracking.experiment={experiment}",
-             f"hydra.run.dir={self.run_dir}"], cwd=ROOT, env=env, stdout=self.out.open("w"), stderr=self.err.open("w"))
+             f"hydra.run.dir={self.run_folder}"], cwd=ROOT, env=env, stdout=self.out.open("w"),
+            stderr=self.err.open("w"))
 
     def wait_for(self, path: str, within: float = 120) -> None:
-        self.until(lambda: (self.run_dir / path).exists(), within, f"no {path}")
+        self.until(lambda: (self.run_folder / path).exists(), within, f"no {path}")
 
     def until(self, ready: Callable[[], object], within: float = 120, what: str = "not ready") -> None:
         """Wait until ``ready()``; fail if the command ends first or ``within`` seconds pass."""
@@ -146,12 +147,12 @@ def test_driver_killed_takes_every_process_along(store: str, tmp_path: Path) -> 
     assert run.info.status == "RUNNING"  # nothing could end it: its driver was killed outright
     from runner.track.sync import LOST_TAG, sync
 
-    assert sync([str(job.run_dir)]) == 0  # finds the driver gone: the run ends KILLED, saying when it was last heard
+    assert sync([str(job.run_folder)]) == 0  # finds the driver gone: the run ends KILLED, saying when it was last heard
     run = only_run(store, "fault_kill_driver")
     assert run.info.status == "KILLED" and run.info.end_time
     assert f"pid {job.proc.pid}" in run.data.tags[LOST_TAG] and "last heard from at" in run.data.tags[LOST_TAG]
-    assert json.loads((job.run_dir / "status.json").read_text())["status"] == "KILLED"
-    assert sync([str(job.run_dir)]) == 0 and only_run(store, "fault_kill_driver").info.end_time == run.info.end_time
+    assert json.loads((job.run_folder / "status.json").read_text())["status"] == "KILLED"
+    assert sync([str(job.run_folder)]) == 0 and only_run(store, "fault_kill_driver").info.end_time == run.info.end_time
 
 
 def test_a_plan_only_job_whose_planning_process_is_killed_fails_in_one_line(store: str, tmp_path: Path) -> None:
@@ -197,7 +198,7 @@ def test_killed_agent_or_worker_is_named(store: str, tmp_path: Path, target: str
     job = Job(tmp_path, store, exp, [*FAST, "train.steps=100000", "cluster.max_restarts=0"])
     job.training()
     tree = descendants(job.proc.pid)
-    worker = int((job.run_dir / "pids" / "rank1.pid").read_text())
+    worker = int((job.run_folder / "pids" / "rank1.pid").read_text())
     victim = worker if target == "worker" else next(p for p in tree if worker in descendants(p))
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -327,7 +328,7 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
 
     from runner.config.errors import one_line
     from runner.config.schema import RunnerConfig
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.events import EventLog
     from runner.track.mlflow_run import MlflowRun
 
@@ -337,14 +338,14 @@ def test_a_full_artifact_store_fails_the_run_naming_its_folder(store: str, tmp_p
     try:
         MlflowClient(store).create_experiment("fault_disk_artifacts", artifact_location=(disk / "art").as_uri())
         cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "fault_disk_artifacts"}})
-        run_dir = tmp_path / "run"
-        run_dir.mkdir()
-        mlflow_run = MlflowRun(run_dir, store)
+        run_folder = tmp_path / "run"
+        run_folder.mkdir()
+        mlflow_run = MlflowRun(run_folder, store)
         run_id = mlflow_run.open(cfg.tracking.experiment, {"train": {"steps": 3}}, "full", None, {})
-        (run_dir / "plan.json").write_bytes(b"x" * 200_000)
-        log = EventLog(run_dir / rundir.EVENTS)
+        (run_folder / "plan.json").write_bytes(b"x" * 200_000)
+        log = EventLog(run_folder / run_files.EVENTS)
         log.metrics({"plan/est_step_ms": 1.5}, 0)
-        log.artifacts([run_dir / "plan.json"], "plan")
+        log.artifacts([run_folder / "plan.json"], "plan")
         log.close()
         with pytest.raises(OSError) as raised:
             mlflow_run.deliver()

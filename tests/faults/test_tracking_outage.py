@@ -22,9 +22,9 @@ from test_faults import Job
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
-def kept_points(run_dir: Path, key: str) -> dict:
+def kept_points(run_folder: Path, key: str) -> dict:
     """step -> unix ms of ``key`` in rank 0's event log: what the store must hold."""
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_folder / "events.jsonl").read_text().splitlines()]
     return {e["step"]: e["time"] for e in events if e["kind"] == "metrics" and key in e["metrics"]}
 
 
@@ -48,11 +48,12 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         live.wait_for("delivered.json")
         late.wait_for("delivered.json")
         server.stop(signal.SIGKILL)
-        to_the_background(int((live.run_dir / "pids" / "rank0.pid").read_text()))  # it trains until the server is back
+        # it trains until the server is back
+        to_the_background(int((live.run_folder / "pids" / "rank0.pid").read_text()))
         # 1. the server stays away until ``late`` ended: its ending is kept, with one sync command to deliver it
         assert late.finish(120) == 0, late.err.read_text()[-2000:]  # training finished: exit 0
         out = late.out.read_text()
-        assert "tracking pending" in out and f"python -m runner sync {late.run_dir}" in out, out[-2000:]
+        assert "tracking pending" in out and f"python -m runner sync {late.run_folder}" in out, out[-2000:]
         # 2. the server is back while ``live`` trains: its driver delivers the backlog
         restart_s = server.start()
         deadline = time.monotonic() + 120
@@ -69,22 +70,22 @@ def test_server_outage_mid_run_and_after_the_end(tmp_path: Path) -> None:
         assert run.info.status == "KILLED"
         if len(os.sched_getaffinity(0)) > 1:  # one worker takes every core: the prewarmed agent's torch (loaded
             assert run.data.tags["runner.agent_prewarmed"] == "false"  # for the default's two) is not used
-        want = kept_points(live.run_dir, "train/loss")
+        want = kept_points(live.run_folder, "train/loss")
         got = stored_points(server.url, run.info.run_id, "train/loss")
         assert got == want and len(want) > 10  # every point, at the step and time rank 0 measured it
 
         (run,) = runs(server.url, "outage_end")
         before = len(stored_points(server.url, run.info.run_id, "train/loss"))
         assert run.info.status == "RUNNING"
-        sync = subprocess.run([sys.executable, "-m", "runner", "sync", str(late.run_dir)], cwd=ROOT,
+        sync = subprocess.run([sys.executable, "-m", "runner", "sync", str(late.run_folder)], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert sync.returncode == 0, sync.stderr
         (run,) = runs(server.url, "outage_end")
-        want = kept_points(late.run_dir, "train/loss")
+        want = kept_points(late.run_folder, "train/loss")
         got = stored_points(server.url, run.info.run_id, "train/loss")
         assert run.info.status == "FINISHED" and got == want and len(want) == late_steps // 5
         assert "eval/auc" in run.data.metrics
-        print(f"outage: server back after {restart_s:.0f}s, {len(kept_points(live.run_dir, 'train/loss'))} "
+        print(f"outage: server back after {restart_s:.0f}s, {len(kept_points(live.run_folder, 'train/loss'))} "
               f"points all stored; after the end: {before} stored before sync, {len(got)} after")
     finally:
         server.stop()

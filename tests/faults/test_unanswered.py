@@ -19,49 +19,49 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.launch.processes.ports import free_port
 from runner.launch.processes.supervisor import root_cause
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.train.worker import elastic_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
-def _freeze_rank1(run_dir: Path, stopped: list) -> None:
+def _freeze_rank1(run_folder: Path, stopped: list) -> None:
     """SIGSTOP rank 1 once both ranks train; SIGCONT it once rank 0 has recorded its timeout (so that the
     agent's SIGTERM then ends it at once)."""
-    pid_file, deadline = run_dir / rundir.PIDS / "rank1.pid", time.monotonic() + 120
-    ready = [pid_file, run_dir / rundir.PIDS / "rank1.beat", run_dir / rundir.EVENTS]  # training has begun
+    pid_file, deadline = run_folder / run_files.PIDS / "rank1.pid", time.monotonic() + 120
+    ready = [pid_file, run_folder / run_files.PIDS / "rank1.beat", run_folder / run_files.EVENTS]  # training has begun
     while not all(p.exists() for p in ready) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # into the training steps
     pid = int(pid_file.read_text())
     os.kill(pid, signal.SIGSTOP)
     stopped.append(time.monotonic())
-    while not (run_dir / rundir.ERRORS / "rank0.json").exists() and time.monotonic() < deadline:
+    while not (run_folder / run_files.ERRORS / "rank0.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     os.kill(pid, signal.SIGCONT)
 
 
 def test_a_rank_that_stops_answering_is_named(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
     cfg = cfg_for("train.steps=100000", "train.batch_size=64", "cluster.pg_timeout_s=6", "train.threads_per_worker=1",
                   f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.system_metrics=false",
                   "cluster.cpu_affinity=none")
-    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+    OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="frozen", rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
                           start_method="fork")
     stopped: list = []
-    freezer = threading.Thread(target=_freeze_rank1, args=(run_dir, stopped), daemon=True)
+    freezer = threading.Thread(target=_freeze_rank1, args=(run_folder, stopped), daemon=True)
     freezer.start()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
         with pytest.raises(ChildFailedError):
-            elastic_launch(launch, elastic_entry)(str(run_dir))
+            elastic_launch(launch, elastic_entry)(str(run_folder))
     finally:  # torch elastic installs its own stop handlers in this process
         for s, h in handlers.items():
             signal.signal(s, h)
     assert stopped, "rank 1 was never stopped"
-    line = str(root_cause(run_dir))
+    line = str(root_cause(run_folder))
     assert line.startswith("rank 1 on node 0 did not answer within cluster.pg_timeout_s=6 s"), line
     assert "rank 0 waited for it" in line and "/" not in line and "unexpected" not in line, line

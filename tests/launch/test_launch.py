@@ -35,10 +35,10 @@ def torchrun_job(overrides: list, tmp_path: Path, config: str = "") -> subproces
                           timeout=300)
 
 
-def gloo_loop_nices(run_dir: Path) -> list:
+def gloo_loop_nices(run_folder: Path) -> list:
     """The nice of each rank's gloo event-loop threads (ranks' pids from the run folder)."""
     found = []
-    for pid_file in sorted((run_dir / "pids").glob("rank*.pid")):
+    for pid_file in sorted((run_folder / "pids").glob("rank*.pid")):
         task = Path("/proc") / pid_file.read_text().strip() / "task"
         found += [os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in task.iterdir()
                   if (t / "comm").read_text().startswith("gloo_tcp_loop")]

@@ -68,18 +68,18 @@ def job_processes(job_id: str, node: str) -> List[int]:
     return pids
 
 
-def slurm_sweep(store: str, experiment: str, sweep_dir: Path, args: List[str], tag: str,
+def slurm_sweep(store: str, experiment: str, sweep_folder: Path, args: List[str], tag: str,
                 timeout: float = 300) -> subprocess.CompletedProcess:
     return run_cli(["-m", "hydra/launcher=slurm", *args, f"tracking.uri={store}", f"tracking.experiment={experiment}",
-                    f"hydra.sweep.dir={sweep_dir}"], timeout=timeout, tag=tag)
+                    f"hydra.sweep.dir={sweep_folder}"], timeout=timeout, tag=tag)
 
 
-def start_sweep(store: str, experiment: str, sweep_dir: Path, args: List[str], tag: str) -> subprocess.Popen:
+def start_sweep(store: str, experiment: str, sweep_folder: Path, args: List[str], tag: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", RUNNER_TEST_TAG=tag)
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.Popen([sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm", *args,
                              f"tracking.uri={store}", f"tracking.experiment={experiment}",
-                             f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, env=env, text=True,
+                             f"hydra.sweep.dir={sweep_folder}"], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -266,8 +266,9 @@ def test_hand_written_sbatch_script(store: str, tmp_path: Path) -> None:
     (run,) = runs(store, "slurm-sbatch")
     assert run.info.status == "FINISHED" and run.data.tags["runner.slurm_job_id"] == job
     assert run.data.tags["runner.world_size"] == "2"
-    run_dir = Path(run.data.tags["runner.run_dir"])
-    assert run_dir == ROOT / "outputs" / "runs" / "slurm" / f"{job}.0" and (run_dir / "node1" / "status.json").exists()
+    run_folder = Path(run.data.tags["runner.run_dir"])
+    assert run_folder == ROOT / "outputs" / "runs" / "slurm" / f"{job}.0"
+    assert (run_folder / "node1" / "status.json").exists()
     assert "node 1 finished; node 0's task logged the MLflow run" in log
     no_process_left(tag)
 

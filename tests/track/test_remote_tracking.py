@@ -26,8 +26,8 @@ def test_job_logs_to_remote_server_with_credentials_never_written_down(mlflow_se
     the password is in no output and no record: terminal, run folder, MLflow params, tags and Description."""
     url, artifacts = mlflow_server
     secret = "s3cret-Pa55"
-    run_dir = tmp_path / "run"
-    proc = run_cli([*FAST, f"hydra.run.dir={run_dir}", "tracking.experiment=remote"],
+    run_folder = tmp_path / "run"
+    proc = run_cli([*FAST, f"hydra.run.dir={run_folder}", "tracking.experiment=remote"],
                    env_extra={"MLFLOW_TRACKING_URI": url.replace("http://", f"http://alice:{secret}@")})
     assert proc.returncode == 0, proc.stderr[-3000:].replace(secret, "***")
     (run,) = runs(url, "remote")
@@ -39,10 +39,10 @@ def test_job_logs_to_remote_server_with_credentials_never_written_down(mlflow_se
     mine = [p.name for p in artifacts.rglob("*") if run.info.run_id in p.parts]  # the server is the module's
     assert "plan.json" in mine and "resolved.yaml" in mine
     assert secret not in proc.stdout + proc.stderr + str(run.data.params) + str(run.data.tags)
-    for f in run_dir.rglob("*"):
+    for f in run_folder.rglob("*"):
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
-    assert url.split("//")[1] in (run_dir / "run.json").read_text()  # the URI is kept, without its password
+    assert url.split("//")[1] in (run_folder / "run.json").read_text()  # the URI is kept, without its password
 
 
 def test_joblib_plan_sweep_against_a_server_records_every_point(mlflow_server, tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
 
     from runner.config.schema import RunnerConfig
     from runner.launch.processes.ports import free_port
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.events import EventLog
     from runner.track.mlflow_run import MlflowRun
     from runner.track.store import start_run
@@ -104,26 +104,26 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "kept"}})
     away = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the server is away
     sweep = tmp_path / "sweep"
-    run_dir = sweep / "0"
-    run_dir.mkdir(parents=True)
-    run = MlflowRun(run_dir, away)
+    run_folder = sweep / "0"
+    run_folder.mkdir(parents=True)
+    run = MlflowRun(run_folder, away)
     assert run.open(cfg.tracking.experiment, {"train": {"steps": 7}}, "xbw=3", parent, {"runner.job": 0}) is None
     assert run.opened and not run.deliver()  # retried at most every few seconds: not yet
-    log = EventLog(run_dir / rundir.EVENTS)
+    log = EventLog(run_folder / run_files.EVENTS)
     log.metrics({"plan/est_step_ms": 1.5}, 0)
     log.close()
     assert run.end("FINISHED") is False  # tried once more, still away: kept
-    assert kept_runs(sweep) == [run_dir]
-    assert rundir.read_json(run_dir / rundir.DELIVERED)["final"] == {"status": "FINISHED", "error": None}
+    assert kept_runs(sweep) == [run_folder]
+    assert run_files.read_json(run_folder / run_files.DELIVERED)["final"] == {"status": "FINISHED", "error": None}
 
-    info = rundir.read_json(run_dir / rundir.RUN_INFO)  # the server is back, at the address the job had
-    rundir.write_json(run_dir / rundir.RUN_INFO, {**info, "tracking_uri": url})
+    info = run_files.read_json(run_folder / run_files.RUN_INFO)  # the server is back, at the address the job had
+    run_files.write_json(run_folder / run_files.RUN_INFO, {**info, "tracking_uri": url})
     assert sync([str(sweep)]) == 0
     (run,) = [r for r in runs(url, "kept") if r.info.run_id != parent]
     assert run.info.status == "FINISHED" and run.data.params["train.steps"] == "7"
     assert run.data.metrics["plan/est_step_ms"] == 1.5
     assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["mlflow.runName"] == "xbw=3"
-    assert kept_runs(sweep) == [] and rundir.read_json(run_dir / rundir.RUN_INFO)["run_id"] == run.info.run_id
+    assert kept_runs(sweep) == [] and run_files.read_json(run_folder / run_files.RUN_INFO)["run_id"] == run.info.run_id
     # a creation that reached the store before its answer was lost is found again, not made twice
-    assert open_kept(run_dir, url, info["pending"]) == run.info.run_id
+    assert open_kept(run_folder, url, info["pending"]) == run.info.run_id
     assert sync([str(sweep)]) == 0 and len(runs(url, "kept")) == 2

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from mlflow.tracking import MlflowClient
 
-from runner.runtime.rundir import DELIVERED
+from runner.runtime.run_files import DELIVERED
 from runner.track.events import EventLog, EventPump
 from runner.track.store import start_run
 
@@ -79,20 +79,20 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
     from omegaconf import OmegaConf
 
     from runner.launch.sweep.resume import kept_point
-    from runner.runtime import rundir
+    from runner.runtime import run_files
 
     cfg = cfg_for("mode=plan")
     run = tmp_path / "0"
     run.mkdir()
-    for name in (rundir.STATUS, rundir.RESULTS, rundir.RESOLVED):
+    for name in (run_files.STATUS, run_files.RESULTS, run_files.RESOLVED):
         for how, damage in DAMAGES.items():
-            rundir.record_status(run, "FINISHED", objective=1.0)
-            rundir.write_json(run / rundir.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
-            OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
+            run_files.record_status(run, "FINISHED", objective=1.0)
+            run_files.write_json(run / run_files.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
+            OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
             assert kept_point(OmegaConf.to_container(cfg, resolve=True), cfg.tracking, run) is not None  # intact: kept
             capsys.readouterr()
             (run / name).write_bytes(damage((run / name).read_bytes()))
-            if name == rundir.RESOLVED and how == "not a record":
+            if name == run_files.RESOLVED and how == "not a record":
                 (run / name).write_text("- 1\n- 2\n")
             assert kept_point(OmegaConf.to_container(cfg, resolve=True), cfg.tracking, run) is None, (name, how)
             out = capsys.readouterr().out
@@ -129,16 +129,16 @@ def test_a_damaged_pinned_plan_or_checkpoint_record_is_one_line(tmp_path: Path, 
 
 
 def test_sync_of_a_folder_whose_run_json_is_damaged_says_so(tmp_path: Path, capsys) -> None:
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import sync
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
     for how, damage in DAMAGES.items():
-        (run_dir / rundir.RUN_INFO).write_bytes(damage(b'{"tracking_uri": "sqlite:///x.db", "run_id": "abc"}'))
-        assert sync([str(run_dir)]) == 1, how
+        (run_folder / run_files.RUN_INFO).write_bytes(damage(b'{"tracking_uri": "sqlite:///x.db", "run_id": "abc"}'))
+        assert sync([str(run_folder)]) == 1, how
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], (how, err)
+        assert len(err) == 1 and f"{run_folder / run_files.RUN_INFO} cannot be read back" in err[0], (how, err)
 
 
 def test_a_damaged_study_journal_is_one_line_and_the_sweep_ends_failed(tmp_path: Path, capsys) -> None:
@@ -186,17 +186,17 @@ def test_a_driver_record_names_its_process_across_pid_reuse(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from runner.runtime import rundir
+    from runner.runtime import run_files
 
-    record = rundir.driver_record(29500)
+    record = run_files.driver_record(29500)
     assert record["pid"] == os.getpid() and isinstance(record["started"], float)
-    rundir.write_json(tmp_path / rundir.DRIVER, record)
-    assert rundir.driver_gone(tmp_path) is None
-    rundir.write_json(tmp_path / rundir.DRIVER, {**record, "started": record["started"] - 60})  # pid reused
-    assert "is gone, killed outright" in str(rundir.driver_gone(tmp_path))
+    run_files.write_json(tmp_path / run_files.DRIVER, record)
+    assert run_files.driver_gone(tmp_path) is None
+    run_files.write_json(tmp_path / run_files.DRIVER, {**record, "started": record["started"] - 60})  # pid reused
+    assert "is gone, killed outright" in str(run_files.driver_gone(tmp_path))
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    rundir.write_json(tmp_path / rundir.DRIVER, {**record, "pid": int(ended.stdout)})  # no such process now
-    assert f"(pid {int(ended.stdout)}) is gone" in str(rundir.driver_gone(tmp_path))
+    run_files.write_json(tmp_path / run_files.DRIVER, {**record, "pid": int(ended.stdout)})  # no such process now
+    assert f"(pid {int(ended.stdout)}) is gone" in str(run_files.driver_gone(tmp_path))
 
 
 def test_records_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(tmp_path: Path, capsys) -> None:
@@ -210,7 +210,7 @@ def test_records_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(t
 
     from runner.launch.sweep.resume import resume_args
     from runner.launch.sweep.study import JOURNAL_FILE, journal_storage
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import sync
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -227,16 +227,16 @@ def test_records_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(t
     assert sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")) == [0, 1, 2]
     assert len(said) == 1 and "3 damaged line(s)" in said[0], said
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": 12})
-    assert sync([str(run_dir)]) == 1
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    run_files.write_json(run_folder / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": 12})
+    assert sync([str(run_folder)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{run_dir / rundir.RUN_INFO} cannot be read back" in err[0], err
+    assert len(err) == 1 and f"{run_folder / run_files.RUN_INFO} cannot be read back" in err[0], err
 
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    rundir.write_json(sweep / "sweep.json", {"command": ["-m", ["x"]], "overrides": []})
+    run_files.write_json(sweep / "sweep.json", {"command": ["-m", ["x"]], "overrides": []})
     with pytest.raises(ValueError, match="sweep.json cannot be read back"):
         resume_args(sweep, [])
 
@@ -260,47 +260,47 @@ def test_a_point_whose_status_is_no_ending_or_whose_run_is_nowhere_runs_again_sa
     from omegaconf import OmegaConf
 
     from runner.launch.sweep.resume import kept_point
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track import store
 
     cfg = cfg_for("mode=plan")
     now = OmegaConf.to_container(cfg, resolve=True)
     run = tmp_path / "0"
     run.mkdir()
-    OmegaConf.save(cfg, run / rundir.RESOLVED, resolve=True)
-    for name, record in ((rundir.STATUS, {"format": 3, "record": {"status": "FINISHED"}}),
-                         (rundir.RUN_INFO, {"tracking_uri": 12})):
-        rundir.record_status(run, "FINISHED", objective=1.0)
-        rundir.write_json(run / rundir.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri)})
+    OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
+    for name, record in ((run_files.STATUS, {"format": 3, "record": {"status": "FINISHED"}}),
+                         (run_files.RUN_INFO, {"tracking_uri": 12})):
+        run_files.record_status(run, "FINISHED", objective=1.0)
+        run_files.write_json(run / run_files.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri)})
         assert kept_point(now, cfg.tracking, run) is not None
-        rundir.write_json(run / name, record)
+        run_files.write_json(run / name, record)
         assert kept_point(now, cfg.tracking, run) is None
         assert f"{run / name} cannot be read back; the point runs again" in capsys.readouterr().out
 
 
 def _kept_run(tmp_path: Path, name: str) -> Tuple[str, Path, str]:
     """A run folder whose MLflow run was started and whose two step events were kept while the store was away."""
-    from runner.runtime import rundir
+    from runner.runtime import run_files
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
     run_id = start_run(uri, "state_files", name, None, {})
-    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
-    _log(run_dir / rundir.EVENTS, 2)
-    return uri, run_dir, run_id
+    run_files.write_json(run_folder / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_folder / run_files.EVENTS, 2)
+    return uri, run_folder, run_id
 
 
 def test_a_lost_delivery_record_delivers_the_job_s_own_ending(tmp_path: Path) -> None:
     """delivered.json cut short after the job ended while the store was away: sync ends the run with the ending
     status.json records (before: the run stayed RUNNING for ever)."""
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import sync
 
-    uri, run_dir, run_id = _kept_run(tmp_path, "lost_record")
-    rundir.record_status(run_dir, "FINISHED")
-    (run_dir / rundir.DELIVERED).write_text('{"final": {"status": "FINI')
-    assert sync([str(run_dir)]) == 0
+    uri, run_folder, run_id = _kept_run(tmp_path, "lost_record")
+    run_files.record_status(run_folder, "FINISHED")
+    (run_folder / run_files.DELIVERED).write_text('{"final": {"status": "FINI')
+    assert sync([str(run_folder)]) == 0
     assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
 
 
@@ -312,17 +312,17 @@ def test_sync_says_what_it_passed_over_and_a_journal_value_outside_its_range_is_
     import pytest
 
     from runner.launch.sweep.study import JOURNAL_FILE, journal_storage
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import sync
 
-    uri, run_dir, run_id = _kept_run(tmp_path, "said")
-    with (run_dir / rundir.EVENTS).open("a") as f:
+    uri, run_folder, run_id = _kept_run(tmp_path, "said")
+    with (run_folder / run_files.EVENTS).open("a") as f:
         f.write(json.dumps({"kind": "metrics", "metrics": {"x": 1.0}, "step": "text"}) + "\n")
-    rundir.record_status(run_dir, "FINISHED")
-    rundir.write_json(run_dir / rundir.DELIVERED, {"format": 3, "record": {"final": {"status": "FINISHED"}}})
-    assert sync([str(run_dir)]) == 0
+    run_files.record_status(run_folder, "FINISHED")
+    run_files.write_json(run_folder / run_files.DELIVERED, {"format": 3, "record": {"final": {"status": "FINISHED"}}})
+    assert sync([str(run_folder)]) == 0
     out = capsys.readouterr().out
-    assert "1 damaged line(s)" in out and f"{run_dir / rundir.DELIVERED} cannot be read back" in out, out
+    assert "1 damaged line(s)" in out and f"{run_folder / run_files.DELIVERED} cannot be read back" in out, out
     assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -345,7 +345,7 @@ def test_lines_of_another_writer_are_passed_over_a_restarted_one_s_delivered(tmp
     line carries its writer's id, the run folder's (events_writer.json, made by the job's first writer and taken by
     every later one): a rank 0 restarted in the job relogs its steps and is delivered; the lines of a process of
     another writer id, interleaved with the job's, are passed over in one line naming the file and the writers."""
-    from runner.runtime.rundir import EVENTS_WRITER
+    from runner.runtime.run_files import EVENTS_WRITER
     from runner.track.events import log_writer
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -377,7 +377,7 @@ def test_sync_delivers_the_ending_an_earlier_attempt_kept_in_its_set_aside_folde
     """A chaos run's finding (tests/faults/test_chaos.py): an attempt whose agent was killed while the store was away
     kept its FAILED ending in delivered.json; its retry set those files aside (previous/1/), where no sync looked, and
     the run stayed RUNNING. runner sync of the folder (or its sweep) delivers earlier jobs' kept endings too."""
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import kept_runs, sync
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -386,13 +386,13 @@ def test_sync_delivers_the_ending_an_earlier_attempt_kept_in_its_set_aside_folde
     point.mkdir(parents=True)
     (sweep / "sweep.json").write_text("{}")
     first = start_run(uri, "state_files", "attempt 1", None, {})
-    rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": first})
-    _log(point / rundir.EVENTS, 2)
-    rundir.update_json(point / rundir.DELIVERED, final={"status": "FAILED", "error": "the agent was killed"})
-    rundir.set_aside_previous(point)
+    run_files.write_json(point / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": first})
+    _log(point / run_files.EVENTS, 2)
+    run_files.update_json(point / run_files.DELIVERED, final={"status": "FAILED", "error": "the agent was killed"})
+    run_files.set_aside_previous(point)
     second = start_run(uri, "state_files", "attempt 2", None, {})
-    rundir.write_json(point / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": second})
-    rundir.update_json(point / rundir.DELIVERED, final={"status": "FINISHED", "error": None})
+    run_files.write_json(point / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": second})
+    run_files.update_json(point / run_files.DELIVERED, final={"status": "FINISHED", "error": None})
     assert kept_runs(sweep) == [point / "previous" / "1", point]
     assert sync([str(sweep)]) == 0
     client = MlflowClient(uri)
@@ -405,7 +405,7 @@ def test_a_trial_s_objective_is_what_its_job_logged_while_the_store_is_away(tmp_
     the store was away was told NE = inf (the worst), as NE was read from the store alone; its run got the real NE
     later from sync, and the Pareto front disagreed with the store. The objective is read from the job's results,
     else its event log (the values its run gets), and only then the store."""
-    from runner.runtime.rundir import EVENTS
+    from runner.runtime.run_files import EVENTS
     from runner.track.objective import objective_value
 
     log = EventLog(tmp_path / EVENTS)
@@ -421,18 +421,18 @@ def test_sync_passes_over_a_run_the_store_deleted(tmp_path: Path, capsys) -> Non
     """The chaos test's next finding: a resume replaces a killed point's earlier run (soft-deleted, so the parent keeps
     one child per point) while that attempt's set-aside folder still kept reports; runner sync then failed on it for
     good (the store refuses a deleted run). It is passed over in one line, nothing left kept."""
-    from runner.runtime import rundir
+    from runner.runtime import run_files
     from runner.track.sync import kept_runs, sync
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "sweep" / "0"
-    run_dir.mkdir(parents=True)
+    run_folder = tmp_path / "sweep" / "0"
+    run_folder.mkdir(parents=True)
     run_id = start_run(uri, "state_files", "replaced", None, {})
-    rundir.write_json(run_dir / rundir.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
-    _log(run_dir / rundir.EVENTS, 2)
-    rundir.update_json(run_dir / rundir.DELIVERED, final={"status": "KILLED", "error": "stopped"})
+    run_files.write_json(run_folder / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": run_id})
+    _log(run_folder / run_files.EVENTS, 2)
+    run_files.update_json(run_folder / run_files.DELIVERED, final={"status": "KILLED", "error": "stopped"})
     MlflowClient(uri).delete_run(run_id)
-    assert sync([str(run_dir)]) == 0
+    assert sync([str(run_folder)]) == 0
     out = capsys.readouterr().out
     assert f"its MLflow run {run_id} was deleted" in out and "nothing delivered" in out, out
     assert kept_runs(tmp_path / "sweep") == []

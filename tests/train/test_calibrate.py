@@ -22,8 +22,8 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
                   "calibrate.max_message_mib=1", "train.batch_size=128", f"cluster.calibration_dir={keep}",
                   f"tracking.uri={uri}", "tracking.experiment=calibrate", "tracking.system_metrics=false",
                   "cluster.cpu_affinity=none", "train.threads_per_worker=1")
-    run_dir = tmp_path / "run"
-    launched, run_id, mlflow_run = launch_in_process(cfg, run_dir, uri, "calibrate")
+    run_folder = tmp_path / "run"
+    launched, run_id, mlflow_run = launch_in_process(cfg, run_folder, uri, "calibrate")
     results = launched[0]
     assert mlflow_run.end("FINISHED")
     assert results["mode"] == "calibrate" and any(results["trusted"].values()) and results["kept"], results
@@ -57,7 +57,7 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "calibration")}
     assert {"calibration/calibration.yaml", "calibration/report.md", "calibration/calibration.png",
             "calibration/calibration_torchrec.py"} <= artifacts  # the last: TorchRec's own terms (torchrec_export)
-    report = (run_dir / "calibration" / "report.md").read_text()
+    report = (run_folder / "calibration" / "report.md").read_text()
     assert "| constant | measured here | TorchRec's default |" in report
     line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
     assert line.startswith("[runner] calibration done") and results["kept"] in line

@@ -43,11 +43,11 @@ def flat_state(ckpt: Path, tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def rowwise_run(store: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """20 row-wise steps on 2 workers, checkpoints at 10 and 20."""
-    run_dir = tmp_path_factory.mktemp("rowwise_run")
+    run_folder = tmp_path_factory.mktemp("rowwise_run")
     proc = run_cli([*SMALL, "train.steps=20", "sharding=rowwise", "train.checkpoint.every_steps=10",
-                    f"tracking.uri={store}", "tracking.experiment=ckpt_source", f"hydra.run.dir={run_dir}"])
+                    f"tracking.uri={store}", "tracking.experiment=ckpt_source", f"hydra.run.dir={run_folder}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    return run_folder
 
 
 def test_checkpoints_written_with_meta_plan_and_best(rowwise_run: Path) -> None:
@@ -153,13 +153,13 @@ def _start(args: list, tag: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _kill_rank1_when(args: list, tag: str, run_dir: Path, ready, what: str, finish_s: float) -> tuple:
+def _kill_rank1_when(args: list, tag: str, run_folder: Path, ready, what: str, finish_s: float) -> tuple:
     """Start a job, SIGKILL rank 1 once ``ready()``, and wait for the job: (return code, stderr)."""
     proc = _start(args, tag)
     try:
         _wait_for(lambda: ready() or proc.poll() is not None, 240, what)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
-        os.kill(int((run_dir / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
+        os.kill(int((run_folder / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
         _out, err = proc.communicate(timeout=finish_s)
     finally:
         if proc.poll() is None:

@@ -17,7 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.launch.processes.ports import free_port
 from runner.launch.processes.supervisor import root_cause
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.train.worker import elastic_entry
 
 DIVERGING = ("train.steps=30", "train.log_every=5", "train.batch_size=64", "optimizer.dense_lr=1e12",
@@ -25,16 +25,16 @@ DIVERGING = ("train.steps=30", "train.log_every=5", "train.batch_size=64", "opti
              "tracking.system_metrics=false", "cluster.cpu_affinity=none")
 
 
-def _launch(run_dir: Path, *overrides: str) -> Dict[int, Any]:
-    cfg = cfg_for(*DIVERGING, f"tracking.uri=sqlite:///{run_dir.parent / 'mlflow.db'}", *overrides)
-    run_dir.mkdir()
-    OmegaConf.save(cfg, run_dir / rundir.RESOLVED, resolve=True)
+def _launch(run_folder: Path, *overrides: str) -> Dict[int, Any]:
+    cfg = cfg_for(*DIVERGING, f"tracking.uri=sqlite:///{run_folder.parent / 'mlflow.db'}", *overrides)
+    run_folder.mkdir()
+    OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="diverging", rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
                           start_method="fork")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
-        return elastic_launch(launch, elastic_entry)(str(run_dir))
+        return elastic_launch(launch, elastic_entry)(str(run_folder))
     finally:  # torch elastic installs its own stop handlers in this process
         for s, h in handlers.items():
             signal.signal(s, h)

@@ -12,7 +12,7 @@ from conftest import cfg_for, launch_in_process
 from mlflow.tracking import MlflowClient
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.runtime import rundir
+from runner.runtime import run_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,13 +24,14 @@ def test_two_ranks_train_plan_and_track_in_process(tmp_path: Path) -> None:
                   "train.log_every=10", "train.batch_size=64", "data.eval_batches=2", "train.threads_per_worker=1",
                   f"tracking.uri={uri}",
                   "tracking.experiment=in_process", "tracking.system_metrics=false", "cluster.cpu_affinity=none")
-    run_dir = tmp_path / "run"
-    launched, run_id, mlflow_run = launch_in_process(cfg, run_dir, uri, "in-process")
+    run_folder = tmp_path / "run"
+    launched, run_id, mlflow_run = launch_in_process(cfg, run_folder, uri, "in-process")
     results = launched
     assert mlflow_run.end("FINISHED")  # rank 0's reports delivered, the run ended
     rank0 = results[0]
     assert rank0["world_size"] == 2 and rank0["losses"][-1] < rank0["losses"][0], rank0["losses"]
-    plan = rundir.read_json(run_dir / rundir.PLAN / "plan.json")  # the balanced proposer's plan: DMP trained it
+    # the balanced proposer's plan: DMP trained it
+    plan = run_files.read_json(run_folder / run_files.PLAN / "plan.json")
     types = {t["sharding_type"] for tables in plan.values() for t in tables.values()}
     assert len(types) >= 3 and "table_wise" in types, types  # t0 and t1 constrained, the rest free
     client = MlflowClient(uri)

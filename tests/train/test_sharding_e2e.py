@@ -16,8 +16,8 @@ OPTIONS = {"columnwise": "column_wise", "tablecolumnwise": "table_column_wise", 
            "gridshard": "grid_shard", "dataparallel": "data_parallel"}
 
 
-def plan_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "plan" / "plan.json").read_text())
+def plan_of(run_folder: Path) -> dict:
+    return json.loads((run_folder / "plan" / "plan.json").read_text())
 
 
 def types_of(plan: dict) -> set:
@@ -40,8 +40,8 @@ def test_every_sharding_type_trains_on_cpu(store: str, trained_sweep: Path) -> N
     assert len(children) == len(OPTIONS)
     for child in children:
         option = child.data.tags["runner.choice.sharding"]
-        run_dir = Path(child.data.tags["runner.run_dir"])
-        assert types_of(plan_of(run_dir)) == {OPTIONS[option]}, option
+        run_folder = Path(child.data.tags["runner.run_dir"])
+        assert types_of(plan_of(run_folder)) == {OPTIONS[option]}, option
         assert child.info.status == "FINISHED"
         assert child.data.tags["runner.sharding_types"] == OPTIONS[option]
         losses = metric_history(store, child.info.run_id, "train/loss")

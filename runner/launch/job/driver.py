@@ -32,7 +32,7 @@ from runner.launch.processes.ports import check_master_port, free_port
 from runner.launch.processes.prewarm import discard_warm, prewarm
 from runner.launch.processes.supervisor import launch, nodes_on_this_host
 from runner.launch.sweep.resume import link_point
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.runtime.affinity import threads_per_worker, workers_on_host
 from runner.runtime.cores import check_dense_batch, job_cores, job_memory
 from runner.runtime.device import (
@@ -62,11 +62,11 @@ if TYPE_CHECKING:
     from runner.launch.schedulers import Scheduler
 
 
-def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_dir: Path, place: Optional[Place] = None) -> Place:
+def pre_launch_checks(cfg: RunnerConfig, data: JobData, run_folder: Path, place: Optional[Place] = None) -> Place:
     """What can be refused before any worker starts (torch is imported only when it must be asked; ``data``: the
     job's data part); the job's place with what the checks learned (a CUDA host's memory per worker, for the
     planner's DDR cap)."""
-    resolve(cfg.train.resume, checkpoint_root(cfg.train.checkpoint.dir, run_dir))
+    resolve(cfg.train.resume, checkpoint_root(cfg.train.checkpoint.dir, run_folder))
     from runner.data.checks import check_data
 
     check_data(data)  # nothing for a generated source
@@ -139,7 +139,7 @@ def drive_plan(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJob, 
     """A plan-only job (its mode's ``drives``): planned in this process, its store checked as it plans."""
     from runner.launch.job.plan_only import plan_beside, plan_only
 
-    plan = lambda: plan_only(cfg, run.run_dir, _plan_choices())  # noqa: E731
+    plan = lambda: plan_only(cfg, run.run_folder, _plan_choices())  # noqa: E731
     if hydra_job.job_num is None:  # the plan made in a fork while this process opens and feeds the run
         return plan_beside(plan, run, chart)
     run.open()  # a sweep's point: its process plans its next points with the same model
@@ -153,19 +153,19 @@ def drive_workers(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJo
     assert data is not None  # built for every job on workers
     if hydra_job.job_num is None:  # an unreachable server is refused before any worker starts; a sweep's point
         store.check_store(run.uri)  # (the sweep began with the store there) goes on and keeps its run for later
-    run_dir = run.run_dir
+    run_folder = run.run_folder
 
     def pump() -> None:
         run.pump()
         if run.opened:
             chart.start()
 
-    pre_launch_checks(cfg, data, run_dir, place).write(run_dir)  # the workers read it (place.json)
+    pre_launch_checks(cfg, data, run_folder, place).write(run_folder)  # the workers read it (place.json)
     try:
         c = cfg.cluster  # the OpenMP threads the agents load torch with (their workers inherit them)
         threads = threads_per_worker(cfg.train.threads_per_worker, workers_on_host(c.nodes, c.workers_per_node,
                                                                                    c.node_rank))
-        launch(cfg.cluster, run_dir, run.port, scheduler, while_starting=run.open if run.opens_early else None,
+        launch(cfg.cluster, run_folder, run.port, scheduler, while_starting=run.open if run.opens_early else None,
                pump=pump, threads=threads)
         _prewarm_next(threads, hydra_job, scheduler)
     finally:
@@ -176,9 +176,9 @@ def drive_workers(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJo
         who = "node 0's task" if run.static else "rank 0 ran on another host, whose driver"
         print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)
         return None
-    results = rundir.read_json(run_dir / rundir.RESULTS)
+    results = run_files.read_json(run_folder / run_files.RESULTS)
     if results is None:
-        raise RuntimeError(f"every worker exited 0 but rank 0 wrote no {run_dir / rundir.RESULTS}")
+        raise RuntimeError(f"every worker exited 0 but rank 0 wrote no {run_folder / run_files.RESULTS}")
     return results
 
 
@@ -188,7 +188,7 @@ def _prewarm_next(threads: int, hydra_job: HydraJob, scheduler: Scheduler) -> No
     workers)."""
     if hydra_job.job_num is None or hydra_job.parallel != 1 or not scheduler.points_here:
         return
-    points = sweep_info(hydra_job.sweep_dir).get("points")
+    points = sweep_info(hydra_job.sweep_folder).get("points")
     if points and hydra_job.job_num + 1 < points:
         prewarm(threads)  # used when the next point loads torch with the same thread count
 
@@ -196,15 +196,15 @@ def _prewarm_next(threads: int, hydra_job: HydraJob, scheduler: Scheduler) -> No
 def _job_folder(hydra_job: HydraJob, config: Dict[str, Any]) -> Optional[str]:
     """This job's run folder, made; an earlier job's files there set aside (a job reads only its own files);
     ``config`` (the job's, resolved) written. The MLflow run of that earlier job, if it had one."""
-    hydra_job.run_dir.mkdir(parents=True, exist_ok=True)
-    earlier = rundir.set_aside_previous(hydra_job.run_dir)
+    hydra_job.run_folder.mkdir(parents=True, exist_ok=True)
+    earlier = run_files.set_aside_previous(hydra_job.run_folder)
     if earlier is not None:
         print(f"[runner] the run folder held an earlier job's files: moved to {earlier} (checkpoints stay, "
               "for train.resume=latest)", flush=True)
         if lost := end_if_lost(earlier):
             print(lost, flush=True)
-    (hydra_job.run_dir / rundir.RESOLVED).write_text(OmegaConf.to_yaml(config))
-    return (rundir.read_json(earlier / rundir.RUN_INFO) or {}).get("run_id") if earlier else None
+    (hydra_job.run_folder / run_files.RESOLVED).write_text(OmegaConf.to_yaml(config))
+    return (run_files.read_json(earlier / run_files.RUN_INFO) or {}).get("run_id") if earlier else None
 
 
 def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler: Scheduler) -> Dict[str, Any]:
@@ -217,7 +217,7 @@ def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler
 
     run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if MODES[cfg.mode].records_data else None)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
-    results = link_point(hydra_job.run_dir, earlier, run)
+    results = link_point(hydra_job.run_folder, earlier, run)
     results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
     end_job_run(run, outcome.finished(results))
@@ -243,7 +243,7 @@ def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler,
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and mode.on_workers and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
-    rundir.write_json(hydra_job.run_dir / rundir.DRIVER, rundir.driver_record(port))
+    run_files.write_json(hydra_job.run_folder / run_files.DRIVER, run_files.driver_record(port))
     from runner.data.layout import job_data
 
     data = job_data(cfg) if mode.on_workers else None  # built once: checked, its datasets recorded
@@ -253,7 +253,7 @@ def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler,
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if mode.on_workers and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
-    chart, where = PlanChart(run.run_dir), place or Place(scheduler.name)
+    chart, where = PlanChart(run.run_folder), place or Place(scheduler.name)
     work = lambda: part(mode.drives)(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731
     with job_cores(hydra_job.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _ended(run, chart, scheduler, work)
@@ -271,9 +271,9 @@ def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,
     except BaseException as exc:
         if isinstance(exc, TrackingError) and not run.opened:
             raise  # the store refused before the run opened (a plan-only job's, opened beside): none to record in
-        end = outcome.of_error(exc, scheduler, run.run_dir)
+        end = outcome.of_error(exc, scheduler, run.run_folder)
         if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
             run.ensure_on_record()
         end_job_run(run, end)
         raise
-    return end_finished_run(run, chart, run.run_dir, results).results
+    return end_finished_run(run, chart, run.run_folder, results).results

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Union
 
 from runner.launch.job.outcome import Outcome, finished
 from runner.plan import CHART, ESTIMATES, draw_plan_chart, plan_description
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.mlflow_run import DriverRun, MlflowRun
 from runner.track.reporter import summary_line
 from runner.track.sweep_points import sweep_of
@@ -32,8 +32,8 @@ class PlanChart:
     path and off the job's), else when the job ends. A failure to draw (a full disk) is raised to the
     caller of :meth:`png`, in its own thread, as if it had drawn it there."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.folder = run_dir / rundir.PLAN
+    def __init__(self, run_folder: Path) -> None:
+        self.folder = run_folder / run_files.PLAN
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
 
@@ -61,20 +61,20 @@ class PlanChart:
         return png if png.exists() else None
 
 
-def end_finished_run(run: Holder, chart: PlanChart, run_dir: Path, results: Dict[str, Any]) -> Outcome:
+def end_finished_run(run: Holder, chart: PlanChart, run_folder: Path, results: Dict[str, Any]) -> Outcome:
     """End the run of a job that finished; its outcome, the ``results`` given the run's id and store, and the
     summary line (printed)."""
     png = chart.png()
     if png is not None and run.opened:
-        run.report_last([png], rundir.PLAN)
+        run.report_last([png], run_files.PLAN)
     run.deliver()
     results.update(run_id=run.run_id, tracking_uri=run.uri)
     if results.get("plan_status") == "feasible" and run.opened:  # a plan-only answer: its plan in the description
-        if section := plan_description(run_dir / rundir.PLAN):
+        if section := plan_description(run_folder / run_files.PLAN):
             run.add_to_note(section)
-    sweep = sweep_of(run_dir)
+    sweep = sweep_of(run_folder)
     if not run.end("FINISHED"):  # a sweep's point: delivered by the sweep's one sync command
-        results["tracking_pending"] = str(sweep or run_dir)
+        results["tracking_pending"] = str(sweep or run_folder)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
     if sweep is None or (isinstance(run, DriverRun) and run.job.verbose):  # else in the sweep's progress line

@@ -26,7 +26,7 @@ from runner.launch.job import outcome
 from runner.launch.sweep import stop as sweep_stop
 from runner.launch.sweep.parent import end_failed_sweep
 from runner.launch.sweep.precheck import checked
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.objective import Objective, objective_value, objectives
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ class _Job:
     read-only config)."""
 
     cfg: RunnerConfig
-    run_dir: Path
-    sweep_dir: Optional[Path]  # a sweep's point: its sweep folder
+    run_folder: Path
+    sweep_folder: Optional[Path]  # a sweep's point: its sweep folder
     num: int
     overrides: List[str]
     task: Optional[Task] = None
@@ -58,7 +58,7 @@ class _Job:
 
     @property
     def multirun(self) -> bool:
-        return self.sweep_dir is not None
+        return self.sweep_folder is not None
 
     @property
     def objectives(self) -> List[Tuple[str, str]]:
@@ -69,7 +69,7 @@ class _Job:
 def run_job(cfg: RunnerConfig) -> Optional[Objective]:
     """One job, its outcome recorded in its run folder; the value it returns to a searching sweeper. As a
     scheduler's task, a failed or stopped job also fails the scheduler's job (a node k > 0 keeps its files where the
-    scheduler places them: :meth:`runner.launch.schedulers.Scheduler.node_run_dir`)."""
+    scheduler places them: :meth:`runner.launch.schedulers.Scheduler.node_run_folder`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -82,7 +82,7 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
                hc.job.num if multirun else 0, list(hc.overrides.task))  # a single run has no job number
     logging.captureWarnings(True)  # library warnings to the run's log file (Hydra's job logging), not the terminal
     try:
-        sweep_stop.raise_if_stopped(job.sweep_dir)  # a sweep stopped by sweep.max_failures starts no more points
+        sweep_stop.raise_if_stopped(job.sweep_folder)  # a sweep stopped by sweep.max_failures starts no more points
         if not _take_place(job):  # a plan or data job runs in node 0's task only
             return None
         if job.multirun and (kept := _kept(job)) is not None:
@@ -91,17 +91,17 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
     except sweep_stop.SweepStopped as exc:  # the sweep goes on to its end, which says why it stopped
         return _stopped(job, exc.reason)
     except KeyboardInterrupt as exc:
-        end = outcome.of_error(exc, job.scheduler, job.run_dir)
-        outcome.record(end, job.run_dir)
-        resume = f"; resume the sweep: python -m runner resume {job.sweep_dir}" if job.multirun else ""
-        say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({job.run_dir}){resume}")
+        end = outcome.of_error(exc, job.scheduler, job.run_folder)
+        outcome.record(end, job.run_folder)
+        resume = f"; resume the sweep: python -m runner resume {job.sweep_folder}" if job.multirun else ""
+        say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({job.run_folder}){resume}")
         raise SystemExit(end.exit_code) from None
     except Exception as exc:
         return _failed(job, exc)
-    value = objective_value(job.objectives, results, job.run_dir)
-    outcome.record(outcome.finished(results), job.run_dir, objective=value)
+    value = objective_value(job.objectives, results, job.run_folder)
+    outcome.record(outcome.finished(results), job.run_folder, objective=value)
     if job.multirun:
-        _say_progress(job.sweep_dir, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
+        _say_progress(job.sweep_folder, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
 
 
@@ -115,7 +115,7 @@ def _take_place(job: _Job) -> bool:
     elsewhere, job.place = False, Place(scheduler.name)
     if job.task is not None:
         c = job.cfg
-        job.run_dir, elsewhere, job.place = scheduler.take(c.mode, c.cluster, c.train.checkpoint.dir, job.run_dir,
+        job.run_folder, elsewhere, job.place = scheduler.take(c.mode, c.cluster, c.train.checkpoint.dir, job.run_folder,
                                                            job.task)
         job.cfg = job.place.applied(job.cfg)  # a new config, with where the task runs; Hydra's stays as composed
     job.cfg = freeze(job.cfg)  # read-only from here, in this process, its agents and its workers
@@ -128,38 +128,38 @@ def _take_place(job: _Job) -> bool:
 
 
 def _stopped(job: _Job, reason: str) -> Optional[Objective]:
-    started = (job.run_dir / rundir.RUN_INFO).exists()
-    outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_dir)
-    _say_progress(job.sweep_dir, job.num, "stopped" if started else "not run")
+    started = (job.run_folder / run_files.RUN_INFO).exists()
+    outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_folder)
+    _say_progress(job.sweep_folder, job.num, "stopped" if started else "not run")
     return objective_value(job.objectives, None)
 
 
 def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     """A failed job's outcome recorded and said; the sweep goes on (a searching sweeper gets the worst value), but
     a full disk ends it, and a single job or a scheduler's task exits 1."""
-    end = outcome.of_error(exc, job.scheduler, job.run_dir)
-    if end.full_disk and job.sweep_dir is not None:  # every later point would fail too, so the sweep ends here
-        line = end_failed_sweep(end.line, job.sweep_dir)
-        outcome.record(outcome.Outcome("FAILED", line, exit_code=1), job.run_dir)
+    end = outcome.of_error(exc, job.scheduler, job.run_folder)
+    if end.full_disk and job.sweep_folder is not None:  # every later point would fail too, so the sweep ends here
+        line = end_failed_sweep(end.line, job.sweep_folder)
+        outcome.record(outcome.Outcome("FAILED", line, exit_code=1), job.run_folder)
         say_error(line)
         raise SystemExit(1) from None
     logging.getLogger("runner").error("job failed: %s", end.line, exc_info=exc)  # to the run's log file
-    outcome.record(end, job.run_dir)
+    outcome.record(end, job.run_folder)
     say_error(end.line)
-    if job.sweep_dir is not None:
-        sweep_stop.record_failure(job.sweep_dir, job.num, end.line, job.cfg.sweep.max_failures)
-    if job.sweep_dir is None or job.task is not None:  # a scheduler's job fails with its run
+    if job.sweep_folder is not None:
+        sweep_stop.record_failure(job.sweep_folder, job.num, end.line, job.cfg.sweep.max_failures)
+    if job.sweep_folder is None or job.task is not None:  # a scheduler's job fails with its run
         raise SystemExit(1) from None
-    _say_progress(job.sweep_dir, job.num, "failed (its line is above)")
+    _say_progress(job.sweep_folder, job.num, "failed (its line is above)")
     return objective_value(job.objectives, None)  # its outcome is read from every point's status
 
 
-def _say_progress(sweep_dir: Optional[Path], num: int, outcome: str) -> None:
+def _say_progress(sweep_folder: Optional[Path], num: int, outcome: str) -> None:
     """The sweep's progress and the outcome of its point ``num`` (Hydra's job number) in one line, once the outcome
     is recorded (:mod:`runner.launch.sweep.progress`)."""
     from runner.launch.sweep.progress import progress_line
 
-    line = progress_line(sweep_dir) if sweep_dir is not None else None
+    line = progress_line(sweep_folder) if sweep_folder is not None else None
     if line:
         print(f"{line} | {outcome if outcome.startswith(f'job {num} ') else f'job {num}: {outcome}'}", flush=True)
 
@@ -168,9 +168,9 @@ def _kept(job: _Job) -> Optional[Dict[str, Any]]:
     """A resumed sweep's point that finished before with the same config: its recorded status (None: it runs)."""
     from runner.launch.sweep.resume import kept_point
 
-    kept = kept_point(job.resolved, job.cfg.tracking, job.run_dir)
+    kept = kept_point(job.resolved, job.cfg.tracking, job.run_folder)
     if kept is not None:
-        print(f"[runner] job {job.num} kept: it finished before with the same config ({job.run_dir})", flush=True)
+        print(f"[runner] job {job.num} kept: it finished before with the same config ({job.run_folder})", flush=True)
     return kept
 
 
@@ -195,12 +195,12 @@ def _attempts(job: _Job) -> Dict[str, Any]:
     from runner.launch.job.driver import execute_job
     from runner.track.mlflow_run import record_requeued
 
-    cfg, run_dir, task = job.cfg, job.run_dir, job.task
+    cfg, run_folder, task = job.cfg, job.run_folder, job.task
     attempt = 1
     if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt
         attempt += task.restarts
         if task.node_rank == 0:
-            record_requeued(run_dir, task.shown_id, attempt, task.label)
+            record_requeued(run_folder, task.shown_id, attempt, task.label)
         if attempt > cfg.sweep.retries + 1:
             raise WorkerFailure(f"{task.label} requeued job {task.shown_id} after it lost a node; sweep.retries="
                                 f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
@@ -211,7 +211,7 @@ def _attempts(job: _Job) -> Dict[str, Any]:
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
-            outcome.record(outcome.of_error(exc, job.scheduler, run_dir), run_dir, attempt=attempt)
+            outcome.record(outcome.of_error(exc, job.scheduler, run_folder), run_folder, attempt=attempt)
             print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
                   "it again", flush=True)
             attempt += 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from runner.config.errors import disk_full, one_line
-from runner.runtime import rundir, signals
+from runner.runtime import run_files, signals
 
 if TYPE_CHECKING:
     from runner.launch.schedulers import Scheduler
@@ -47,7 +47,7 @@ def finished(results: Dict[str, Any]) -> Outcome:
 _KEPT = "_runner_outcome"
 
 
-def of_error(exc: BaseException, scheduler: Scheduler, run_dir: Path, stopped_by: Optional[str] = None) -> Outcome:
+def of_error(exc: BaseException, scheduler: Scheduler, run_folder: Path, stopped_by: Optional[str] = None) -> Outcome:
     """The outcome of a job that ``exc`` ended: a stop (Ctrl-C or a stop signal, or ``stopped_by``: a signal
     received while the error came; the job's ``scheduler`` says whether it is KILLED or, at a time limit, FAILED),
     a full disk named with its folder, or the error's one line (an unexpected one pointing to its traceback in the
@@ -59,21 +59,21 @@ def of_error(exc: BaseException, scheduler: Scheduler, run_dir: Path, stopped_by
         stop = signals.Stopped(signal.Signals[stopped_by]) if stopped_by else signals.stopped(exc)
         status, line = scheduler.stop_outcome(stop.name)
         outcome = Outcome(status, line, exit_code=stop.exit_code)
-    elif full := disk_full(exc, str(run_dir)):
+    elif full := disk_full(exc, str(run_folder)):
         outcome = Outcome("FAILED", f"disk full: {full}", exit_code=1, full_disk=True)
     else:
         line = one_line(exc)
         if line.startswith("unexpected error"):
-            line += f" (traceback in {run_dir / rundir.LOG})"
+            line += f" (traceback in {run_folder / run_files.LOG})"
         outcome = Outcome("FAILED", line, exit_code=1)
     with contextlib.suppress(AttributeError):
         setattr(exc, _KEPT, outcome)  # an exception that takes no attributes: computed again, to the same value
     return outcome
 
 
-def record(outcome: Outcome, run_dir: Path, **extra: Any) -> None:
+def record(outcome: Outcome, run_folder: Path, **extra: Any) -> None:
     """The outcome in the run folder's ``status.json`` (where a sweep's outcome is read from)."""
     if outcome.status == "FINISHED":
-        rundir.record_status(run_dir, "FINISHED", summary=outcome.results.get("summary"), **extra)
+        run_files.record_status(run_folder, "FINISHED", summary=outcome.results.get("summary"), **extra)
     else:
-        rundir.record_status(run_dir, outcome.status, outcome.line, **extra)
+        run_files.record_status(run_folder, outcome.status, outcome.line, **extra)

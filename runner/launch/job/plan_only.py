@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, cast
 
 from runner.config.errors import NoPlanFits
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.runtime.cores import collector_paused
 from runner.runtime.device import device_type
 from runner.runtime.process_end import answer_of, fork_answer, give_up, keep_until_exit
@@ -110,9 +110,9 @@ def plan_beside(plan: Callable[[], Dict[str, Any]], run: DriverRun, chart: PlanC
 
 
 @collector_paused()  # a short job: the plan's millions of objects are not walked by collections
-def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
+def plan_only(cfg: RunnerConfig, run_folder: Path, choose_from: Optional[PlanChoices] = None) -> Dict[str, Any]:
     """Plan ``cfg``'s model (on the meta device, shared with this process's later plans of it) for ``cfg.cluster``;
-    write the report and report it to the job's run folder ``run_dir`` (its event log, for the run's holder to
+    write the report and report it to the job's run folder ``run_folder`` (its event log, for the run's holder to
     deliver); return the results. ``choose_from``: the plans of a sweep planned together
     (:mod:`runner.launch.sweep.plan_together`)."""
     from runner.plan import make_plan, plan_spec, reusable_model, step_phrase, write_plan_report
@@ -125,7 +125,7 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
     world = cfg.cluster.nodes * cfg.cluster.workers_per_node
     local = cfg.cluster.workers_per_node
     kind = device_type(cfg.cluster.device, planning=True)
-    reporter = Reporter(run_dir, 0, cfg.train.steps, cfg.sweep.verbose)
+    reporter = Reporter(run_folder, 0, cfg.train.steps, cfg.sweep.verbose)
     base = {"mode": cfg.mode, "world_size": world}
     notes: List[str] = []
     facts: PlanFacts = {}
@@ -138,11 +138,11 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
         reporter.plan_infeasible(str(exc))
         reporter.flush()
         results = {**base, "plan_status": "infeasible", "reason": str(exc)}
-        rundir.write_json(run_dir / rundir.RESULTS, results)
+        run_files.write_json(run_folder / run_files.RESULTS, results)
         return results
     progress.close()
     keep_until_exit(plan, best_plan)
-    reporter.plan(write_plan_report(spec, plan, best_plan, world, local, kind, run_dir / rundir.PLAN, seconds,
+    reporter.plan(write_plan_report(spec, plan, best_plan, world, local, kind, run_folder / run_files.PLAN, seconds,
                                     " ".join(notes), facts))
     reporter.flush()
     m = reporter.plan_metrics
@@ -155,5 +155,5 @@ def plan_only(cfg: RunnerConfig, run_dir: Path, choose_from: Optional[PlanChoice
         "gap_to_bound": m.get("plan/gap_to_bound"),
         "compared_ms": {k: v for k, v in m.items() if k.startswith("plan/torchrec_")},
         "sharding_types": {k[len("plan/tables_"):]: int(v) for k, v in m.items() if k.startswith("plan/tables_")}}
-    rundir.write_json(run_dir / rundir.RESULTS, results)
+    run_files.write_json(run_folder / run_files.RESULTS, results)
     return results

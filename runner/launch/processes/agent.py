@@ -1,11 +1,11 @@
 """One node's torch elastic agent:
-``python -m runner.launch.processes.agent <run_dir> <node_rank> <port> <static|c10d>`` (the rendezvous its job's
+``python -m runner.launch.processes.agent <run_folder> <node_rank> <port> <static|c10d>`` (the rendezvous its job's
 scheduler asks for).
 
 ``python -m runner.launch.processes.agent --warm <threads>`` is the same agent started before the job's config
 exists (see :mod:`runner.launch.processes.prewarm`): it sets OpenMP's thread count, imports torch, TorchRec (not
 on a GPU host, where the workers are spawned and import it themselves) and the runner, then reads its job from
-stdin as one JSON line ``[run_dir, node_rank, port, rendezvous]`` (end of input: exits without a job).
+stdin as one JSON line ``[run_folder, node_rank, port, rendezvous]`` (end of input: exits without a job).
 
 The driver starts one per node that runs on this host (all of them when nodes are emulated). The
 agent rendezvouses with the others (c10d, or static: rank 0 on node 0) at ``cluster.master_addr:port`` and starts
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from runner.config.schema import load_resolved
 from runner.launch import schedulers
 from runner.launch.processes.deathwatch import DeathWatch
-from runner.runtime import rundir, signals
+from runner.runtime import run_files, signals
 from runner.runtime.affinity import threads_per_worker, workers_on_host
 from runner.runtime.device import device_type, node_gpus, visible_gpus
 from runner.runtime.logfile import log_to_file
@@ -44,7 +44,7 @@ def _set_threads(threads: int) -> None:
 
 
 def _job_from_stdin() -> list | None:
-    """A warm agent's job, ``[run_dir, node_rank, port, rendezvous]`` (None: the driver did not need this agent)."""
+    """A warm agent's job, ``[run_folder, node_rank, port, rendezvous]`` (None: the driver did not need this agent)."""
     import logging
 
     # No run folder yet for the libraries' log lines (FBGEMM warns at import on releases its table does not
@@ -82,22 +82,22 @@ def _own_gpus(c: ClusterSchema, node_rank: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = node_gpus(visible_gpus(), node_rank, c.workers_per_node)
 
 
-def _rank_of(run_dir: Path, pid: int) -> str:
-    for f in (run_dir / rundir.PIDS).glob("rank*.pid"):
+def _rank_of(run_folder: Path, pid: int) -> str:
+    for f in (run_folder / run_files.PIDS).glob("rank*.pid"):
         with contextlib.suppress(OSError, ValueError):
             if int(f.read_text().strip()) == pid:
                 return f.stem[len("rank"):]
     return "?"
 
 
-def _record_failures(run_dir: Path, node_rank: int, exc: Any, watch: DeathWatch) -> None:
+def _record_failures(run_folder: Path, node_rank: int, exc: Any, watch: DeathWatch) -> None:
     """Each worker that died by a signal (with the kernel's word on why, when it has one): such a rank
     records nothing itself. Then torch elastic's own failure record, when it names another rank."""
     killed = watch.killed()
     for death in killed:
-        rank = _rank_of(run_dir, int(str(death["pid"])))
+        rank = _rank_of(run_folder, int(str(death["pid"])))
         line = f"killed by {death['signal']}{likely_cause(int(str(death['pid'])), str(death['signal']))}"
-        rundir.record_error(run_dir, f"agent{node_rank}-rank{rank}",
+        run_files.record_error(run_folder, f"agent{node_rank}-rank{rank}",
                             {"rank": rank, "time": death["time"], "error": line, "source": "agent",
                              "signal": death["signal"], "node": node_rank, "pid": death["pid"]})
     pids = {d["pid"] for d in killed}
@@ -110,18 +110,18 @@ def _record_failures(run_dir: Path, node_rank: int, exc: Any, watch: DeathWatch)
         if killed_by:
             message = f"killed by {name}{likely_cause(failure.pid, name)}"
         line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-        rundir.record_error(run_dir, f"agent{node_rank}-elastic{rank}",
+        run_files.record_error(run_folder, f"agent{node_rank}-elastic{rank}",
                             {"rank": rank, "time": failure.timestamp or time.time(), "error": line,
                              "source": "agent", "signal": name if killed_by else None, "node": node_rank,
                              "pid": failure.pid})
 
 
-def _record_unloadable(run_dir: Path, node_rank: int, workers: int, exc: BaseException) -> None:
+def _record_unloadable(run_folder: Path, node_rank: int, workers: int, exc: BaseException) -> None:
     """The node's workers cannot start: torch, TorchRec or FBGEMM does not load here (the loader's reason)."""
     cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
     line = f"torch, TorchRec or FBGEMM does not load on node {node_rank}: {str(exc).strip()}{cause}"
     with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-        rundir.record_error(run_dir, f"agent{node_rank}-libraries",
+        run_files.record_error(run_folder, f"agent{node_rank}-libraries",
                             {"rank": node_rank * workers, "time": time.time(), "error": line.splitlines()[0],
                              "source": "agent", "signal": None, "node": node_rank, "pid": os.getpid()})
 
@@ -154,8 +154,8 @@ def main(argv: list[str]) -> int:
         if job is None:
             return 0
         argv = job
-    run_dir, node_rank, port, static = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "static"
-    cfg = load_resolved(run_dir / rundir.RESOLVED)
+    run_folder, node_rank, port, static = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "static"
+    cfg = load_resolved(run_folder / run_files.RESOLVED)
     c = cfg.cluster
     host_workers = workers_on_host(c.nodes, c.workers_per_node, c.node_rank)
     _set_threads(threads_per_worker(cfg.train.threads_per_worker, host_workers))  # a warm agent: already set
@@ -168,10 +168,10 @@ def main(argv: list[str]) -> int:
 
         from runner.train.worker import elastic_entry, preload
     except (ImportError, OSError) as exc:  # a library that does not load on this host (FBGEMM's, a CUDA one)
-        _record_unloadable(run_dir, node_rank, c.workers_per_node, exc)
+        _record_unloadable(run_folder, node_rank, c.workers_per_node, exc)
         return 1
 
-    log_to_file(run_dir, f"agent{node_rank}")  # once torch elastic's loggers exist
+    log_to_file(run_folder, f"agent{node_rank}")  # once torch elastic's loggers exist
     signals.guard_elastic()  # a stop signal never raises where Python can only print it
 
     start_method = _start_method(c)
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
         try:
             preload()  # the workers inherit torch, TorchRec and the runner already imported
         except (ImportError, OSError) as exc:
-            _record_unloadable(run_dir, node_rank, c.workers_per_node, exc)
+            _record_unloadable(run_folder, node_rank, c.workers_per_node, exc)
             return 1
     # static rendezvous (a scheduler's tasks, e.g. Slurm's): node rank = group rank (rank 0 on node 0, whose task
     # opens the run)
@@ -199,10 +199,10 @@ def main(argv: list[str]) -> int:
     os.environ[AGENT_PID] = str(os.getpid())  # the workers die with this agent
     watch = DeathWatch()
     try:
-        elastic_launch(config, elastic_entry)(str(run_dir))
+        elastic_launch(config, elastic_entry)(str(run_folder))
     except ChildFailedError as exc:
         with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-            _record_failures(run_dir, node_rank, exc, watch)
+            _record_failures(run_folder, node_rank, exc, watch)
         return 1
     except SignalException as exc:  # the driver stopped the job: torch elastic has stopped the workers
         return 128 + int(exc.sigval)

@@ -43,7 +43,7 @@ class WarmAgent:
             kill_group(proc, signal.SIGKILL)
             proc.wait()
 
-    def take(self, run_dir: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
+    def take(self, run_folder: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
         """The process, handed this job, if it is alive and loaded torch with ``threads``; else None."""
         proc = self.proc
         if proc is None or proc.poll() is not None or self.threads != threads:
@@ -52,7 +52,7 @@ class WarmAgent:
         self.proc = None
         try:
             assert proc.stdin is not None  # started with a pipe
-            proc.stdin.write((json.dumps([str(run_dir), node, port, rendezvous]) + "\n").encode())
+            proc.stdin.write((json.dumps([str(run_folder), node, port, rendezvous]) + "\n").encode())
             proc.stdin.close()
         except OSError:  # it ended meanwhile
             kill_group(proc, signal.SIGKILL)
@@ -95,9 +95,9 @@ def prewarm(threads: int) -> None:
     atexit.register(discard_warm)
 
 
-def take_warm(run_dir: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
+def take_warm(run_folder: Path, node: int, port: int, threads: int, rendezvous: str) -> Optional[subprocess.Popen]:
     """The prewarmed agent handed this job, or None (none started, dead, or another thread count)."""
-    return _agent.take(run_dir, node, port, threads, rendezvous) if _agent is not None else None
+    return _agent.take(run_folder, node, port, threads, rendezvous) if _agent is not None else None
 
 
 def took_warm() -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from runner.config.errors import WorkerFailure
 from runner.launch.processes.prewarm import kill_group, spawn_agent, take_warm
 from runner.launch.sweep import stop as sweep_stop
-from runner.runtime import rundir, signals
+from runner.runtime import run_files, signals
 from runner.runtime.process_end import DRIVER_PID
 from runner.track.sweep_points import sweep_of
 
@@ -51,9 +51,9 @@ def _stop_all(procs: List[subprocess.Popen]) -> None:
 ECHOES = ("SIGTERM", "SIGABRT")  # signal deaths that follow a peer's failure rather than cause one
 
 
-def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
+def _first_failure(run_folder: Path) -> Optional[Dict[str, Any]]:
     """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
-    records = [r for r in rundir.error_records(run_dir) if "rank" in r and "time" in r]
+    records = [r for r in run_files.error_records(run_folder) if "rank" in r and "time" in r]
     if not records:
         return None
     # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
@@ -76,27 +76,27 @@ def _first_failure(run_dir: Path) -> Optional[Dict[str, Any]]:
 FULL_BELOW = 64 * 1024  # bytes free: a run folder this full could not take a failed rank's record
 
 
-def root_cause(run_dir: Path) -> Exception:
+def root_cause(run_folder: Path) -> Exception:
     """The job's failure, named by its earliest recorded error; a fault when that rank was killed by a signal.
     Where no rank could record its error because the run folder's disk is full, that full disk."""
-    first = _first_failure(run_dir)
+    first = _first_failure(run_folder)
     if first is None:
         import errno
         import shutil
 
         try:
-            full = shutil.disk_usage(run_dir).free < FULL_BELOW
+            full = shutil.disk_usage(run_folder).free < FULL_BELOW
         except OSError:
             full = False
         if full:  # named as every full disk is (config.errors.disk_full): the folder and its free space
-            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run_dir))
-        return WorkerFailure(f"a worker process failed without recording an error (see {run_dir / rundir.LOG})")
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run_folder))
+        return WorkerFailure(f"a worker process failed without recording an error (see {run_folder / run_files.LOG})")
     if first.get("unanswered"):
         named = first["unanswered"][0]
         others = "".join(f", rank {u['rank']} on node {u['node']}" for u in first["unanswered"][1:])
         return WorkerFailure(f"rank {named['rank']} on node {named['node']}{others} {first['error']}")
     where = f" on node {first['node']}" if "node" in first else ""
-    trace = run_dir / rundir.ERRORS / f"rank{first['rank']}.traceback.txt"
+    trace = run_folder / run_files.ERRORS / f"rank{first['rank']}.traceback.txt"
     unexpected = str(first["error"]).startswith("unexpected error")
     more = f" (traceback: {trace})" if unexpected and trace.exists() else ""
     return WorkerFailure(f"rank {first['rank']}{where} failed: {first['error']}{more}", fault=bool(first.get("signal")))
@@ -118,32 +118,32 @@ def nodes_on_this_host(cluster: ClusterSchema) -> List[int]:
     return list(range(cluster.nodes)) if cluster.node_rank is None else [cluster.node_rank]
 
 
-def _start_agents(cluster: ClusterSchema, run_dir: Path, port: int, threads: Optional[int],
+def _start_agents(cluster: ClusterSchema, run_folder: Path, port: int, threads: Optional[int],
                   rendezvous: str) -> List[subprocess.Popen]:
     """One agent per node on this host; node 0's is the prewarmed one when it loaded torch with ``threads``.
     ``rendezvous``: torch elastic's (``static`` or ``c10d``)."""
     procs = []
     for i, node in enumerate(nodes_on_this_host(cluster)):
-        warm = take_warm(run_dir, node, port, threads, rendezvous) if i == 0 and threads is not None else None
+        warm = take_warm(run_folder, node, port, threads, rendezvous) if i == 0 and threads is not None else None
         procs.append(warm or spawn_agent(
-            [sys.executable, "-m", "runner.launch.processes.agent", str(run_dir), str(node), str(port), rendezvous],
+            [sys.executable, "-m", "runner.launch.processes.agent", str(run_folder), str(node), str(port), rendezvous],
             start_new_session=True, env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}),
         ))
     return procs
 
 
-def _await_other_nodes(cluster: ClusterSchema, run_dir: Path, scheduler: Scheduler) -> None:
+def _await_other_nodes(cluster: ClusterSchema, run_folder: Path, scheduler: Scheduler) -> None:
     """A job whose other nodes are a scheduler's tasks on other hosts record their ranks' failures in their
-    folders inside the job's (shared) run folder (:meth:`Scheduler.node_run_dir`): give them a moment, so that
+    folders inside the job's (shared) run folder (:meth:`Scheduler.node_run_folder`): give them a moment, so that
     the root cause is the rank that failed there, not this node's broken connections."""
     if not (scheduler.has_tasks and cluster.nodes > 1):
         return
     deadline = time.monotonic() + PEER_RECORD_S
-    while time.monotonic() < deadline and not rundir.node_error_files(run_dir):
+    while time.monotonic() < deadline and not run_files.node_error_files(run_folder):
         time.sleep(0.2)
 
 
-def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: Path, scheduler: Scheduler,
+def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_folder: Path, scheduler: Scheduler,
                pump: Optional[Callable[[], None]]) -> None:
     """Until every agent has exited 0; on the first failure let the peers report, then raise."""
     next_pump = time.monotonic() + PUMP_S
@@ -156,21 +156,21 @@ def _supervise(procs: List[subprocess.Popen], cluster: ClusterSchema, run_dir: P
                 time.sleep(0.1)
             _stop_all(procs)
             node = nodes_on_this_host(cluster)[failed]
-            _await_other_nodes(cluster, run_dir, scheduler)
+            _await_other_nodes(cluster, run_folder, scheduler)
             death = _agent_death(procs[failed], node)
-            raise WorkerFailure(death, fault=True) if death else root_cause(run_dir)
+            raise WorkerFailure(death, fault=True) if death else root_cause(run_folder)
         if all(c == 0 for c in codes):
             return
         if time.monotonic() >= next_pump:
             if pump is not None:
                 pump()
-            sweep_stop.raise_if_stopped(sweep_of(run_dir))
+            sweep_stop.raise_if_stopped(sweep_of(run_folder))
             next_pump = time.monotonic() + PUMP_S
         signals.check()  # a Ctrl-C or SIGTERM whose raise was swallowed (e.g. inside a finalizer)
         time.sleep(TICK_S)
 
 
-def launch(cluster: ClusterSchema, run_dir: Path, port: int, scheduler: Scheduler,
+def launch(cluster: ClusterSchema, run_folder: Path, port: int, scheduler: Scheduler,
            while_starting: Optional[Callable[[], None]] = None, pump: Optional[Callable[[], None]] = None,
            threads: Optional[int] = None) -> None:
     """Run the job's agents on this host until all finish (``scheduler``: the job's, which places its nodes);
@@ -182,9 +182,9 @@ def launch(cluster: ClusterSchema, run_dir: Path, port: int, scheduler: Schedule
     """
     procs: List[subprocess.Popen] = []
     try:
-        procs = _start_agents(cluster, run_dir, port, threads, "static" if scheduler.static_rendezvous else "c10d")
+        procs = _start_agents(cluster, run_folder, port, threads, "static" if scheduler.static_rendezvous else "c10d")
         if while_starting is not None:
             while_starting()
-        _supervise(procs, cluster, run_dir, scheduler, pump)
+        _supervise(procs, cluster, run_folder, scheduler, pump)
     finally:  # also on Ctrl-C or SIGTERM (raised as runner.runtime.signals.Stopped)
         _stop_all(procs)

@@ -47,7 +47,7 @@ class Scheduler:
     A new scheduler writes ``name`` and ``label``; ``task`` (this process as one of its tasks) and ``take`` (the
     job's place as that task) where its jobs run as tasks (``has_tasks``); ``launcher`` where a Hydra launcher
     submits a sweep's points to it; and, where they differ from this host's, ``static_rendezvous``,
-    ``early_signals``, ``node_run_dir``, ``run_tags``, ``stop_outcome``, ``check_submission``, ``cancel_pending``,
+    ``early_signals``, ``node_run_folder``, ``run_tags``, ``stop_outcome``, ``check_submission``, ``cancel_pending``,
     ``run_folder_name`` and ``allocated_memory``."""
 
     name = ""
@@ -77,17 +77,17 @@ class Scheduler:
         grid of plan-only points planned together before they start): a scheduler no launcher submits to."""
         return self.launcher is None
 
-    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_dir: Path,
+    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_folder: Path,
              task: Task) -> Tuple[Path, bool, Place]:
         """Take the place of a job of ``mode`` on ``cluster`` (its ``train.checkpoint.dir``: ``checkpoint_dir``)
         as ``task``: the node's run folder, whether the job runs elsewhere (a plan or data job runs in node 0's
         task only), and the job's place (:class:`runner.config.place.Place`: node rank, rendezvous, shared
         checkpoint folder), which the job's config then carries."""
-        return run_dir, False, Place(self.name)
+        return run_folder, False, Place(self.name)
 
-    def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
+    def node_run_folder(self, run_folder: Path, node_rank: Optional[int]) -> Path:
         """Where node ``node_rank`` keeps its files (the job's run folder, or a folder in it)."""
-        return run_dir
+        return run_folder
 
     def run_tags(self) -> Dict[str, str]:
         """The MLflow tags of a run on it."""

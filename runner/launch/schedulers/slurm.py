@@ -41,7 +41,7 @@ from runner.config.errors import SchedulerError, first_line
 from runner.config.place import Place
 from runner.config.schema import WORKER_MODES
 from runner.launch.schedulers import Scheduler, Task
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.store import sqlite_folder, tracking_uri
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class SlurmTask(Task):
 NODE_DIR = "node{}"  # node k > 0 keeps its files in node<k>/ of the job's run folder
 
 
-def adopt(c: ClusterSchema, checkpoint_dir: Optional[str], task: SlurmTask, run_dir: Path) -> Tuple[Place, Path]:
+def adopt(c: ClusterSchema, checkpoint_dir: Optional[str], task: SlurmTask, run_folder: Path) -> Tuple[Place, Path]:
     """The job's place as the Slurm job gives it (one task per node, ``cluster.nodes`` nodes): node rank,
     rendezvous host and port; every node checkpoints into the job's folder (one distributed checkpoint) unless
     ``train.checkpoint.dir`` (``checkpoint_dir``) names one. Also this node's run folder."""
@@ -145,10 +145,10 @@ def adopt(c: ClusterSchema, checkpoint_dir: Optional[str], task: SlurmTask, run_
         raise SlurmError(f"Slurm job {task.shown_id} runs {task.tasks} tasks on {task.nodes} node(s); the runner "
                              "needs one task per node (srun --ntasks-per-node=1): each task starts its node's "
                              "cluster.workers_per_node workers")
-    shared = str(run_dir / rundir.CHECKPOINTS) if task.node_rank and not checkpoint_dir else None
+    shared = str(run_folder / run_files.CHECKPOINTS) if task.node_rank and not checkpoint_dir else None
     place = Place(SCHEDULER.name, task.node_rank, node_address(task.node_names()[0]),
                   c.master_port if c.master_port is not None else task.port, shared)
-    return place, SCHEDULER.node_run_dir(run_dir, task.node_rank)
+    return place, SCHEDULER.node_run_folder(run_folder, task.node_rank)
 
 
 def _time_limit_reached(task: SlurmTask) -> bool:
@@ -248,9 +248,9 @@ def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store
     if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
         raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
                              "the nodes reach (and start it with --host 0.0.0.0)")
-    sweep_dir = Path(str(hydra.sweep.dir))
-    if filesystem_type(sweep_dir.parent if not sweep_dir.exists() else sweep_dir) not in SHARED_FS:
-        raise SlurmError(f"hydra.sweep.dir={sweep_dir} is on a local disk and {where}: set hydra.sweep.dir to a "
+    sweep_folder = Path(str(hydra.sweep.dir))
+    if filesystem_type(sweep_folder.parent if not sweep_folder.exists() else sweep_folder) not in SHARED_FS:
+        raise SlurmError(f"hydra.sweep.dir={sweep_folder} is on a local disk and {where}: set hydra.sweep.dir to a "
                              "shared filesystem (the points' run folders and the sweep's report live there)")
 
 
@@ -258,7 +258,7 @@ def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store
 class Point:
     num: int
     overrides: List[str]
-    run_dir: Path
+    run_folder: Path
     shape: Tuple[int, int, Optional[int]]  # nodes, CPUs per task, GPUs per node
     job: Any = None
     refused: Optional[str] = None  # why sbatch did not take it
@@ -308,8 +308,8 @@ def _points(launcher: Any, job_overrides: Sequence[Sequence[str]], first: int) -
         cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.num = first + i
-        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        points.append(Point(first + i, list(overrides), run_dir,
+        run_folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        points.append(Point(first + i, list(overrides), run_folder,
                             job_shape(str(cfg.mode), cfg.cluster, launcher.params, node_cpus, node_gpus)))
     return points
 
@@ -341,7 +341,7 @@ def _submit(launcher: Any, points: List[Point]) -> None:
             said = [ln.strip() for ln in str(exc).splitlines() if "error:" in ln] or [first_line(exc)]
             for p in group:
                 p.refused = f"Slurm refused the job: {'; '.join(said)}"
-                rundir.record_status(p.run_dir, "FAILED", p.refused)
+                run_files.record_status(p.run_folder, "FAILED", p.refused)
             continue
         for p, job in zip(group, jobs, strict=True):
             p.job = job
@@ -349,12 +349,12 @@ def _submit(launcher: Any, points: List[Point]) -> None:
 
 def _ended(p: Point, state: str) -> Dict[str, Any]:
     """The point's outcome; recorded FAILED when the job ended without one (killed before the runner could)."""
-    status = rundir.read_status(p.run_dir)
+    status = run_files.read_status(p.run_folder)
     if status is None:
         line = (f"Slurm job {p.job.job_id} ended {state} before the runner recorded an outcome "
                 f"(log: {p.job.paths.stdout})")
         status = {"status": "FAILED", "error": line, "slurm_state": state}
-        rundir.record_status(p.run_dir, "FAILED", line, slurm_state=state)
+        run_files.record_status(p.run_folder, "FAILED", line, slurm_state=state)
     return status
 
 
@@ -381,7 +381,7 @@ def _job_return(p: Point) -> Any:
             ret = task0.result()
             if isinstance(ret, JobReturn):
                 return ret
-    ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.COMPLETED)
+    ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_folder), status=JobStatus.COMPLETED)
     ret.return_value = None
     return ret
 
@@ -414,14 +414,15 @@ def submit_points(launcher: Any, job_overrides: Sequence[Sequence[str]], initial
     import logging
 
     logging.getLogger("submitit").setLevel(logging.ERROR)  # its job watcher's sacct warnings: we ask squeue
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep_folder = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_folder.mkdir(parents=True, exist_ok=True)
     points = _points(launcher, job_overrides, initial_job_idx)
     _submit(launcher, points)
     submitted = [p for p in points if p.job is not None]
-    with rundir.exclusive(sweep_dir / ".scheduler.lock"):  # asynchronous Optuna trials submit from several threads
-        earlier = (rundir.read_json(sweep_dir / rundir.SCHEDULER) or {}).get("job_ids", [])
-        rundir.write_json(sweep_dir / rundir.SCHEDULER, {"scheduler": "slurm",
+    # asynchronous Optuna trials submit from several threads
+    with run_files.exclusive(sweep_folder / ".scheduler.lock"):
+        earlier = (run_files.read_json(sweep_folder / run_files.SCHEDULER) or {}).get("job_ids", [])
+        run_files.write_json(sweep_folder / run_files.SCHEDULER, {"scheduler": "slurm",
                                                          "job_ids": earlier + [p.job.job_id for p in submitted]})
     listed = ", ".join(f"{p.job.job_id} (point {p.num}: {' '.join(p.overrides) or 'defaults'})" for p in submitted)
     folder = str(launcher.params["submitit_folder"]).replace("%j", "<job id>")
@@ -468,7 +469,7 @@ class SlurmScheduler(Scheduler):
                               "SLURM_JOB_ID/SLURM_STEP_ID/SLURM_NODEID): start it with srun, or use "
                               "-m hydra/launcher=slurm")
 
-    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_dir: Path,
+    def take(self, mode: str, cluster: ClusterSchema, checkpoint_dir: Optional[str], run_folder: Path,
              task: Task) -> Tuple[Path, bool, Place]:
         """Signals as the command line has them (submitit's own handlers ignore SIGTERM) and a line on the
         time-limit warning; a training job's node rank, rendezvous and run folder taken from the job
@@ -480,15 +481,15 @@ class SlurmScheduler(Scheduler):
         on_time_limit_warning()
         if mode not in WORKER_MODES and task.node_rank > 0:
             print(f"[runner] node {task.node_rank}: mode={mode} runs in node 0's task only", flush=True)
-            return run_dir, True, Place(self.name)
+            return run_folder, True, Place(self.name)
         if mode in WORKER_MODES:
-            place, run_dir = adopt(cluster, checkpoint_dir, task, run_dir)
-            return run_dir, False, place
-        return run_dir, False, Place(self.name)  # the run's tags say where it ran
+            place, run_folder = adopt(cluster, checkpoint_dir, task, run_folder)
+            return run_folder, False, place
+        return run_folder, False, Place(self.name)  # the run's tags say where it ran
 
-    def node_run_dir(self, run_dir: Path, node_rank: Optional[int]) -> Path:
+    def node_run_folder(self, run_folder: Path, node_rank: Optional[int]) -> Path:
         """Node 0 keeps the job's run folder; another node keeps its files in ``node<k>/``."""
-        return run_dir / NODE_DIR.format(node_rank) if node_rank else run_dir
+        return run_folder / NODE_DIR.format(node_rank) if node_rank else run_folder
 
     def run_tags(self) -> Dict[str, str]:
         task = SlurmTask.detect()

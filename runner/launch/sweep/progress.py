@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.sweep_points import SWEEP_FILE
 
 
@@ -24,19 +24,19 @@ def _left(seconds: float) -> str:
     return f"about {seconds / 3600:.1f} h left"
 
 
-def progress_line(sweep_dir: Path, now: Optional[float] = None) -> Optional[str]:
-    """``[runner] sweep: 7 of 25 done, 0 failed, about 2 min left`` for the sweep in ``sweep_dir``; None
+def progress_line(sweep_folder: Path, now: Optional[float] = None) -> Optional[str]:
+    """``[runner] sweep: 7 of 25 done, 0 failed, about 2 min left`` for the sweep in ``sweep_folder``; None
     outside a sweep."""
-    info = rundir.read_json(sweep_dir / SWEEP_FILE)
+    info = run_files.read_json(sweep_folder / SWEEP_FILE)
     if not isinstance(info, dict):
         return None
     now = time.time() if now is None else now
     started = float(info.get("started") or now)
     done = failed = this_session = 0
-    for point in rundir.point_dirs(sweep_dir):
-        status = rundir.read_status(point)
+    for point in run_files.point_dirs(sweep_folder):
+        status = run_files.read_status(point)
         try:
-            now_done = bool(status) and (point / rundir.STATUS).stat().st_mtime >= started
+            now_done = bool(status) and (point / run_files.STATUS).stat().st_mtime >= started
         except OSError:
             now_done = False
         if not status or not (now_done or status.get("status") == "FINISHED"):

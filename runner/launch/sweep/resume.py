@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from runner.config import roles
 from runner.config.modes import MODES
 from runner.plan import hashed
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track import store
 from runner.track.sweep_points import SWEEP_FILE, sweep_info
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from runner.config.schema import ClusterSchema, TrackingSchema
     from runner.track.mlflow_run import DriverRun
 
-ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (rundir.record_status)
+ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (run_files.record_status)
 
 
 def _task(overrides: List[str]) -> Dict[str, str]:
@@ -48,48 +48,49 @@ def changed_overrides(before: List[str], now: List[str]) -> List[str]:
             if a.get(k) != b.get(k)]
 
 
-def check_resume(sweep_dir: Path, overrides: List[str], allow_changed: bool) -> Optional[str]:
-    """The one-line refusal when ``sweep_dir`` holds a sweep of other overrides (None: a new folder, the same
+def check_resume(sweep_folder: Path, overrides: List[str], allow_changed: bool) -> Optional[str]:
+    """The one-line refusal when ``sweep_folder`` holds a sweep of other overrides (None: a new folder, the same
     command, or ``sweep.resume_changed=true``)."""
-    info = rundir.read_json(sweep_dir / SWEEP_FILE) or {}
+    info = run_files.read_json(sweep_folder / SWEEP_FILE) or {}
     if "overrides" not in info or allow_changed:
         return None
     changed = changed_overrides(info["overrides"], overrides)
     if not changed:
         return None
-    return (f"hydra.sweep.dir={sweep_dir} holds a sweep of another command ({'; '.join(changed)}): use a new "
+    return (f"hydra.sweep.dir={sweep_folder} holds a sweep of another command ({'; '.join(changed)}): use a new "
             "hydra.sweep.dir, or sweep.resume_changed=true to resume it with these values (points finished with "
             "another config run again)")
 
 
-def kept_point(now: Dict[str, Any], tracking: TrackingSchema, run_dir: Path) -> Optional[Dict[str, Any]]:
-    """The status of a finished job in ``run_dir`` of the same config as ``now`` (a job's config, resolved:
+def kept_point(now: Dict[str, Any], tracking: TrackingSchema, run_folder: Path) -> Optional[Dict[str, Any]]:
+    """The status of a finished job in ``run_folder`` of the same config as ``now`` (a job's config, resolved:
     :func:`runner.config.roles.answer`) whose run is recorded where it records (``tracking``: the same store and
     experiment, as ``sweep.reuse`` asks): the point is kept, not run. None when the point must run."""
     import yaml
 
-    status = rundir.read_status(run_dir)
-    if (run_dir / rundir.STATUS).exists() and not (isinstance(status, dict) and status.get("status") in ENDINGS):
-        return _runs_again(run_dir / rundir.STATUS)  # a record of no ending, or of one no job writes
-    if not status or status.get("status") != "FINISHED" or not (run_dir / rundir.RESOLVED).exists():
+    status = run_files.read_status(run_folder)
+    if (run_folder / run_files.STATUS).exists() and not (isinstance(status, dict) and status.get("status") in ENDINGS):
+        return _runs_again(run_folder / run_files.STATUS)  # a record of no ending, or of one no job writes
+    if not status or status.get("status") != "FINISHED" or not (run_folder / run_files.RESOLVED).exists():
         return None
-    if (run_dir / rundir.RESULTS).exists() and not isinstance(rundir.read_json(run_dir / rundir.RESULTS), dict):
-        return _runs_again(run_dir / rundir.RESULTS)
+    results = run_folder / run_files.RESULTS
+    if results.exists() and not isinstance(run_files.read_json(results), dict):
+        return _runs_again(run_folder / run_files.RESULTS)
     try:
-        before = yaml.safe_load((run_dir / rundir.RESOLVED).read_text())
+        before = yaml.safe_load((run_folder / run_files.RESOLVED).read_text())
     except (OSError, ValueError, yaml.YAMLError):  # a byte that is not UTF-8 is a ValueError
-        return _runs_again(run_dir / rundir.RESOLVED)
+        return _runs_again(run_folder / run_files.RESOLVED)
     if not isinstance(before, dict) or set(now) - set(before):  # not a config, or cut short (sections missing)
-        return _runs_again(run_dir / rundir.RESOLVED)
+        return _runs_again(run_folder / run_files.RESOLVED)
     if roles.answer(before) != roles.answer(now):
         return None
-    info = rundir.read_json(run_dir / rundir.RUN_INFO)
-    if (run_dir / rundir.RUN_INFO).exists() and not (isinstance(info, dict)
+    info = run_files.read_json(run_folder / run_files.RUN_INFO)
+    if (run_folder / run_files.RUN_INFO).exists() and not (isinstance(info, dict)
                                                      and isinstance(info.get("tracking_uri"), str)):
-        return _runs_again(run_dir / rundir.RUN_INFO)  # where its run is recorded is unknown
+        return _runs_again(run_folder / run_files.RUN_INFO)  # where its run is recorded is unknown
     place = _recorded_at(before, info or {})
     if place != (tracking.experiment, store.tracking_uri(tracking.uri)):
-        print(f"[runner] job {run_dir.name}: it finished with the same config, but its run is recorded in "
+        print(f"[runner] job {run_folder.name}: it finished with the same config, but its run is recorded in "
               f"experiment {place[0]!r} of {place[1]}; this sweep records in experiment {tracking.experiment!r} "
               f"of {store.tracking_uri(tracking.uri)}: it runs again", flush=True)
         return None
@@ -115,8 +116,8 @@ def _sweep_parent_in_store() -> bool:
 
     if not HydraConfig.initialized():
         return True
-    sweep_dir = HydraConfig.get().sweep.dir
-    return not sweep_dir or bool(sweep_info(sweep_dir).get("parent_run_id"))
+    sweep_folder = HydraConfig.get().sweep.dir
+    return not sweep_folder or bool(sweep_info(sweep_folder).get("parent_run_id"))
 
 
 def reuse_asked(mode: str, reuse: Optional[bool]) -> bool:
@@ -155,13 +156,13 @@ def finished_runs_of(client: Any, digest: str, experiment_name: str) -> List[Any
         max_results=1)
 
 
-def link_point(run_dir: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any]:
+def link_point(run_folder: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any]:
     """Answer a sweep's point with ``earlier`` (a FINISHED run of the same config): its results and plan files
-    copied into ``run_dir``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
+    copied into ``run_folder``, and ``new_run`` (the point's child run, opened here) given its metrics and tags,
     ``runner.reused_from`` naming it. The point's results (its run still open)."""
     source = Path(earlier.data.tags.get("runner.run_dir", "/nonexistent"))
-    if (source / rundir.PLAN).is_dir():
-        shutil.copytree(source / rundir.PLAN, run_dir / rundir.PLAN, dirs_exist_ok=True)
+    if (source / run_files.PLAN).is_dir():
+        shutil.copytree(source / run_files.PLAN, run_folder / run_files.PLAN, dirs_exist_ok=True)
     new_run.open()
     copied = {k: v for k, v in earlier.data.tags.items() if k.startswith("runner.plan") or k in (
         "runner.sharding_types", "runner.world_size", "runner.local_world_size", "runner.nodes", "runner.device")}
@@ -169,15 +170,15 @@ def link_point(run_dir: Path, earlier: Run, new_run: DriverRun) -> Dict[str, Any
     if earlier.data.metrics:
         assert new_run.run_id is not None  # set_tags above wrote to it
         store.log_step_metrics(new_run.uri, new_run.run_id, [(dict(earlier.data.metrics), 0)])
-    results = {**(rundir.read_json(source / rundir.RESULTS) or {}), "reused_from": earlier.info.run_id,
+    results = {**(run_files.read_json(source / run_files.RESULTS) or {}), "reused_from": earlier.info.run_id,
                "run_id": new_run.run_id, "tracking_uri": new_run.uri}
-    rundir.write_json(run_dir / rundir.RESULTS, results)
+    run_files.write_json(run_folder / run_files.RESULTS, results)
     return results  # the run is ended with the point's outcome by the driver (launch/job/end.py)
 
 
 def resume_args(folder: Path, extra: List[str]) -> List[str]:
     """The command line that resumes the sweep in ``folder``: its recorded command, this folder, ``extra``."""
-    info = rundir.read_json(folder / SWEEP_FILE)
+    info = run_files.read_json(folder / SWEEP_FILE)
     texts = [info.get(k, []) for k in ("command", "overrides")] if isinstance(info, dict) else [None]
     if (folder / SWEEP_FILE).exists() and not (isinstance(info, dict) and "command" in info and all(
             isinstance(t, list) and all(isinstance(a, str) for a in t) for t in texts)):  # each an argument's text

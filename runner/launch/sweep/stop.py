@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.runtime.signals import Stopped
 
 FAILURES, STOP = "failures.jsonl", "stop.json"
@@ -33,17 +33,17 @@ class SweepStopped(Stopped):
         return self.reason
 
 
-def clear(sweep_dir: Path) -> None:
+def clear(sweep_folder: Path) -> None:
     """A new sweep, or a resumed one: no failure counted, nothing stopped."""
     for name in (FAILURES, STOP):
-        (sweep_dir / name).unlink(missing_ok=True)
+        (sweep_folder / name).unlink(missing_ok=True)
 
 
-def failed_points(sweep_dir: Path) -> List[Dict[str, object]]:
+def failed_points(sweep_folder: Path) -> List[Dict[str, object]]:
     """The points that failed in this session of the sweep, in order (one entry per job)."""
     seen: Dict[object, Dict[str, object]] = {}
     try:
-        lines = (sweep_dir / FAILURES).read_text().splitlines()
+        lines = (sweep_folder / FAILURES).read_text().splitlines()
     except OSError:
         return []
     for line in lines:
@@ -56,36 +56,36 @@ def failed_points(sweep_dir: Path) -> List[Dict[str, object]]:
     return list(seen.values())
 
 
-def record_failure(sweep_dir: Path, job: int, line: str, limit: Optional[int]) -> None:
+def record_failure(sweep_folder: Path, job: int, line: str, limit: Optional[int]) -> None:
     """Count this point's failure; at ``limit`` failures, stop the sweep (``stop.json``; a Slurm array's pending
     tasks cancelled)."""
     if limit is None:
         return
-    with (sweep_dir / FAILURES).open("a") as f:  # one short line per append: whole under concurrent writers
+    with (sweep_folder / FAILURES).open("a") as f:  # one short line per append: whole under concurrent writers
         f.write(json.dumps({"job": job, "error": line}) + "\n")
-    found = failed_points(sweep_dir)
-    if len(found) >= limit and not (sweep_dir / STOP).exists():
-        stop_sweep(sweep_dir, f"sweep.max_failures={limit} ({len(found)} points failed)", limit=limit,
+    found = failed_points(sweep_folder)
+    if len(found) >= limit and not (sweep_folder / STOP).exists():
+        stop_sweep(sweep_folder, f"sweep.max_failures={limit} ({len(found)} points failed)", limit=limit,
                    failures=len(found))
 
 
-def stop_sweep(sweep_dir: Path, reason: str, **facts: object) -> None:
-    """Stop the sweep in ``sweep_dir``: ``stop.json`` (with ``reason``), which its running points read and stop
+def stop_sweep(sweep_folder: Path, reason: str, **facts: object) -> None:
+    """Stop the sweep in ``sweep_folder``: ``stop.json`` (with ``reason``), which its running points read and stop
     on (:func:`raise_if_stopped`), and a scheduler's points not started yet (a Slurm array's) cancelled."""
-    rundir.write_json(sweep_dir / STOP, {"reason": reason, **facts})
+    run_files.write_json(sweep_folder / STOP, {"reason": reason, **facts})
     from runner.launch import schedulers
 
     for scheduler in schedulers.registered().values():
         scheduler.cancel_pending()
 
 
-def stop_reason(sweep_dir: Path) -> Optional[str]:
+def stop_reason(sweep_folder: Path) -> Optional[str]:
     """Why the sweep stopped (``sweep.max_failures`` reached), or None while it goes on."""
-    found = rundir.read_json(sweep_dir / STOP)
+    found = run_files.read_json(sweep_folder / STOP)
     return str(found.get("reason")) if isinstance(found, dict) else None
 
 
-def raise_if_stopped(sweep_dir: Optional[Path]) -> None:
+def raise_if_stopped(sweep_folder: Optional[Path]) -> None:
     """Raise :class:`SweepStopped` once this point's sweep has stopped (called while the point runs)."""
-    if sweep_dir is not None and (reason := stop_reason(sweep_dir)):
+    if sweep_folder is not None and (reason := stop_reason(sweep_folder)):
         raise SweepStopped(reason)

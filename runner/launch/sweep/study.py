@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cas
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def mark_fit(trial: optuna.Trial, job_dir: Path) -> None:
     pruner stopped, which had a plan) is left as it is."""
     from optuna.exceptions import UpdateFinishedTrialError
 
-    fits = (rundir.read_json(job_dir / rundir.RESULTS) or {}).get("plan_status") != "infeasible"
+    fits = (run_files.read_json(job_dir / run_files.RESULTS) or {}).get("plan_status") != "infeasible"
     try:
         trial.set_constraint(PLAN_FITS, 0.0 if fits else 1.0)
     except UpdateFinishedTrialError:

@@ -18,18 +18,18 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from runner.config.modes import DEFAULT, MODES
-from runner.runtime import rundir
+from runner.runtime import run_files
 from runner.track.store import flatten
 from runner.track.sweep_points import SWEEP_FILE
 
 
 def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
-    results = rundir.read_json(job_dir / rundir.RESULTS)
+    results = run_files.read_json(job_dir / run_files.RESULTS)
     planned = results is not None and MODES[results.get("mode", DEFAULT)].answer_is_plan
-    if results is None or not planned and not (job_dir / rundir.PLAN / "plan.json").exists():
+    if results is None or not planned and not (job_dir / run_files.PLAN / "plan.json").exists():
         return None
-    run = rundir.read_json(job_dir / rundir.RUN_INFO) or {}  # the point's MLflow run, as its owner recorded it
-    point = {"job": int(job_dir.name), "params": flatten(yaml.safe_load((job_dir / rundir.RESOLVED).read_text())),
+    run = run_files.read_json(job_dir / run_files.RUN_INFO) or {}  # the point's MLflow run, as its owner recorded it
+    point = {"job": int(job_dir.name), "params": flatten(yaml.safe_load((job_dir / run_files.RESOLVED).read_text())),
              "run_id": run.get("run_id"), "status": results.get("plan_status", "feasible"),
              "reason": results.get("reason", ""), "reused_from": results.get("reused_from", ""),
              "types": {}, "shapes": {},
@@ -38,8 +38,8 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
              "lower_bound_ms": float(results.get("lower_bound_ms") or "nan")}
     if point["status"] == "infeasible":
         return point
-    plan = json.loads((job_dir / rundir.PLAN / "plan.json").read_text())
-    estimates = json.loads((job_dir / rundir.PLAN / "estimates.json").read_text())
+    plan = json.loads((job_dir / run_files.PLAN / "plan.json").read_text())
+    estimates = json.loads((job_dir / run_files.PLAN / "estimates.json").read_text())
     ranks = estimates.get("per_rank", [])
     device = estimates.get("device", point["params"].get("cluster.device"))  # what it planned for (auto resolved)
     mem_key = "hbm_bytes" if device == "cuda" else "ddr_bytes"
@@ -50,7 +50,8 @@ def _load_point(job_dir: Path) -> Optional[Dict[str, Any]]:
         max_mem_gib=max((r[mem_key] for r in ranks), default=float("nan")) / 2**30,
         est_whole_step_ms=float((estimates.get("step") or {}).get("step_ms") or "nan"),
         reserved_bytes=float(estimates.get("reserved_bytes_per_rank") or "nan"),  # what the reservation kept free
-        measured_step_ms=float((rundir.read_json(job_dir / rundir.MEASURED) or {}).get("measured/step_ms") or "nan"))
+        measured_step_ms=float((run_files.read_json(job_dir / run_files.MEASURED) or {}).get("measured/step_ms")
+                               or "nan"))
     return point
 
 
@@ -61,9 +62,9 @@ def estimate_error(p: Dict[str, Any]) -> float:
     return est / p["measured_step_ms"] - 1 if p["measured_step_ms"] > 0 else float("nan")
 
 
-def load_points(sweep_dir: Path) -> List[Dict[str, Any]]:
+def load_points(sweep_folder: Path) -> List[Dict[str, Any]]:
     """Every point of the sweep that has a plan or a plan-only answer (infeasible included), in job order."""
-    return [p for p in (_load_point(d) for d in rundir.point_dirs(sweep_dir)) if p is not None]
+    return [p for p in (_load_point(d) for d in run_files.point_dirs(sweep_folder)) if p is not None]
 
 
 def swept_keys(points: List[Dict[str, Any]]) -> List[str]:
@@ -211,17 +212,17 @@ def _write_markdown(path: Path, points: List[Dict[str, Any]], keys: List[str], c
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_sweep_report(sweep_dir: Path) -> Tuple[Optional[Path], Dict[str, Any]]:
-    """Write the report into ``<sweep_dir>/report/``; (None, {}) when no point has a plan or an answer."""
+def write_sweep_report(sweep_folder: Path) -> Tuple[Optional[Path], Dict[str, Any]]:
+    """Write the report into ``<sweep_folder>/report/``; (None, {}) when no point has a plan or an answer."""
     from runner.launch.sweep.sweep_chart import write_chart
 
-    points = load_points(sweep_dir)
+    points = load_points(sweep_folder)
     if not points:
         return None, {}
-    out = sweep_dir / "report"
+    out = sweep_folder / "report"
     out.mkdir(exist_ok=True)
     keys = swept_keys(points)
-    info = rundir.read_json(sweep_dir / SWEEP_FILE)
+    info = run_files.read_json(sweep_folder / SWEEP_FILE)
     paired = [k for k in (info.get("paired") or [] if isinstance(info, dict) else []) if k in keys]
     _write_csv(out / "points.csv", points, keys)
     _write_markdown(out / "report.md", points, keys, changed_tables(points), flips(points, keys, paired))

@@ -447,7 +447,7 @@ def _trust_words(cal: Calibration, settings: CalibrateSchema, kept: Optional[Pat
     return words + "; not kept (calibrate.keep=false): pass it by path as cluster.calibration"
 
 
-def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str], run_dir: Path,
+def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str], run_folder: Path,
                       measured: Dict[str, Any], fingerprint: Dict[str, Any], seconds: float, reporter: Any
                       ) -> Dict[str, Any]:
     """Fit, write (and keep in ``cluster.calibration_dir``, ``calibration_dir``, when trusted and ``calibrate.keep``),
@@ -457,7 +457,7 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
     cal = Calibration(fingerprint, constants, spreads, parts, _summary(measured),
                       datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), errors)
     trusted = any(parts.values())  # kept when a part can be used: the others fall back alone
-    folder = run_dir / FOLDER
+    folder = run_folder / FOLDER
     where = save(cal, folder / "calibration.yaml")
     kept = save(cal, cache_dir(calibration_dir) / file_name(fingerprint)) if trusted and settings.keep else None
     (folder / "report.md").write_text(_markdown(cal, where, kept, settings.max_spread, settings.repeats))

@@ -173,10 +173,10 @@ class OptunaSweeper(Sweeper):
         import optuna
 
         from runner.launch.sweep.study import job_values, mark_fit
-        from runner.runtime import rundir
+        from runner.runtime import run_files
 
         number = trial.number
-        ended = rundir.read_json(self._folder / str(number) / rundir.STATUS) or {}
+        ended = run_files.read_json(self._folder / str(number) / run_files.STATUS) or {}
         if ended.get("status") == "KILLED":  # stopped or never run (the sweep stopped): left RUNNING, for resume
             return True
         try:

@@ -48,10 +48,10 @@ LOG = "runner.log"  # Hydra's job log (``hydra.job.name`` is ``runner``); agents
 SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler": <its name>, "job_ids": [...]}
 
 
-def node_error_files(run_dir: Path) -> List[Path]:
+def node_error_files(run_folder: Path) -> List[Path]:
     """The other nodes' failure records of a scheduler's job whose nodes keep their files in folders of its shared
-    run folder (``<folder>/errors/*.json``: :meth:`runner.launch.schedulers.Scheduler.node_run_dir`)."""
-    return sorted(run_dir.glob(f"*/{ERRORS}/*.json"))
+    run folder (``<folder>/errors/*.json``: :meth:`runner.launch.schedulers.Scheduler.node_run_folder`)."""
+    return sorted(run_folder.glob(f"*/{ERRORS}/*.json"))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -80,36 +80,36 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
-def record_status(run_dir: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
+def record_status(run_folder: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
     """How this job ended (``status.json``; ``error`` is its one line): written by the job's owner
     (:mod:`runner.launch.job.hydra_call`), or by the Slurm launcher for a point that never ran. A record that cannot be
     written is a warning: the job's own outcome matters more (a full disk was already said)."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / STATUS, {"status": status, "error": error, **{k: v for k, v in extra.items()
+        run_folder.mkdir(parents=True, exist_ok=True)
+        write_json(run_folder / STATUS, {"status": status, "error": error, **{k: v for k, v in extra.items()
                                                                           if v is not None}})
     except OSError as exc:
         if not (disk_full(exc) and (error or "").startswith("disk full")):
-            print(f"[runner] warning: could not record the job's status in {run_dir}: {exc}", file=sys.stderr)
+            print(f"[runner] warning: could not record the job's status in {run_folder}: {exc}", file=sys.stderr)
 
 
-def read_status(run_dir: Path) -> Optional[Dict[str, Any]]:
-    return read_json(run_dir / STATUS)
+def read_status(run_folder: Path) -> Optional[Dict[str, Any]]:
+    return read_json(run_folder / STATUS)
 
 
-def record_error(run_dir: Path, name: str, record: Dict[str, Any], traceback_text: Optional[str] = None) -> None:
+def record_error(run_folder: Path, name: str, record: Dict[str, Any], traceback_text: Optional[str] = None) -> None:
     """``errors/<name>.json`` (and its traceback beside it): one failed rank's or agent's report."""
-    folder = run_dir / ERRORS
+    folder = run_folder / ERRORS
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / f"{name}.json", record)
     if traceback_text is not None:
         (folder / f"{name}.traceback.txt").write_text(traceback_text)
 
 
-def error_records(run_dir: Path) -> list:
+def error_records(run_folder: Path) -> list:
     """Every record in ``errors/``, and in the other nodes' folders (:func:`node_error_files`) of a scheduler's job
     when they share the folder (unreadable ones skipped)."""
-    files = sorted(run_dir.glob(f"{ERRORS}/*.json")) + node_error_files(run_dir)
+    files = sorted(run_folder.glob(f"{ERRORS}/*.json")) + node_error_files(run_folder)
     return [r for r in map(read_json, files) if isinstance(r, dict)]
 
 
@@ -117,34 +117,34 @@ PREVIOUS = "previous"  # an earlier job's files, when a job runs again in the sa
 _JOB_FILES = (DRIVER, RUN_INFO, EVENTS, EVENTS_WRITER, RESULTS, STATUS, MEASURED, PLAN, PIDS, ERRORS, DELIVERED)
 
 
-def set_aside_previous(run_dir: Path, names: Sequence[str] = _JOB_FILES) -> Optional[Path]:
-    """Move an earlier job's files in ``run_dir`` (those of ``names``) to ``previous/<n>/`` (checkpoints stay,
+def set_aside_previous(run_folder: Path, names: Sequence[str] = _JOB_FILES) -> Optional[Path]:
+    """Move an earlier job's files in ``run_folder`` (those of ``names``) to ``previous/<n>/`` (checkpoints stay,
     for ``train.resume=latest``), so that this job never reads them; the folder moved to, or None."""
-    found = [run_dir / name for name in names if (run_dir / name).exists()]
+    found = [run_folder / name for name in names if (run_folder / name).exists()]
     if not found:
         return None
     n = 1
-    while (run_dir / PREVIOUS / str(n)).exists():
+    while (run_folder / PREVIOUS / str(n)).exists():
         n += 1
-    dest = run_dir / PREVIOUS / str(n)
+    dest = run_folder / PREVIOUS / str(n)
     dest.mkdir(parents=True)
     for path in found:
         os.replace(path, dest / path.name)
     return dest
 
 
-def earlier_jobs(run_dir: Path) -> List[Path]:
-    """The folders an earlier job's files were set aside to in ``run_dir`` (:func:`set_aside_previous`: an attempt
+def earlier_jobs(run_folder: Path) -> List[Path]:
+    """The folders an earlier job's files were set aside to in ``run_folder`` (:func:`set_aside_previous`: an attempt
     run again, a resumed point), oldest first, each holding that job's ``run.json``."""
-    found = [d for d in (run_dir / PREVIOUS).glob("*") if d.name.isdigit() and (d / RUN_INFO).exists()]
+    found = [d for d in (run_folder / PREVIOUS).glob("*") if d.name.isdigit() and (d / RUN_INFO).exists()]
     return sorted(found, key=lambda d: int(d.name))
 
 
-def point_dirs(sweep_dir: Path) -> List[Path]:
+def point_dirs(sweep_folder: Path) -> List[Path]:
     """A sweep folder's point folders (``0``, ``1``, ...), in job order."""
-    if not sweep_dir.is_dir():
+    if not sweep_folder.is_dir():
         return []
-    return sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    return sorted((d for d in sweep_folder.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def driver_record(port: int) -> Dict[str, Any]:
             **({"boot": start[0], "started": start[1]} if start else {})}
 
 
-def driver_gone(run_dir: Path) -> Optional[str]:
+def driver_gone(run_folder: Path) -> Optional[str]:
     """Where the driver ``driver.json`` names is gone (no such process, or another one under its pid, or the host
     rebooted since): the words saying so, with when the folder last heard from the job; None where it is alive,
     the file names none, this host cannot tell, or the driver ran on another host (a Slurm job's folder read
@@ -190,7 +190,7 @@ def driver_gone(run_dir: Path) -> Optional[str]:
 
     import psutil
 
-    record = read_json(run_dir / DRIVER)
+    record = read_json(run_folder / DRIVER)
     if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or record["pid"] <= 0:
         return None
     if record.get("host") != socket.gethostname() or not isinstance(record.get("boot"), str):
@@ -202,7 +202,8 @@ def driver_gone(run_dir: Path) -> Optional[str]:
             return None  # one this host cannot read, or a record of an older runner: not judged gone
         if abs(float(now[0]) - float(record["boot"])) <= 2 and abs(now[1] - started) <= 2:
             return None  # the same process (psutil's times follow the wall clock: a step of it moves them a little)
-    heard = max((p.stat().st_mtime for p in (run_dir / EVENTS, run_dir / DRIVER, run_dir / RUN_INFO) if p.exists()),
+    heard = max((p.stat().st_mtime for p in (run_folder / EVENTS, run_folder / DRIVER, run_folder / RUN_INFO)
+                 if p.exists()),
                 default=0.0)
     when = datetime.datetime.fromtimestamp(heard).strftime("%Y-%m-%d %H:%M:%S")
     return f"its driver (pid {pid}) is gone, killed outright; last heard from at {when}"
