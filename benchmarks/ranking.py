@@ -3,7 +3,7 @@
 Each config of :data:`RANKING` is planned several ways (:data:`VARIANTS`: whole-model sharding types, the planner's
 own answer with this machine's calibration and with TorchRec's constants, its other proposers), the distinct plans
 kept. Every plan is rated here by both cost models as the planner rates a plan (``sharding.plan`` pinned:
-:mod:`runner.plan.pinned`), then trained ``--ranking-repeats`` times, alternating, each with its plan pinned. Per
+:mod:`runner.plan.plan_file`), then trained ``--ranking-repeats`` times, alternating, each with its plan pinned. Per
 config: whether the plan each model calls fastest is the measured fastest; over all pairs of a config's plans, how
 often each model orders them as measured. Pairs whose measured medians lie within their own spread (half the range
 of their repeats, added) cannot be ordered by the measurement and are counted apart; "close" pairs are the ordered

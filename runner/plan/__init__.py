@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 _DOOR: Dict[str, str] = {
     # planning a job
-    "PlanSpec": "spec", "plan_spec": "spec", "PlanFacts": "facts", "PlanChoices": "facts",
+    "PlanSpec": "spec", "plan_spec": "spec", "PlanFacts": "spec", "PlanChoices": "spec",
     "make_plan": "planner", "reusable_model": "planner", "plan_entries": "planner", "runners_planner": "planner",
     "sharders_for": "sharders",
     # the plan folder every run writes, and what is read back from it
@@ -70,10 +70,9 @@ if TYPE_CHECKING:  # what mypy sees of the door; at run time each name is import
     from runner.plan.cost.topology import GIB, dense_bytes
     from runner.plan.cost.torchrec_export import export_calibration_command
     from runner.plan.cost.trust import PARTS, allowed_median_error, median_error
-    from runner.plan.facts import PlanChoices, PlanFacts
     from runner.plan.planner import make_plan, plan_entries, reusable_model, runners_planner
     from runner.plan.report import write_plan_report
     from runner.plan.sharders import sharders_for
-    from runner.plan.spec import PlanSpec, plan_spec
+    from runner.plan.spec import PlanChoices, PlanFacts, PlanSpec, plan_spec
     from runner.plan.torchrec_adapter.comparison import enumeration_differences, proposer_differs
     from runner.plan.torchrec_adapter.conformance import CHECKING

@@ -24,20 +24,18 @@ from runner.config.validation import table_constraint
 from runner.plan.cost import step_estimate as steps
 from runner.plan.cost.choice import for_config
 from runner.plan.cost.topology import build_topology, dense_bytes, topology_knobs
-from runner.plan.facts import PlanFacts
-from runner.plan.pinned import pinned_options
-from runner.plan.plan_file import load_plan
+from runner.plan.plan_file import load_plan, pinned_options
 from runner.plan.plan_memory import build_storage_reservation, reserved_per_rank, stock_estimators
 from runner.plan.proposer_build import stock_proposer
 from runner.plan.sharders import sharders_for
-from runner.plan.spec import PlanSpec
+from runner.plan.spec import PlanFacts, PlanSpec
 from runner.plan.torchrec_adapter.torchrec_seam import conformance_note, planner_refusal, seam_note
 
 if TYPE_CHECKING:
     from torch import nn
 
     from runner.config.schema import ShardingSchema, TableConstraintSchema
-    from runner.plan.facts import PlanChoices
+    from runner.plan.spec import PlanChoices
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]],

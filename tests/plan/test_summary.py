@@ -9,8 +9,8 @@ from pathlib import Path
 from test_planning import cfg_for
 
 from runner.plan.planner import make_plan
+from runner.plan.report import COLUMNS, summary_markdown, summary_metrics
 from runner.plan.spec import plan_spec
-from runner.plan.summary import COLUMNS, summary_markdown, summary_metrics
 from runner.train.models import planning_model
 
 

@@ -16,9 +16,9 @@ from torchrec.distributed.types import ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.cost.step_estimate import step_perf_model
-from runner.plan.facts import PlanFacts
 from runner.plan.plan_memory import build_storage_reservation
 from runner.plan.proposer_build import build_proposer, declared
+from runner.plan.spec import PlanFacts
 from runner.plan.torchrec_adapter.balanced.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.bound import plan_bound
 from runner.plan.torchrec_adapter.balanced.proposer import balanced_note, entries_of, job_facts
@@ -35,8 +35,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import Stats
 
-    from runner.plan.facts import PlanChoices
-    from runner.plan.spec import PlanSpec
+    from runner.plan.spec import PlanChoices, PlanSpec
 
 # what the planner outside the adapter reads of the balanced search, through this module only
 __all__ = ["entries_of", "explain_planner_error", "plan_bound", "plan_with_runner", "runner_planner"]
