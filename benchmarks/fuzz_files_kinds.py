@@ -244,7 +244,7 @@ def make_run(folder: Path) -> None:
     log.tags({"runner.plan": "tablewise"})
     log.close()
     run_files.update_json(run / run_files.DELIVERED, final={"status": "FINISHED", "error": None})
-    run_files.record_status(run, "FINISHED", objective=0.5)
+    run_files.write_status(run, "FINISHED", objective=0.5)
 
 
 def read_run(case: Path) -> Any:
@@ -305,7 +305,7 @@ def make_point(folder: Path) -> None:
     run = folder / "sweep" / "0"
     run.mkdir(parents=True)
     OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
-    run_files.record_status(run, "FINISHED", objective=12.5)
+    run_files.write_status(run, "FINISHED", objective=12.5)
     run_files.write_json(run / run_files.RESULTS, {"mode": "plan", "est_step_ms": 12.5})
     run_files.write_json(run / run_files.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri),
                                               "run_id": "0" * 32})

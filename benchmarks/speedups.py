@@ -5,7 +5,7 @@ answers.
 
     .venv/bin/python benchmarks/speedups.py [--tables 300 --ranks 64] [--big 1000x128] [--sweep 4]
 
-- ``record_copies`` off: Python's ``copy.deepcopy`` for shards, storage, perf and devices.
+- ``dataclass_copies`` off: Python's ``copy.deepcopy`` for shards, storage, perf and devices.
 - ``shared_placements`` off: TorchRec's partitioner places every proposal's row-wise and data-parallel
   options from scratch.
 - ``partition_helper`` off: no second process partitions proposals of a long search.
@@ -66,7 +66,7 @@ def _plan(cfg: Any, ranks: int, reuse: bool = False) -> Tuple[float, float]:
     return seconds, round(max(per_rank.values()), 6)
 
 
-SPEEDUPS = ("record_copies", "shared_placements", "partition_helper", "shard_estimators")  # what _off puts back
+SPEEDUPS = ("dataclass_copies", "shared_placements", "partition_helper", "shard_estimators")  # what _off puts back
 
 
 @contextlib.contextmanager
@@ -81,7 +81,7 @@ def _off(name: str) -> Iterator[None]:
         saved.append((owner, attr, getattr(owner, attr)))
         setattr(owner, attr, value)
 
-    if name == "record_copies":
+    if name == "dataclass_copies":
         patch(planning_loop, "quick_copies", contextlib.nullcontext)
     elif name == "shared_placements":
         class _Counts:

@@ -191,13 +191,13 @@ def _callers(name: str) -> Set[str]:
     return found
 
 
-def test_a_job_s_outcome_is_recorded_and_its_chart_drawn_in_one_place() -> None:
-    """``status.json`` is written by one function (``runtime.run_files.record_status``), called from a job's outcome
+def test_a_job_s_outcome_is_written_and_its_chart_drawn_in_one_place() -> None:
+    """``status.json`` is written by one function (``runtime.run_files.write_status``), called from a job's outcome
     (``launch.job.outcome``), for a point that never ran, the Slurm launcher, and for a job whose driver was killed
     outright, ``runner sync`` (``track.sync``); the plan chart is drawn by
     ``launch.job.end`` only, which alone ends a job's run, on the driver's path and under a plain torchrun alike."""
-    assert _callers("record_status") == {"runner.launch.job.outcome", "runner.launch.schedulers.slurm",
-                                         "runner.track.sync"}
+    assert _callers("write_status") == {"runner.launch.job.outcome", "runner.launch.schedulers.slurm",
+                                        "runner.track.sync"}
     # a job's run: ended by launch.job.end's end_job_run (driver, torchrun); store.end_run is what sync delivers for
     # a run kept while the store was away, a sweep's parent and its stopped points, and a requeued attempt's run
     assert _callers("end_job_run") == {"runner.launch.job.driver", "runner.launch.torchrun"}

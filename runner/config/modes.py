@@ -29,8 +29,8 @@ class Mode:
     reporter, marks, cores, allocated) -> results`` (rank 0's); None: no workers, the job runs in the driver."""
     opens_run: bool = True
     """The job has a run folder and an MLflow run; False: the driver runs ``drives`` on the config alone."""
-    records_data: bool = False
-    """Its run records the training data it reads (datasets, lineage)."""
+    logs_data: bool = False
+    """Its run logs the training data it reads (datasets, lineage)."""
     system_metrics: bool = False
     """Its run logs the hosts' CPU, memory and GPU use (``tracking.system_metrics``)."""
     objective: str = "eval/auc"
@@ -62,7 +62,7 @@ class Mode:
 DEFAULT = "train"
 MODES: Dict[str, Mode] = {m.name: m for m in (
     Mode("train", "launch workers that train the model", _DRIVER + "drive_workers", "runner.train.worker:train_rank",
-         records_data=True, system_metrics=True),
+         logs_data=True, system_metrics=True),
     Mode("plan", "plan and log in the driver only, for any cluster", _DRIVER + "drive_plan",
          objective="plan/est_step_ms", answer_is_plan=True, reuses=True, plans_together=True,
          reports=_LINES + "plan_line",

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
             with signals.uninterrupted():  # a second SIGTERM (torchrun's peers are stopping too) waits for the end
                 if run is not None:
                     end_job_run(run, end)
-                outcome.record(end, path.parent)
+                outcome.write(end, path.parent)
         if not stopped:
             raise
         name = stop or signals.stopped(exc).name
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         return signals.Stopped(signal.Signals[name]).exit_code
     if run is not None:
         try:
-            outcome.record(end_finished_run(run, PlanChart(path.parent), path.parent, results), path.parent)
+            outcome.write(end_finished_run(run, PlanChart(path.parent), path.parent, results), path.parent)
         except Exception as exc:  # noqa: BLE001 - the ranks' work is done and on disk; its record is said
             print(f"[runner] warning: could not end the MLflow run: {exc}", file=sys.stderr, flush=True)
     return 0

@@ -16,7 +16,7 @@
   what a sweep's outcome is computed from;
 - ``runner.log``: the libraries' warnings and log lines (driver, agents, workers), full tracebacks;
 - ``measured.json``, ``plan/``, ``checkpoints/``; ``pids/rank<R>.pid``; ``errors/`` (each failed rank's
-  line and traceback, each agent's record of a killed worker).
+  line and traceback, each agent's report of a killed worker).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ SCHEDULER = "scheduler.json"  # a sweep folder's scheduler record: {"scheduler":
 
 
 def node_error_files(run_folder: Path) -> List[Path]:
-    """The other nodes' failure records of a scheduler's job whose nodes keep their files in folders of its shared
+    """The other nodes' failure reports of a scheduler's job whose nodes keep their files in folders of its shared
     run folder (``<folder>/errors/*.json``: :meth:`runner.launch.schedulers.Scheduler.node_run_folder`)."""
     return sorted(run_folder.glob(f"*/{ERRORS}/*.json"))
 
@@ -80,9 +80,9 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
-def record_status(run_folder: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
+def write_status(run_folder: Path, status: str, error: Optional[str] = None, **extra: Any) -> None:
     """How this job ended (``status.json``; ``error`` is its one line): written by the job's owner
-    (:mod:`runner.launch.job.hydra_call`), or by the Slurm launcher for a point that never ran. A record that cannot be
+    (:mod:`runner.launch.job.hydra_call`), or by the Slurm launcher for a point that never ran. A status that cannot be
     written is a warning: the job's own outcome matters more (a full disk was already said)."""
     try:
         run_folder.mkdir(parents=True, exist_ok=True)
@@ -90,24 +90,24 @@ def record_status(run_folder: Path, status: str, error: Optional[str] = None, **
                                                                           if v is not None}})
     except OSError as exc:
         if not (disk_full(exc) and (error or "").startswith("disk full")):
-            print(f"[runner] warning: could not record the job's status in {run_folder}: {exc}", file=sys.stderr)
+            print(f"[runner] warning: could not write the job's status in {run_folder}: {exc}", file=sys.stderr)
 
 
 def read_status(run_folder: Path) -> Optional[Dict[str, Any]]:
     return read_json(run_folder / STATUS)
 
 
-def record_error(run_folder: Path, name: str, record: Dict[str, Any], traceback_text: Optional[str] = None) -> None:
+def write_error(run_folder: Path, name: str, report: Dict[str, Any], traceback_text: Optional[str] = None) -> None:
     """``errors/<name>.json`` (and its traceback beside it): one failed rank's or agent's report."""
     folder = run_folder / ERRORS
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / f"{name}.json", record)
+    write_json(folder / f"{name}.json", report)
     if traceback_text is not None:
         (folder / f"{name}.traceback.txt").write_text(traceback_text)
 
 
-def error_records(run_folder: Path) -> list:
-    """Every record in ``errors/``, and in the other nodes' folders (:func:`node_error_files`) of a scheduler's job
+def error_reports(run_folder: Path) -> list:
+    """Every report in ``errors/``, and in the other nodes' folders (:func:`node_error_files`) of a scheduler's job
     when they share the folder (unreadable ones skipped)."""
     files = sorted(run_folder.glob(f"{ERRORS}/*.json")) + node_error_files(run_folder)
     return [r for r in map(read_json, files) if isinstance(r, dict)]
@@ -170,7 +170,7 @@ def _start_of(pid: int) -> Optional[Tuple[str, float]]:
         return None
 
 
-def driver_record(port: int) -> Dict[str, Any]:
+def driver_fields(port: int) -> Dict[str, Any]:
     """What ``driver.json`` holds: the rendezvous port, and this process's host, pid and start (the host's boot
     time and when it started), which together name this driver even after its pid is reused."""
     import socket
@@ -190,17 +190,17 @@ def driver_gone(run_folder: Path) -> Optional[str]:
 
     import psutil
 
-    record = read_json(run_folder / DRIVER)
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or record["pid"] <= 0:
+    fields = read_json(run_folder / DRIVER)
+    if not isinstance(fields, dict) or not isinstance(fields.get("pid"), int) or fields["pid"] <= 0:
         return None
-    if record.get("host") != socket.gethostname() or not isinstance(record.get("boot"), str):
+    if fields.get("host") != socket.gethostname() or not isinstance(fields.get("boot"), str):
         return None
-    pid, started = record["pid"], record.get("started")
+    pid, started = fields["pid"], fields.get("started")
     if psutil.pid_exists(pid):  # another user's process counts as there (hidden or not)
         now = _start_of(pid)
         if now is None or not isinstance(started, (int, float)):
-            return None  # one this host cannot read, or a record of an older runner: not judged gone
-        if abs(float(now[0]) - float(record["boot"])) <= 2 and abs(now[1] - started) <= 2:
+            return None  # one this host cannot read, or the file of an older runner: not judged gone
+        if abs(float(now[0]) - float(fields["boot"])) <= 2 and abs(now[1] - started) <= 2:
             return None  # the same process (psutil's times follow the wall clock: a step of it moves them a little)
     heard = max((p.stat().st_mtime for p in (run_folder / EVENTS, run_folder / DRIVER, run_folder / RUN_INFO)
                  if p.exists()),

@@ -65,10 +65,10 @@ class MlflowRun:
         return self.run_id is not None or self.pending is not None
 
     def open(self, experiment: str, config: Mapping[str, Any], name: str, parent: Optional[str],
-             tags: Mapping[str, Any], record: Optional[Dict[str, Any]] = None) -> Optional[str]:
-        """Create the run RUNNING in ``experiment`` with ``config`` as its params, and record it in the run folder's
-        ``run.json`` (with ``record``'s entries); None when the server is away and the run is kept instead."""
-        # a stop signal meanwhile is raised once the run is recorded (run.json): a run created in the store but not
+             tags: Mapping[str, Any], fields: Optional[Dict[str, Any]] = None) -> Optional[str]:
+        """Create the run RUNNING in ``experiment`` with ``config`` as its params, and write it in the run folder's
+        ``run.json`` (with ``fields``' entries); None when the server is away and the run is kept instead."""
+        # a stop signal meanwhile is raised once the run is written (run.json): a run created in the store but not
         # known here would stay RUNNING
         with signals.uninterrupted():
             params = store.flatten(config)
@@ -80,7 +80,7 @@ class MlflowRun:
                 self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
                     name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
                 run_files.write_json(self.run_folder / run_files.RUN_INFO,
-                                  {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(record or {})})
+                                  {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(fields or {})})
                 self.report_last([], None, params=params)
                 self._next_try = time.monotonic() + self.RETRY_S
                 if not self.in_sweep:
@@ -90,7 +90,7 @@ class MlflowRun:
                 return None
             self.pump = EventPump(self.run_folder / run_files.EVENTS, self.uri, self.run_id)
             run_files.write_json(self.run_folder / run_files.RUN_INFO,
-                              {"tracking_uri": self.uri, "run_id": self.run_id, **(record or {})})
+                              {"tracking_uri": self.uri, "run_id": self.run_id, **(fields or {})})
             try:
                 store.log_params(self.uri, self.run_id, params)
             except Exception as exc:
@@ -329,7 +329,7 @@ class DriverRun:
             self.open()
 
 
-def record_requeued(run_folder: Path, job: str, attempt: int, scheduler: str = "the scheduler") -> None:
+def mark_requeued(run_folder: Path, job: str, attempt: int, scheduler: str = "the scheduler") -> None:
     """The run of the attempt before ``attempt``, stopped when ``scheduler`` requeued job ``job`` after a lost node (it
     ended KILLED, as a cancelled job does): FAILED, saying so. The new attempt gets its own run."""
     info = run_files.read_json(run_folder / run_files.RUN_INFO) or {}

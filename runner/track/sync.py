@@ -215,7 +215,7 @@ def _end_lost(run_folder: Path, uri: str, run_id: str) -> Optional[str]:
         end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
     except Exception as exc:  # noqa: BLE001
         return f"{run_folder}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
-    run_files.record_status(run_folder, "KILLED", f"the job was lost: {why}")
+    run_files.write_status(run_folder, "KILLED", f"the job was lost: {why}")
     return why
 
 

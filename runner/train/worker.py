@@ -1,7 +1,7 @@
 """Worker: one process per rank. Its environment, device, cores and process group; then the rank's job.
 
 Started by the runner's elastic agents (:func:`elastic_entry`), or by an external ``torchrun``
-(:mod:`runner.launch.torchrun`). A rank that fails records its one-line error and traceback in the run
+(:mod:`runner.launch.torchrun`). A rank that fails writes its one-line error and traceback in the run
 folder (the driver reports the earliest: the root cause, not its peers' broken connections).
 """
 
@@ -199,16 +199,16 @@ def end_process_group(failed: bool, within_s: float = ABORT_WITHIN_S) -> bool:
     return not ender.is_alive()
 
 
-def _record_error(run_folder: Path, exc: BaseException, timeout_s: float) -> None:
+def _write_error_report(run_folder: Path, exc: BaseException, timeout_s: float) -> None:
     """One line per failed rank, for the driver to report (the earliest is the root cause). A collective that
     timed out names the peers that went silent (:mod:`.heartbeat`), without the library's source paths."""
     rank = os.environ.get("RANK", "?")
-    record: Dict[str, Any] = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
+    report: Dict[str, Any] = {"rank": rank, "time": time.time(), "error": one_line(exc), "source": "worker"}
     if heartbeat.is_collective_timeout(exc) and rank.isdigit():
-        record["error"], silent = heartbeat.timeout_line(run_folder, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
-        record["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
+        report["error"], silent = heartbeat.timeout_line(run_folder, env_int("WORLD_SIZE", 1), int(rank), timeout_s)
+        report["unanswered"] = [{"rank": r, "node": n} for r, n, _ in silent]
     with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-        run_files.record_error(run_folder, f"rank{rank}", record, traceback.format_exc())
+        run_files.write_error(run_folder, f"rank{rank}", report, traceback.format_exc())
 
 
 def run_guarded(run_folder: Path, pg_timeout_s: float, life: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
@@ -219,7 +219,7 @@ def run_guarded(run_folder: Path, pg_timeout_s: float, life: Callable[[], Dict[s
     try:
         return life()
     except BaseException as exc:
-        _record_error(run_folder, exc, pg_timeout_s)
+        _write_error_report(run_folder, exc, pg_timeout_s)
         raise
 
 

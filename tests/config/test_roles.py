@@ -69,7 +69,7 @@ def test_resume_and_reuse_agree_on_what_is_the_same_config(tmp_path: Path, capsy
     point = tmp_path / "0"  # the earlier point: its folder as a job leaves it, and its FINISHED run
     point.mkdir()
     OmegaConf.save(before, point / run_files.RESOLVED, resolve=True)
-    run_files.record_status(point, "FINISHED", objective=1.0)
+    run_files.write_status(point, "FINISHED", objective=1.0)
     run_files.write_json(point / run_files.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
     run_id = store.start_run(uri, "roles", "earlier", None, {"runner.config_hash": roles.config_hash(
         hashed(before.cluster, before.mode, OmegaConf.to_container(before, resolve=True)))})  # as the job's run has it

@@ -74,7 +74,7 @@ DAMAGES = {"cut short": lambda b: b[: max(1, len(b) // 3)], "emptied": lambda b:
            "garbled": lambda b: b"\x00\xff" + b[::-1], "not a record": lambda b: b"[1, 2, 3]"}
 
 
-def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_path: Path, capsys) -> None:
+def test_a_finished_point_whose_files_are_damaged_runs_again_and_says_why(tmp_path: Path, capsys) -> None:
     from conftest import cfg_for
     from omegaconf import OmegaConf
 
@@ -86,7 +86,7 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
     run.mkdir()
     for name in (run_files.STATUS, run_files.RESULTS, run_files.RESOLVED):
         for how, damage in DAMAGES.items():
-            run_files.record_status(run, "FINISHED", objective=1.0)
+            run_files.write_status(run, "FINISHED", objective=1.0)
             run_files.write_json(run / run_files.RESULTS, {"mode": "plan", "est_step_ms": 1.0})
             OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
             assert kept_point(OmegaConf.to_container(cfg, resolve=True), cfg.tracking, run) is not None  # intact: kept
@@ -99,7 +99,7 @@ def test_a_finished_point_whose_record_is_damaged_runs_again_and_says_why(tmp_pa
             assert out.count("\n") == 1 and f"{run / name} cannot be read back; the point runs again" in out, out
 
 
-def test_a_damaged_pinned_plan_or_checkpoint_record_is_one_line(tmp_path: Path, capsys) -> None:
+def test_a_damaged_pinned_plan_or_checkpoint_file_is_one_line(tmp_path: Path, capsys) -> None:
     import pytest
     from conftest import cfg_for
 
@@ -179,8 +179,8 @@ def test_a_damaged_study_journal_is_one_line_and_the_sweep_ends_failed(tmp_path:
         assert run.info.status == "FAILED", how  # not left RUNNING
 
 
-def test_a_driver_record_names_its_process_across_pid_reuse(tmp_path: Path) -> None:
-    """``driver.json`` names the driver by pid and start (psutil): the live driver is not gone; a record whose
+def test_a_driver_s_fields_name_its_process_across_pid_reuse(tmp_path: Path) -> None:
+    """``driver.json`` names the driver by pid and start (psutil): the live driver is not gone; one whose
     pid now belongs to a process started at another time, or to no process, is."""
     import os
     import subprocess
@@ -188,18 +188,18 @@ def test_a_driver_record_names_its_process_across_pid_reuse(tmp_path: Path) -> N
 
     from runner.runtime import run_files
 
-    record = run_files.driver_record(29500)
-    assert record["pid"] == os.getpid() and isinstance(record["started"], float)
-    run_files.write_json(tmp_path / run_files.DRIVER, record)
+    fields = run_files.driver_fields(29500)
+    assert fields["pid"] == os.getpid() and isinstance(fields["started"], float)
+    run_files.write_json(tmp_path / run_files.DRIVER, fields)
     assert run_files.driver_gone(tmp_path) is None
-    run_files.write_json(tmp_path / run_files.DRIVER, {**record, "started": record["started"] - 60})  # pid reused
+    run_files.write_json(tmp_path / run_files.DRIVER, {**fields, "started": fields["started"] - 60})  # pid reused
     assert "is gone, killed outright" in str(run_files.driver_gone(tmp_path))
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    run_files.write_json(tmp_path / run_files.DRIVER, {**record, "pid": int(ended.stdout)})  # no such process now
+    run_files.write_json(tmp_path / run_files.DRIVER, {**fields, "pid": int(ended.stdout)})  # no such process now
     assert f"(pid {int(ended.stdout)}) is gone" in str(run_files.driver_gone(tmp_path))
 
 
-def test_records_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(tmp_path: Path, capsys) -> None:
+def test_files_of_the_wrong_shape_are_refused_or_passed_over_naming_the_file(tmp_path: Path, capsys) -> None:
     """What make fuzz-files found (each a traceback, a misleading line or a value used that no writer wrote): an
     event line of the right kind whose values are not (a metric given as a record, a time past int64, a param
     None) is passed over as damaged, not taken for an outage; a run.json whose run id is not text, sweep.json whose
@@ -270,7 +270,7 @@ def test_a_point_whose_status_is_no_ending_or_whose_run_is_nowhere_runs_again_sa
     OmegaConf.save(cfg, run / run_files.RESOLVED, resolve=True)
     for name, record in ((run_files.STATUS, {"format": 3, "record": {"status": "FINISHED"}}),
                          (run_files.RUN_INFO, {"tracking_uri": 12})):
-        run_files.record_status(run, "FINISHED", objective=1.0)
+        run_files.write_status(run, "FINISHED", objective=1.0)
         run_files.write_json(run / run_files.RUN_INFO, {"tracking_uri": store.tracking_uri(cfg.tracking.uri)})
         assert kept_point(now, cfg.tracking, run) is not None
         run_files.write_json(run / name, record)
@@ -291,14 +291,14 @@ def _kept_run(tmp_path: Path, name: str) -> Tuple[str, Path, str]:
     return uri, run_folder, run_id
 
 
-def test_a_lost_delivery_record_delivers_the_job_s_own_ending(tmp_path: Path) -> None:
+def test_a_lost_delivery_file_delivers_the_job_s_own_ending(tmp_path: Path) -> None:
     """delivered.json cut short after the job ended while the store was away: sync ends the run with the ending
     status.json records (before: the run stayed RUNNING for ever)."""
     from runner.runtime import run_files
     from runner.track.sync import sync
 
-    uri, run_folder, run_id = _kept_run(tmp_path, "lost_record")
-    run_files.record_status(run_folder, "FINISHED")
+    uri, run_folder, run_id = _kept_run(tmp_path, "lost_file")
+    run_files.write_status(run_folder, "FINISHED")
     (run_folder / run_files.DELIVERED).write_text('{"final": {"status": "FINI')
     assert sync([str(run_folder)]) == 0
     assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
@@ -318,7 +318,7 @@ def test_sync_says_what_it_passed_over_and_a_journal_value_outside_its_range_is_
     uri, run_folder, run_id = _kept_run(tmp_path, "said")
     with (run_folder / run_files.EVENTS).open("a") as f:
         f.write(json.dumps({"kind": "metrics", "metrics": {"x": 1.0}, "step": "text"}) + "\n")
-    run_files.record_status(run_folder, "FINISHED")
+    run_files.write_status(run_folder, "FINISHED")
     run_files.write_json(run_folder / run_files.DELIVERED, {"format": 3, "record": {"final": {"status": "FINISHED"}}})
     assert sync([str(run_folder)]) == 0
     out = capsys.readouterr().out

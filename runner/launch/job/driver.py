@@ -215,7 +215,7 @@ def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler
     earlier_run = _job_folder(hydra_job, config)
     from runner.data.layout import job_data
 
-    run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if MODES[cfg.mode].records_data else None)
+    run = driver_run(cfg, hydra_job, config, 0, scheduler, job_data(cfg) if MODES[cfg.mode].logs_data else None)
     run.replaces = earlier_run  # a resumed sweep's point: its earlier run is replaced
     results = link_point(hydra_job.run_folder, earlier, run)
     results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
@@ -243,11 +243,11 @@ def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler,
     port = cfg.cluster.master_port or free_port()
     if cfg.cluster.master_port and mode.on_workers and cfg.cluster.node_rank in (None, 0):
         check_master_port(cfg.cluster.master_addr, port)  # this host runs the rendezvous: it must bind the port
-    run_files.write_json(hydra_job.run_folder / run_files.DRIVER, run_files.driver_record(port))
+    run_files.write_json(hydra_job.run_folder / run_files.DRIVER, run_files.driver_fields(port))
     from runner.data.layout import job_data
 
     data = job_data(cfg) if mode.on_workers else None  # built once: checked, its datasets recorded
-    run = driver_run(cfg, hydra_job, config, port, scheduler, data if mode.records_data else None, attempt)
+    run = driver_run(cfg, hydra_job, config, port, scheduler, data if mode.logs_data else None, attempt)
     if attempt == 1:  # a resumed sweep's point: its earlier run is replaced (a retry keeps its earlier attempts)
         run.replaces = earlier_run
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too

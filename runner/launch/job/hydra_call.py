@@ -92,14 +92,14 @@ def run_job(cfg: RunnerConfig) -> Optional[Objective]:
         return _stopped(job, exc.reason)
     except KeyboardInterrupt as exc:
         end = outcome.of_error(exc, job.scheduler, job.run_folder)
-        outcome.record(end, job.run_folder)
+        outcome.write(end, job.run_folder)
         resume = f"; resume the sweep: python -m runner resume {job.sweep_folder}" if job.multirun else ""
         say_error(f"{end.line}; every worker was stopped, the run is {end.status} ({job.run_folder}){resume}")
         raise SystemExit(end.exit_code) from None
     except Exception as exc:
         return _failed(job, exc)
     value = objective_value(job.objectives, results, job.run_folder)
-    outcome.record(outcome.finished(results), job.run_folder, objective=value)
+    outcome.write(outcome.finished(results), job.run_folder, objective=value)
     if job.multirun:
         _say_progress(job.sweep_folder, job.num, str(results.get("summary") or "done").replace("[runner] ", ""))
     return value
@@ -129,7 +129,7 @@ def _take_place(job: _Job) -> bool:
 
 def _stopped(job: _Job, reason: str) -> Optional[Objective]:
     started = (job.run_folder / run_files.RUN_INFO).exists()
-    outcome.record(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_folder)
+    outcome.write(outcome.Outcome("KILLED", f"{'stopped' if started else 'not run'}: {reason}"), job.run_folder)
     _say_progress(job.sweep_folder, job.num, "stopped" if started else "not run")
     return objective_value(job.objectives, None)
 
@@ -140,14 +140,14 @@ def _failed(job: _Job, exc: Exception) -> Optional[Objective]:
     end = outcome.of_error(exc, job.scheduler, job.run_folder)
     if end.full_disk and job.sweep_folder is not None:  # every later point would fail too, so the sweep ends here
         line = end_failed_sweep(end.line, job.sweep_folder)
-        outcome.record(outcome.Outcome("FAILED", line, exit_code=1), job.run_folder)
+        outcome.write(outcome.Outcome("FAILED", line, exit_code=1), job.run_folder)
         say_error(line)
         raise SystemExit(1) from None
     logging.getLogger("runner").error("job failed: %s", end.line, exc_info=exc)  # to the run's log file
-    outcome.record(end, job.run_folder)
+    outcome.write(end, job.run_folder)
     say_error(end.line)
     if job.sweep_folder is not None:
-        sweep_stop.record_failure(job.sweep_folder, job.num, end.line, job.cfg.sweep.max_failures)
+        sweep_stop.count_failure(job.sweep_folder, job.num, end.line, job.cfg.sweep.max_failures)
     if job.sweep_folder is None or job.task is not None:  # a scheduler's job fails with its run
         raise SystemExit(1) from None
     _say_progress(job.sweep_folder, job.num, "failed (its line is above)")
@@ -193,14 +193,14 @@ def _attempts(job: _Job) -> Dict[str, Any]:
     MLflow run (tag ``runner.attempt``), the earlier attempts' files in ``previous/<n>/``; on the scheduler's
     task it runs as, if any."""
     from runner.launch.job.driver import execute_job
-    from runner.track.mlflow_run import record_requeued
+    from runner.track.mlflow_run import mark_requeued
 
     cfg, run_folder, task = job.cfg, job.run_folder, job.task
     attempt = 1
     if task is not None and task.restarts > 0:  # the scheduler started the job again (a lost node): the next attempt
         attempt += task.restarts
         if task.node_rank == 0:
-            record_requeued(run_folder, task.shown_id, attempt, task.label)
+            mark_requeued(run_folder, task.shown_id, attempt, task.label)
         if attempt > cfg.sweep.retries + 1:
             raise WorkerFailure(f"{task.label} requeued job {task.shown_id} after it lost a node; sweep.retries="
                                 f"{cfg.sweep.retries} allows {cfg.sweep.retries + 1} attempt(s), so attempt "
@@ -211,7 +211,7 @@ def _attempts(job: _Job) -> Dict[str, Any]:
         except (WorkerFailure, TrackingError) as exc:
             if attempt > cfg.sweep.retries or not exc.fault:
                 raise
-            outcome.record(outcome.of_error(exc, job.scheduler, run_folder), run_folder, attempt=attempt)
+            outcome.write(outcome.of_error(exc, job.scheduler, run_folder), run_folder, attempt=attempt)
             print(f"[runner] attempt {attempt} of {cfg.sweep.retries + 1} failed from a fault ({exc}); running "
                   "it again", flush=True)
             attempt += 1

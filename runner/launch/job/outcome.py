@@ -2,9 +2,9 @@
 
 :func:`of_error` turns whatever ended a job (a failure, a stop, a full disk) into an :class:`Outcome`: its
 status, its one line, its exit code. It is computed once per exception (the value is kept on it), so the
-driver that ends the MLflow run and :func:`runner.launch.job.hydra_call.run_job` that records ``status.json`` and
+driver that ends the MLflow run and :func:`runner.launch.job.hydra_call.run_job` that writes ``status.json`` and
 prints the line hold the same value, as rank 0 does under a plain torchrun. A finished job's outcome is
-:func:`finished`. :func:`record` writes ``status.json``; :mod:`.end` ends the MLflow run: nothing else writes
+:func:`finished`. :func:`write` writes ``status.json``; :mod:`.end` ends the MLflow run: nothing else writes
 either.
 """
 
@@ -71,9 +71,9 @@ def of_error(exc: BaseException, scheduler: Scheduler, run_folder: Path, stopped
     return outcome
 
 
-def record(outcome: Outcome, run_folder: Path, **extra: Any) -> None:
+def write(outcome: Outcome, run_folder: Path, **extra: Any) -> None:
     """The outcome in the run folder's ``status.json`` (where a sweep's outcome is read from)."""
     if outcome.status == "FINISHED":
-        run_files.record_status(run_folder, "FINISHED", summary=outcome.results.get("summary"), **extra)
+        run_files.write_status(run_folder, "FINISHED", summary=outcome.results.get("summary"), **extra)
     else:
-        run_files.record_status(run_folder, outcome.status, outcome.line, **extra)
+        run_files.write_status(run_folder, outcome.status, outcome.line, **extra)

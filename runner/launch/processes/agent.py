@@ -48,7 +48,7 @@ def _job_from_stdin() -> list | None:
     import logging
 
     # No run folder yet for the libraries' log lines (FBGEMM warns at import on releases its table does not
-    # list): none reach the terminal. A library that does not load is recorded once the job is known.
+    # list): none reach the terminal. A library that does not load is reported once the job is known.
     logging.disable(logging.CRITICAL)
     try:
         from torch.distributed.launcher.api import elastic_launch  # noqa: F401  (every job's launch)
@@ -90,16 +90,16 @@ def _rank_of(run_folder: Path, pid: int) -> str:
     return "?"
 
 
-def _record_failures(run_folder: Path, node_rank: int, exc: Any, watch: DeathWatch) -> None:
+def _report_failures(run_folder: Path, node_rank: int, exc: Any, watch: DeathWatch) -> None:
     """Each worker that died by a signal (with the kernel's word on why, when it has one): such a rank
-    records nothing itself. Then torch elastic's own failure record, when it names another rank."""
+    reports nothing itself. Then torch elastic's own failure report, when it names another rank."""
     killed = watch.killed()
     for death in killed:
         rank = _rank_of(run_folder, int(str(death["pid"])))
         line = f"killed by {death['signal']}{likely_cause(int(str(death['pid'])), str(death['signal']))}"
-        run_files.record_error(run_folder, f"agent{node_rank}-rank{rank}",
+        run_files.write_error(run_folder, f"agent{node_rank}-rank{rank}",
                             {"rank": rank, "time": death["time"], "error": line, "source": "agent",
-                             "signal": death["signal"], "node": node_rank, "pid": death["pid"]})
+                            "signal": death["signal"], "node": node_rank, "pid": death["pid"]})
     pids = {d["pid"] for d in killed}
     for rank, failure in sorted(exc.failures.items()):
         if failure.pid in pids:
@@ -110,20 +110,20 @@ def _record_failures(run_folder: Path, node_rank: int, exc: Any, watch: DeathWat
         if killed_by:
             message = f"killed by {name}{likely_cause(failure.pid, name)}"
         line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-        run_files.record_error(run_folder, f"agent{node_rank}-elastic{rank}",
+        run_files.write_error(run_folder, f"agent{node_rank}-elastic{rank}",
                             {"rank": rank, "time": failure.timestamp or time.time(), "error": line,
-                             "source": "agent", "signal": name if killed_by else None, "node": node_rank,
-                             "pid": failure.pid})
+                            "source": "agent", "signal": name if killed_by else None, "node": node_rank,
+                            "pid": failure.pid})
 
 
-def _record_unloadable(run_folder: Path, node_rank: int, workers: int, exc: BaseException) -> None:
+def _report_unloadable(run_folder: Path, node_rank: int, workers: int, exc: BaseException) -> None:
     """The node's workers cannot start: torch, TorchRec or FBGEMM does not load here (the loader's reason)."""
     cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
     line = f"torch, TorchRec or FBGEMM does not load on node {node_rank}: {str(exc).strip()}{cause}"
     with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-        run_files.record_error(run_folder, f"agent{node_rank}-libraries",
+        run_files.write_error(run_folder, f"agent{node_rank}-libraries",
                             {"rank": node_rank * workers, "time": time.time(), "error": line.splitlines()[0],
-                             "source": "agent", "signal": None, "node": node_rank, "pid": os.getpid()})
+                            "source": "agent", "signal": None, "node": node_rank, "pid": os.getpid()})
 
 
 def likely_cause(pid: int, signal_name: str) -> str:
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
 
         from runner.train.worker import elastic_entry, preload
     except (ImportError, OSError) as exc:  # a library that does not load on this host (FBGEMM's, a CUDA one)
-        _record_unloadable(run_folder, node_rank, c.workers_per_node, exc)
+        _report_unloadable(run_folder, node_rank, c.workers_per_node, exc)
         return 1
 
     log_to_file(run_folder, f"agent{node_rank}")  # once torch elastic's loggers exist
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
         try:
             preload()  # the workers inherit torch, TorchRec and the runner already imported
         except (ImportError, OSError) as exc:
-            _record_unloadable(run_folder, node_rank, c.workers_per_node, exc)
+            _report_unloadable(run_folder, node_rank, c.workers_per_node, exc)
             return 1
     # static rendezvous (a scheduler's tasks, e.g. Slurm's): node rank = group rank (rank 0 on node 0, whose task
     # opens the run)
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> int:
         elastic_launch(config, elastic_entry)(str(run_folder))
     except ChildFailedError as exc:
         with contextlib.suppress(OSError):  # a full run folder: the driver's own line names it
-            _record_failures(run_folder, node_rank, exc, watch)
+            _report_failures(run_folder, node_rank, exc, watch)
         return 1
     except SignalException as exc:  # the driver stopped the job: torch elastic has stopped the workers
         return 128 + int(exc.sigval)

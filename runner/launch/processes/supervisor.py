@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 GRACE_S = 5.0  # after the first failure or a stop request, before SIGKILL
 TICK_S = 0.2  # supervision: how soon a failed agent is noticed
 PUMP_S = 2.0  # how often rank 0's MLflow events are written (the store's work competes with training)
-PEER_RECORD_S = 3.0  # how long a scheduler's job's node 0 waits for the other nodes' failure records
+PEER_REPORT_S = 3.0  # how long a scheduler's job's node 0 waits for the other nodes' failure reports
 
 
 def _stop_all(procs: List[subprocess.Popen]) -> None:
@@ -53,27 +53,27 @@ ECHOES = ("SIGTERM", "SIGABRT")  # signal deaths that follow a peer's failure ra
 
 def _first_failure(run_folder: Path) -> Optional[Dict[str, Any]]:
     """The earliest recorded error: the failing rank's own, not its peers' broken connections."""
-    records = [r for r in run_files.error_records(run_folder) if "rank" in r and "time" in r]
-    if not records:
+    reports = [r for r in run_files.error_reports(run_folder) if "rank" in r and "time" in r]
+    if not reports:
         return None
-    # A rank killed by a signal records nothing itself; its agent's record names it, and outranks the
+    # A rank killed by a signal reports nothing itself; its agent's report names it, and outranks the
     # peers' errors about the broken connection. A rank that recorded its own error is judged by that.
-    workers = [r for r in records if r.get("source") == "worker"]
+    workers = [r for r in reports if r.get("source") == "worker"]
     spoke = {str(r["rank"]) for r in workers}
-    # a rank a peer waited for in vain (:mod:`runner.train.heartbeat`) is named by that peer's record; its
+    # a rank a peer waited for in vain (:mod:`runner.train.heartbeat`) is named by that peer's report; its
     # agent's stop of it afterwards is not the story
     unanswered = {str(u["rank"]) for r in workers for u in r.get("unanswered", ())}
     if unanswered:
         return min((r for r in workers if r.get("unanswered")), key=lambda r: r["time"])
-    killed = [r for r in records if r.get("signal") and str(r["rank"]) not in spoke]
+    killed = [r for r in reports if r.get("signal") and str(r["rank"]) not in spoke]
     # Echoes, unless nothing else was recorded: SIGTERM is what stopping the others after a failure sends;
     # SIGABRT is what NCCL's watchdog sends a surviving rank whose peer left (a rank that aborts by itself, a
-    # failed C++ check, records nothing else and is still named when no worker spoke)
+    # failed C++ check, reports nothing else and is still named when no worker spoke)
     killed = [r for r in killed if r["signal"] not in ECHOES] or (killed if not workers else [])
-    return min(killed or workers or records, key=lambda r: r["time"])
+    return min(killed or workers or reports, key=lambda r: r["time"])
 
 
-FULL_BELOW = 64 * 1024  # bytes free: a run folder this full could not take a failed rank's record
+FULL_BELOW = 64 * 1024  # bytes free: a run folder this full could not take a failed rank's report
 
 
 def root_cause(run_folder: Path) -> Exception:
@@ -138,7 +138,7 @@ def _await_other_nodes(cluster: ClusterSchema, run_folder: Path, scheduler: Sche
     the root cause is the rank that failed there, not this node's broken connections."""
     if not (scheduler.has_tasks and cluster.nodes > 1):
         return
-    deadline = time.monotonic() + PEER_RECORD_S
+    deadline = time.monotonic() + PEER_REPORT_S
     while time.monotonic() < deadline and not run_files.node_error_files(run_folder):
         time.sleep(0.2)
 

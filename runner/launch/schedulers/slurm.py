@@ -341,7 +341,7 @@ def _submit(launcher: Any, points: List[Point]) -> None:
             said = [ln.strip() for ln in str(exc).splitlines() if "error:" in ln] or [first_line(exc)]
             for p in group:
                 p.refused = f"Slurm refused the job: {'; '.join(said)}"
-                run_files.record_status(p.run_folder, "FAILED", p.refused)
+                run_files.write_status(p.run_folder, "FAILED", p.refused)
             continue
         for p, job in zip(group, jobs, strict=True):
             p.job = job
@@ -354,7 +354,7 @@ def _ended(p: Point, state: str) -> Dict[str, Any]:
         line = (f"Slurm job {p.job.job_id} ended {state} before the runner recorded an outcome "
                 f"(log: {p.job.paths.stdout})")
         status = {"status": "FAILED", "error": line, "slurm_state": state}
-        run_files.record_status(p.run_folder, "FAILED", line, slurm_state=state)
+        run_files.write_status(p.run_folder, "FAILED", line, slurm_state=state)
     return status
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from runner.config.schema import ClusterSchema, TrackingSchema
     from runner.track.mlflow_run import DriverRun
 
-ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (run_files.record_status)
+ENDINGS = ("FINISHED", "FAILED", "KILLED")  # what status.json says of a job that ended (run_files.write_status)
 
 
 def _task(overrides: List[str]) -> Dict[str, str]:

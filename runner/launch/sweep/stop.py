@@ -3,7 +3,7 @@
 A point whose job fails for good (not a fault retried into a success, not a plan-only "no plan fits", which
 is an answer) appends itself to the sweep folder's ``failures.jsonl``; the one that reaches the limit writes
 ``stop.json``, with the reason, and cancels a Slurm array's pending tasks. From then on no point starts (it
-records KILLED, not run) and the points running (other joblib processes, other Slurm tasks) stop their
+writes KILLED, not run) and the points running (other joblib processes, other Slurm tasks) stop their
 workers and end KILLED (:func:`raise_if_stopped`, in the driver's supervision loop). The sweep's end names the
 failures' common reason and the command that resumes the rest (:mod:`runner.launch.sweep.parent`); a resume starts
 with a clean count (:func:`clear`).
@@ -56,7 +56,7 @@ def failed_points(sweep_folder: Path) -> List[Dict[str, object]]:
     return list(seen.values())
 
 
-def record_failure(sweep_folder: Path, job: int, line: str, limit: Optional[int]) -> None:
+def count_failure(sweep_folder: Path, job: int, line: str, limit: Optional[int]) -> None:
     """Count this point's failure; at ``limit`` failures, stop the sweep (``stop.json``; a Slurm array's pending
     tasks cancelled)."""
     if limit is None:

@@ -69,7 +69,7 @@ def journal_storage(folder: Path) -> Any:
     if damage := _damage(path):
         refuse(f"the Optuna study journal {path} cannot be read back ({damage}); restore it from a copy, or move "
                 "it away to start the study again in this folder (its finished trials' runs stay in MLflow)")
-    try:  # Optuna replays the journal here: a record of the wrong shape that passed the checks above is one line too
+    try:  # Optuna replays the journal here: an entry of the wrong shape that passed the checks above is one line too
         return JournalStorage(JournalFileBackend(str(path)))
     except (LookupError, TypeError, ValueError, AttributeError, AssertionError) as exc:
         refuse(f"the Optuna study journal {path} cannot be read back ({type(exc).__name__}: {exc}); restore it "
@@ -78,8 +78,8 @@ def journal_storage(folder: Path) -> Any:
 
 def _damage(path: Path) -> Optional[str]:
     """What is wrong with the journal at ``path`` (None: none, or no journal yet). Optuna's replay skips what it
-    cannot read; here every whole line must be a record and the first must create the study. A last line cut
-    short (a stop while a record was appended) is what Optuna's journal is built to survive: the study goes on
+    cannot read; here every whole line must be an entry and the first must create the study. A last line cut
+    short (a stop while an entry was appended) is what Optuna's journal is built to survive: the study goes on
     without that change, and a line says so."""
     try:
         data = path.read_bytes()
@@ -88,16 +88,16 @@ def _damage(path: Path) -> Optional[str]:
     except OSError as exc:
         return f"{type(exc).__name__}: {exc.strerror}"
     *whole, last = data.split(b"\n")
-    if not whole:  # made, nothing written yet, or its first record cut short (Optuna's replay skips it)
+    if not whole:  # made, nothing written yet, or its first entry cut short (Optuna's replay skips it)
         return None
     for number, line in enumerate(whole, 1):
         try:
-            record = json.loads(line)
+            entry = json.loads(line)
         except ValueError:
             return f"line {number} is not a journal record"
-        if not isinstance(record, dict) or "op_code" not in record:
+        if not isinstance(entry, dict) or "op_code" not in entry:
             return f"line {number} is not a journal record"
-        if (fault := _record_fault(record)) is not None:
+        if (fault := _entry_fault(entry)) is not None:
             return f"line {number}: {fault}"
     if json.loads(whole[0]).get("op_code") != 0:
         return "its first record does not create a study"
@@ -110,31 +110,31 @@ def _damage(path: Path) -> Optional[str]:
 _COUNTS = ("op_code", "study_id", "trial_id", "state")  # Optuna's ids, op codes and states: counts, never floats
 
 
-def _record_fault(record: Dict[str, Any]) -> Optional[str]:
-    """What of one journal record Optuna's replay would fail on or take as another value (None: nothing): ids, op
+def _entry_fault(entry: Dict[str, Any]) -> Optional[str]:
+    """What of one journal entry Optuna's replay would fail on or take as another value (None: nothing): ids, op
     codes and states counts (Optuna indexes its lists with them), an objective or a parameter's value a finite
-    number (Optuna fails a trial told NaN), its distribution a record (Optuna's JSON)."""
+    number (Optuna fails a trial told NaN), its distribution a mapping (Optuna's JSON)."""
     for key in _COUNTS:
-        value = record.get(key, 0)
+        value = entry.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
             return f"{key}={value!r} is not a count"
-    values = record.get("values")
+    values = entry.get("values")
     told = values if isinstance(values, list) else [] if values is None else [values]
-    for value in ([record["param_value_internal"]] if "param_value_internal" in record else []) + told:
+    for value in ([entry["param_value_internal"]] if "param_value_internal" in entry else []) + told:
         # a trial's value may be infinite (a point whose plan does not fit is told the worst), never NaN; a
         # parameter's value is finite
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or (
                 value not in told and not math.isfinite(value)):
             return f"value {value!r} is not a number"
-    if "param_name" in record:
+    if "param_name" in entry:
         from optuna.distributions import json_to_distribution
 
         try:  # a value outside its own range is no value the study drew
-            inside = json_to_distribution(record["distribution"])._contains(record["param_value_internal"])
+            inside = json_to_distribution(entry["distribution"])._contains(entry["param_value_internal"])
         except (LookupError, TypeError, ValueError, AttributeError):
-            return f"the parameter {record['param_name']!r} has no distribution"
+            return f"the parameter {entry['param_name']!r} has no distribution"
         if not inside:
-            return f"the parameter {record['param_name']}={record['param_value_internal']!r} is outside its range"
+            return f"the parameter {entry['param_name']}={entry['param_value_internal']!r} is outside its range"
     return None
 
 

@@ -8,7 +8,7 @@ functions TorchRec does not export, a patched method), imported only after the v
 - :mod:`.runner_planner`: the runner's planner, built from the modules below, and its fall-backs.
 - :mod:`.compact_enumeration`, :mod:`.enumeration_reuse`, :mod:`.shard_estimators`: TorchRec's enumeration with
   identical shards held once, shared across a sweep, its estimators' config looked up once.
-- :mod:`.planning_loop`, :mod:`.record_copies`, :mod:`.shared_placements`, :mod:`.partition_helper`: TorchRec's
+- :mod:`.planning_loop`, :mod:`.dataclass_copies`, :mod:`.shared_placements`, :mod:`.partition_helper`: TorchRec's
   planning loop without its per-improvement deep copies, its placements shared, a second partitioning process.
 - :mod:`.dp_proposer`, :mod:`.greedy_proposers`, :mod:`.grid_search`: TorchRec's proposers at scale, with
   TorchRec's answers; :mod:`.balanced` (a package): the runner's own proposer, its search, its planner and the

@@ -33,7 +33,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import Shard, ShardingOption
 
 from runner.plan.torchrec_adapter import parallel_estimates
-from runner.plan.torchrec_adapter.record_copies import shallow_copy
+from runner.plan.torchrec_adapter.dataclass_copies import shallow_copy
 
 if TYPE_CHECKING:
     from torch import nn
@@ -59,7 +59,7 @@ class Layout:
         return len(self.index)
 
 
-def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]
+def _compacting(layouts: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]
                 ) -> Callable[..., Tuple[List[List[int]], List[List[int]]]]:
     last = [time.perf_counter()]
 
@@ -74,10 +74,10 @@ def _compacting(record: List[Layout], progress: Optional[Callable[[Dict[str, Any
             index = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=len(keys))
             at = [keys.index(k) for k in ids]  # each distinct size's first real shard
             found = [list(sizes[p]) for p in at], [list(offsets[p]) for p in at], index
-        record.append(Layout(found[2], arguments))
+        layouts.append(Layout(found[2], arguments))
         if progress is not None and time.perf_counter() - last[0] >= 1.0:
             last[0] = time.perf_counter()
-            progress({"phase": "enumerating", "done": len(record)})
+            progress({"phase": "enumerating", "done": len(layouts)})
         return found[0], found[1]
     return compact
 
@@ -124,8 +124,8 @@ def even_row_wise(arguments: Dict[str, Any]) -> Optional[Tuple[List[List[int]], 
 
 
 @contextlib.contextmanager
-def _compact_sizes(record: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]) -> Iterator[None]:
-    _enumerators.calculate_shard_sizes_and_offsets = _compacting(record, progress)
+def _compact_sizes(layouts: List[Layout], progress: Optional[Callable[[Dict[str, Any]], None]]) -> Iterator[None]:
+    _enumerators.calculate_shard_sizes_and_offsets = _compacting(layouts, progress)
     try:
         yield
     finally:

@@ -11,7 +11,7 @@ without the two costs that grow with tables x GPUs and change nothing:
   per proposal). Within one search space every option is a distinct object with a distinct
   (table, sharding type, kernel), so the options' identities key the same cache.
 
-Deep copies of shards, storage, perf and devices take :func:`.record_copies.quick_copies` meanwhile (the same
+Deep copies of shards, storage, perf and devices take :func:`.dataclass_copies.quick_copies` meanwhile (the same
 copies, faster), and TorchRec's greedy partitioner places each prefix of uniform options once
 (:func:`.shared_placements.shared_uniform_prefixes`: the same states, reused). Every other step is TorchRec's own
 call: its storage reservation, enumerator, proposer, partitioner, perf model, ``to_sharding_plan``, stats
@@ -34,9 +34,9 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, S
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.distributed.types import ShardingPlan
 
+from runner.plan.torchrec_adapter.dataclass_copies import quick_copies
 from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
 from runner.plan.torchrec_adapter.partition_helper import PartitionHelper, rate
-from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 from runner.runtime.cores import may_fork
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import DeviceHardware, ShardingOption
 
-State = List[Tuple[Any, Any]]  # each device's (storage, perf): records TorchRec never changes in place
+State = List[Tuple[Any, Any]]  # each device's (storage, perf): dataclasses TorchRec never changes in place
 
 
 class _Node:

@@ -3,7 +3,7 @@ tested with.
 
 TorchRec's planner has no hooks for what the runner's speed-ups do: one search loop for every proposer
 (:mod:`.planning_loop`), enumerations shared across a sweep (:mod:`.enumeration_reuse`), cheap copies of
-sharding options (:mod:`.record_copies`), partitions that keep their prefix (:mod:`.shared_placements`),
+sharding options (:mod:`.dataclass_copies`), partitions that keep their prefix (:mod:`.shared_placements`),
 the vectorised and skipping proposers (:mod:`.dp_proposer`, :mod:`.greedy_proposers`) and the balanced
 proposer's planner (:mod:`runner.plan.torchrec_adapter.balanced.balanced_planner`). They read or override the
 private attributes below, patch one private method and import names TorchRec does not export.
@@ -62,7 +62,7 @@ MODULE_NAMES: Dict[str, Tuple[str, ...]] = {  # module -> names it does not expo
 ALTERNATIVES: Dict[str, str] = {  # a listed name -> the one an older supported TorchRec has in its place
     _P + "enumerators.EmbeddingEnumerator._sharder_data_map": "_sharder_map",  # 1.6: estimators take the sharders
 }
-PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.record_copies`): Python's, not TorchRec's
+PYTHON_PRIVATE = ("_deepcopy_dispatch",)  # copy's dispatch table (:mod:`.dataclass_copies`): Python's, not TorchRec's
 
 
 def _stored_in(code: Any) -> Set[str]:

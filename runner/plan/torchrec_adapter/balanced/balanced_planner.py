@@ -41,9 +41,9 @@ from runner.plan.torchrec_adapter.balanced.proposer import (
     solution_of,
 )
 from runner.plan.torchrec_adapter.compact_enumeration import expand, expand_all, shard_count
+from runner.plan.torchrec_adapter.dataclass_copies import quick_copies
 from runner.plan.torchrec_adapter.dp_proposer import placeable_only
 from runner.plan.torchrec_adapter.planning_loop import SearchLoopPlanner
-from runner.plan.torchrec_adapter.record_copies import quick_copies
 from runner.plan.torchrec_adapter.shared_placements import shared_uniform_prefixes
 from runner.runtime.cores import collector_paused, may_fork, return_freed_memory
 

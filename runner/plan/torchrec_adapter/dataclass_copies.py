@@ -1,4 +1,4 @@
-"""Deep copies of the planner's small records (shards, storage, perf, devices), done faster and the same.
+"""Deep copies of the planner's small dataclasses (shards, storage, perf, devices), done faster and the same.
 
 TorchRec's planner deep-copies its search space (every option's shards) and, for every table-row-wise
 option of every proposal, the devices of each host it tries: at a thousand tables that is a fifth of a
@@ -18,15 +18,15 @@ from typing import Any, Dict, Iterator
 from torchrec.distributed.planner.types import DeviceHardware, Perf, Shard, Storage
 
 _ATOMIC = (int, float, str, bool, type(None))
-_RECORDS = (Storage, Perf, Shard, DeviceHardware)
-_PLAIN: Dict[type, bool] = {}  # class -> a plain record (:func:`_plain`), as first asked
+_COPIED = (Storage, Perf, Shard, DeviceHardware)
+_PLAIN: Dict[type, bool] = {}  # class -> a plain dataclass (:func:`_plain`), as first asked
 
 
-def _copy_record(record: Any, memo: Dict[int, Any]) -> Any:
-    cls = type(record)
-    out = object.__new__(cls)  # TorchRec's records: plain dataclasses
+def _copy_fields(instance: Any, memo: Dict[int, Any]) -> Any:
+    cls = type(instance)
+    out = object.__new__(cls)  # TorchRec's: plain dataclasses
     fields = out.__dict__
-    for name, value in record.__dict__.items():
+    for name, value in instance.__dict__.items():
         kind = type(value)
         if kind in _ATOMIC:
             fields[name] = value
@@ -47,27 +47,27 @@ def _plain(cls: type) -> bool:
                                                   "__getstate__", "__slots__"))
 
 
-def shallow_copy(record: Any) -> Any:
-    """``copy.copy(record)`` for the planner's records, without ``copy``'s generic detour: a new instance with
+def shallow_copy(instance: Any) -> Any:
+    """``copy.copy(instance)`` for the planner's dataclasses, without ``copy``'s generic detour: a new instance with
     the same fields (other objects: ``copy.copy``)."""
-    cls = type(record)
+    cls = type(instance)
     plain = _PLAIN.get(cls)
     if plain is None:
-        plain = _PLAIN[cls] = cls in _RECORDS and _plain(cls)
+        plain = _PLAIN[cls] = cls in _COPIED and _plain(cls)
     if not plain:
-        return copy.copy(record)
+        return copy.copy(instance)
     out = object.__new__(cls)
-    out.__dict__.update(record.__dict__)
+    out.__dict__.update(instance.__dict__)
     return out
 
 
 @contextmanager
 def quick_copies() -> Iterator[None]:
-    """While open, deep copies of the planner's records take :func:`_copy_record`."""
+    """While open, deep copies of the planner's dataclasses take :func:`_copy_fields`."""
     dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
-    added = [cls for cls in _RECORDS if cls not in dispatch and _plain(cls)]
+    added = [cls for cls in _COPIED if cls not in dispatch and _plain(cls)]
     for cls in added:
-        dispatch[cls] = _copy_record
+        dispatch[cls] = _copy_fields
     try:
         yield
     finally:
