@@ -534,8 +534,6 @@ class RunnerConfig:
     calibrate: CalibrateSchema = field(default_factory=CalibrateSchema)
 
 
-WORKER_MODES = tuple(n for n, m in MODES.items() if m.on_workers)  # (the others run in the driver)
-
 
 def samples_per_step(train: TrainSchema) -> int:
     """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""

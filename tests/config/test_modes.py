@@ -13,7 +13,7 @@ from runner.config.choices import allowed_values
 from runner.config.errors import ConfigError
 from runner.config.modes import DEFAULT, MODES
 from runner.config.parts import part
-from runner.config.schema import WORKER_MODES, RunnerConfig
+from runner.config.schema import RunnerConfig
 from runner.config.sweepers import CHECKED_SWEEPER, OPTUNA_SWEEPER, RUNNER_SWEEPERS, SWEEPERS, sweeper_of
 from runner.launch.sweep.precheck import precheck
 
@@ -26,7 +26,7 @@ def test_every_mode_the_schema_allows_is_declared_with_functions_that_import() -
         assert mode.name == name
         for spec in (mode.drives, mode.works, mode.reports):
             assert spec is None or callable(part(spec)), (name, spec)
-    assert set(WORKER_MODES) == {n for n, m in MODES.items() if m.works is not None}
+    assert {n for n, m in MODES.items() if m.on_workers} == {n for n, m in MODES.items() if m.works is not None}
 
 
 def test_every_sweeper_target_resolves_to_its_declaration() -> None:

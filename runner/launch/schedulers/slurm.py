@@ -38,8 +38,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import PLUGINS
 from runner.config.errors import SchedulerError, first_line
+from runner.config.modes import MODES
 from runner.config.place import Place
-from runner.config.schema import WORKER_MODES
 from runner.launch.schedulers import Scheduler, Task
 from runner.runtime import run_files
 from runner.track.store import sqlite_folder, tracking_uri
@@ -228,7 +228,7 @@ def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store
     ``tracking.uri``): its store and sweep folder (on a local disk only where every node is this host)."""
     partition = hydra.launcher.get("partition")
     nodes = partition_nodes(partition)
-    if mode in WORKER_MODES and cluster.nodes > len(nodes):
+    if MODES[mode].on_workers and cluster.nodes > len(nodes):
         raise SlurmError(f"cluster.nodes={cluster.nodes} but the Slurm partition {partition or '(default)'} "
                              f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
                              "partition with hydra.launcher.partition")
@@ -290,7 +290,7 @@ def job_shape(mode: str, c: ClusterSchema, params: Dict[str, Any], node_cpus: in
     """Nodes, CPUs per task and GPUs per node of a point's job (of ``mode`` on cluster ``c``). Workers use CUDA with
     ``cluster.device=cuda``, or ``auto`` on a partition whose nodes have GPUs: then each worker gets one and, unless
     ``hydra.launcher.cpus_per_task`` says otherwise, ``CPUS_PER_GPU_WORKER`` CPUs (at most the node's)."""
-    train, workers = mode in WORKER_MODES, int(c.workers_per_node)
+    train, workers = MODES[mode].on_workers, int(c.workers_per_node)
     nodes = int(c.nodes) if train else 1
     gpus = params.get("gpus_per_node")
     if gpus is None and train and (c.device == "cuda" or c.device == "auto" and node_gpus > 0):
@@ -479,10 +479,10 @@ class SlurmScheduler(Scheduler):
         assert isinstance(task, SlurmTask)
         signals.install()
         on_time_limit_warning()
-        if mode not in WORKER_MODES and task.node_rank > 0:
+        if not MODES[mode].on_workers and task.node_rank > 0:
             print(f"[runner] node {task.node_rank}: mode={mode} runs in node 0's task only", flush=True)
             return run_folder, True, Place(self.name)
-        if mode in WORKER_MODES:
+        if MODES[mode].on_workers:
             place, run_folder = adopt(cluster, checkpoint_dir, task, run_folder)
             return run_folder, False, place
         return run_folder, False, Place(self.name)  # the run's tags say where it ran

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from runner.config.errors import first_line
 from runner.config.modes import MODES
-from runner.config.schema import WORKER_MODES
 from runner.plan.cost.calibration import (
     AUTO,
     NONE,
@@ -108,7 +107,7 @@ def for_job(cluster: ClusterSchema, device_kind: str, here_is_job: bool,
 def for_config(cluster: ClusterSchema, mode: str, device_type: str) -> Chosen:
     """The calibration ``cluster.calibration`` chooses for a job of ``mode`` (:func:`for_job`): a training job's
     hardware is this process's (its GPU on CUDA); a plan-only job may be for a cluster that is not here."""
-    here = mode in WORKER_MODES
+    here = MODES[mode].on_workers
     device = None
     if here and device_type == "cuda" and str(cluster.calibration) != NONE:
         import torch
