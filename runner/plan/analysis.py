@@ -8,9 +8,12 @@ sends per step, split into traffic within its node and across nodes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, Iterable, List, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import Shard, ShardingOption
 
 ESTIMATES, CHART = "estimates.json", "plan.png"  # in a run's plan/ folder
 
@@ -31,8 +34,9 @@ ESTIMATE_KEYS = ("hbm_bytes", "ddr_bytes", "fwd_compute_ms", "fwd_comms_ms", "bw
                  "total_ms")
 
 
-def summed_per_rank(shards: Iterable[Any], key: Callable[[Any], Hashable], values: Callable[[Any], Sequence[float]],
-                    width: int, world: int, dtype: Any = np.float64) -> np.ndarray:
+def summed_per_rank(shards: Iterable[Shard], key: Callable[[Shard], Hashable],
+                    values: Callable[[Shard], Sequence[float]], width: int, world: int, dtype: Any = np.float64
+                    ) -> np.ndarray:
     """``(world, width)``: ``values(shard)`` summed over the shards on each rank (``shard.rank``; those without one
     passed over). Each distinct ``key(shard)`` is read once (a chosen plan's shards of one size share their storage
     and perf: 8,192 per data-parallel table at 8,192 GPUs), and the values are added shard after shard in the
@@ -58,18 +62,18 @@ def summed_per_rank(shards: Iterable[Any], key: Callable[[Any], Hashable], value
     return sums
 
 
-def per_rank_estimates(best_plan: List[Any], world: int) -> List[Dict[str, float]]:
+def per_rank_estimates(best_plan: List[ShardingOption], world: int) -> List[Dict[str, float]]:
     """Planner's estimates summed per rank: storage in bytes, perf in ms per step (:func:`summed_per_rank`)."""
     sums = summed_per_rank((s for option in best_plan for s in option.shards), _pair, _estimates,
                            len(ESTIMATE_KEYS), world)
     return [dict(zip(ESTIMATE_KEYS, map(float, row), strict=True)) for row in sums]
 
 
-def _pair(shard: Any) -> Tuple[int, int]:
+def _pair(shard: Shard) -> Tuple[int, int]:
     return id(shard.storage), id(shard.perf)
 
 
-def _estimates(shard: Any) -> Tuple[float, ...]:
+def _estimates(shard: Shard) -> Tuple[float, ...]:
     """A shard's storage and perf as :data:`ESTIMATE_KEYS` orders them (0 for what it lacks)."""
     storage = (shard.storage.hbm, shard.storage.ddr) if shard.storage is not None else (0.0, 0.0)
     perf = shard.perf

@@ -21,6 +21,7 @@ from torchrec.distributed.types import (
     CacheParams,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
+    ModuleSharder,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
@@ -257,13 +258,13 @@ def load_plan(path: str, specs: List[TableSpec], world: int, local_world: int, d
     return ShardingPlan(plan)
 
 
-def _sizes(parameter_sharding: Any) -> List[Tuple[int, ...]]:
+def _sizes(parameter_sharding: ParameterSharding) -> List[Tuple[int, ...]]:
     """The shard sizes a plan's table holds, in shard order (none for a data-parallel table)."""
     spec = parameter_sharding.sharding_spec
     return [tuple(s.shard_sizes) for s in spec.shards] if spec is not None else []
 
 
-def _matches(option: ShardingOption, parameter_sharding: Any) -> bool:
+def _matches(option: ShardingOption, parameter_sharding: ParameterSharding) -> bool:
     """``option`` is the plan's choice for its table: the same sharding type, compute kernel and shards."""
     if option.sharding_type != parameter_sharding.sharding_type:
         return False
@@ -273,7 +274,7 @@ def _matches(option: ShardingOption, parameter_sharding: Any) -> bool:
     return not sizes or [tuple(s.size) for s in option.shards] == sizes
 
 
-def pinned_options(spec: PlanSpec, model: nn.Module, plan: ShardingPlan, sharders: List[Any],
+def pinned_options(spec: PlanSpec, model: nn.Module, plan: ShardingPlan, sharders: List[ModuleSharder[nn.Module]],
                    inputs: Tuple[Topology, int, Dict[str, Any]]) -> List[ShardingOption]:
     """``plan``'s tables as the planner's chosen options: TorchRec's enumeration of ``model`` with ``inputs``, the
     topology, batch and constraints every planner of ``spec`` plans with (:func:`runner.plan.planner.planner_inputs`),

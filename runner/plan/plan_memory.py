@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from torchrec.distributed.planner import Topology
-from torchrec.distributed.planner.types import StorageReservation
+from torchrec.distributed.planner.types import ShardEstimator, StorageReservation
 
 from runner.config.reservations import canonical, reservation_of
 from runner.plan.cost.calibration import GIB
@@ -72,7 +72,8 @@ def device_memory(topology: Topology) -> int:
     return int(storage.ddr if topology.compute_device == "cpu" else storage.hbm)
 
 
-def torchrec_reservation(sharding: ShardingSchema, dense_bytes: Optional[int], topology: Topology) -> Any:
+def torchrec_reservation(sharding: ShardingSchema, dense_bytes: Optional[int], topology: Topology
+                         ) -> StorageReservation:
     """TorchRec's own reservation object for ``sharding.storage_reserve_policy``, with the arguments the runner
     gives it (HBM only: what the tests compare the runner's with)."""
     found = reservation_of(sharding.storage_reserve_policy)
@@ -95,7 +96,7 @@ class HostMemoryToo(StorageReservation):
     """TorchRec's reservation ``inner``; on CPU topologies the host memory it would leave of a GPU of that size
     (see the module doc). ``policy``: the policy's name, for the report."""
 
-    def __init__(self, inner: Any, policy: str) -> None:
+    def __init__(self, inner: StorageReservation, policy: str) -> None:
         self.inner, self.policy = inner, policy
         self._last_reserved_topology: Optional[Topology] = None
 
@@ -134,7 +135,7 @@ def reserved_per_rank(topology: Topology, reserved: Optional[Topology]) -> Optio
             for d, r in zip(topology.devices, reserved.devices, strict=True)]
 
 
-def stock_estimators(topology: Topology, constraints: Dict[str, Any], pipeline: str) -> List[Any]:
+def stock_estimators(topology: Topology, constraints: Dict[str, Any], pipeline: str) -> List[ShardEstimator]:
     """TorchRec's default shard estimators (what its enumerator builds when given none), the storage estimator told
     the job's ``pipeline`` (a ``PipelineType`` value), by public names only: the stock planner runs on TorchRecs the
     adapter was not tested with."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
+import torch.distributed as dist
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.planner.types import ShardingOption, Stats
-from torchrec.distributed.types import CacheParams, ShardingPlan
+from torchrec.distributed.planner.types import Enumerator, ShardingOption, Stats
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.config.reservations import reservation_of
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from runner.config.schema import ShardingSchema, TableConstraintSchema
     from runner.plan.spec import PlanChoices
+    from runner.plan.torchrec_adapter.balanced.proposer import PlanEntries
 
 
 def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]],
@@ -56,9 +58,8 @@ def _table_constraint(types: Optional[List[str]], kernels: Optional[List[str]],
 
 def build_constraints(sharding: ShardingSchema, table_names: List[str], pooling: float = 1.0,
                       exclude: Tuple[str, ...] = ()) -> Dict[str, ParameterConstraints]:
-    """Per-table constraints: the group's allowed types and kernels, the data's ids per sample
-    (the planner's pooling factor), then each table's own entry. Types in ``exclude`` are left out
-    of every table the config leaves free."""
+    """Per-table constraints: the group's allowed types and kernels, the data's ids per sample (the planner's pooling
+    factor), then each table's own entry. Types in ``exclude`` are left out of every table the config leaves free."""
     out: Dict[str, ParameterConstraints] = {}
     group_types, group_kernels = list(sharding.types) or None, list(sharding.compute_kernels) or None
     own = set(sharding.constraints.keys())  # read once: a config lookup per table is 0.8 s at 5,384 tables
@@ -101,7 +102,7 @@ class PlanEstimates(Stats):
 def build_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
                   estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                   reuse: bool = False, hbm_cap: Optional[int] = None,
-                  search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
+                  search_space: Optional[Tuple[List[ShardingOption], Enumerator]] = None,
                   progress: Optional[Callable[..., None]] = None,
                   choose_from: Optional[PlanChoices] = None) -> EmbeddingShardingPlanner:
     """The planner for ``spec`` (:func:`runner.plan.spec.plan_spec`) on a world of ``world_size`` ranks,
@@ -131,10 +132,9 @@ def planner_inputs(spec: PlanSpec, world_size: int, local_world_size: int, devic
 def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, device_type: str,
                      estimates: Optional[PlanEstimates] = None, dense_tensor_bytes: Optional[int] = None,
                      hbm_cap: Optional[int] = None) -> EmbeddingShardingPlanner:
-    """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's
-    planner gets from ``spec``: what the runner's plans are compared with (tests, benchmarks, the balanced
-    proposer), and the planner itself on a TorchRec the runner's search was not tested with
-    (:mod:`.torchrec_adapter.torchrec_seam`)."""
+    """TorchRec's own planner (its loop, enumerator, estimators and proposers) for the inputs the runner's planner gets
+    from ``spec``: what the runner's plans are compared with (tests, benchmarks, the balanced proposer), and the planner
+    itself on a TorchRec the runner's search was not tested with (:mod:`.torchrec_adapter.torchrec_seam`)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
     topology, batch, constraints = planner_inputs(spec, world_size, local_world_size, device_type, hbm_cap)
@@ -150,10 +150,10 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
                                     timeout_seconds=spec.sharding.planner_timeout_s)
 
 
-def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str, sharders: List[Any],
-               estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-               facts: PlanFacts, progress: Optional[Callable[..., None]] = None,
-               choose_from: Optional[PlanChoices] = None) -> Any:
+def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
+               sharders: List[ModuleSharder[nn.Module]], estimates: PlanEstimates, reuse: bool, hbm_cap: Optional[int],
+               notes: List[str], facts: PlanFacts, progress: Optional[Callable[..., None]] = None,
+               choose_from: Optional[PlanChoices] = None) -> Union[ShardingPlan, PlanError]:
     """The plan, or a :class:`PlanError` (returned, so that it can be broadcast to the other ranks): by the
     runner's planner (:mod:`.torchrec_adapter.runner_planner`), or by TorchRec's stock planner on a TorchRec the
     adapter was not tested with (said in one note line)."""
@@ -178,11 +178,12 @@ def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, d
         return NoPlanFits(f"TorchRec's stock planner found no plan: {first_line(exc) or type(exc).__name__}")
 
 
-def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str, pg: Any = None,
-              reuse: bool = False, hbm_cap: Optional[int] = None, notes: Optional[List[str]] = None,
-              progress: Optional[Callable[..., None]] = None, facts: Optional[PlanFacts] = None,
-              choose_from: Optional[PlanChoices] = None, dense_measured: Optional[Dict[str, float]] = None
-              ) -> Tuple[ShardingPlan, List[ShardingOption], float, List[Any]]:
+def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
+              pg: Optional[dist.ProcessGroup] = None, reuse: bool = False, hbm_cap: Optional[int] = None,
+              notes: Optional[List[str]] = None, progress: Optional[Callable[..., None]] = None,
+              facts: Optional[PlanFacts] = None, choose_from: Optional[PlanChoices] = None,
+              dense_measured: Optional[Dict[str, float]] = None
+              ) -> Tuple[ShardingPlan, List[ShardingOption], float, List[ModuleSharder[nn.Module]]]:
     """Plan (or load the pinned plan) for ``model`` as ``spec`` (a job's plan part) says; with ``pg``, rank 0 plans
     and broadcasts. ``reuse`` shares enumerated options with later calls in this process (a plan-only sweep,
     :mod:`.torchrec_adapter.enumeration_reuse`). ``hbm_cap``: the bytes each GPU of a training job has (the smallest of
@@ -197,8 +198,6 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
     have rated them, :mod:`.pinned`), seconds, and sharders.
     Raises :class:`PlanError` with one line on every rank when no plan can be had.
     """
-    import torch.distributed as dist
-
     sharders = sharders_for(spec.precision)
     t0 = time.perf_counter()
     for_config(spec.cluster, spec.mode, device_type)  # every rank: an unusable calibration is every rank's line
@@ -262,7 +261,7 @@ def runners_planner() -> bool:
     return seam_note() is None
 
 
-def reusable_model(spec: PlanSpec, build: Callable[[], Any]) -> Any:
+def reusable_model(spec: PlanSpec, build: Callable[[], nn.Module]) -> nn.Module:
     """``build()``'s model (the planning model of ``spec``'s job), shared with this process's later plans of the
     same model where the runner's planner plans (:mod:`.torchrec_adapter.enumeration_reuse`); a new one each time on
     TorchRec's stock planner."""
@@ -273,7 +272,7 @@ def reusable_model(spec: PlanSpec, build: Callable[[], Any]) -> Any:
     return reused_model(model_key(spec), build)
 
 
-def plan_entries(best: List[ShardingOption]) -> Any:
+def plan_entries(best: List[ShardingOption]) -> PlanEntries:
     """A found plan's options as the balanced search's entries, for a sweep planned together to choose from."""
     from runner.plan.torchrec_adapter.runner_planner import entries_of
 

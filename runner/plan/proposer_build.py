@@ -4,7 +4,7 @@ TorchRec's stock planner (public classes only)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, List
 
 from torchrec.distributed.planner.proposers import (
     DynamicProgrammingProposer,
@@ -21,19 +21,19 @@ if TYPE_CHECKING:
     from runner.config.schema import ShardingSchema
 
 
-def stock_dynamic_programming(sharding: ShardingSchema) -> Any:
+def stock_dynamic_programming(sharding: ShardingSchema) -> DynamicProgrammingProposer:
     return DynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins)
 
 
-def stock_greedy(sharding: ShardingSchema) -> Any:
+def stock_greedy(sharding: ShardingSchema) -> List[GreedyProposer]:
     return [GreedyProposer(), GreedyProposer(use_depth=False)]
 
 
-def stock_grid_search(sharding: ShardingSchema) -> Any:
+def stock_grid_search(sharding: ShardingSchema) -> GridSearchProposer:
     return GridSearchProposer(max_proposals=sharding.grid_max_proposals)
 
 
-def stock_uniform(sharding: ShardingSchema) -> Any:
+def stock_uniform(sharding: ShardingSchema) -> UniformProposer:
     return UniformProposer()
 
 

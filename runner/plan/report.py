@@ -24,6 +24,9 @@ from runner.plan.spec import PlanFacts
 from runner.runtime import run_files
 
 if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ShardingOption
+    from torchrec.distributed.types import ShardingPlan
+
     from runner.plan.spec import PlanSpec
 
 
@@ -127,8 +130,8 @@ def bound_text(metrics: Dict[str, float], kind: Optional[str] = None) -> str:
             + (f" (gap {gap:+.2%})" if gap is not None else ""))
 
 
-def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: int, local: int, device_type: str,
-                      out: Path, seconds: float, note: str = "",
+def write_plan_report(spec: PlanSpec, plan: ShardingPlan, best_plan: List[ShardingOption], world: int, local: int,
+                      device_type: str, out: Path, seconds: float, note: str = "",
                       facts: Optional[PlanFacts] = None) -> PlanReport:
     """Write ``plan.json``, ``plan.txt``, ``estimates.json`` and ``report.md`` into ``out`` (``plan.png`` is drawn
     from them by :class:`runner.launch.job.end.PlanChart`, off the ranks' path);
@@ -175,12 +178,12 @@ def write_plan_report(spec: PlanSpec, plan: Any, best_plan: List[Any], world: in
                                              bandwidths, reserve)
                                    + (f"\nEstimated step {metrics['plan/est_step_ms']:.3f} ms; {bound}.\n"
                                       if bound else "")
-                                   + (step_markdown(dict(facts)) if best_plan else "")
+                                   + (step_markdown(facts) if best_plan else "")
                                    + (f"\nNote: {note}.\n" if note else ""))
     counts = ", ".join(f"{n} {t}" for t, n in types.items())
     head = f"[runner] sharding plan: {counts} over {world} ranks (planned in {seconds:.2f}s)"
     if "plan/est_step_ms" in metrics:
-        head += (f"; {step_phrase(dict(facts), metrics['plan/est_step_ms'])}, "
+        head += (f"; {step_phrase(facts, metrics['plan/est_step_ms'])}, "
                  f"max memory {metrics['plan/max_mem_bytes'] / 2**30:.3f} GiB per rank"
                  + (f", {bound}" if bound else ""))
     head += f"; {reserve}; planned for the {spec.pipeline} pipeline"

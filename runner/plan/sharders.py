@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.types import ModuleSharder
 
 from runner.config.precisions import COMM_DTYPES
 
@@ -30,13 +32,13 @@ def qcomm_registry(precision: PrecisionSchema) -> Optional[Dict[str, Any]]:
         return None
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
-    def kind(name: Optional[str]) -> Any:
+    def kind(name: Optional[str]) -> CommType:
         return CommType.FP32 if name is None else CommType[COMM_DTYPES[name].member]
 
     return get_qcomm_codecs_registry(QCommsConfig(forward_precision=kind(precision.qcomm_forward),
                                                   backward_precision=kind(precision.qcomm_backward)))
 
 
-def sharders_for(precision: PrecisionSchema) -> List[Any]:
+def sharders_for(precision: PrecisionSchema) -> List[ModuleSharder[nn.Module]]:
     """The sharders of a job: every embedding-bag collection, quantised comms as ``precision`` asks."""
     return [EmbeddingBagCollectionAnyDeviceSharder(qcomm_codecs_registry=qcomm_registry(precision))]

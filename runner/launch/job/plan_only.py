@@ -150,7 +150,7 @@ def plan_only(cfg: RunnerConfig, run_folder: Path, choose_from: Optional[PlanCho
     results = {
         **base, "plan_status": "feasible", "plan_seconds": seconds, "est_step_ms": est,
         "est_whole_step_ms": m.get("plan/est_whole_step_ms"),
-        "step_phrase": step_phrase(dict(facts), est) if est is not None else None,
+        "step_phrase": step_phrase(facts, est) if est is not None else None,
         "max_mem_bytes": m.get("plan/max_mem_bytes"), "lower_bound_ms": m.get("plan/lower_bound_ms"),
         "gap_to_bound": m.get("plan/gap_to_bound"),
         "compared_ms": {k: v for k, v in m.items() if k.startswith("plan/torchrec_")},

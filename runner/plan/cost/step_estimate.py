@@ -20,13 +20,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from torchrec.distributed.planner.types import PerfModel
+from torchrec.distributed.planner.types import PerfModel, ShardingOption
 
 if TYPE_CHECKING:
     from torch import nn
 
     from runner.plan.cost.calibration import Calibration
-    from runner.plan.spec import PlanSpec
+    from runner.plan.spec import PlanFacts, PlanSpec
 
 PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
          "step_overhead")
@@ -81,7 +81,7 @@ def dense_ms(c: Dict[str, Any], part: str, dense: DenseFacts) -> float:
             + max(fitted_ms(c.get(f"dense_rest_{part}"), dense.batch / 1000.0), 0.0))
 
 
-def input_dist_ms(best_plan: List[Any], world: int, with_total: bool = False) -> List[float]:
+def input_dist_ms(best_plan: List[ShardingOption], world: int, with_total: bool = False) -> List[float]:
     """Each rank's ids all-to-all, as TorchRec estimates it (``Perf.input_dist_comms``; not in its total);
     ``with_total``: added shard by shard to TorchRec's total."""
     out = [0.0] * world
@@ -166,7 +166,7 @@ def step_text(step: Dict[str, Any]) -> str:
     return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{how}{fell})"
 
 
-def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:
+def step_phrase(facts: PlanFacts, embeddings_ms: float) -> str:
     """What the estimated step covers, for the plan line and the summary: the whole step and its parts with a
     calibration; else the embeddings' estimate, said to be only that."""
     step = facts.get("step")
@@ -176,7 +176,7 @@ def step_phrase(facts: Dict[str, Any], embeddings_ms: float) -> str:
     return f"estimated step {embeddings_ms:.3f} ms (the embeddings only; {why})"
 
 
-def step_markdown(facts: Dict[str, Any]) -> str:
+def step_markdown(facts: PlanFacts) -> str:
     """The report's section on what the estimate covers and which constants it was made with."""
     lines = ["", "## The step", "", f"Cost model: {facts.get('calibration_note') or 'TorchRec’s default constants'}."]
     step = facts.get("step")
@@ -193,14 +193,14 @@ def step_markdown(facts: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replicated_params(best_plan: List[Any]) -> int:
+def replicated_params(best_plan: List[ShardingOption]) -> int:
     """The parameters of a plan's data-parallel tables (each rank holds them whole and its dense optimizer updates
     them every step)."""
     return sum(int(option.shards[0].size[0]) * int(option.shards[0].size[1]) for option in best_plan
                if option.sharding_type == "data_parallel" and option.shards)
 
 
-def family_tables(best_plan: List[Any]) -> Dict[str, int]:
+def family_tables(best_plan: List[ShardingOption]) -> Dict[str, int]:
     """How many tables each family of sharded lookup holds in a plan."""
     return dict(Counter(FAMILY.get(option.sharding_type, "table_wise") for option in best_plan))
 
@@ -227,7 +227,7 @@ class StepPerfModel(PerfModel):
     def __init__(self, cal: Calibration, world: int, batch: int) -> None:
         self.cal, self.world, self.batch = cal, world, batch
 
-    def rate(self, plan: List[Any]) -> float:
+    def rate(self, plan: List[ShardingOption]) -> float:
         busiest = input_dist_ms(plan, self.world, with_total=True)
         fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
         return max(busiest) + fixed["fwd"] + fixed["bwd"]

@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 import numpy as np
 from torchrec.distributed.planner import enumerators as _enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.types import Shard, ShardingOption
+from torchrec.distributed.planner.types import Shard, ShardingOption, Storage
 
 from runner.plan.torchrec_adapter import parallel_estimates
 from runner.plan.torchrec_adapter.dataclass_copies import shallow_copy
 
 if TYPE_CHECKING:
     from torch import nn
+    from torchrec.distributed.types import ModuleSharder
 
 LAYOUT = "runner_layout"  # the attribute of a compact option that holds its Layout
 
@@ -170,7 +171,7 @@ class CompactEnumerator(EmbeddingEnumerator):
         self._layouts: List[Layout] = []
         self._by_name: Optional[Tuple[Any, int, Dict[str, Any], Dict[str, Any]]] = None
 
-    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> List[ShardingOption]:
         self._layouts = []
         if not self.compact:
             return super().enumerate(module, sharders)
@@ -257,7 +258,7 @@ def shard_arrays(option: ShardingOption) -> Tuple[np.ndarray, np.ndarray, np.nda
     return perf[layout.index], mem[layout.index], mem, (mem * counts[:, None]).sum(0)
 
 
-def shard_storages(option: ShardingOption) -> List[Any]:
+def shard_storages(option: ShardingOption) -> List[Storage]:
     """Each real shard's ``Storage`` (shared objects for identical shards: read, do not change)."""
     layout = layout_of(option)
     if layout is None:

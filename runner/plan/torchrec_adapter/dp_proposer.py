@@ -33,7 +33,8 @@ from torchrec.distributed.planner.types import PartitionByType, ShardingOption, 
 
 if TYPE_CHECKING:
     from torch import nn
-    from torchrec.distributed.planner.types import Enumerator
+    from torchrec.distributed.planner.types import DeviceHardware, Enumerator, Proposer
+    from torchrec.distributed.types import ModuleSharder
 
     from runner.config.schema import ShardingSchema
 
@@ -123,7 +124,7 @@ class _ProposalFacts:
     shards' storage (total and largest, per storage kind), its perf (total and largest shard), and whether
     every shard fits on some device at all."""
 
-    def __init__(self, proposer: DynamicProgrammingProposer, devices: List[Any]) -> None:
+    def __init__(self, proposer: DynamicProgrammingProposer, devices: List[DeviceHardware]) -> None:
         options = list(proposer._sharding_options_by_fqn.values())
         tables, count, world = len(options), max(len(x) for x in options), len(devices)
         storages = device_storages_of(devices)
@@ -167,7 +168,7 @@ def _placeable(option: ShardingOption, storages: List[Storage]) -> bool:
     return all(any(s.storage.fits_in(d) for d in storages) for s in option.shards)
 
 
-def device_storages_of(devices: List[Any]) -> List[Storage]:
+def device_storages_of(devices: List[DeviceHardware]) -> List[Storage]:
     seen: Dict[Tuple[int, int, int], Storage] = {}
     for d in devices:
         seen.setdefault(_kinds(d.storage), d.storage)
@@ -233,7 +234,7 @@ class SkippingProposer:
             self.best = perf_rating
         self._proposing().feedback(partitionable, plan, perf_rating, storage_constraint)
 
-    def _proposing(self) -> Any:
+    def _proposing(self) -> Proposer:
         return self.inner
 
 
@@ -251,7 +252,7 @@ class FixedEnumerator(EmbeddingEnumerator):
         super().__init__(**kwargs)
         self._space, self._done = space, done
 
-    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> List[ShardingOption]:
         self._sharder_map = self._done._sharder_map
         if hasattr(self._done, "_sharder_data_map"):  # TorchRec 1.7 on
             self._sharder_data_map = self._done._sharder_data_map
@@ -260,6 +261,6 @@ class FixedEnumerator(EmbeddingEnumerator):
         return copy.deepcopy(self._space)
 
 
-def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> SkippingProposer:
     """``sharding.proposer=dynamic_programming``: TorchRec's, vectorised and skipping what cannot change its answer."""
     return SkippingProposer(VectorisedDynamicProgrammingProposer(hbm_bins_per_device=sharding.dp_hbm_bins), world_size)

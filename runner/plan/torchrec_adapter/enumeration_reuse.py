@@ -21,13 +21,14 @@ import copy
 import json
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
-from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.planner.types import ShardingOption, Topology
 
 from runner.plan.torchrec_adapter import parallel_estimates
 from runner.plan.torchrec_adapter.compact_enumeration import CompactEnumerator, estimator_input, search_space_kept
 
 if TYPE_CHECKING:
     from torch import nn
+    from torchrec.distributed.types import ModuleSharder
 
     from runner.plan.spec import PlanSpec
 
@@ -50,14 +51,14 @@ def enumeration_key(spec: PlanSpec, world: int, local_world: int, device_type: s
                        "batch": batch, "accumulate": spec.accumulate}, sort_keys=True, default=str)
 
 
-def reused_model(key: str, build: Callable[[], Any]) -> Any:
+def reused_model(key: str, build: Callable[[], nn.Module]) -> nn.Module:
     """``build()``'s model on the meta device, built once per process for each :func:`model_key` (``key``)."""
     if key not in _MODELS:
         _MODELS[key] = build()
     return _MODELS[key]
 
 
-def perf_knobs(topology: Any) -> Tuple[Any, ...]:
+def perf_knobs(topology: Topology) -> Tuple[Any, ...]:
     """The topology's values that TorchRec's perf estimator reads and its enumeration does not: the bandwidths
     (a sweep's points) and the constants a calibration sets (:mod:`runner.plan.cost.calibration`)."""
     return (topology.intra_host_bw, topology.inter_host_bw, topology.hbm_mem_bw, topology.ddr_mem_bw,
@@ -65,16 +66,15 @@ def perf_knobs(topology: Any) -> Tuple[Any, ...]:
 
 
 class ReusingEnumerator(CompactEnumerator):
-    """TorchRec's enumerator (compact or not, :mod:`.compact_enumeration`), whose options and estimates are
-    reused by later calls with its key: all of them for the same bandwidths, all but the perf estimate
-    (redone) for others."""
+    """TorchRec's enumerator (compact or not, :mod:`.compact_enumeration`), whose options and estimates are reused by
+    later calls with its key: all of them for the same bandwidths, all but the perf estimate (redone) for others."""
 
     def __init__(self, key: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._key = f"{key}|compact={self.compact}"
         self._bw_key = f"{self._key}|{perf_knobs(kwargs['topology'])!r}"
 
-    def enumerate(self, module: nn.Module, sharders: List[Any]) -> List[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> List[ShardingOption]:
         exact = _OPTIONS.get(self._bw_key)
         if exact is not None:
             return self._hand_out(exact, module, sharders)
@@ -91,7 +91,7 @@ class ReusingEnumerator(CompactEnumerator):
         return self._hand_out(_OPTIONS[self._bw_key], module, sharders)
 
     def _hand_out(self, entry: Tuple[List[ShardingOption], Any, Any], module: nn.Module,
-                  sharders: List[Any]) -> List[ShardingOption]:
+                  sharders: List[ModuleSharder[nn.Module]]) -> List[ShardingOption]:
         """A kept entry, with the state TorchRec's own enumerate leaves behind. Handed out as it is, not
         copied: planning only sets its shards' ranks, and puts them back (``reset_shard_rank``) before
         its next plan; the best plan is a copy."""

@@ -17,7 +17,7 @@ own planner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.proposers import GreedyProposer
@@ -73,11 +73,11 @@ class SkippingGreedyProposer(SkippingProposer):
             return proposal
         return None
 
-    def _proposing(self) -> Any:
+    def _proposing(self) -> GreedyProposer:
         # feedback goes to the proposer proposing; the facts' (table, option) order is the first one's (``inner``)
         return self.chain[self._at]
 
 
-def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> SkippingGreedyProposer:
     """``sharding.proposer=greedy``: TorchRec's two greedy proposers, less what cannot change their answer."""
     return SkippingGreedyProposer(world_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from torchrec.distributed.planner.proposers import GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import ShardingOption
@@ -33,9 +33,9 @@ class BoundedGridSearchProposer(GridSearchProposer):
         super().load(search_space, enumerator)
 
 
-def build(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+def build(sharding: ShardingSchema, device_type: str, world_size: int) -> BoundedGridSearchProposer:
     return BoundedGridSearchProposer(max_proposals=sharding.grid_max_proposals)
 
 
-def build_uniform(sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
+def build_uniform(sharding: ShardingSchema, device_type: str, world_size: int) -> UniformProposer:
     return UniformProposer()

@@ -21,6 +21,7 @@ from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import ShardingOption
 
     from runner.plan.spec import PlanSpec
 
@@ -32,12 +33,12 @@ def _fmt(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _fits(option: Any, budget: Dict[str, float]) -> bool:
+def _fits(option: ShardingOption, budget: Dict[str, float]) -> bool:
     return all(s.storage is not None and s.storage.hbm <= budget["hbm"] and s.storage.ddr <= budget["ddr"]
                for s in option.shards)
 
 
-def _smallest(options: List[Any], mem: str) -> Tuple[float, float, Any]:
+def _smallest(options: List[ShardingOption], mem: str) -> Tuple[float, float, ShardingOption]:
     """(least per-rank bytes, least total bytes, the option with the least per-rank bytes) of one table."""
     per_rank = min(options, key=lambda o: max(getattr(s.storage, mem) for s in o.shards))
     return (max(getattr(s.storage, mem) for s in per_rank.shards),
@@ -117,7 +118,7 @@ def diagnose(planner: Optional[EmbeddingShardingPlanner], spec: PlanSpec, world:
         f"proposer (sharding.proposer=default tries grid search, greedy and uniform) or {more}"))
 
 
-def _stopped(planner: EmbeddingShardingPlanner, by_table: Dict[str, List[Any]], budget: Dict[str, float],
+def _stopped(planner: EmbeddingShardingPlanner, by_table: Dict[str, List[ShardingOption]], budget: Dict[str, float],
              mem: str) -> str:
     """What stopped the runner's dynamic-programming search, from its counts: proposals holding a shard no
     rank can hold (naming the largest such option among the tables' smallest-in-total options, the ones its

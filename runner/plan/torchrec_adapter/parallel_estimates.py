@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
-from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.planner.types import ShardEstimator, ShardingOption
 
 from runner.runtime.cores import may_fork
 from runner.runtime.process_end import fork_answer, give_up, helper_answer
@@ -27,9 +27,8 @@ FORKED: List[int] = []  # options estimated in a fork, per estimate that forked 
 Changes = List[Tuple[Dict[str, Any], List[Dict[str, Any]]]]  # per option: its changed attributes, its shards'
 
 
-def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
-             progress: Optional[Callable[[Dict[str, Any]], None]] = None,
-             fork_min: Optional[int] = None) -> None:
+def estimate(estimators: List[ShardEstimator], options: List[ShardingOption], inputs: Dict[str, Any],
+             progress: Optional[Callable[[Dict[str, Any]], None]] = None, fork_min: Optional[int] = None) -> None:
     """TorchRec's ``estimators`` over ``options`` (``inputs``: their keyword arguments), a chunk at a time,
     ``progress`` told how far between chunks; the later half in a fork where there are ``fork_min``
     (:data:`FORK_MIN_OPTIONS`) options or more."""
@@ -65,7 +64,7 @@ def estimate(estimators: List[Any], options: List[ShardingOption], inputs: Dict[
     said(len(options))
 
 
-def _in_chunks(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any],
+def _in_chunks(estimators: List[ShardEstimator], options: List[ShardingOption], inputs: Dict[str, Any],
                said: Optional[Callable[[int], None]] = None) -> None:
     """The estimators over ``options``, a chunk at a time, ``said`` told how many are done after each chunk."""
     for start in range(0, len(options), CHUNK):
@@ -80,7 +79,7 @@ def _changed(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in after.items() if k not in before or before[k] is not v}
 
 
-def _start(estimators: List[Any], options: List[ShardingOption], inputs: Dict[str, Any]
+def _start(estimators: List[ShardEstimator], options: List[ShardingOption], inputs: Dict[str, Any]
            ) -> Optional[Tuple[int, int]]:
     def work() -> Changes:  # in the fork: the options' estimates, then what they changed, sent once at the end
         before = [(dict(o.__dict__), [dict(s.__dict__) for s in o.shards]) for o in options]

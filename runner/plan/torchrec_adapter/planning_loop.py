@@ -32,7 +32,7 @@ from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from runner.plan.torchrec_adapter.dataclass_copies import quick_copies
 from runner.plan.torchrec_adapter.dp_proposer import SkippingProposer
@@ -55,14 +55,15 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         self._counts: Dict[str, Any] = {}
         self.cut_short: Optional[str] = None  # the words of a search the safety stop cut (planner_timeout_s)
 
-    def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+    def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         proposers = self._proposers
         with quick_copies():
             if len(proposers) != 1 or not isinstance(proposers[0], SkippingProposer) or self.plan_loader is not None:
                 return super().plan(module, sharders)
             return self._plan(module, sharders, proposers[0])
 
-    def _plan(self, module: nn.Module, sharders: List[Any], proposer: SkippingProposer) -> ShardingPlan:
+    def _plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]], proposer: SkippingProposer
+              ) -> ShardingPlan:
         proposer.exact_partitioner = type(self._partitioner) is GreedyPerfPartitioner
         start_time = time.perf_counter()
         storage_constraint, search_space = self._reserve_and_enumerate(module, sharders, start_time)
@@ -82,7 +83,7 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
                         f"({proposer.skipped_unplaceable} held a shard no device can hold)")
         return self._finish(module, sharders, *best, start_time)
 
-    def _reserve_and_enumerate(self, module: nn.Module, sharders: List[Any],
+    def _reserve_and_enumerate(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]],
                                start_time: float) -> Tuple[Topology, List[ShardingOption]]:
         """TorchRec's first two steps: the storage reservation (the devices' storage left for tables) and the
         enumerated options; the counts reported (progress) from here on start."""
@@ -101,8 +102,8 @@ class SearchLoopPlanner(EmbeddingShardingPlanner):
         if self._progress is not None:
             self._progress(dict(self._counts))
 
-    def _finish(self, module: nn.Module, sharders: List[Any], options: List[ShardingOption], ranks: List[List[int]],
-                start_time: float, private: bool = False) -> ShardingPlan:
+    def _finish(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]], options: List[ShardingOption],
+                ranks: List[List[int]], start_time: float, private: bool = False) -> ShardingPlan:
         """TorchRec's end of a plan: the chosen options with their shards' ranks, copied once (``private``: the options
         are already this plan's own copies); callbacks, ``to_sharding_plan`` and stats as TorchRec's loop calls them."""
         for option, option_ranks in zip(options, ranks, strict=True):

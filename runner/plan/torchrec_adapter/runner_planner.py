@@ -9,10 +9,10 @@ planner and never imports this package's other modules.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
-from torchrec.distributed.planner.types import ShardingOption
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.planner.types import Enumerator, ShardingOption
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
 from runner.plan.cost.step_estimate import step_perf_model
@@ -45,8 +45,8 @@ Inputs = Tuple[Any, int, Dict[str, Any]]  # the topology, the per-rank batch and
 
 def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size: int,
                    estimates: Optional[Stats] = None, dense_tensor_bytes: Optional[int] = None, reuse: bool = False,
-                   search_space: Optional[Tuple[List[ShardingOption], Any]] = None,
-                   progress: Optional[Progress] = None, choose_from: Optional[PlanChoices] = None) -> Any:
+                   search_space: Optional[Tuple[List[ShardingOption], Enumerator]] = None,
+                   progress: Optional[Progress] = None, choose_from: Optional[PlanChoices] = None) -> SearchLoopPlanner:
     """The runner's planner for ``spec`` (see :func:`runner.plan.planner.build_planner`)."""
     topology, batch, constraints = inputs
     kwargs = {"topology": topology, "batch_size": batch, "constraints": constraints,
@@ -93,12 +93,13 @@ class _Job:
     """What every planner of one plan shares: the plan's part of the config, the world, the model and its sharders,
     the inputs."""
 
-    def __init__(self, spec: PlanSpec, model: nn.Module, world: int, device_type: str, sharders: List[Any],
-                 estimates: Stats, dense: int, inputs: Inputs, progress: Optional[Progress]) -> None:
+    def __init__(self, spec: PlanSpec, model: nn.Module, world: int, device_type: str,
+                 sharders: List[ModuleSharder[nn.Module]], estimates: Stats, dense: int, inputs: Inputs,
+                 progress: Optional[Progress]) -> None:
         self.spec, self.model, self.world, self.device_type, self.sharders = spec, model, world, device_type, sharders
         self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
 
-    def planner(self, spec: PlanSpec, **kwargs: Any) -> Any:
+    def planner(self, spec: PlanSpec, **kwargs: Any) -> SearchLoopPlanner:
         return runner_planner(spec, self.inputs, self.device_type, self.world, self.estimates, self.dense, **kwargs)
 
 
@@ -140,9 +141,9 @@ def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[Sha
 
 
 def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
-                     sharders: List[Any], estimates: Stats, reuse: bool, hbm_cap: Optional[int], notes: List[str],
-                     facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
-                     choose_from: Optional[PlanChoices] = None) -> Any:
+                     sharders: List[ModuleSharder[nn.Module]], estimates: Stats, reuse: bool, hbm_cap: Optional[int],
+                     notes: List[str], facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
+                     choose_from: Optional[PlanChoices] = None) -> Union[ShardingPlan, PlanError]:
     """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
     where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
     when the named proposer found none)."""

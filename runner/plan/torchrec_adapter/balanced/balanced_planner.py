@@ -19,7 +19,7 @@ from torch import nn
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, ShardingOption, Storage, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from runner.config.errors import ConfigError
 from runner.config.parts import part
@@ -60,7 +60,7 @@ class BalancedPlanner(SearchLoopPlanner):
         super().__init__(*args, **kwargs)
         self.balanced = balanced
 
-    def plan(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+    def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         if self.plan_loader is not None:
             return super().plan(module, sharders)
         try:
@@ -69,7 +69,7 @@ class BalancedPlanner(SearchLoopPlanner):
         finally:  # the bound's fork, where the plan failed or nothing took its bound, ended now: not left for
             bound.end_bound_fork()  # the next plan of this process to reap
 
-    def _plan_balanced(self, module: nn.Module, sharders: List[Any]) -> ShardingPlan:
+    def _plan_balanced(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         start_time = time.perf_counter()
         reserved, space = self._reserve_and_enumerate(module, sharders, start_time)
         if not space:
@@ -174,9 +174,9 @@ class BalancedPlanner(SearchLoopPlanner):
             forget_problem(space)
         return ours, released
 
-    def _done(self, module: nn.Module, sharders: List[Any], table_options: List[List[ShardingOption]],
-              reserved: Topology, solution: Solution, facts: Dict[str, Any], ours: float, released: bool,
-              start_time: float) -> ShardingPlan:
+    def _done(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]],
+              table_options: List[List[ShardingOption]], reserved: Topology, solution: Solution,
+              facts: Dict[str, Any], ours: float, released: bool, start_time: float) -> ShardingPlan:
         if released:  # the search's numbers, freed: their pages back before TorchRec's objects are built
             return_freed_memory()
         # TorchRec's full options (every shard, with its own estimates), private copies, for the chosen plan only
@@ -210,10 +210,9 @@ class BalancedPlanner(SearchLoopPlanner):
 
     def _torchrec_plan(self, name: str, space: List[ShardingOption], reserved: Topology
                        ) -> Optional[Tuple[List[ShardingOption], List[List[int]]]]:
-        """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks),
-        found as ``sharding.proposer=<name>`` finds it (the runner's loop,
-        :mod:`runner.plan.torchrec_adapter.dp_proposer`, :mod:`runner.plan.torchrec_adapter.greedy_proposers`); None
-        where it finds none."""
+        """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks), found as
+        ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`runner.plan.torchrec_adapter.dp_proposer`,
+        :mod:`runner.plan.torchrec_adapter.greedy_proposers`); None where it finds none."""
         world, spec = len(reserved.devices), PROPOSERS[name]
 
         def make() -> Any:
