@@ -137,7 +137,7 @@ def guard_elastic() -> None:
             return
         raise stop(signum)
 
-    def monitor_then_check(self: Any, worker_group: Any) -> Any:
+    def monitor_then_check(self: LocalElasticAgent, worker_group: Any) -> Any:
         if _guard.lost is not None:  # the handler's raise was lost: stop now, as the raise would have
             signum, _guard.lost = _guard.lost, None
             raise stop(signum)
@@ -154,7 +154,7 @@ def _quiet_unraisable(kinds: tuple) -> None:
     hook = sys.unraisablehook
     base = getattr(hook, "runner_base", hook)
 
-    def unraisable(info: Any) -> None:  # a stop signal lost in a finalizer: raised again elsewhere
+    def unraisable(info: sys.UnraisableHookArgs) -> None:  # a stop signal lost in a finalizer: raised again elsewhere
         if isinstance(info.exc_value, kinds):
             _guard.lost = getattr(info.exc_value, "signum", None) or int(getattr(info.exc_value, "sigval", 0)) or None
         else:

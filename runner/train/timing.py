@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ def alone(want: bool, past: bool) -> bool:
     return want and not past
 
 
-def together(device: torch.device, group: Any = None) -> Callable[[bool, bool], bool]:
+def together(device: torch.device, group: Optional[dist.ProcessGroup] = None) -> Callable[[bool, bool], bool]:
     """A measurement every rank of ``group`` (None: the world) makes at once: more repeats while any rank wants them
     and none is out of time, so that every rank times the same number of calls (a collective needs every rank)."""
     def agree(want: bool, past: bool) -> bool:
