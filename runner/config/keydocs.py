@@ -51,9 +51,9 @@ def key_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             out.extend(key_docs(kind, f"{prefix}{f.name}."))
         else:
-            doc, spec = docs.get(f.name, ""), allowed_values(f)
-            if spec is not None:  # the schema's own list (the one validation checks)
-                doc = f"{doc} [{describe(*spec, said_of(f))}]".strip()
+            doc, allowed = docs.get(f.name, ""), allowed_values(f)
+            if allowed is not None:  # the schema's own list (the one validation checks)
+                doc = f"{doc} [{describe(*allowed, said_of(f))}]".strip()
             if note := ROLE_NOTES.get(role(prefix + f.name)):
                 doc = f"{doc} ({note})".strip()
             if readers := [n for n, p in PROPOSERS.items() if prefix == "sharding." and f.name in p.knobs]:

@@ -9,7 +9,7 @@ from typing import Any
 
 
 @functools.lru_cache(maxsize=None)
-def part(spec: str) -> Any:
-    """The function or class ``spec`` (``module:name``) declares."""
-    module, name = spec.split(":")
+def part(target: str) -> Any:
+    """The function or class ``target`` (``module:name``) declares."""
+    module, name = target.split(":")
     return getattr(importlib.import_module(module), name)

@@ -41,14 +41,14 @@ def check_choices(cls: type, node: Any, prefix: str = "") -> None:
     naming the key (``prefix`` + its path) and the values allowed."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        spec = allowed_values(f)
+        allowed = allowed_values(f)
         value = getattr(node, f.name)
-        if spec is None:
+        if allowed is None:
             kind = hints.get(f.name)
             if isinstance(kind, type) and dataclasses.is_dataclass(kind):
                 check_choices(kind, value, f"{prefix}{f.name}.")
             continue
-        values, null = spec
+        values, null = allowed
         if value is None and null:
             continue
         for item in list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]:

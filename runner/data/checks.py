@@ -16,19 +16,19 @@ if TYPE_CHECKING:
 
 def check_data(data: JobData) -> None:
     """One line, before launch, for a data config that cannot be read (its source's declared checks)."""
-    d, spec = data.settings, data.source
-    if not spec.reads_files:
+    d, declared = data.settings, data.source
+    if not declared.reads_files:
         return
-    assert spec.lists is not None
+    assert declared.lists is not None
     for key in ("path", "eval_path"):
         value = getattr(d, key)
         if value is None:
             if key == "path":
                 raise ConfigError("data.path", None, f"a {d.name} file or folder")
             continue
-        if not part(spec.lists)(value):
-            raise ConfigError(f"data.{key}", value, f"a file or folder with {spec.file_words} (none found)")
-    for check in spec.checks:
+        if not part(declared.lists)(value):
+            raise ConfigError(f"data.{key}", value, f"a file or folder with {declared.file_words} (none found)")
+    for check in declared.checks:
         part(check)(data)
 
 

@@ -68,19 +68,19 @@ def criteo_described(path: str) -> Tuple[List[Tuple[str, int, int]], Optional[Li
 def datasets(data: JobData) -> List[Dict[str, Any]]:
     """The run's training and evaluation data: ``name``, ``source``, ``digest``, ``columns``, ``context``,
     ``files`` (how many), ``settings`` (synthetic only)."""
-    d, lay, spec = data.settings, data.layout, data.source
-    if not spec.reads_files:
+    d, lay, declared = data.settings, data.layout, data.source
+    if not declared.reads_files:
         tables = [[t, n] for t, n in zip(lay.features, lay.sizes, strict=True)]
         settings = {k: getattr(d, k) for k in SYNTHETIC_KEYS} | {"seed": data.seed, "tasks": list(lay.tasks),
                                                                  "tables": tables}
         multi = d.ids_per_feature > 1 or d.variable_lengths
-        return [{"name": f"{d.name}-{split}", "source": spec.opens.split(":")[0], "context": split, "files": 0,
+        return [{"name": f"{d.name}-{split}", "source": declared.opens.split(":")[0], "context": split, "files": 0,
                  "settings": settings | {"split": split}, "digest": _digest(settings | {"split": split}),
                  "columns": _columns(lay, multi)} for split in ("train", "eval")]
     out = []
     for context, path in (("train", str(d.path)), ("eval", str(d.eval_path or d.path))):
-        assert spec.describes is not None
-        files, columns = part(spec.describes)(path)
+        assert declared.describes is not None
+        files, columns = part(declared.describes)(path)
         name = Path(str(path).split("://", 1)[-1].rstrip("/")).name or str(path)
         out.append({"name": name, "source": str(path), "digest": _digest(files), "columns": columns,
                     "context": context, "files": len(files)})

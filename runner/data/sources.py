@@ -24,12 +24,12 @@ def source(data: JobData, rank: int, world: int, eval_split: bool, start_batch: 
            num_batches: Optional[int] = None) -> Any:
     """An iterable of this rank's batches: ``start_batch`` .. ``num_batches - 1`` (file sources: until
     the shard ends, at most ``num_batches``)."""
-    d, lay, size, spec = data.settings, data.layout, data.rows, data.source
-    if not spec.reads_files:
-        return part(spec.opens)(data, size, num_batches or 0, rank, eval_split, start_batch)
+    d, lay, size, declared = data.settings, data.layout, data.rows, data.source
+    if not declared.reads_files:
+        return part(declared.opens)(data, size, num_batches or 0, rank, eval_split, start_batch)
     path = d.eval_path if eval_split and d.eval_path else d.path
     assert path is not None  # the pre-launch check refuses file data without data.path
-    cls = part(spec.opens)
+    cls = part(declared.opens)
     workers = 0 if eval_split else d.num_workers
     ds = cls(path, lay, size, rank, world, workers, d.hash_ids, skip_batches=start_batch if workers == 0 else 0,
              max_batches=num_batches if workers == 0 else None,

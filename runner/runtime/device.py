@@ -233,10 +233,10 @@ def check_autocast_before_launch(autocast: Optional[str], gpus: Sequence[Tuple[s
 def check_autocast(autocast: Optional[str], capability: Tuple[int, int], device_name: str) -> None:
     """``precision.autocast`` needs a GPU that computes in it (:data:`runner.config.precisions.AUTOCASTS`)."""
     if not in_hardware(autocast, capability):
-        spec = AUTOCASTS[str(autocast)]
-        needs = ".".join(map(str, spec.hardware_from or ()))
+        kind = AUTOCASTS[str(autocast)]
+        needs = ".".join(map(str, kind.hardware_from or ()))
         others = " or ".join(["fp32", *(a.short for a in AUTOCASTS.values() if in_hardware(a.name, capability))])
-        raise ConfigError("precision", spec.short, f"{others} on this GPU ({device_name} has no {spec.short} in "
+        raise ConfigError("precision", kind.short, f"{others} on this GPU ({device_name} has no {kind.short} in "
                           f"hardware: compute capability below {needs}, where torch would emulate it)")
 
 

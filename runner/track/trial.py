@@ -36,8 +36,8 @@ class TrialPruning:
         from hydra.utils import instantiate
         from omegaconf import OmegaConf
 
-        spec: Any = OmegaConf.load(str(self.file))
-        storage = spec.storage
+        study_file: Any = OmegaConf.load(str(self.file))
+        storage = study_file.storage
         if str(storage).startswith(("sqlite:", "postgresql", "mysql")):
             storage = optuna.storages.RDBStorage(str(storage))
         else:
@@ -46,11 +46,11 @@ class TrialPruning:
 
             storage = JournalStorage(JournalFileBackend(str(storage)))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        pruner = instantiate(spec.pruner) if spec.get("pruner") else None
-        study = optuna.load_study(study_name=str(spec.study), storage=storage, pruner=pruner)
+        pruner = instantiate(study_file.pruner) if study_file.get("pruner") else None
+        study = optuna.load_study(study_name=str(study_file.study), storage=storage, pruner=pruner)
         assert self.number is not None  # Optuna's storage API names a trial by its id, the sweeper by its number
-        trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(str(spec.study)),
-                                                                   int(self.number))
+        trial_id = storage.get_trial_id_from_study_id_trial_number(
+            storage.get_study_id_from_name(str(study_file.study)), int(self.number))
         return optuna.trial.Trial(study, trial_id)
 
     def should_stop(self, step: int, metrics: Dict[str, float]) -> bool:

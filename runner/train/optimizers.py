@@ -34,15 +34,15 @@ def sparse_optimizer(o: OptimizerSchema) -> Tuple[type, Dict[str, Any]]:
 
     from runner.runtime.moved_names import weight_decay_mode
 
-    spec = SPARSE[o.sparse]
+    declared = SPARSE[o.sparse]
     kwargs: Dict[str, Any] = {"lr": o.sparse_lr * lr_factor(o.sparse_schedule, 1, 1)}
-    if spec.eps:
+    if declared.eps:
         kwargs["eps"] = o.sparse_eps
     if o.sparse_weight_decay > 0:
         kwargs["weight_decay"] = o.sparse_weight_decay
         modes = weight_decay_mode()
         kwargs["weight_decay_mode"] = (modes.DECOUPLE if o.sparse_weight_decay_mode == "decoupled" else modes.L2)
-    return getattr(trec, spec.torchrec_class), kwargs
+    return getattr(trec, declared.torchrec_class), kwargs
 
 
 def apply_sparse_optimizer(model: torch.nn.Module, opt_cfg: OptimizerSchema) -> None:
@@ -85,17 +85,17 @@ def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimize
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     lr = o.dense_lr * lr_factor(o.dense_schedule, 1, 1)
 
-    spec = DENSE[o.dense]
+    declared = DENSE[o.dense]
     kwargs: Dict[str, Any] = {"lr": lr, "weight_decay": o.dense_weight_decay}
-    if spec.fused:  # None: torch's own choice (foreach on a GPU, a loop on CPU)
+    if declared.fused:  # None: torch's own choice (foreach on a GPU, a loop on CPU)
         kwargs["fused"] = True if o.dense_fused else None
-    if spec.eps:
+    if declared.eps:
         kwargs["eps"] = o.dense_eps
-    if spec.momentum:
+    if declared.momentum:
         kwargs["momentum"] = o.dense_momentum
 
     def make(p: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return getattr(torch.optim, spec.torch_class)(p, **kwargs)
+        return getattr(torch.optim, declared.torch_class)(p, **kwargs)
 
     return ClippedOptimizer(params, make, o.clip)
 
