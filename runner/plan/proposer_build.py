@@ -45,13 +45,13 @@ def declared(name: str) -> Proposer:
 def build_proposer(name: str, sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """The runner's proposer ``name`` with ``sharding``'s knobs (None: TorchRec's default list); refused on CPU
     workers where it does not run there."""
-    spec = declared(name)
-    if not spec.cpu and device_type != "cuda":
+    proposer = declared(name)
+    if not proposer.cpu and device_type != "cuda":
         raise ConfigError("sharding.proposer", name,
                           "another proposer on CPU workers (it bins HBM, which they do not have)")
-    if spec.builds is None:
+    if proposer.builds is None:
         return None
-    return part(spec.builds)(sharding, device_type, world_size)
+    return part(proposer.builds)(sharding, device_type, world_size)
 
 
 def stock_proposer(name: str, sharding: ShardingSchema) -> Any:

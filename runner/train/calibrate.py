@@ -241,10 +241,10 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
     cls, kwargs = sparse_optimizer(optimizer_cfg)
     if sharding_type != "data_parallel":
         apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
-    spec = {"table_wise": lambda i: table_wise(rank=i % world), "row_wise": lambda i: row_wise(),
+    by_type = {"table_wise": lambda i: table_wise(rank=i % world), "row_wise": lambda i: row_wise(),
             "data_parallel": lambda i: data_parallel()}
     sharder = sharders_for(precision)[0]
-    plan = construct_module_sharding_plan(ebc, {n: spec[sharding_type](i) for i, n in enumerate(names)},
+    plan = construct_module_sharding_plan(ebc, {n: by_type[sharding_type](i) for i, n in enumerate(names)},
                                           sharder=sharder, local_size=local, world_size=world,
                                           device_type=device.type)
     model = DistributedModelParallel(_Lookup(ebc), device=device, plan=ShardingPlan({"ebc": plan}), sharders=[sharder])

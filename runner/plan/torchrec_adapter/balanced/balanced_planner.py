@@ -213,13 +213,13 @@ class BalancedPlanner(SearchLoopPlanner):
         """TorchRec's plan with proposer ``name`` for these options (chosen options and their shards' ranks), found as
         ``sharding.proposer=<name>`` finds it (the runner's loop, :mod:`runner.plan.torchrec_adapter.dp_proposer`,
         :mod:`runner.plan.torchrec_adapter.greedy_proposers`); None where it finds none."""
-        world, spec = len(reserved.devices), PROPOSERS[name]
+        world, declared = len(reserved.devices), PROPOSERS[name]
 
         def make() -> Any:
-            return part(str(spec.builds))(self.balanced.sharding, self.balanced.device_type, world)
+            return part(str(declared.builds))(self.balanced.sharding, self.balanced.device_type, world)
 
         # where it finds none (and its declaration says so), again without the options no device can hold
-        tries = [space, placeable_only(space, reserved)] if spec.retries_placeable else [space]
+        tries = [space, placeable_only(space, reserved)] if declared.retries_placeable else [space]
         for candidates in tries:
             proposer = make()
             proposer.load(search_space=candidates, enumerator=self._enumerator)
