@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, cast
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from runner.config.choices import one_of, some_of
 from runner.config.data_sources import SOURCES
@@ -534,7 +535,6 @@ class RunnerConfig:
     calibrate: CalibrateSchema = field(default_factory=CalibrateSchema)
 
 
-
 def samples_per_step(train: TrainSchema) -> int:
     """Rows per rank per optimizer step: ``train.batch_size`` times ``train.grad_accumulation_steps``."""
     return int(train.batch_size) * int(train.grad_accumulation_steps)
@@ -555,8 +555,6 @@ def uses_split_step(train: TrainSchema, precision: PrecisionSchema) -> bool:
 def resolved_mapping(node: object) -> Dict[str, Any]:
     """An OmegaConf mapping resolved, in plain dicts: a job's config where it leaves the typed one (its run, its
     ``resolved.yaml``, its hash, enumeration's reuse key), made once per job; or a node of Hydra's own config."""
-    from omegaconf import OmegaConf
-
     plain = OmegaConf.to_container(node, resolve=True)
     assert isinstance(plain, dict)  # the root is a mapping
     return {str(k): v for k, v in plain.items()}
@@ -567,8 +565,6 @@ def load_resolved(path: Path) -> RunnerConfig:
     the schema, so a value of the wrong type, or a key the schema does not have, fails here in one line naming
     the key and the file (:class:`ConfigError`), and every later assignment is checked as Hydra's is."""
     import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -593,7 +589,5 @@ def register_schemas() -> None:
 def freeze(cfg: RunnerConfig) -> RunnerConfig:
     """``cfg`` made read-only: an assignment while the job runs fails instead of changing what every later
     reader sees (the driver's config once the job's place is known, every agent's and worker's)."""
-    from omegaconf import OmegaConf
-
     OmegaConf.set_readonly(cast(Any, cfg), True)  # the schema-typed config is an OmegaConf node
     return cfg

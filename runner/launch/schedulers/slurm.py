@@ -2,8 +2,8 @@
 its node's elastic agent; and ``hydra/launcher=slurm``, every sweep point one Slurm job of ``cluster.nodes`` nodes.
 
 One concept: the Slurm scheduler. :class:`Scheduler`'s interface spans both ends of a Slurm job, submitting it
-(:func:`check_submission`, :func:`submit_points`) and running as its tasks (the place, the time limit, a stop's
-outcome), and both ends speak to Slurm through the same commands and their one-line :class:`SlurmError`.
+(:meth:`SlurmScheduler.check_submission`, :func:`submit_points`) and running as its tasks (the place, the time
+limit, a stop's outcome), and both ends speak to Slurm through the same commands and their one-line :class:`SlurmError`.
 
 A task: a point's job of ``hydra/launcher=slurm`` and a hand-written ``srun python -m runner ...`` alike
 land here. The node rank is ``SLURM_NODEID``; the rendezvous host is the job's first node, at the
@@ -18,7 +18,7 @@ arrays through submitit, one array per distinct shape (nodes, CPUs, GPUs per nod
 each point's outcome as it ends. A point's outcome is its run folder's ``status.json`` (what the sweep's
 report reads), not submitit's result pickle: a job that Slurm killed before the runner could record an
 outcome is recorded FAILED here, with its state and log. Ctrl-C while waiting cancels the jobs.
-:func:`check_submission` refuses, before any submission, a store or sweep folder the nodes cannot reach.
+:meth:`SlurmScheduler.check_submission` refuses, before any submission, a store or sweep folder the nodes cannot reach.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from runner.config.errors import SchedulerError, first_line
 from runner.config.modes import MODES
 from runner.config.place import Place
 from runner.launch.schedulers import Scheduler, Task
-from runner.runtime import run_files
+from runner.runtime import run_files, signals
 from runner.track.store import sqlite_folder, tracking_uri
 
 if TYPE_CHECKING:
@@ -221,37 +221,6 @@ def filesystem_type(path: Path) -> str:
         return "unknown"
     above = [m for m in mounts if (str(path.resolve()) + "/").startswith(m.mountpoint.rstrip("/") + "/")]
     return max(above, key=lambda m: len(m.mountpoint)).fstype if above else "unknown"
-
-
-def check_submission(hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
-    """What the nodes of a point's job must reach (``hydra``: Hydra's config of the point; ``store_uri``:
-    ``tracking.uri``): its store and sweep folder (on a local disk only where every node is this host)."""
-    partition = hydra.launcher.get("partition")
-    nodes = partition_nodes(partition)
-    if MODES[mode].on_workers and cluster.nodes > len(nodes):
-        raise SlurmError(f"cluster.nodes={cluster.nodes} but the Slurm partition {partition or '(default)'} "
-                             f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
-                             "partition with hydra.launcher.partition")
-    if all(_this_host(node_address(n)) for n in nodes):
-        return
-    where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
-    uri = tracking_uri(store_uri)
-    folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
-    if folder is None and "://" not in uri:
-        folder = Path(uri)
-    kind = filesystem_type(folder) if folder is not None else None
-    if kind is not None and kind not in SHARED_FS:
-        raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an mlflow server they "
-                         "reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<path>; "
-                         "tracking.uri=http://<this host>:5000) or put the store on a shared filesystem")
-    host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-    if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
-        raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
-                             "the nodes reach (and start it with --host 0.0.0.0)")
-    sweep_folder = Path(str(hydra.sweep.dir))
-    if filesystem_type(sweep_folder.parent if not sweep_folder.exists() else sweep_folder) not in SHARED_FS:
-        raise SlurmError(f"hydra.sweep.dir={sweep_folder} is on a local disk and {where}: set hydra.sweep.dir to a "
-                             "shared filesystem (the points' run folders and the sweep's report live there)")
 
 
 @dataclass
@@ -474,8 +443,6 @@ class SlurmScheduler(Scheduler):
         """Signals as the command line has them (submitit's own handlers ignore SIGTERM) and a line on the
         time-limit warning; a training job's node rank, rendezvous and run folder taken from the job
         (:func:`adopt`)."""
-        from runner.runtime import signals
-
         assert isinstance(task, SlurmTask)
         signals.install()
         on_time_limit_warning()
@@ -509,7 +476,34 @@ class SlurmScheduler(Scheduler):
         return "KILLED", f"stopped by {signame}{scancel}"
 
     def check_submission(self, hydra: DictConfig, mode: str, cluster: ClusterSchema, store_uri: Optional[str]) -> None:
-        check_submission(hydra, mode, cluster, store_uri)
+        """What the nodes of a point's job must reach (``hydra``: Hydra's config of the point; ``store_uri``:
+        ``tracking.uri``): its store and sweep folder (on a local disk only where every node is this host)."""
+        partition = hydra.launcher.get("partition")
+        nodes = partition_nodes(partition)
+        if MODES[mode].on_workers and cluster.nodes > len(nodes):
+            raise SlurmError(f"cluster.nodes={cluster.nodes} but the Slurm partition {partition or '(default)'} "
+                             f"has {len(nodes)} node(s) ({', '.join(nodes)}); lower cluster.nodes or choose a larger "
+                             "partition with hydra.launcher.partition")
+        if all(_this_host(node_address(n)) for n in nodes):
+            return
+        where = f"the Slurm nodes ({', '.join(nodes)}) are other hosts"
+        uri = tracking_uri(store_uri)
+        folder = sqlite_folder(uri) or (Path(uri[len("file://"):]) if uri.startswith("file://") else None)
+        if folder is None and "://" not in uri:
+            folder = Path(uri)
+        kind = filesystem_type(folder) if folder is not None else None
+        if kind is not None and kind not in SHARED_FS:
+            raise SlurmError(f"tracking.uri={uri} is on this host's {kind} disk and {where}: run an mlflow server they "
+                             "reach (mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<path>; "
+                             "tracking.uri=http://<this host>:5000) or put the store on a shared filesystem")
+        host = uri.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+        if uri.startswith(("http://", "https://")) and (host in ("localhost", "::1") or host.startswith("127.")):
+            raise SlurmError(f"tracking.uri={uri} is this host's loopback and {where}: give the server's address "
+                             "the nodes reach (and start it with --host 0.0.0.0)")
+        sweep_folder = Path(str(hydra.sweep.dir))
+        if filesystem_type(sweep_folder.parent if not sweep_folder.exists() else sweep_folder) not in SHARED_FS:
+            raise SlurmError(f"hydra.sweep.dir={sweep_folder} is on a local disk and {where}: set hydra.sweep.dir to a "
+                             "shared filesystem (the points' run folders and the sweep's report live there)")
 
     def cancel_pending(self) -> None:
         array = os.environ.get("SLURM_ARRAY_JOB_ID")
