@@ -32,22 +32,26 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, row_wise, table_wise
+from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from runner.config.schema import samples_per_step
+from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig, samples_per_step
 from runner.config.tables import table_specs
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for, source
-from runner.plan import PARTS, allowed_median_error, dense_facts, make_plan, plan_spec, sharders_for
-from runner.track.reporter import SilentBar
+from runner.plan import PARTS, allowed_median_error, calibrate_results, dense_facts, make_plan, plan_spec, sharders_for
+from runner.runtime.hardware import fingerprint
+from runner.runtime.moved_names import fused_tbe_class, tbe_placement
+from runner.track.reporter import Reporter, SilentBar
 from runner.train.loop import LoopHooks, device_sync, train
 from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer, dense_optimizer, sparse_optimizer
 from runner.train.timing import Repeats, forward_backward, timed, together
 
 if TYPE_CHECKING:
-    from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig
-    from runner.track.reporter import Reporter
     from runner.train.rank_env import RankEnv
 
 
@@ -125,10 +129,6 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
     """FBGEMM's fused table-batched embedding (TorchRec's ``fused`` kernel; with ``uvm_caching``, its
     ``fused_uvm_caching`` one: rows in host memory, :data:`UVM_CACHE_RATIO` of them cached on the GPU) with the job's
     sparse optimizer fused into its backward: forward and backward ms."""
-    from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
-
-    from runner.runtime.moved_names import fused_tbe_class, tbe_placement
-
     cls, kwargs = sparse_optimizer
     tbe = fused_tbe_class()([(shape["rows"], shape["dim"], *tbe_placement(device.type == "cuda", uvm_caching))],
                             **({"cache_load_factor": UVM_CACHE_RATIO} if uvm_caching else {}),
@@ -230,10 +230,6 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
     (its input and output distribution, the kernel with the job's fused optimizer, the bookkeeping between):
     forward and backward ms at each per-rank batch of ``batches``. The tables are tiny, so their time is what a
     sharded lookup costs whatever the tables' size (per call and per table), which TorchRec's model leaves out."""
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, row_wise, table_wise
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
     rows, names = 64 * world, [f"t{i}" for i in range(tables)]
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=rows,
                                                             feature_names=[n]) for n in names],
@@ -447,9 +443,6 @@ def run_calibration(cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: t
     every rank measures (collectives, kernels, sharded lookups, the dense part, the job's step with tiny tables),
     the measurements gathered on every rank; rank 0 fits, writes and logs the calibration and returns the
     results."""
-    from runner.plan import calibrate_results
-    from runner.runtime.hardware import fingerprint
-
     started = time.perf_counter()
     say = _Progress(reporter.active)
     c = cfg.calibrate

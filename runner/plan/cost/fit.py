@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
+from runner.plan.cost.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
 from runner.plan.cost.torchrec_export import export_beside
 from runner.plan.cost.trust import FALLBACK, allowed_median_error, median_error, spread, trust
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 GIB = 1024**3
 ID_BYTES = 8  # TorchRec's BIGINT_DTYPE: ids are read as int64
 FULL_BLOCK_DIM, MIN_LOOKUP_DIM = 128, 32  # TorchRec's block penalty threshold and its smallest looked-up width
+# TorchRec's default constants (torchrec/distributed/planner/constants.py), GiB/s and its multiplier
+TORCHREC = {"ddr": 51.0, "hbm": 897.0, "bwd_compute_multiplier": 2.0, "intra": 600.0, "cross": 12.5}
 
 
 def _weights(y: Sequence[float]) -> List[float]:
@@ -203,8 +206,9 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
     if uvm:
         constants["uvm_caching"] = fit_uvm(uvm, constants["device_bw_gibps"])
     if not math.isfinite(constants["device_bw_gibps"]):  # no bandwidth to read off: TorchRec's, and not trusted
-        cuda = measured.get("job", {}).get("device") == "cuda"
-        constants.update(device_bw_gibps=897.0 if cuda else 51.0, bwd_compute_multiplier=2.0, kernel_fit_failed=True)
+        memory = "hbm" if measured.get("job", {}).get("device") == "cuda" else "ddr"
+        constants.update(device_bw_gibps=TORCHREC[memory], bwd_compute_multiplier=TORCHREC["bwd_compute_multiplier"],
+                         kernel_fit_failed=True)
     constants["sharded"] = {}
     for kind, by_tables in measured.get("sharded", {}).items():
         constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads, errors) for part in ("fwd", "bwd")}
@@ -244,8 +248,6 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms, the
     table-wise lookups, the dense part and optimizer (``dense_at``: their samples at ``batch``, as a job times its
     own; else their fits), dense all-reduce, input."""
-    from runner.plan.cost.step_estimate import DenseFacts, dense_ms, fitted_ms, lookups_ms
-
     world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
     a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
@@ -315,8 +317,6 @@ def _per_unit(fit: Dict[str, float], unit: str) -> Dict[str, float]:
 
 
 FOLDER = "calibration"  # in the run folder, and the artifacts' path in the MLflow run
-# TorchRec's default constants (torchrec/distributed/planner/constants.py), GiB/s and its multiplier
-TORCHREC = {"ddr": 51.0, "hbm": 897.0, "bwd_compute_multiplier": 2.0, "intra": 600.0, "cross": 12.5}
 
 
 @dataclass
