@@ -45,6 +45,8 @@ from multiprocessing.connection import Pipe
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from runner.runtime.cores import may_fork
+from runner.runtime.device import device_type
 from runner.runtime.process_end import fork_helper, reap
 
 if TYPE_CHECKING:
@@ -76,7 +78,6 @@ def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
     tty = sys.stdout.isatty()
     if not tty:
         print(f"[runner] planning the sweep's {len(points)} points together (sharding.proposer=balanced)", flush=True)
-    from runner.runtime.cores import may_fork
 
     def plan_point(i: int, report: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
         return _plan_point(i, points[i][1], points[i][2], len(points), t0, progress if report else None, tty and report)
@@ -85,7 +86,7 @@ def plan_together(points: List[Tuple[List[str], PlanSpec, Callable[[], Any]]],
 
     with warnings.catch_warnings(), _quiet("torchrec"):
         warnings.simplefilter("ignore")  # the jobs send library warnings to their log files; none exist yet
-        for i, entry, facts in plan_in_halves(len(points), plan_point, may_fork()):
+        for i, entry, facts in plan_in_halves(len(points), plan_point):
             if entry is not None and entry not in plans:
                 plans.append(entry)
             if entry is not None:
@@ -119,7 +120,6 @@ def _plan_point(i: int, spec: PlanSpec, build_model: Callable[[], Any], count: i
     planning model shared with the points of the same model (``build_model``: a new one)."""
     from runner.config.errors import PlanError
     from runner.plan import make_plan, plan_entries, reusable_model
-    from runner.runtime.device import device_type
 
     if tty:
         print(f"\r[runner] planning the sweep's {count} points together (sharding.proposer=balanced): "
@@ -178,15 +178,15 @@ Answer = Tuple[int, Optional[Dict[str, Any]], Dict[str, Any]]  # (point, its pla
 ANSWER_TIMEOUT_S = 24 * 3600.0  # the fork's half takes as long as this process's half
 
 
-def plan_in_halves(count: int, plan_point: Callable[[int, bool], Tuple[Optional[Dict[str, Any]], Dict[str, Any]]],
-                   fork: bool) -> List[Answer]:
+def plan_in_halves(count: int, plan_point: Callable[[int, bool], Tuple[Optional[Dict[str, Any]], Dict[str, Any]]]
+                   ) -> List[Answer]:
     """Every point's answer (``plan_point(i, report)``: its entries and facts; ``report``: whether it may print
-    progress), in point order; the later half in a fork when ``fork``."""
-    later = list(range((count + 1) // 2, count)) if fork and count > 1 else []
+    progress), in point order; the later half in a fork where a fork may be made (:func:`may_fork`)."""
+    later = list(range((count + 1) // 2, count)) if count > 1 and may_fork() else []
     pid, conn = _start(later, plan_point) if later else (None, None)
     try:
         answers = {i: (i, *plan_point(i, True)) for i in range(count) if i not in later}
-        got = _collect(pid, conn, later) if later else []
+        got = _collect(conn, later) if later else []
         answers.update({a[0]: a for a in got})
         # the fork failed: planned here
         answers.update({i: (i, *plan_point(i, True)) for i in later if i not in answers})
@@ -215,7 +215,7 @@ def _start(points: List[int], plan_point: Callable[[int, bool], Tuple[Any, Any]]
     return pid, ours
 
 
-def _collect(pid: Optional[int], conn: Any, points: List[int]) -> List[Answer]:
+def _collect(conn: Any, points: List[int]) -> List[Answer]:
     out: List[Answer] = []
     if conn is None:
         return out

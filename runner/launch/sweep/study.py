@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cas
 from omegaconf import DictConfig, OmegaConf
 
 from runner.runtime import run_files
+from runner.track.objective import objectives
 from runner.track.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
@@ -412,8 +413,6 @@ def keep_or_refuse(study: optuna.Study, sweeper: Any, objective: Any, mode: str,
     ``hydra.sweeper`` (``sweeper``), ``tracking.objective`` (``objective``), job ``mode`` and search ``space``
     against what the study keeps; a changed definition ends the command in one line (exit 2,
     :func:`refuse`)."""
-    from runner.track.objective import objectives
-
     direction = sweeper.direction
     directions = [str(direction)] if isinstance(direction, str) else [str(d) for d in direction]
     metrics = [m for m, _ in objectives(objective, mode)]

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from runner.plan.torchrec_adapter.balanced.problem import UNIFORM, Problem, placeable, simple_bound, simple_parts
+from runner.plan.torchrec_adapter.balanced.proposer import capacity_of, problem_of
 from runner.runtime.process_end import fork_answer, give_up, helper_answer
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ def _fullest(mem: np.ndarray, k: int, cap: np.ndarray) -> int:
 
 def lower_bound(problem: Problem) -> float:
     """The larger of :func:`simple_bound` and :func:`lp_bound`, raised where shards are whole by
-    :func:`.config_bound.config_bound` (nan where no option of a table fits)."""
+    :func:`config_bound` (nan where no option of a table fits)."""
     return lower_bound_of(problem)[0]
 
 
@@ -281,18 +282,13 @@ def lower_bound_of(problem: Problem) -> Tuple[float, str]:
 
 def plan_bound(enumerator: Optional[Enumerator],
                reservation: Optional[StorageReservation]) -> Optional[Tuple[float, str]]:
-    """The lower bound (:mod:`.bound`) on the rating of any plan of the options ``enumerator`` enumerated last
+    """The lower bound (:func:`lower_bound`) on the rating of any plan of the options ``enumerator`` enumerated last
     on the devices ``reservation`` reserved last, and which bound it is (:func:`lower_bound_of`); None where either is
     unknown."""
     space = getattr(enumerator, "last_stored_search_space", None)
     reserved = getattr(reservation, "_last_reserved_topology", None)
     if not space or reserved is None:
         return None
-    from runner.plan.torchrec_adapter.balanced.proposer import (  # the search's problem of the options
-        capacity_of,
-        problem_of,
-    )
-
     key = _key(space, reserved.local_world_size, capacity_of(reserved))
     found = _KNOWN.get(key)
     if found is None:
@@ -340,7 +336,7 @@ _AHEAD: List[Any] = []  # [search space, its devices, pid, the answer's pipe, pr
 
 def start_bound(search_space: List[Any], problem: Problem, bound: Callable[[Problem], Tuple[float, str]],
                 progress: Optional[Callable[[str], None]] = None) -> None:
-    """Fork a process that computes ``bound(problem)`` (:func:`.bound.lower_bound_of`) for the problem of these
+    """Fork a process that computes ``bound(problem)`` (:func:`lower_bound_of`) for the problem of these
     options; ``progress`` is told, every second, that the plan waits for it (where it does). Where no fork can be
     made, nothing: the bound is computed here when asked."""
     end_bound_fork()
@@ -371,8 +367,6 @@ def taken(search_space: Any, reserved: Any) -> Optional[Tuple[float, str]]:
 
 
 def _same_devices(devices: Problem, reserved: Any) -> bool:  # the bound's devices are like ``reserved``?
-    from runner.plan.torchrec_adapter.balanced.proposer import capacity_of
-
     return devices.local == reserved.local_world_size and np.array_equal(devices.capacity, capacity_of(reserved))
 
 
