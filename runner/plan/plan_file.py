@@ -14,7 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import (
     BoundsCheckMode,
@@ -31,6 +33,7 @@ from torchrec.types import DataType
 
 from runner.config.errors import PlanError
 from runner.config.tables import TableSpec
+from runner.plan.plan_memory import stock_estimators
 from runner.runtime.moved_names import cache_algorithm, multipass_prefetch_config
 
 if TYPE_CHECKING:
@@ -187,8 +190,6 @@ def _placement_fault(t: Dict[str, Any]) -> Optional[str]:
     """What of one table's entry is not a placement (None: nothing): a sharding type and kernel TorchRec knows,
     ranks and shards of whole non-negative numbers (a hand-edited or half-written plan.json never reaches TorchRec,
     whose own errors name no file); ranks past the job's world are said by :func:`load_plan`."""
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-
     def index(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
 
@@ -281,10 +282,6 @@ def pinned_options(spec: PlanSpec, model: nn.Module, plan: ShardingPlan, sharder
     each table's option that the plan chose, its shards on the plan's ranks. Empty where a table's choice is not
     among the options (a plan written with settings this job's enumerator does not offer): the run then shows no
     estimate, as before."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-
-    from runner.plan.plan_memory import stock_estimators
-
     topology, batch, constraints = inputs
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
                                      estimator=stock_estimators(topology, constraints, spec.pipeline))

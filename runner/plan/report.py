@@ -20,14 +20,12 @@ from runner.plan.cost.calibration import NONE
 from runner.plan.cost.step_estimate import step_markdown, step_metrics, step_phrase
 from runner.plan.cost.topology import topology_knobs
 from runner.plan.plan_file import plan_table, plan_to_dict, sharding_types_used
-from runner.plan.spec import PlanFacts
+from runner.plan.spec import PlanFacts, PlanSpec
 from runner.runtime import run_files
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import ShardingOption
     from torchrec.distributed.types import ShardingPlan
-
-    from runner.plan.spec import PlanSpec
 
 
 PRINT_TABLES_UP_TO = 24  # longer plans are summarised on the console (the files have everything)

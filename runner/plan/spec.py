@@ -1,7 +1,6 @@
 """Planning's typed inputs and outputs beside the plan. In: what planning reads of a job's config, read once
 (:class:`PlanSpec`): the planner, its proposers, its estimates and its refusals take it, not the whole config. Out:
-what planning found beside the plan (:class:`PlanFacts`): where the plan came from and how (decisions read these,
-never a message's text), and what it compares with.
+what planning found beside the plan (:class:`PlanFacts`).
 """
 
 from __future__ import annotations

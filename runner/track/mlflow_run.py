@@ -28,6 +28,7 @@ from runner.runtime import run_files, signals
 from runner.runtime.folder_lock import taking_turns
 from runner.track import store
 from runner.track.events import EventLog, EventPump
+from runner.track.inputs import log_datasets
 from runner.track.sweep_points import sweep_of
 from runner.track.sync import end_or_keep, open_kept
 from runner.track.system import start_system_metrics
@@ -301,8 +302,6 @@ class DriverRun:
             print(f"\r{line}\x1b[K" if sys.stdout.isatty() else line, flush=True)  # a terminal (plan_beside)
         self._run.system = self._system_metrics(run_id, self.job.node_rank or 0)
         if record.datasets:
-            from runner.track.inputs import log_datasets
-
             try:
                 log_datasets(self.uri, run_id, record.datasets)
             except Exception as exc:  # the data itself was checked before launch; its record is not worth the run
