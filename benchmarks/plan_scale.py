@@ -7,7 +7,7 @@ GPUs, the runner's dynamic-programming plan against TorchRec's own planner.
         [--sweep] [--beyond] [--beyond-timeout 600]
 
 - ``import floor``: ``python -c "import torchrec.distributed.planner, mlflow, hydra"``, what any planning
-  command pays before it plans; beside it, what a plan-only job imports (``plan_only.IMPORTS``, the runner's CLI
+  command pays before it plans; beside it, what a plan-only job imports (its mode's ``warm_imports``, the runner's CLI
   and Hydra), timed the same way, and each size's whole command as a multiple of the floor.
 - each size: ``python -m runner mode=plan experiment=plan_many_tables model.generated_tables.count=N
   cluster=gpu_4x8 cluster.nodes=K``, timed whole (start-up, planning, the plan folder, the MLflow run); its
@@ -57,11 +57,14 @@ def import_floor() -> float:
 
 
 def job_imports() -> float:
-    """Seconds to import what a plan-only job imports (its CLI, Hydra, ``plan_only.IMPORTS``), in a fresh process."""
-    from runner.launch.job.plan_only import IMPORTS
+    """Seconds to import what a plan-only job imports (its CLI, Hydra, its mode's ``warm_imports``), in a fresh
+    process."""
+    from runner.config.modes import MODES
+
+    imports = MODES["plan"].warm_imports
 
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import runner.cli, hydra, " + ", ".join(IMPORTS)], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", "import runner.cli, hydra, " + ", ".join(imports)], check=True, cwd=ROOT)
     return time.perf_counter() - t0
 
 
