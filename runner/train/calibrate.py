@@ -38,7 +38,7 @@ from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig, samples_per_step
+from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig
 from runner.config.tables import table_specs
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for, source
@@ -391,12 +391,13 @@ def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSc
 def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress) -> Dict[str, Any]:
     """The dense part at the job's batch, a half and a quarter of it; the optimizer over the dense parameters,
     4x and 16x as many; a batch from the source at the job's batch and a quarter of it."""
-    rows = samples_per_step(cfg.train)
+    whole = job_data(cfg)  # the job's data part: its rows per rank per step, its source
+    rows = whole.rows
     say("dense part", 0, 3, force=True)
     repeats = repeats_for(cfg.calibrate)
     # also at the tiny-table job's batches (its overhead is what its step takes beyond these): a batch that large
     steps = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
-    data = next(iter(source(replace(job_data(cfg), rows=max(steps[-1], rows)), env.rank, env.world, False, 0, 1)))
+    data = next(iter(source(replace(whole, rows=max(steps[-1], rows)), env.rank, env.world, False, 0, 1)))
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
                               repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *steps})}
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
@@ -410,7 +411,7 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     sizes = (params, 16 * params) if cfg.calibrate.grid == "small" else (params, 16 * params, 1 << 22, 1 << 24)
     optimizer = {n: optimizer_samples(cfg.optimizer, n, device, repeats) for n in sorted(set(sizes))}
     say("input", 2, 3, force=True)
-    n, whole = cfg.calibrate.repeats, job_data(cfg)
+    n = cfg.calibrate.repeats
     quarter = max(cfg.train.batch_size // 4, 1) * cfg.train.grad_accumulation_steps  # the job's rows at a quarter batch
     inputs = {r: input_samples(iter(source(replace(whole, rows=r), env.rank, env.world, False, 0, n + 1)), n)
               for r in (rows, quarter)}
