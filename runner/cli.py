@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import PROJECT_ROOT
 from runner.config import paired
+from runner.config.parts import part
 from runner.config.schema import register_schemas
 from runner.config.secrets import redact_text
 from runner.launch.job.hydra_call import say_error
@@ -135,27 +136,9 @@ def _sync(args: List[str]) -> int:
         return stop.exit_code
 
 
-def _diff(args: List[str]) -> int:
-    from runner.track.diff import diff
-
-    return diff(args)
-
-
-def _export_calibration(args: List[str]) -> int:
-    from runner.plan import export_calibration_command
-
-    return export_calibration_command(args)
-
-
-# `resume` is a sweep's own command again: it runs as one
-def _learn_calibration(args: List[str]) -> int:
-    from runner.plan import learn_command
-
-    return learn_command(args)
-
-
-SUBCOMMANDS = {"sync": _sync, "diff": _diff, "export-calibration": _export_calibration,
-               "learn-calibration": _learn_calibration}
+SUBCOMMANDS = {  # each ``module:function`` of the arguments after its name, imported when named; ``resume`` is a
+    "sync": "runner.cli:_sync", "diff": "runner.track.diff:diff",  # sweep's own command again: it runs as one
+    "export-calibration": "runner.plan:export_calibration_command", "learn-calibration": "runner.plan:learn_command"}
 
 
 def main() -> None:
@@ -164,7 +147,7 @@ def main() -> None:
     logging.raiseExceptions = False  # a log file on a full disk: no traceback on the terminal for its handler
     args = sys.argv[1:]
     if args[:1] and args[0] in SUBCOMMANDS:
-        sys.exit(SUBCOMMANDS[args[0]](args[1:]))
+        sys.exit(part(SUBCOMMANDS[args[0]])(args[1:]))
     args = paired.rewrite(args)  # key=pair(...): paired sweep axes, in Hydra's grammar
     if args[:1] == ["resume"]:  # the sweep's own command again, in its folder
         from runner.launch.sweep.resume import resume_argv

@@ -60,11 +60,6 @@ RESERVATIONS: Dict[str, Reservation] = {r.name: r for r in (
 )}
 
 
-def reservation_of(policy: str) -> Reservation:
-    """The declaration of ``policy`` (an old name's declaration says its new one)."""
-    return RESERVATIONS[policy]
-
-
 def canonical(policy: str) -> str:
     """The policy's name (an old name's new one)."""
     return RESERVATIONS[policy].new_name or policy

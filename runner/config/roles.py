@@ -68,25 +68,21 @@ def role(key: str) -> str:
     return next((ROLES[p] for n in range(len(parts), 0, -1) if (p := ".".join(parts[:n])) in ROLES), ANSWER)
 
 
-def _answer_keys(config: Mapping[str, Any], drop: Tuple[str, ...] = (), prefix: str = "") -> Dict[str, Any]:
-    """``config`` with only its ``answer`` keys (groups walked), less those in ``drop``."""
+def answer(config: Mapping[str, Any], drop: Tuple[str, ...] = (), prefix: str = "") -> Dict[str, Any]:
+    """A resolved config (plain dicts) with only its ``answer`` keys (groups walked), less those in ``drop``: equal
+    for two jobs of the same config."""
     out: Dict[str, Any] = {}
     for k, v in config.items():
         key = f"{prefix}{k}"
         if key in drop:
             continue
         if isinstance(v, Mapping) and key != "sharding.constraints":  # not a group: one key's value (per table)
-            sub = _answer_keys(v, drop, f"{key}.")
+            sub = answer(v, drop, f"{key}.")
             if sub or role(key) == ANSWER:
                 out[k] = sub
         elif role(key) == ANSWER:
             out[k] = v
     return out
-
-
-def answer(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """A resolved config (plain dicts) with only its ``answer`` keys: equal for two jobs of the same config."""
-    return _answer_keys(config)
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -96,4 +92,4 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 def enumerated(config: Mapping[str, Any]) -> Dict[str, Any]:
     """:func:`answer` without ``NOT_ENUMERATED``: what TorchRec's enumeration of sharding options reads."""
-    return _answer_keys(config, NOT_ENUMERATED)
+    return answer(config, NOT_ENUMERATED)

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         return signals.Stopped(signal.Signals[name]).exit_code
     if run is not None:
         try:
-            outcome.write(end_finished_run(run, PlanChart(path.parent), path.parent, results), path.parent)
+            outcome.write(end_finished_run(run, PlanChart(path.parent), results), path.parent)
         except Exception as exc:  # noqa: BLE001 - the ranks' work is done and on disk; its record is said
             print(f"[runner] warning: could not end the MLflow run: {exc}", file=sys.stderr, flush=True)
     return 0

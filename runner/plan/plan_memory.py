@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ShardEstimator, StorageReservation
 
-from runner.config.reservations import canonical, reservation_of
+from runner.config.parts import part
+from runner.config.reservations import RESERVATIONS
 from runner.plan.cost.calibration import GIB
 
 if TYPE_CHECKING:
@@ -76,9 +77,8 @@ def torchrec_reservation(sharding: ShardingSchema, dense_bytes: Optional[int], t
                          ) -> StorageReservation:
     """TorchRec's own reservation object for ``sharding.storage_reserve_policy``, with the arguments the runner
     gives it (HBM only: what the tests compare the runner's with)."""
-    found = reservation_of(sharding.storage_reserve_policy)
-    module, function = found.builds.split(":")
-    kwargs = getattr(importlib.import_module(module), function)(sharding, dense_bytes, device_memory(topology))
+    found = RESERVATIONS[sharding.storage_reserve_policy]
+    kwargs = part(found.builds)(sharding, dense_bytes, device_memory(topology))
     return getattr(importlib.import_module(_CLASSES), found.torchrec_class)(**kwargs)
 
 
@@ -94,10 +94,10 @@ def _gpu_twin(topology: Topology) -> Topology:
 
 class HostMemoryToo(StorageReservation):
     """TorchRec's reservation ``inner``; on CPU topologies the host memory it would leave of a GPU of that size
-    (see the module doc). ``policy``: the policy's name, for the report."""
+    (see the module doc)."""
 
-    def __init__(self, inner: StorageReservation, policy: str) -> None:
-        self.inner, self.policy = inner, policy
+    def __init__(self, inner: StorageReservation) -> None:
+        self.inner = inner
         self._last_reserved_topology: Optional[Topology] = None
 
     def reserve(self, topology: Topology, *args: Any, **kwargs: Any) -> Topology:
@@ -121,8 +121,7 @@ def build_storage_reservation(sharding: ShardingSchema, topology: Topology,
     """The reservation ``sharding`` asks for on ``topology``'s devices; ``dense_tensor_bytes``: the dense
     parameters' bytes (:func:`runner.plan.cost.topology.dense_bytes`), which the policies that reserve the dense part
     multiply (None: TorchRec sizes it from the module)."""
-    inner = torchrec_reservation(sharding, dense_tensor_bytes, topology)
-    return HostMemoryToo(inner, canonical(sharding.storage_reserve_policy))
+    return HostMemoryToo(torchrec_reservation(sharding, dense_tensor_bytes, topology))
 
 
 def reserved_per_rank(topology: Topology, reserved: Optional[Topology]) -> Optional[List[int]]:

@@ -19,7 +19,7 @@ from torchrec.distributed.planner.types import Enumerator, ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
-from runner.config.reservations import reservation_of
+from runner.config.reservations import RESERVATIONS
 from runner.config.schema import SHARDING_TYPES
 from runner.config.validation import table_constraint
 from runner.plan.cost import step_estimate as steps
@@ -82,14 +82,12 @@ class PlanEstimates(Stats):
     """Planner stats hook that keeps the chosen sharding options, for per-rank estimates."""
 
     best_plan: List[ShardingOption] = field(default_factory=list)
-    world_size: int = 0
     lower_bound_ms: Optional[float] = None
     lower_bound_kind: Optional[str] = None
     reserved_bytes: Optional[List[int]] = None  # per rank, of the memory tables go in (plan_memory.reserved_per_rank)
 
     def log(self, sharding_plan: ShardingPlan, topology: Topology, *args: Any, **kwargs: Any) -> None:
         self.best_plan = list(kwargs.get("best_plan") or (args[5] if len(args) > 5 else []))
-        self.world_size = topology.world_size
         reservation = kwargs.get("storage_reservation")
         self.reserved_bytes = reserved_per_rank(topology, getattr(reservation, "_last_reserved_topology", None))
         if seam_note() is None:  # the bound reads the runner's enumeration (the TorchRec adapter)
@@ -162,9 +160,8 @@ def _plan_here(spec: PlanSpec, model: nn.Module, world: int, local_world: int, d
 
         if conformance_note() is not None:
             notes.append(str(conformance_note()))
-        return plan_with_runner(spec, model, world, local_world, device_type, sharders, estimates, reuse, hbm_cap,
-                                notes, facts, planner_inputs(spec, world, local_world, device_type, hbm_cap), progress,
-                                choose_from)
+        return plan_with_runner(spec, model, world, device_type, sharders, estimates, reuse, notes, facts,
+                                planner_inputs(spec, world, local_world, device_type, hbm_cap), progress, choose_from)
     notes.append(str(seam_note()))
     facts["plan_source"], facts["planner"] = "torchrec", "stock"
     try:
@@ -217,7 +214,7 @@ def make_plan(spec: PlanSpec, model: nn.Module, world: int, local_world: int, de
         return plan, chosen, time.perf_counter() - t0, sharders
     estimates = PlanEstimates()
     result: List[Any] = [None]
-    if notes is not None and (new := reservation_of(spec.sharding.storage_reserve_policy).new_name):
+    if notes is not None and (new := RESERVATIONS[spec.sharding.storage_reserve_policy].new_name):
         notes.append(f"sharding.storage_reserve_policy={spec.sharding.storage_reserve_policy} is {new}'s old name "
                      f"and plans as {new}")
     if pg is None or dist.get_rank(pg) == 0:

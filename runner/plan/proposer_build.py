@@ -15,7 +15,7 @@ from torchrec.distributed.planner.proposers import (
 
 from runner.config.errors import ConfigError
 from runner.config.parts import part
-from runner.config.proposers import PROPOSERS, Proposer
+from runner.config.proposers import PROPOSERS
 
 if TYPE_CHECKING:
     from runner.config.schema import ShardingSchema
@@ -37,15 +37,10 @@ def stock_uniform(sharding: ShardingSchema) -> UniformProposer:
     return UniformProposer()
 
 
-def declared(name: str) -> Proposer:
-    """The declaration of the proposer ``name`` (``sharding.proposer``, or the one a proposer falls back to)."""
-    return PROPOSERS[name]
-
-
 def build_proposer(name: str, sharding: ShardingSchema, device_type: str, world_size: int) -> Any:
     """The runner's proposer ``name`` with ``sharding``'s knobs (None: TorchRec's default list); refused on CPU
     workers where it does not run there."""
-    proposer = declared(name)
+    proposer = PROPOSERS[name]
     if not proposer.cpu and device_type != "cuda":
         raise ConfigError("sharding.proposer", name,
                           "another proposer on CPU workers (it bins HBM, which they do not have)")
@@ -57,5 +52,5 @@ def build_proposer(name: str, sharding: ShardingSchema, device_type: str, world_
 def stock_proposer(name: str, sharding: ShardingSchema) -> Any:
     """TorchRec's own proposer(s) standing in for the proposer ``name`` on its stock planner, with ``sharding``'s
     knobs (None: its default list)."""
-    stock = declared(name).stock
+    stock = PROPOSERS[name].stock
     return part(stock)(sharding) if stock is not None else None

@@ -46,10 +46,6 @@ class PlanSpec:
             tree["cluster"] = {**tree["cluster"], "ddr_cap_gib": gib}
         return dataclasses.replace(self, ddr_cap_gib=gib, enumerated=tree)
 
-    def with_proposer(self, name: str) -> "PlanSpec":
-        """The same plan by the proposer ``name`` (a proposer's fall-back)."""
-        return dataclasses.replace(self, proposer=name)
-
 
 def plan_spec(cfg: RunnerConfig) -> PlanSpec:
     """``cfg``'s plan part (:class:`PlanSpec`)."""

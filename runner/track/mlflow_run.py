@@ -259,22 +259,8 @@ class DriverRun:
         self.uri = store.tracking_uri(tracking.uri)
         self.multi_host = job.node_rank is not None
         self.static = static_rendezvous  # rank 0 is on node 0 (a Slurm job): node 0 opens the run at once
-        self._run = run = MlflowRun(run_folder, self.uri)  # open, deliver, end
+        self.mlflow = MlflowRun(run_folder, self.uri)  # the run itself: its id, opened, delivered and ended
         self.replaces: Optional[str] = None  # the run of this folder's earlier job (a point run again)
-        # the run's own, as MlflowRun does them: deliver, report_last, add_to_note, stop_system_metrics (this host's
-        # last samples, logged before the run ends), end (False: the store is unreachable and the ending is kept in
-        # the run folder for ``python -m runner sync``; this host's system metrics stopped first)
-        self.deliver, self.report_last, self.add_to_note = run.deliver, run.report_last, run.add_to_note
-        self.stop_system_metrics, self.end = run.stop_system_metrics, run.end
-
-    @property
-    def run_id(self) -> Optional[str]:
-        return self._run.run_id
-
-    @property
-    def opened(self) -> bool:
-        """Whether this driver opened the run (in the store, or kept while the store is away)."""
-        return self._run.opened
 
     def rank0_here(self) -> bool:
         if self.static:
@@ -290,17 +276,17 @@ class DriverRun:
         """Create the run (its folder's ``run.json`` records it) with what its record says, start the system
         metrics."""
         record = self._record()
-        run_id = self._run.open(self.tracking.experiment, self.config, record.name, record.parent_run_id, record.tags,
+        run_id = self.mlflow.open(self.tracking.experiment, self.config, record.name, record.parent_run_id, record.tags,
                                  {"port": self.port})
-        self._run.artifacts(record.artifacts)
+        self.mlflow.artifacts(record.artifacts)
         if run_id is None:  # the store is away: the run is kept in the folder
             return
         if self.replaces and record.parent_run_id:
             _retire(self.uri, self.replaces, record.parent_run_id, run_id)
-        if self.job.verbose or not self._run.in_sweep:  # a sweep's point: its one line comes at its end
-            line = f"[runner] MLflow run {self.run_id} | run folder {self.run_folder}"  # over a plan's count line, on
+        if self.job.verbose or not self.mlflow.in_sweep:  # a sweep's point: its one line comes at its end
+            line = f"[runner] MLflow run {run_id} | run folder {self.run_folder}"  # over a plan's count line, on
             print(f"\r{line}\x1b[K" if sys.stdout.isatty() else line, flush=True)  # a terminal (plan_beside)
-        self._run.system = self._system_metrics(run_id, self.job.node_rank or 0)
+        self.mlflow.system = self._system_metrics(run_id, self.job.node_rank or 0)
         if record.datasets:
             try:
                 log_datasets(self.uri, run_id, record.datasets)
@@ -312,19 +298,19 @@ class DriverRun:
 
     def pump(self) -> None:
         """Write rank 0's new reports (metrics, tags, plan artifacts) to the run."""
-        if self.multi_host and not self.opened and self.rank0_here():
+        if self.multi_host and not self.mlflow.opened and self.rank0_here():
             self.open()
-        if self.opened:
-            self._run.deliver()
-        if self._run.system is None and self.static and self.job.node_rank:  # node k: once node 0 opened it
+        if self.mlflow.opened:
+            self.mlflow.deliver()
+        if self.mlflow.system is None and self.static and self.job.node_rank:  # node k: once node 0 opened it
             info = run_files.read_json(self.run_folder.parent / run_files.RUN_INFO)
             if info and info.get("run_id"):
                 monitor = self._system_metrics(info["run_id"], self.job.node_rank)
-                self._run.system = monitor or False  # off: asked once
+                self.mlflow.system = monitor or False  # off: asked once
 
     def ensure_on_record(self) -> None:
         """A refused job is still on record, as FAILED (on a multi-host job: by node 0's driver)."""
-        if not self.opened and (not self.multi_host or self.rank0_here() or self.job.node_rank == 0):
+        if not self.mlflow.opened and (not self.multi_host or self.rank0_here() or self.job.node_rank == 0):
             self.open()
 
 

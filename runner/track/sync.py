@@ -225,7 +225,23 @@ def _sweep_parent(sweep_folder: Path, say: Callable[[str], None] = print) -> Tup
     (the points' runs then wait too: they are to be its children)."""
     folder = sweep_folder / PARENT_DIR
     with taking_turns(folder, say=say):  # two syncs at once: one creates the parent, the other finds it
-        return _open_parent(sweep_folder, folder)
+        info = run_files.read_json(folder / run_files.RUN_INFO)
+        if not isinstance(info, dict) or not isinstance(info.get("tracking_uri"), str):
+            return None, None  # said by the parent folder's own sync
+        if info.get("run_id"):
+            return str(info["run_id"]), None
+        if not info.get("pending"):
+            return None, None
+        try:
+            run_id = open_kept(folder, info["tracking_uri"], info["pending"])
+        except Exception as exc:  # noqa: BLE001
+            return None, (f"{sweep_folder}: the store {info['tracking_uri']} is still unreachable "
+                          f"({outage_reason(exc)}); nothing is lost, run sync again later")
+        sweep_file = sweep_folder / SWEEP_FILE
+        found = run_files.read_json(sweep_file)
+        if isinstance(found, dict):
+            run_files.write_json(sweep_file, {**found, "parent_run_id": run_id})
+        return run_id, None
 
 
 def kept_parent(sweep_folder: Path, uri: str) -> Optional[str]:
@@ -240,27 +256,6 @@ def kept_parent(sweep_folder: Path, uri: str) -> Optional[str]:
     if error:
         raise TrackingError(error)
     return run_id
-
-
-def _open_parent(sweep_folder: Path, folder: Path) -> Tuple[Optional[str], Optional[str]]:
-    """:func:`_sweep_parent`'s work, in the parent folder's turn."""
-    info = run_files.read_json(folder / run_files.RUN_INFO)
-    if not isinstance(info, dict) or not isinstance(info.get("tracking_uri"), str):
-        return None, None  # said by the parent folder's own sync
-    if info.get("run_id"):
-        return str(info["run_id"]), None
-    if not info.get("pending"):
-        return None, None
-    try:
-        run_id = open_kept(folder, info["tracking_uri"], info["pending"])
-    except Exception as exc:  # noqa: BLE001
-        return None, (f"{sweep_folder}: the store {info['tracking_uri']} is still unreachable ({outage_reason(exc)}); "
-                      "nothing is lost, run sync again later")
-    sweep_file = sweep_folder / SWEEP_FILE
-    found = run_files.read_json(sweep_file)
-    if isinstance(found, dict):
-        run_files.write_json(sweep_file, {**found, "parent_run_id": run_id})
-    return run_id, None
 
 
 def sync(args: List[str]) -> int:

@@ -157,7 +157,7 @@ def drive_workers(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJo
 
     def pump() -> None:
         run.pump()
-        if run.opened:
+        if run.mlflow.opened:
             chart.start()
 
     pre_launch_checks(cfg, data, run_folder, place).write(run_folder)  # the workers read it (place.json)
@@ -170,9 +170,9 @@ def drive_workers(cfg: RunnerConfig, data: Optional[JobData], hydra_job: HydraJo
         _prewarm_next(threads, hydra_job, scheduler)
     finally:
         run.pump()  # what rank 0 reported before the end (or before a failure)
-        if not run.opened:  # node k of a multi-host job: the run is node 0's to end
-            run.stop_system_metrics()
-    if run.multi_host and not run.opened:
+        if not run.mlflow.opened:  # node k of a multi-host job: the run is node 0's to end
+            run.mlflow.stop_system_metrics()
+    if run.multi_host and not run.mlflow.opened:
         who = "node 0's task" if run.static else "rank 0 ran on another host, whose driver"
         print(f"[runner] node {cfg.cluster.node_rank} finished; {who} logged the MLflow run", flush=True)
         return None
@@ -220,14 +220,14 @@ def reuse_job(cfg: RunnerConfig, config: Dict[str, Any], earlier: Run, scheduler
     results = link_point(hydra_job.run_folder, earlier, run)
     results["summary"] = (f"[runner] job {hydra_job.job_num} reused: the same config finished in MLflow run "
                           f"{earlier.info.run_id}")
-    end_job_run(run, outcome.finished(results))
+    end_job_run(run.mlflow, outcome.finished(results))
     if cfg.sweep.verbose:  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return results
 
 
-def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler, attempt: int = 1,
-                place: Optional[Place] = None) -> Dict[str, Any]:
+def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler, attempt: int, place: Place
+                ) -> Dict[str, Any]:
     """Write the resolved config (``config``: ``cfg`` resolved, as the job made it), launch (or plan), keep the
     MLflow run, return the results. ``scheduler``: the job's (:mod:`runner.launch.schedulers`); ``attempt``: which
     run of this job it is (``sweep.retries``); ``place``: where it runs (:mod:`runner.config.place`)."""
@@ -253,8 +253,8 @@ def execute_job(cfg: RunnerConfig, config: Dict[str, Any], scheduler: Scheduler,
     gpus = 0  # concurrent CUDA jobs on this host: each on its own GPUs too
     if mode.on_workers and hydra_job.parallel > 1 and device_type(cfg.cluster.device) == "cuda":
         gpus = cfg.cluster.workers_per_node * len(nodes_on_this_host(cfg.cluster))
-    chart, where = PlanChart(run.run_folder), place or Place(scheduler.name)
-    work = lambda: part(mode.drives)(cfg, data, hydra_job, run, chart, where, scheduler)  # noqa: E731
+    chart = PlanChart(run.run_folder)
+    work = lambda: part(mode.drives)(cfg, data, hydra_job, run, chart, place, scheduler)  # noqa: E731
     with job_cores(hydra_job.parallel, gpus):  # concurrent jobs on this host: each on its own cores
         return _ended(run, chart, scheduler, work)
 
@@ -269,11 +269,11 @@ def _ended(run: DriverRun, chart: PlanChart, scheduler: Scheduler,
             return {}
         run.pump()
     except BaseException as exc:
-        if isinstance(exc, TrackingError) and not run.opened:
+        if isinstance(exc, TrackingError) and not run.mlflow.opened:
             raise  # the store refused before the run opened (a plan-only job's, opened beside): none to record in
         end = outcome.of_error(exc, scheduler, run.run_folder)
         if end.status == "FAILED" and not isinstance(exc, KeyboardInterrupt):
             run.ensure_on_record()
-        end_job_run(run, end)
+        end_job_run(run.mlflow, end)
         raise
-    return end_finished_run(run, chart, run.run_folder, results).results
+    return end_finished_run(run.mlflow, chart, results, run.job.verbose).results

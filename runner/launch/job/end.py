@@ -14,16 +14,14 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional
 
 from runner.launch.job.outcome import Outcome, finished
 from runner.plan import CHART, ESTIMATES, draw_plan_chart, plan_description
 from runner.runtime import run_files
-from runner.track.mlflow_run import DriverRun, MlflowRun
+from runner.track.mlflow_run import MlflowRun
 from runner.track.reporter import summary_line
 from runner.track.sweep_points import sweep_of
-
-Holder = Union[DriverRun, MlflowRun]  # the driver's run, or rank 0's under a plain torchrun
 
 
 class PlanChart:
@@ -61,9 +59,10 @@ class PlanChart:
         return png if png.exists() else None
 
 
-def end_finished_run(run: Holder, chart: PlanChart, run_folder: Path, results: Dict[str, Any]) -> Outcome:
-    """End the run of a job that finished; its outcome, the ``results`` given the run's id and store, and the
-    summary line (printed)."""
+def end_finished_run(run: MlflowRun, chart: PlanChart, results: Dict[str, Any], verbose: bool = False) -> Outcome:
+    """End the run of a job that finished (the driver's, or rank 0's under a plain torchrun); its outcome, the
+    ``results`` given the run's id and store, and the summary line (printed; in a sweep, with ``verbose`` only)."""
+    run_folder = run.run_folder
     png = chart.png()
     if png is not None and run.opened:
         run.report_last([png], run_files.PLAN)
@@ -77,12 +76,12 @@ def end_finished_run(run: Holder, chart: PlanChart, run_folder: Path, results: D
         results["tracking_pending"] = str(sweep or run_folder)
     results["run_id"] = run.run_id  # a run kept while the store was away may have been created at the end
     results["summary"] = summary_line(results)
-    if sweep is None or (isinstance(run, DriverRun) and run.job.verbose):  # else in the sweep's progress line
+    if sweep is None or verbose:  # else in the sweep's progress line
         print(results["summary"], flush=True)
     return finished(results)
 
 
-def end_job_run(run: Holder, end: Outcome) -> bool:
+def end_job_run(run: MlflowRun, end: Outcome) -> bool:
     """End the run of a job with its outcome's status and line (a failed or stopped job's, or a point answered
     by an earlier run); a store that fails here is said in a warning (the job's own outcome matters more). False
     when the ending is not in the store."""

@@ -166,12 +166,12 @@ def link_point(run_folder: Path, earlier: Run, new_run: DriverRun) -> Dict[str, 
     new_run.open()
     copied = {k: v for k, v in earlier.data.tags.items() if k.startswith("runner.plan") or k in (
         "runner.sharding_types", "runner.world_size", "runner.local_world_size", "runner.nodes", "runner.device")}
-    store.set_tags(new_run.uri, new_run.run_id, {**copied, "runner.reused_from": earlier.info.run_id})
+    store.set_tags(new_run.uri, new_run.mlflow.run_id, {**copied, "runner.reused_from": earlier.info.run_id})
     if earlier.data.metrics:
-        assert new_run.run_id is not None  # set_tags above wrote to it
-        store.log_step_metrics(new_run.uri, new_run.run_id, [(dict(earlier.data.metrics), 0)])
+        assert new_run.mlflow.run_id is not None  # set_tags above wrote to it
+        store.log_step_metrics(new_run.uri, new_run.mlflow.run_id, [(dict(earlier.data.metrics), 0)])
     results = {**(run_files.read_json(source / run_files.RESULTS) or {}), "reused_from": earlier.info.run_id,
-               "run_id": new_run.run_id, "tracking_uri": new_run.uri}
+               "run_id": new_run.mlflow.run_id, "tracking_uri": new_run.uri}
     run_files.write_json(run_folder / run_files.RESULTS, results)
     return results  # the run is ended with the point's outcome by the driver (launch/job/end.py)
 

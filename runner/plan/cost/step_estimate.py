@@ -237,10 +237,10 @@ def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[St
     """The perf model a planner of ``spec`` rates plans with: :class:`StepPerfModel` with a calibration, else None
     (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
     comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
+    from runner.config.proposers import PROPOSERS
     from runner.plan.cost.choice import for_config
-    from runner.plan.proposer_build import declared
 
     cal = for_config(spec.cluster, spec.mode, device_type).calibration
-    if cal is None or declared(spec.proposer).own_planner:
+    if cal is None or PROPOSERS[spec.proposer].own_planner:
         return None
     return StepPerfModel(cal, world, spec.rows)

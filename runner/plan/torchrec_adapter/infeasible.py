@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
-from runner.config.reservations import canonical, reservation_of
+from runner.config.reservations import RESERVATIONS, canonical
 from runner.plan.torchrec_adapter.compact_enumeration import shard_storages
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def _budget_text(spec: PlanSpec, device_type: str, per_rank: float, world: int) 
     _, word, cap_key = KINDS[device_type]
     cap = spec.ddr_cap_gib if cap_key == "ddr_cap_gib" else getattr(spec.cluster, cap_key)
     s = spec.sharding
-    declared = reservation_of(s.storage_reserve_policy)
+    declared = RESERVATIONS[s.storage_reserve_policy]
     reserve = " ".join(f"sharding.{k}={v:g}" if isinstance(v := getattr(s, k), float) else f"sharding.{k}={v}"
                        for k in declared.knobs)  # the keys the policy reads, which are the ones that change it
     policy = f", policy {canonical(s.storage_reserve_policy)}: {declared.summary}"

@@ -8,16 +8,18 @@ planner and never imports this package's other modules.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 from torchrec.distributed.planner.types import Enumerator, ShardingOption
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from runner.config.errors import ConfigError, NoPlanFits, PlanError, first_line
+from runner.config.proposers import PROPOSERS
 from runner.plan.cost.step_estimate import step_perf_model
 from runner.plan.plan_memory import build_storage_reservation
-from runner.plan.proposer_build import build_proposer, declared
+from runner.plan.proposer_build import build_proposer
 from runner.plan.spec import PlanFacts
 from runner.plan.torchrec_adapter.balanced.balanced_planner import BalancedPlanner
 from runner.plan.torchrec_adapter.balanced.bound import plan_bound
@@ -53,7 +55,7 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
               "estimator": shard_estimators(topology, constraints, spec.pipeline)}
     proposer = build_proposer(spec.proposer, spec.sharding, device_type, world_size)
     # the balanced search holds identical shards once; TorchRec's proposers get TorchRec's full options
-    own = declared(spec.proposer).own_planner  # the balanced search's planner
+    own = PROPOSERS[spec.proposer].own_planner  # the balanced search's planner
     if search_space is not None:
         enumerator: Any = FixedEnumerator(*search_space, **kwargs)
     elif reuse:
@@ -89,21 +91,11 @@ def explain_planner_error(exc: Exception, planner: Optional[EmbeddingShardingPla
     return found.line if found is not None else f"the planner found no plan: {first_line(exc) or type(exc).__name__}"
 
 
-class _Job:
-    """What every planner of one plan shares: the plan's part of the config, the world, the model and its sharders,
-    the inputs."""
-
-    def __init__(self, spec: PlanSpec, model: nn.Module, world: int, device_type: str,
-                 sharders: List[ModuleSharder[nn.Module]], estimates: Stats, dense: int, inputs: Inputs,
-                 progress: Optional[Progress]) -> None:
-        self.spec, self.model, self.world, self.device_type, self.sharders = spec, model, world, device_type, sharders
-        self.estimates, self.dense, self.inputs, self.progress = estimates, dense, inputs, progress
-
-    def planner(self, spec: PlanSpec, **kwargs: Any) -> SearchLoopPlanner:
-        return runner_planner(spec, self.inputs, self.device_type, self.world, self.estimates, self.dense, **kwargs)
+Replan = Callable[..., ShardingPlan]  # (spec, **runner_planner's keywords): the same job planned again
 
 
-def _placeable_plan(planner: EmbeddingShardingPlanner, job: _Job, notes: List[str]) -> Optional[ShardingPlan]:
+def _placeable_plan(planner: EmbeddingShardingPlanner, spec: PlanSpec, replan: Replan, progress: Optional[Progress],
+                    notes: List[str]) -> Optional[ShardingPlan]:
     """Where TorchRec's dynamic-programming proposer found no plan: propose again without the options that
     have a shard no GPU can hold (:func:`.dp_proposer.placeable_only`); the plan (TorchRec-partitioned and
     rated) and a note on how it was found, or None."""
@@ -115,9 +107,8 @@ def _placeable_plan(planner: EmbeddingShardingPlanner, job: _Job, notes: List[st
     kept = placeable_only(space, reserved)
     if len(kept) == len(space) or {o.name for o in kept} != {o.name for o in space}:
         return None  # nothing to leave out, or a table with no placeable option: no plan fits
-    again = job.planner(job.spec, search_space=(kept, planner._enumerator), progress=job.progress)
     try:
-        plan = again.plan(job.model, job.sharders)
+        plan = replan(spec, search_space=(kept, planner._enumerator), progress=progress)
     except Exception:  # noqa: BLE001 - still none: the first planner's state explains why
         return None
     notes.append(f"TorchRec's dynamic-programming proposer found no plan: each of its proposals held a shard no "
@@ -127,33 +118,36 @@ def _placeable_plan(planner: EmbeddingShardingPlanner, job: _Job, notes: List[st
     return plan
 
 
-def _next_proposers_plan(job: _Job, name: str, notes: List[str]) -> Optional[ShardingPlan]:
+def _next_proposers_plan(spec: PlanSpec, replan: Replan, name: str, notes: List[str]) -> Optional[ShardingPlan]:
     """Where a proposer found no packing while the tables fit: the one its declaration falls back to
     (``sharding.proposer=<name>``); the plan and a note, or None."""
-    other = job.spec.with_proposer(name)
     try:
-        plan = job.planner(other).plan(job.model, job.sharders)
+        plan = replan(dataclasses.replace(spec, proposer=name))
     except Exception:  # noqa: BLE001 - none either: the first planner's state explains why
         return None
-    notes.append(f"sharding.proposer={job.spec.proposer} found no packing (nor without the options no GPU "
+    notes.append(f"sharding.proposer={spec.proposer} found no packing (nor without the options no GPU "
                  f"can hold); this plan was found by the next proposer, sharding.proposer={name}")
     return plan
 
 
-def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: int, device_type: str,
-                     sharders: List[ModuleSharder[nn.Module]], estimates: Stats, reuse: bool, hbm_cap: Optional[int],
-                     notes: List[str], facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
+def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, device_type: str,
+                     sharders: List[ModuleSharder[nn.Module]], estimates: Stats, reuse: bool, notes: List[str],
+                     facts: PlanFacts, inputs: Inputs, progress: Optional[Progress] = None,
                      choose_from: Optional[PlanChoices] = None) -> Union[ShardingPlan, PlanError]:
     """The runner planner's plan, or a :class:`PlanError` (returned, so that it can be broadcast). ``facts`` gets
     where the plan came from (``plan_source``: ``runner`` or ``torchrec``; ``fallback``: the way it was found
     when the named proposer found none)."""
     from runner.plan.cost.topology import dense_bytes
 
-    planner = None
-    job = _Job(spec, model, world, device_type, sharders, estimates, dense_bytes(model), inputs, progress)
+    planner, dense = None, dense_bytes(model)
+
+    def replan(other: PlanSpec, **kwargs: Any) -> ShardingPlan:
+        return runner_planner(other, inputs, device_type, world, estimates, dense, **kwargs).plan(model, sharders)
+
     facts["planner"] = "runner"
     try:
-        planner = job.planner(spec, reuse=reuse, progress=progress, choose_from=choose_from)
+        planner = runner_planner(spec, inputs, device_type, world, estimates, dense, reuse=reuse, progress=progress,
+                                 choose_from=choose_from)
         plan = planner.plan(model, sharders)
         facts["plan_source"] = "torchrec"  # TorchRec's proposer's plan, unless the balanced search's own
         cut = getattr(planner, "cut_short", None)
@@ -173,14 +167,14 @@ def plan_with_runner(spec: PlanSpec, model: nn.Module, world: int, local_world: 
             raise
         if planner is None:
             return NoPlanFits(explain_planner_error(exc, planner, spec, world, device_type))
-        found = _placeable_plan(planner, job, notes)
+        found = _placeable_plan(planner, spec, replan, progress, notes)
         if found is not None:
             facts["fallback"] = "placeable_only"
         line = explain_planner_error(exc, planner, spec, world, device_type)
         why = diagnose(planner, spec, world, device_type)
-        after = declared(spec.proposer).falls_back_to
+        after = PROPOSERS[spec.proposer].falls_back_to
         if found is None and after and why and why.cause == NO_PACKING:
-            found = _next_proposers_plan(job, after, notes)
+            found = _next_proposers_plan(spec, replan, after, notes)
             facts["fallback"] = after if found is not None else None
             line = explain_planner_error(exc, planner, spec, world, device_type, f" (then {after})")
         if found is not None:
