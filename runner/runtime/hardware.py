@@ -12,11 +12,14 @@ import os
 import platform
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+from runner.runtime.allocator import host_allocator
+
 if TYPE_CHECKING:
     import torch
 
-# keys that must be equal: the device, what runs on it, and the kernels' and collectives' builds
-MATCHED = ("device_kind", "device_name", "torch", "fbgemm", "torchrec", "cuda")
+# keys that must be equal: the device, what runs on it, the kernels' and collectives' builds, and whether a CPU
+# worker's steps fault their buffers in (:mod:`.allocator`)
+MATCHED = ("device_kind", "device_name", "torch", "fbgemm", "torchrec", "cuda", "host_allocator")
 
 
 def cpu_model() -> str:
@@ -50,8 +53,8 @@ def fingerprint(device_kind: str, nodes: int, workers_per_node: int,
 
         name, driver = torch.cuda.get_device_name(device), nvidia_driver()
     return {"device_kind": device_kind, "device_name": name, **library_versions(), "driver": driver,
-            "cpu": cpu_model(), "host_cores": os.cpu_count(), "nodes": int(nodes),
-            "workers_per_node": int(workers_per_node)}
+            "host_allocator": host_allocator(device_kind), "cpu": cpu_model(), "host_cores": os.cpu_count(),
+            "nodes": int(nodes), "workers_per_node": int(workers_per_node)}
 
 
 def nvidia_driver() -> Optional[str]:

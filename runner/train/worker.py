@@ -25,6 +25,7 @@ from runner.config.parts import part
 from runner.config.place import read_place
 from runner.config.schema import load_resolved
 from runner.runtime import affinity, run_files
+from runner.runtime.allocator import keep_freed_memory
 from runner.runtime.cores import job_memory
 from runner.runtime.device import (
     backend,
@@ -134,6 +135,8 @@ def run(cfg: RunnerConfig, run_folder: Path, joined: Optional[Callable[[], None]
     (pids / f"rank{env.rank}.pid").write_text(str(os.getpid()))
     heartbeat.start(run_folder, env.rank, env_int("GROUP_RANK", 0))
     device = select_device(cfg.cluster.device, env.local_rank)
+    if device.type == "cpu":  # its buffers kept mapped between steps, as a GPU's caching allocator keeps them
+        keep_freed_memory()
     check_gpu(cfg.precision.autocast, device)
     cores = bind_cores(cfg.cluster.cpu_affinity, device, env)  # before gloo or OpenMP start threads
     set_tf32(cfg.precision.tf32, device)

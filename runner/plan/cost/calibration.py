@@ -25,14 +25,10 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from runner.config.errors import config_error_line, first_line
 from runner.plan.cost.trust import PARTS, value_faults
-
-if TYPE_CHECKING:
-
-    pass
 
 FORMAT = 2  # the file format this runner writes and reads (2: trust per part, a digest); any other is refused
 SUFFIX = ".calibration.yaml"
