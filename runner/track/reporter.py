@@ -166,8 +166,8 @@ class Reporter:
         self._tags({"runner.last_checkpoint": str(path)})
 
     def measured(self, per_rank: List[Dict[str, Any]]) -> None:
-        """Measured step time and peak memory per rank, next to the planner's estimates; the CPU cores
-        each rank was bound to (tag ``runner.cpu_cores``)."""
+        """Measured step time, page faults per step and peak memory per rank, next to the planner's estimates; the
+        CPU cores each rank was bound to (tag ``runner.cpu_cores``)."""
         if not self.active:
             return
         self._tags({"runner.cpu_cores": "; ".join(
@@ -175,7 +175,7 @@ class Reporter:
             for r, x in enumerate(per_rank))})
         m: Dict[str, float] = {f"measured/rank{r}/{k}": x[k] for r, x in enumerate(per_rank)
                                for k in ("step_ms", "peak_mem_bytes", "mem_over_baseline_bytes", "mem_baseline_bytes",
-                                         "embedding_fwd_ms") if x.get(k) is not None}
+                                         "embedding_fwd_ms", "faults_per_step") if x.get(k) is not None}
         m["measured/step_ms"] = max(x["step_ms"] for x in per_rank)
         m["measured/peak_mem_bytes"] = max(x["peak_mem_bytes"] for x in per_rank)
         est_step = self.plan_metrics.get("plan/est_whole_step_ms") or self.plan_metrics.get("plan/est_step_ms")

@@ -90,11 +90,13 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
 def gather_measurements(result: TrainResult, device: torch.device, cores: Optional[List[int]] = None,
                         embedding_ms: Optional[float] = None, baseline_bytes: int = 0, dense_bytes: int = 0
                         ) -> List[Dict[str, Any]]:
-    """Every rank's measured step time, embedding forward (:func:`embedding_forward_ms`), peak memory, what it holds
+    """Every rank's measured step time, embedding forward (:func:`embedding_forward_ms`), minor page faults per
+    step (pages first touched: on CPU, what the allocator gave back and maps in again), peak memory, what it holds
     over ``baseline_bytes`` (:func:`memory_now_bytes` before the model was built; on a GPU the allocator's peak
     over it, on CPU what is held after training) and bound CPU cores, gathered to every rank."""
     held = peak_memory_bytes(device) if device.type == "cuda" else memory_now_bytes(device)
     mine = {"step_ms": result.step_time_ms, "embedding_fwd_ms": embedding_ms,
+            "faults_per_step": result.faults_per_step,
             "peak_mem_bytes": float(peak_memory_bytes(device)), "mem_baseline_bytes": float(baseline_bytes),
             "mem_over_baseline_bytes": float(max(held - baseline_bytes, 0)), "dense_state_bytes": float(dense_bytes),
             "device": device.type, "cores": cores}

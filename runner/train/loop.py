@@ -9,6 +9,7 @@ node per step (each read costs microseconds): schedule and settings are copied t
 from __future__ import annotations
 
 import math
+import resource
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional
@@ -50,6 +51,7 @@ class TrainResult:
     final_loss: float = float("nan")
     samples_per_s: float = 0.0
     step_time_ms: float = 0.0
+    faults_per_step: float = 0.0  # the process's minor page faults per timed step (pages first touched)
     last_step: int = 0
     data_ended: bool = False
     stopped_at: Optional[int] = None  # where a checkpoint's evaluation stopped the training (a pruned trial)
@@ -79,13 +81,14 @@ class _Window:
     def __init__(self, tasks: int, device: torch.device) -> None:
         self.tasks, self.device = tasks, device
         self.sync = device_sync(device)
-        self.timed_s, self.timed_steps, self._first = 0.0, 0, True
+        self.timed_s, self.timed_steps, self.timed_faults, self._first = 0.0, 0, 0, True
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
         self.sums = torch.zeros(1 + self.tasks, dtype=torch.float64, device=self.device)  # loss, then each task's
         self.losses: List[torch.Tensor] = []  # each step's loss, summed at the window's end (one op per step)
         self.steps, self.start, self.paused = 0, now, 0.0
+        self.faults_at = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     def add(self, loss: torch.Tensor, task_losses: Optional[torch.Tensor]) -> None:
         self.losses.append(loss.detach())
@@ -110,6 +113,7 @@ class _Window:
         elapsed = now - self.start - self.paused  # wall time of the window: logging included, pauses not
         if not self._first or last and self.timed_steps == 0:
             self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + self.steps
+            self.timed_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_at
         self._first = False
         if self.losses:
             self.sums[0] = torch.stack(self.losses).double().sum()  # scalars: backward() takes no other
@@ -230,4 +234,5 @@ def train(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, batches: 
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     result.samples_per_s = samples * window.timed_steps / max(window.timed_s, 1e-9)
     result.step_time_ms = 1000.0 * window.timed_s / max(window.timed_steps, 1)
+    result.faults_per_step = window.timed_faults / max(window.timed_steps, 1)
     return result

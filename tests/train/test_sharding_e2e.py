@@ -47,6 +47,7 @@ def test_every_sharding_type_trains_on_cpu(store: str, trained_sweep: Path) -> N
         losses = metric_history(store, child.info.run_id, "train/loss")
         assert len(losses) == 2 and all(0 < x < 2 for x in losses)
         assert child.data.metrics["measured/step_ms"] > child.data.metrics["measured/rank0/embedding_fwd_ms"] > 0
+        assert child.data.metrics["measured/rank1/faults_per_step"] >= 0  # every rank's, beside its step
         assert "ratio/step_measured_over_estimated" in child.data.metrics or option == "dataparallel"
 
 
