@@ -254,6 +254,21 @@ def test_a_long_plan_shows_its_progress(capsys) -> None:
     assert f"{seen[0]['options']} sharding options of 30 tables" in lines[1], lines
 
 
+def test_torchrec_s_own_loop_shows_its_proposals_as_they_are_partitioned(monkeypatch) -> None:
+    """The proposers the runner's loop does not run (TorchRec's default list) run TorchRec's own loop: its proposals
+    are counted as its partitioner takes them, so a long search still says how far it is."""
+    from runner.plan.planner import make_plan
+    from runner.plan.torchrec_adapter import planning_loop
+
+    monkeypatch.setattr(planning_loop._Counted, "EVERY_S", 0.0)
+    cfg = cfg_for(*BASE, "sharding.proposer=default")
+    seen: List[dict] = []
+    make_plan(plan_spec(cfg), planning_model(cfg), 16, 8, "cuda", progress=seen.append)
+    searching = [c["detail"] for c in seen if c.get("phase") == "searching"]
+    counts = [int(detail.split(", ")[1].split()[0].replace(",", "")) for detail in searching]
+    assert len(counts) > 1 and counts == list(range(1, len(counts) + 1)), counts
+
+
 def test_a_bug_in_the_runners_search_surfaces_instead_of_a_fallback_plan() -> None:
     """TorchRec's planner saying no (PlannerError, or an error raised inside it) is a planner's answer; an error
     raised by the runner's own code is a bug: it surfaces, not a slower fallback plan."""
