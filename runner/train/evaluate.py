@@ -21,13 +21,11 @@ def memory_now_bytes(device: torch.device) -> int:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return int(torch.cuda.memory_reserved(device))
-    import ctypes
     import re
 
-    try:  # what was freed goes back first (glibc keeps freed heap pages resident): the bytes held, not its slack
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    from runner.runtime.allocator import give_back_freed_memory
+
+    give_back_freed_memory()  # what was freed goes back first (a CPU worker keeps it): the bytes held, not its slack
     with open("/proc/self/status") as status:
         found = re.search(r"RssAnon:\s+(\d+)\s+kB", status.read())
     return int(found.group(1)) * 1024 if found else 0
