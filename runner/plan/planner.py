@@ -140,7 +140,8 @@ def torchrec_planner(spec: PlanSpec, world_size: int, local_world_size: int, dev
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
                                      estimator=stock_estimators(topology, constraints, spec.pipeline))
     return EmbeddingShardingPlanner(topology=topology, batch_size=batch, enumerator=enumerator,
-                                    performance_model=steps.step_perf_model(spec, device_type, world_size),
+                                    performance_model=steps.step_perf_model(spec, device_type, world_size,
+                                                                            topology.local_world_size),
                                     storage_reservation=build_storage_reservation(spec.sharding, topology,
                                                                                   dense_tensor_bytes),
                                     proposer=proposer, constraints=constraints,
@@ -249,7 +250,7 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
     facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.family_tables(best_plan),
                                      steps.input_dist_ms(best_plan, world), chosen.calibration,
                                      steps.dense_facts(model, spec.rows), world, local_world, device_type,
-                                     steps.replicated_params(best_plan), dense_measured)
+                                     steps.replicated(best_plan, world), dense_measured)
 
 
 def runners_planner() -> bool:

@@ -416,7 +416,7 @@ def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
 def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step(tmp_path: Path) -> None:
     import torch
 
-    from runner.plan.cost.step_estimate import replicated_params
+    from runner.plan.cost.step_estimate import replicated
     from runner.plan.planner import make_plan
     from runner.train.calibrate import job_dense_ms
     from runner.train.models import planning_model
@@ -440,11 +440,31 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     assert parts["dense_forward"] == measured["fwd_ms"] and parts["dense_backward"] == measured["bwd_ms"]
     assert timed["step"]["dense_measured"] and not fitted["step"]["dense_measured"]
     # the data-parallel tables are updated by the dense optimizer on every rank: their parameters count
-    tables = replicated_params(best)
+    tables = replicated(best, 2)
     from runner.config.tables import table_specs
+    from runner.plan.analysis import per_rank_estimates
+    from runner.plan.cost.step_estimate import allreduce_ms, dense_facts
 
-    assert tables == sum(t.num_embeddings * t.embedding_dim for t in table_specs(cfg.model)) > 0
-    assert parts["optimizer"] == pytest.approx(measured["optimizer_ms"] + c["optimizer"]["ms_per_unit"] * tables / 1e6)
+    assert tables.params == sum(t.num_embeddings * t.embedding_dim for t in table_specs(cfg.model)) > 0
+    assert tables.bytes == 4 * tables.params
+    assert parts["optimizer"] == pytest.approx(measured["optimizer_ms"]
+                                               + c["optimizer"]["ms_per_unit"] * tables.params / 1e6)
+    # ... and DDP all-reduces their gradients in the dense part's buckets: TorchRec's own all-reduce and optimizer
+    # kernels of each table are taken out of its total, so neither is counted twice
+    torchrec = per_rank_estimates(best, 2)[0]
+    assert tables.dropped(0) == pytest.approx(torchrec["bwd_comms_ms"]) and tables.dropped(0) > 0
+    assert parts["embeddings"] == pytest.approx(torchrec["total_ms"] - torchrec["bwd_comms_ms"], abs=0.5)
+    dense_bytes = dense_facts(planning_model(cfg), 64).bytes
+    reduce = c["collectives"]["all_reduce"]["intra"]
+    assert parts["dense_allreduce"] == pytest.approx(allreduce_ms(reduce, dense_bytes + tables.bytes))
+    assert parts["dense_allreduce"] > allreduce_ms(reduce, dense_bytes) + tables.bytes / (reduce["bandwidth_gibps"]
+                                                                                          * 1024**3 / 1000.0) * 0.99
+    # the plan's rating counts the same: its embeddings without TorchRec's term, the tables' update and all-reduce
+    from runner.plan.cost.step_estimate import StepPerfModel
+
+    rated = StepPerfModel(_calibration(), 2, 2, 64).rate(best)
+    assert rated == pytest.approx(parts["embeddings"] + parts["sharded_lookups"] + allreduce_ms(reduce, tables.bytes)
+                                  + c["optimizer"]["ms_per_unit"] * tables.params / 1e6)
     from runner.plan.cost.step_estimate import step_text
 
     assert "the dense part measured on this job's model" in step_text(timed["step"])

@@ -7,11 +7,17 @@ whatever its tables' size, forward and backward, once per family of sharding typ
 calls, the input and output distributions' collectives and TorchRec's bookkeeping between; every rank takes part
 in each family's collectives, holding a shard of it or not), ``dense_forward`` and
 ``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
-optimizer over the dense parameters), ``dense_allreduce`` (the dense gradients' all-reduce) and ``input`` (a batch
+optimizer over the dense parameters and the data-parallel tables), ``dense_allreduce`` (DDP's all-reduce of the dense
+and data-parallel tables' gradients, in its buckets: each bucket a call) and ``input`` (a batch
 from the data source: on CPU its prefetch thread shares the worker's cores, so it counts; on a GPU it overlaps the
 step and is shown, not added) and ``step_overhead`` (what the job's step with tiny tables took beyond all of
 those, measured alone: the loop, the pipeline, the model's wrappers). The step is the busiest rank's sum: ranks
 wait for each other at every collective.
+
+A data-parallel table is not TorchRec's kind of cost in the job: TorchRec rates its backward comms as an all-reduce of
+the table apart plus the optimizer's element-wise kernels over it, while DDP all-reduces its gradient in the same
+buckets as the dense part's and the dense optimizer updates it (:class:`Replicated`). Both the step and the rating
+take TorchRec's term out and count the table in ``dense_allreduce`` and ``optimizer`` once.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
           "data_parallel": "data_parallel"}
 GIB = 1024**3
+DDP_FIRST_BUCKET, DDP_BUCKET = 1024**2, 25 * 1024**2  # DDP's first bucket, and TorchRec's DMP's bucket_cap_mb
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,44 @@ class DenseFacts:
     def gflops(self) -> float:
         """Forward GFLOPs per step: each dense weight is one multiply-add per sample."""
         return 2.0 * self.params * self.batch / 1e9
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A plan's data-parallel tables: their parameters and bytes (every rank holds them whole; DDP all-reduces their
+    gradients with the dense part's, the dense optimizer updates them), and per rank TorchRec's backward comms of
+    them (its own all-reduce and optimizer kernels), which the step takes out of TorchRec's total."""
+
+    params: int = 0
+    bytes: int = 0
+    torchrec_bwd_comms_ms: Tuple[float, ...] = ()
+
+    def dropped(self, rank: int) -> float:
+        return self.torchrec_bwd_comms_ms[rank] if rank < len(self.torchrec_bwd_comms_ms) else 0.0
+
+
+def replicated(best_plan: List[ShardingOption], world: int) -> Replicated:
+    """:class:`Replicated` of ``best_plan`` over ``world`` ranks."""
+    params = size = 0
+    comms = [0.0] * world
+    for option in best_plan:
+        if option.sharding_type != "data_parallel" or not option.shards:
+            continue
+        n = int(option.shards[0].size[0]) * int(option.shards[0].size[1])
+        params += n
+        size += n * (option.tensor.element_size() if option.tensor is not None else 4)
+        for shard in option.shards:
+            if shard.rank is not None and shard.rank < world and shard.perf is not None:
+                comms[shard.rank] += float(shard.perf.bwd_comms)
+    return Replicated(params, size, tuple(comms))
+
+
+def allreduce_ms(reduce: Dict[str, float], size: int) -> float:
+    """DDP's all-reduce of ``size`` bytes of gradients by a collective's fit: one call per bucket."""
+    if size <= 0:
+        return 0.0
+    buckets = 1 + -(-max(size - DDP_FIRST_BUCKET, 0) // DDP_BUCKET)
+    return buckets * reduce["latency_ms"] + size / (reduce["bandwidth_gibps"] * GIB / 1000.0)
 
 
 def dense_facts(model: nn.Module, batch: int) -> DenseFacts:
@@ -111,10 +156,9 @@ def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
 
 def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
-               replicated_params: int = 0, measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
-    """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``replicated_params``:
-    the data-parallel tables' parameters, which the dense optimizer updates on every rank beside the dense part's;
-    ``measured``: the job's own dense part timed on its workers at its batch (``fwd_ms``, ``bwd_ms``,
+               tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``tables``: the
+    data-parallel tables (:class:`Replicated`); ``measured``: the job's own dense part timed on its workers at its batch (``fwd_ms``, ``bwd_ms``,
     ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of the fit where given:
     what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross layers, interactions)."""
     c, cross = cal.constants, world > local
@@ -123,10 +167,9 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     shared = {
         "dense_forward": measured["fwd_ms"] if measured else dense_ms(c, "fwd", dense),
         "dense_backward": measured["bwd_ms"] if measured else dense_ms(c, "bwd", dense),
-        "optimizer": (measured["optimizer_ms"] + per_mparam * replicated_params / 1e6 if measured
-                      else fitted_ms(c.get("optimizer"), (dense.params + replicated_params) / 1e6)),
-        "dense_allreduce": (reduce["latency_ms"] + dense.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
-                            if world > 1 else 0.0),
+        "optimizer": (measured["optimizer_ms"] + per_mparam * tables.params / 1e6 if measured
+                      else fitted_ms(c.get("optimizer"), (dense.params + tables.params) / 1e6)),
+        "dense_allreduce": allreduce_ms(reduce, dense.bytes + tables.bytes) if world > 1 else 0.0,
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
         "step_overhead": (fitted_ms(c.get("step_overhead"), dense.batch / 1000.0)  # per table: learned from runs
                           + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(families.values())),
@@ -134,7 +177,7 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     lookups = lookups_ms(c, families, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
-        parts = {"embeddings": est["total_ms"] + ids_ms[r], "sharded_lookups": lookups["fwd"] + lookups["bwd"],
+        parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r), "sharded_lookups": lookups["fwd"] + lookups["bwd"],
                  **shared}
         forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + lookups["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward})
@@ -193,13 +236,6 @@ def step_markdown(facts: PlanFacts) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replicated_params(best_plan: List[ShardingOption]) -> int:
-    """The parameters of a plan's data-parallel tables (each rank holds them whole and its dense optimizer updates
-    them every step)."""
-    return sum(int(option.shards[0].size[0]) * int(option.shards[0].size[1]) for option in best_plan
-               if option.sharding_type == "data_parallel" and option.shards)
-
-
 def family_tables(best_plan: List[ShardingOption]) -> Dict[str, int]:
     """How many tables each family of sharded lookup holds in a plan."""
     return dict(Counter(FAMILY.get(option.sharding_type, "table_wise") for option in best_plan))
@@ -220,20 +256,25 @@ def lookups_ms(c: Dict[str, Any], families: Dict[str, int], batch: int) -> Dict[
 class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
     busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all) plus the
-    fixed cost of each family of sharded lookup the plan uses. The dense part, optimizer and input are the same for
-    every plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
+    fixed cost of each family of sharded lookup the plan uses, and its data-parallel tables' all-reduce and update
+    (:class:`Replicated`). The dense part, its optimizer and the input are the same for every plan of a job, so
+    plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
     (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
 
-    def __init__(self, cal: Calibration, world: int, batch: int) -> None:
-        self.cal, self.world, self.batch = cal, world, batch
+    def __init__(self, cal: Calibration, world: int, local: int, batch: int) -> None:
+        self.cal, self.world, self.local, self.batch = cal, world, local, batch
 
     def rate(self, plan: List[ShardingOption]) -> float:
-        busiest = input_dist_ms(plan, self.world, with_total=True)
+        tables = replicated(plan, self.world)
+        busiest = [ms - tables.dropped(r) for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True))]
         fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
-        return max(busiest) + fixed["fwd"] + fixed["bwd"]
+        c = self.cal.constants
+        updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
+        reduced = allreduce_ms(_collective(self.cal, "all_reduce", self.world > self.local), tables.bytes)
+        return max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
 
 
-def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[StepPerfModel]:
+def step_perf_model(spec: PlanSpec, device_type: str, world: int, local: int) -> Optional[StepPerfModel]:
     """The perf model a planner of ``spec`` rates plans with: :class:`StepPerfModel` with a calibration, else None
     (TorchRec's own). The balanced search balances TorchRec's per-rank estimate itself (its bound and its
     comparisons with TorchRec's plans are in those terms): it keeps TorchRec's."""
@@ -243,4 +284,4 @@ def step_perf_model(spec: PlanSpec, device_type: str, world: int) -> Optional[St
     cal = for_config(spec.cluster, spec.mode, device_type).calibration
     if cal is None or PROPOSERS[spec.proposer].own_planner:
         return None
-    return StepPerfModel(cal, world, spec.rows)
+    return StepPerfModel(cal, world, local, spec.rows)

@@ -70,7 +70,7 @@ def runner_planner(spec: PlanSpec, inputs: Inputs, device_type: str, world_size:
         proposer = None  # the planner's own loop: TorchRec's default list is never run
     return planner_class(
         topology=topology,
-        performance_model=step_perf_model(spec, device_type, world_size),
+        performance_model=step_perf_model(spec, device_type, world_size, topology.local_world_size),
         batch_size=batch,
         enumerator=enumerator,
         storage_reservation=build_storage_reservation(spec.sharding, topology, dense_tensor_bytes),
