@@ -158,9 +158,10 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``tables``: the
-    data-parallel tables (:class:`Replicated`); ``measured``: the job's own dense part timed on its workers at its batch (``fwd_ms``, ``bwd_ms``,
-    ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of the fit where given:
-    what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross layers, interactions)."""
+    data-parallel tables (:class:`Replicated`); ``measured``: the job's own dense part timed on its workers at its
+    batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
+    the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
+    layers, interactions)."""
     c, cross = cal.constants, world > local
     reduce = _collective(cal, "all_reduce", cross)
     per_mparam = (c.get("optimizer") or {}).get("ms_per_unit", 0.0)
@@ -177,8 +178,8 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     lookups = lookups_ms(c, families, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
-        parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r), "sharded_lookups": lookups["fwd"] + lookups["bwd"],
-                 **shared}
+        parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
+                 "sharded_lookups": lookups["fwd"] + lookups["bwd"], **shared}
         forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + lookups["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
