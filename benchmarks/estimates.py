@@ -17,7 +17,7 @@ planner chooses another plan than the default one, both trained.
    step and the embedding forward, ``plan/estimates.json``), and TorchRec's default-constant estimate (what the
    runner shows without a calibration: the embeddings only), planned here with ``cluster.calibration=none``;
    ``same`` says whether that plan is the trained one.
-4. The ranking study (:mod:`ranking`): six configs, each planned four or more ways, every plan trained
+4. The ranking study (:mod:`ranking`): eight configs, each planned four or more ways, every plan trained
    ``--ranking-repeats`` times alternating: how often each cost model picks the measured fastest and orders pairs of
    plans as measured.
 3. The plan study: ``cluster=2node`` DLRM planned and trained with ``cluster.calibration=none`` and with the
