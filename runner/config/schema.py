@@ -511,7 +511,7 @@ class CalibrateSchema:
     grid: str = one_of("full", ("full", "small"))
     """``full``: every kernel shape and message size | ``small``: a few of each (seconds; a quick check)."""
     max_message_mib: Optional[float] = None
-    """The largest collective message per rank, MiB (null: 16 on CPU, 256 on a GPU)."""
+    """The largest collective message per rank, MiB (null: 64 on CPU, 256 on a GPU)."""
     keep: bool = True
     """Keep a trusted calibration in ``cluster.calibration_dir`` for ``cluster.calibration=auto``."""
 

@@ -8,7 +8,7 @@ calls, the input and output distributions' collectives and TorchRec's bookkeepin
 in each family's collectives, holding a shard of it or not), ``dense_forward`` and
 ``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
 optimizer over the dense parameters and the data-parallel tables), ``dense_allreduce`` (DDP's all-reduce of the dense
-and data-parallel tables' gradients, in its buckets: each bucket a call) and ``input`` (a batch
+and data-parallel tables' gradients, in its buckets, by the all-reduce measured as DDP issues it) and ``input`` (a batch
 from the data source: on CPU its prefetch thread shares the worker's cores, so it counts; on a GPU it overlaps the
 step and is shown, not added) and ``step_overhead`` (what the job's step with tiny tables took beyond all of
 those, measured alone: the loop, the pipeline, the model's wrappers). The step is the busiest rank's sum: ranks
@@ -41,7 +41,6 @@ FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
           "data_parallel": "data_parallel"}
 GIB = 1024**3
-DDP_FIRST_BUCKET, DDP_BUCKET = 1024**2, 25 * 1024**2  # DDP's first bucket, and TorchRec's DMP's bucket_cap_mb
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,9 @@ def replicated(best_plan: List[ShardingOption], world: int) -> Replicated:
 
 
 def allreduce_ms(reduce: Dict[str, float], size: int) -> float:
-    """DDP's all-reduce of ``size`` bytes of gradients by a collective's fit: one call per bucket."""
-    if size <= 0:
-        return 0.0
-    buckets = 1 + -(-max(size - DDP_FIRST_BUCKET, 0) // DDP_BUCKET)
-    return buckets * reduce["latency_ms"] + size / (reduce["bandwidth_gibps"] * GIB / 1000.0)
+    """DDP's all-reduce of ``size`` bytes of gradients by the all-reduce's fit, which was measured as DDP issues it
+    (in its buckets, all in flight: :func:`runner.train.calibrate.ddp_buckets`)."""
+    return reduce["latency_ms"] + size / (reduce["bandwidth_gibps"] * GIB / 1000.0) if size > 0 else 0.0
 
 
 def dense_facts(model: nn.Module, batch: int) -> DenseFacts:
