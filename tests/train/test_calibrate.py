@@ -64,15 +64,3 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert "trusted: " in line and "the next plan here (cluster.calibration=auto) uses it" in line
     assert "| part | spread of the repeats | median known to | trusted |" in report
 
-
-def test_the_all_reduce_is_measured_in_ddp_s_buckets() -> None:
-    from runner.train.calibrate import DDP_BUCKET, DDP_FIRST_BUCKET, ddp_buckets, message_sizes
-
-    # DLRM's six tables data-parallel (47.6 MB) and the dense part: a first bucket of 1 MiB, then 25 MiB ones
-    n = (47_616_000 + 2_000_000) // 4
-    buckets = ddp_buckets(n)
-    assert sum(buckets) == n and buckets[0] == DDP_FIRST_BUCKET // 4 and buckets[1] == DDP_BUCKET // 4
-    assert len(buckets) == 3 and all(0 < b <= DDP_BUCKET // 4 for b in buckets)
-    assert ddp_buckets(1024) == [1024]
-    # on CPU the grid reaches past one bucket, so a data-parallel table's all-reduce is measured, not extrapolated
-    assert max(message_sizes("cpu", "full", None)) > DDP_BUCKET
