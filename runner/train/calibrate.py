@@ -58,17 +58,13 @@ if TYPE_CHECKING:
 KIB, MIB = 1024, 1024**2
 COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
 BACK_TO_BACK = 4  # calls timed together for messages up to 1 MiB
-DDP_FIRST_BUCKET, DDP_BUCKET = MIB, 25 * MIB  # DDP's first bucket, then TorchRec's DMP's bucket_cap_mb
+DDP_BUCKET = 25 * MIB  # TorchRec's DMP gives DDP bucket_cap_mb=25, so its first bucket is that size too
 
 
 def ddp_buckets(n: int) -> List[int]:
-    """The lengths of the buckets (as DDP fills them: a first of 1 MiB, then 25 MiB each) of ``n`` float32s."""
-    out, left, cap = [], n, DDP_FIRST_BUCKET // 4
-    while left > 0:
-        out.append(min(cap, left))
-        left -= out[-1]
-        cap = DDP_BUCKET // 4
-    return out
+    """The lengths of DDP's buckets (:data:`DDP_BUCKET` each) of ``n`` float32s."""
+    cap = DDP_BUCKET // 4
+    return [min(cap, n - start) for start in range(0, n, cap)]
 
 
 def message_sizes(device_kind: str, grid: str, max_mib: Any) -> List[int]:
@@ -98,11 +94,11 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
     per call: messages up to 1 MiB are timed :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that
     when the ranks leave the barrier is not most of what is timed. The all-to-all and the reduce-scatter receive
     into a tensor each call allocates, as TorchRec's distributions do (their outputs are new every step); the
-    all-reduce works in place and is issued as DDP issues a step's gradients: in its buckets (:func:`ddp_buckets`),
-    every bucket's call started before the first is waited for (gloo works on two at once: on 2 CPU ranks 50 MiB
-    in two calls at once took 43-49 ms, in one 50-71 ms). Measured here (2 CPU ranks, gloo): into a reused tensor a
-    3 MiB all-to-all took 1.4 ms, into a new one 3.3 ms (a fresh buffer's pages are first touched by the
-    collective), so a reused buffer's bandwidth left the embeddings' distributions at half their time."""
+    all-reduce works in place and is issued as DDP issues a step's gradients: in its 25 MiB buckets
+    (:func:`ddp_buckets`), every bucket's call started before the first is waited for (gloo works on two at once:
+    on 2 CPU ranks 50 MiB in two calls at once took 43-49 ms, in one 50-71 ms). Measured here (2 CPU ranks, gloo): into
+    a reused tensor a 3 MiB all-to-all took 1.4 ms, into a new one 3.3 ms (a fresh buffer's pages are first touched by
+    the collective), so a reused buffer's bandwidth left the embeddings' distributions at half their time."""
     n = max(nbytes // 4 // size * size, size)
     calls = BACK_TO_BACK if nbytes <= MIB else 1
     data = torch.ones(n, device=device)

@@ -64,7 +64,8 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     """This rank's embedding lookup as the plan estimates it (the sharded tables' forward with its input and
     output all-to-alls), timed on a held-out batch: the median of ``repeats`` after one warm-up, in ms. Timed with
     autograd recording, as a training step's forward runs (and as the calibration times its sharded lookups): on 2
-    CPU ranks DLRM's lookup took 5-10% longer so than without. Changes nothing (no backward, no optimizer). None
+    CPU ranks DLRM's lookup took 5-10% longer so than without. Changes nothing: no backward, so no table is
+    updated, and the kernels' step counters are put back. None
     where the model has no sharded collection or a rank has no batch. Every rank must call it (the lookup's
     collectives)."""
     import statistics
@@ -84,7 +85,15 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
         out = ebc(features)
         (out.wait() if hasattr(out, "wait") else out).values()
 
-    return statistics.median(timed(lookup, repeats, device_sync(device)))
+    # FBGEMM's kernels count every forward in their optimizer's step counter (Adam's bias correction reads it):
+    # what these lookups add is taken back, so the job's state (and its checkpoint) is as training left it
+    counters = [(m, name, getattr(m, name).clone()) for m in ebc.modules() for name in ("iter", "iter_cpu")
+                if isinstance(getattr(m, name, None), torch.Tensor)]
+    try:
+        return statistics.median(timed(lookup, repeats, device_sync(device)))
+    finally:
+        for m, name, value in counters:
+            getattr(m, name).copy_(value)
 
 
 def gather_measurements(result: TrainResult, device: torch.device, cores: Optional[List[int]] = None,

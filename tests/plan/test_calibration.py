@@ -463,7 +463,8 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     from runner.plan.cost.step_estimate import StepPerfModel
 
     rated = StepPerfModel(_calibration(), 2, 2, 64).rate(best)
-    assert rated == pytest.approx(parts["embeddings"] + parts["sharded_lookups"] + allreduce_ms(reduce, tables.bytes)
+    assert rated == pytest.approx(parts["embeddings"] + parts["sharded_lookups"] + parts["dense_allreduce"]
+                                  - allreduce_ms(reduce, dense_bytes)
                                   + c["optimizer"]["ms_per_unit"] * tables.params / 1e6)
     from runner.plan.cost.step_estimate import step_text
 

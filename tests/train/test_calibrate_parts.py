@@ -55,7 +55,7 @@ def test_all_to_all_and_reduce_scatter_receive_into_a_new_tensor_each_call(one_r
 
 
 def test_the_all_reduce_is_issued_as_ddp_issues_a_step_s_gradients(one_rank: Any, monkeypatch: Any) -> None:
-    from runner.train.calibrate import DDP_BUCKET, DDP_FIRST_BUCKET, ddp_buckets, message_sizes
+    from runner.train.calibrate import DDP_BUCKET, ddp_buckets, message_sizes
 
     calls: List[Any] = []
     real_ar = dist.all_reduce
@@ -67,8 +67,7 @@ def test_the_all_reduce_is_issued_as_ddp_issues_a_step_s_gradients(one_rank: Any
     nbytes = 30 * 1024**2  # past one bucket, as DLRM's data-parallel tables' gradients (47.6 MB) are
     collective_samples("all_reduce", one_rank, 1, nbytes, torch.device("cpu"), Repeats(2, 2))
     per_call = ddp_buckets(nbytes // 4)
-    assert [n for n, _, _ in calls[:len(per_call)]] == per_call == [DDP_FIRST_BUCKET // 4, DDP_BUCKET // 4,
-                                                                    (nbytes - DDP_FIRST_BUCKET - DDP_BUCKET) // 4]
+    assert [n for n, _, _ in calls[:len(per_call)]] == per_call == [DDP_BUCKET // 4, (nbytes - DDP_BUCKET) // 4]
     assert len(calls) == 3 * len(per_call) and all(a for _, _, a in calls)  # all in flight before any is waited for
     assert len({p for _, p, _ in calls}) == len(per_call)  # in place, on the same buckets every call
     # on CPU the grid reaches past one bucket, so a data-parallel table's all-reduce is measured, not extrapolated

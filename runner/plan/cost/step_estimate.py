@@ -268,7 +268,8 @@ class StepPerfModel(PerfModel):
         fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
         c = self.cal.constants
         updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
-        reduced = allreduce_ms(_collective(self.cal, "all_reduce", self.world > self.local), tables.bytes)
+        reduce = _collective(self.cal, "all_reduce", self.world > self.local)  # the tables' bytes join DDP's call
+        reduced = tables.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
         return max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
 
 
