@@ -429,8 +429,8 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     quarter = max(cfg.train.batch_size // 4, 1) * cfg.train.grad_accumulation_steps  # the job's rows at a quarter batch
     inputs = {r: input_samples(iter(source(replace(whole, rows=r), env.rank, env.world, False, 0, n + 1)), n)
               for r in (rows, quarter)}
-    job = {"batch": rows, "world": env.world, "device": device.type, "pooling": int(cfg.data.ids_per_feature),
-           "layers": facts.layers, "other_params": facts.other_params,
+    job = {"batch": rows, "world": env.world, "local": env.local_world, "device": device.type,
+           "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
 

@@ -535,3 +535,24 @@ def test_the_step_overhead_is_fitted_over_every_batch_timed_with_the_dense_part_
     # the dense part by its fit at 4x (what the overhead took before): the 4x point's dense time lands in the overhead
     measured["dense"].pop(1024)
     assert step_overhead(constants, measured)["ms_per_ksample"] > 5.5
+
+
+def test_ddp_s_all_reduce_over_the_world_is_scaled_from_the_group_that_was_measured() -> None:
+    from runner.plan.cost.step_estimate import allreduce_ms, ddp_allreduce
+
+    intra, cross = {"latency_ms": 1.0, "bandwidth_gibps": 2.0}, {"latency_ms": 2.0, "bandwidth_gibps": 1.0}
+    c = {"collectives": {"all_reduce": {"intra": intra, "cross": cross}}}
+    assert ddp_allreduce(c, 2, 2) == intra  # one node of 2: the group measured is the world
+    assert ddp_allreduce(c, 1, 1)["bandwidth_gibps"] > 0  # one rank: nothing to reduce, nothing scaled
+    # 2 nodes x 2: measured across nodes in pairs; a ring of 4 takes 3 steps for 1, and each rank moves 1.5x the bytes
+    four = ddp_allreduce(c, 4, 2)
+    assert four["latency_ms"] == pytest.approx(3 * cross["latency_ms"])
+    assert four["bandwidth_gibps"] == pytest.approx(cross["bandwidth_gibps"] / 1.5)
+    mib = 2**20
+    assert allreduce_ms(four, 48 * mib) == pytest.approx(6.0 + 1.5 * 48 * mib / (1.0 * 2**30) * 1000)
+    # one node of 4 measured as 4: as measured; without a cross fit, the node's, scaled from its 2 ranks to 8
+    assert ddp_allreduce(c, 4, 4) == intra
+    only_intra = {"collectives": {"all_reduce": {"intra": intra}}}
+    assert ddp_allreduce(only_intra, 8, 2)["latency_ms"] == pytest.approx(7 * intra["latency_ms"])
+    # no measured all-reduce: TorchRec's bandwidth for the scope, no latency
+    assert ddp_allreduce({"collectives": {}}, 4, 2) == {"latency_ms": 0.0, "bandwidth_gibps": 12.5}

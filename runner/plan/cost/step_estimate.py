@@ -135,16 +135,26 @@ def input_dist_ms(best_plan: List[ShardingOption], world: int, with_total: bool 
     return out
 
 
-def _collective(cal: Calibration, name: str, cross: bool) -> Dict[str, float]:
-    """A collective's latency and bandwidth in ``cal``; where it has none (the collectives fell back, or a time that
-    did not grow with the bytes), TorchRec's bandwidth for the scope and no latency, as TorchRec's model."""
+def ddp_allreduce(c: Dict[str, Any], world: int, local: int) -> Dict[str, float]:
+    """DDP's all-reduce over all ``world`` ranks, from the all-reduce a calibration measured in one scope's groups
+    (within a node: ``local`` ranks; across nodes: one rank of each node): a ring's latency grows with its ``p - 1``
+    steps and each rank's bytes with ``(p - 1) / p`` of twice the message, so the measured latency and bandwidth are
+    scaled from the measured group's size to the world's (x3 and /1.5 on 2 nodes of 2: what TorchRec's
+    ``(2 nodes - 1) / nodes`` factor counts for the bytes). Where the calibration has no all-reduce (its
+    collectives fell back, or a time that did not grow with the bytes): TorchRec's bandwidth for the scope and no
+    latency, as TorchRec's model."""
     from runner.plan.cost.topology import TORCHREC_CROSS_GIBPS, TORCHREC_INTRA_GIBPS
 
-    found = cal.constants.get("collectives", {}).get(name, {})
-    fit = found.get("cross" if cross and "cross" in found else "intra") or {}
+    found = c.get("collectives", {}).get("all_reduce", {})
+    cross = world > local and "cross" in found
+    fit = found.get("cross" if cross else "intra") or {}
     if fit.get("bandwidth_gibps") is None:
-        return {"latency_ms": 0.0, "bandwidth_gibps": TORCHREC_CROSS_GIBPS if cross else TORCHREC_INTRA_GIBPS}
-    return fit
+        return {"latency_ms": 0.0, "bandwidth_gibps": TORCHREC_CROSS_GIBPS if world > local else TORCHREC_INTRA_GIBPS}
+    group = world // max(local, 1) if cross else local
+    if group <= 1 or group >= world:
+        return fit
+    return {"latency_ms": fit["latency_ms"] * (world - 1) / (group - 1),
+            "bandwidth_gibps": fit["bandwidth_gibps"] * ((group - 1) / group) / ((world - 1) / world)}
 
 
 def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
@@ -159,8 +169,8 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
     batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
     the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
     layers, interactions)."""
-    c, cross = cal.constants, world > local
-    reduce = _collective(cal, "all_reduce", cross)
+    c = cal.constants
+    reduce = ddp_allreduce(c, world, local)
     per_mparam = (c.get("optimizer") or {}).get("ms_per_unit", 0.0)
     shared = {
         "dense_forward": measured["fwd_ms"] if measured else dense_ms(c, "fwd", dense),
@@ -268,7 +278,7 @@ class StepPerfModel(PerfModel):
         fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
         c = self.cal.constants
         updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
-        reduce = _collective(self.cal, "all_reduce", self.world > self.local)  # the tables' bytes join DDP's call
+        reduce = ddp_allreduce(c, self.world, self.local)  # the tables' bytes join DDP's call
         reduced = tables.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
         return max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
 
