@@ -247,7 +247,7 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
                                          spec.cluster.cross_node_bandwidth, world, local_world)[1]
     if chosen.calibration is None or not best_plan:
         return
-    facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.family_tables(best_plan),
+    facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.sharded_lookups(best_plan),
                                      steps.input_dist_ms(best_plan, world), chosen.calibration,
                                      steps.dense_facts(model, spec.rows), world, local_world, device_type,
                                      steps.replicated(best_plan, world), dense_measured)

@@ -556,3 +556,31 @@ def test_ddp_s_all_reduce_over_the_world_is_scaled_from_the_group_that_was_measu
     assert ddp_allreduce(only_intra, 8, 2)["latency_ms"] == pytest.approx(7 * intra["latency_ms"])
     # no measured all-reduce: TorchRec's bandwidth for the scope, no latency
     assert ddp_allreduce({"collectives": {}}, 4, 2) == {"latency_ms": 0.0, "bandwidth_gibps": 12.5}
+
+
+def test_each_sharding_type_of_a_collection_is_a_sharded_lookup_of_its_own(tmp_path: Path) -> None:
+    # TorchRec's sharded collection runs one lookup (input and output distributions) per sharding type it holds:
+    # the largest table column-wise beside table-wise ones pays the table-wise family's fixed cost twice
+    from runner.plan.cost.step_estimate import StepPerfModel, lookups_ms, sharded_lookups
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    path = save(_calibration(), tmp_path / "c.yaml")
+    plans = {}
+    rest = [f"+sharding.constraints.t{i}.sharding_types=[table_wise]" for i in range(1, 6)]
+    for label, overrides in (("tw", ["sharding=tablewise"]),
+                             ("cw", ["sharding=auto", "+sharding.constraints.t0.sharding_types=[column_wise]", *rest])):
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=64", *overrides)
+        facts: Dict[str, Any] = {}
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+        plans[label] = (best, facts["step"])
+    tw, cw = sharded_lookups(plans["tw"][0]), sharded_lookups(plans["cw"][0])
+    assert [k for k, _ in tw] == ["table_wise"] and sorted(k for k, _ in cw) == ["column_wise", "table_wise"]
+    assert sum(n for _, n in cw) == sum(n for _, n in tw) == 6
+    c = _calibration().constants
+    fit = c["sharded"]["table_wise"]
+    twice = lookups_ms(c, cw, 64)["fwd"] - lookups_ms(c, tw, 64)["fwd"]
+    assert twice == pytest.approx(fit["fwd"]["fixed_ms"]) and twice > 0
+    assert plans["cw"][1]["parts"]["sharded_lookups"] > plans["tw"][1]["parts"]["sharded_lookups"]
+    model = StepPerfModel(_calibration(), 2, 2, 64)
+    assert model.rate(plans["cw"][0]) - model.rate(plans["tw"][0]) >= twice + fit["bwd"]["fixed_ms"] - 1.0

@@ -258,7 +258,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
                   for d in job["dims"]) / world
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
-    return (lookups + sum(lookups_ms(c, {"table_wise": len(job["dims"])}, batch).values())
+    return (lookups + sum(lookups_ms(c, [("table_wise", len(job["dims"]))], batch).values())
             + (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
             + (reduce["latency_ms"] + params * 4 * 1000.0 / ((reduce["bandwidth_gibps"] or math.inf) * GIB)

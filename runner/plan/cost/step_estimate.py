@@ -3,9 +3,10 @@ parts TorchRec does not model, from a calibration (:mod:`runner.plan.cost.calibr
 
 Per rank, in ms: ``embeddings`` (TorchRec's perf of the rank's shards: lookups forward and backward and their
 all-to-alls, plus the ids' all-to-all that its total leaves out), ``sharded_lookups`` (what a sharded lookup costs
-whatever its tables' size, forward and backward, once per family of sharding types the plan uses: the kernel
-calls, the input and output distributions' collectives and TorchRec's bookkeeping between; every rank takes part
-in each family's collectives, holding a shard of it or not), ``dense_forward`` and
+whatever its tables' size, forward and backward, by its family's fit: the kernel calls, the input and output
+distributions' collectives and TorchRec's bookkeeping between; a sharded collection runs one lookup per sharding
+type it holds, each with its own distributions, so a table column-wise beside table-wise ones pays a second; every
+rank takes part in each lookup's collectives, holding a shard of it or not), ``dense_forward`` and
 ``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
 optimizer over the dense parameters and the data-parallel tables), ``dense_allreduce`` (DDP's all-reduce of the dense
 and data-parallel tables' gradients, in its buckets, by the all-reduce measured as DDP issues it) and ``input`` (a batch
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
          "step_overhead")
-# the family of sharded lookup whose fixed cost each sharding type pays (its distribution's shape)
+# the family of sharded lookup whose fit each sharding type's lookup pays (its distribution's shape)
 FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column_wise": "table_wise",
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
           "data_parallel": "data_parallel"}
@@ -161,7 +162,7 @@ def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
     return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
 
 
-def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: List[float],
+def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``tables``: the
@@ -180,14 +181,14 @@ def whole_step(ranks: List[Dict[str, float]], families: Dict[str, int], ids_ms: 
         "dense_allreduce": allreduce_ms(reduce, dense.bytes + tables.bytes) if world > 1 else 0.0,
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
         "step_overhead": (fitted_ms(c.get("step_overhead"), dense.batch / 1000.0)  # per table: learned from runs
-                          + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(families.values())),
+                          + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(n for _, n in lookups)),
     }
-    lookups = lookups_ms(c, families, dense.batch)
+    fixed = lookups_ms(c, lookups, dense.batch)
     per_rank = []
     for r, est in enumerate(ranks):
         parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
-                 "sharded_lookups": lookups["fwd"] + lookups["bwd"], **shared}
-        forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + lookups["fwd"]
+                 "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared}
+        forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
@@ -244,29 +245,33 @@ def step_markdown(facts: PlanFacts) -> str:
     return "\n".join(lines) + "\n"
 
 
-def family_tables(best_plan: List[ShardingOption]) -> Dict[str, int]:
-    """How many tables each family of sharded lookup holds in a plan."""
-    return dict(Counter(FAMILY.get(option.sharding_type, "table_wise") for option in best_plan))
+def sharded_lookups(best_plan: List[ShardingOption]) -> List[Tuple[str, int]]:
+    """A plan's sharded lookups: one per sharded collection and sharding type it holds (TorchRec's sharded
+    collection runs a lookup with its own input and output distributions per sharding type), each its sharding type
+    and how many tables it holds, in a fixed order."""
+    count = Counter((option.path, option.sharding_type) for option in best_plan)
+    return [(kind, n) for (_, kind), n in sorted(count.items())]
 
 
-def lookups_ms(c: Dict[str, Any], families: Dict[str, int], batch: int) -> Dict[str, float]:
-    """What the sharded lookups of a plan whose families hold ``families`` tables cost beyond TorchRec's estimate by
-    a calibration's constants ``c``, forward and backward (ms): each family's fixed cost, per table and per sample."""
+def lookups_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]], batch: int) -> Dict[str, float]:
+    """What a plan's sharded lookups (:func:`sharded_lookups`) cost beyond TorchRec's estimate by a calibration's
+    constants ``c``, forward and backward (ms): each lookup its family's fixed cost, per table and per sample."""
     def cost(fit: Optional[Dict[str, float]], tables: int) -> float:
         if not fit:
             return 0.0
         return (fit["fixed_ms"] + fit.get("per_table_ms", 0.0) * tables
                 + fit.get("ms_per_table_ksample", 0.0) * tables * batch / 1000.0)
     sharded = c.get("sharded", {})
-    return {p: sum(cost(sharded.get(f, {}).get(p), n) for f, n in families.items()) for p in ("fwd", "bwd")}
+    return {p: sum(cost(sharded.get(FAMILY.get(kind, "table_wise"), {}).get(p), n) for kind, n in lookups)
+            for p in ("fwd", "bwd")}
 
 
 class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
     busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all) plus the
-    fixed cost of each family of sharded lookup the plan uses, and its data-parallel tables' all-reduce and update
-    (:class:`Replicated`). The dense part, its optimizer and the input are the same for every plan of a job, so
-    plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
+    fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel tables'
+    all-reduce and update (:class:`Replicated`). The dense part, its optimizer and the input are the same for every
+    plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
     (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
 
     def __init__(self, cal: Calibration, world: int, local: int, batch: int) -> None:
@@ -275,7 +280,7 @@ class StepPerfModel(PerfModel):
     def rate(self, plan: List[ShardingOption]) -> float:
         tables = replicated(plan, self.world)
         busiest = [ms - tables.dropped(r) for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True))]
-        fixed = lookups_ms(self.cal.constants, family_tables(plan), self.batch)
+        fixed = lookups_ms(self.cal.constants, sharded_lookups(plan), self.batch)
         c = self.cal.constants
         updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
         reduce = ddp_allreduce(c, self.world, self.local)  # the tables' bytes join DDP's call
