@@ -63,4 +63,3 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert line.startswith("[runner] calibration done") and results["kept"] in line
     assert "trusted: " in line and "the next plan here (cluster.calibration=auto) uses it" in line
     assert "| part | spread of the repeats | median known to | trusted |" in report
-
