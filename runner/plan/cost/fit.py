@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
-from runner.plan.cost.step_estimate import DenseFacts, ddp_allreduce, dense_ms, fitted_ms, lookups_ms
+from runner.plan.cost.step_estimate import DenseFacts, allreduce_ms, ddp_allreduce, dense_ms, fitted_ms, lookups_ms
 from runner.plan.cost.torchrec_export import export_beside
 from runner.plan.cost.trust import FALLBACK, allowed_median_error, median_error, spread, trust
 
@@ -251,8 +251,8 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
     a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
-    reduce = ddp_allreduce(c, world, job.get("local", world))  # as the step estimates it (a file without "local":
-    # its all-reduce as measured)
+    # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
+    reduce = ddp_allreduce(c, world, job.get("local", world))
     lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
                   + 2 * batch * world * d * 4 * 1000.0 / ((a2a["bandwidth_gibps"] or math.inf) * GIB)
                   for d in job["dims"]) / world
@@ -261,8 +261,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     return (lookups + sum(lookups_ms(c, [("table_wise", len(job["dims"]))], batch).values())
             + (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
-            + (reduce["latency_ms"] + params * 4 * 1000.0 / ((reduce["bandwidth_gibps"] or math.inf) * GIB)
-               if world > 1 else 0.0)
+            + (allreduce_ms(reduce, params * 4) if world > 1 else 0.0)
             + (fitted_ms(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
 
 
