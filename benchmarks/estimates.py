@@ -329,9 +329,11 @@ def main() -> None:
     gain = study(calibrations[(2, 2)], args.steps, args.device, store, args.study_repeats) if study_here \
         else float("nan")
     if ranking_here:
-        def train(overrides: List[str]) -> float:
+        def train(overrides: List[str]) -> Tuple[float, Optional[float]]:
             run_folder, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
-            return float(json.loads((run_folder / "measured.json").read_text())["measured/step_ms"])
+            shown = json.loads((run_folder / "plan" / "estimates.json").read_text()).get("step") or {}
+            return (float(json.loads((run_folder / "measured.json").read_text())["measured/step_ms"]),
+                    shown.get("step_ms"))
         ranking.study(calibrations, lambda o: shape_of(o, args.device), train, args.device, work / "ranking",
                       args.ranking_repeats, only, args.ranking_plans, args.ranking_budget_s,
                       shape_args((1, 1), args.device) if args.device == "cuda" else [])  # one GPU: every config 1 x 1

@@ -11,7 +11,10 @@ ones whose medians are within 25% of each other.
 
 Every plan trained here is also a held-out config for the step estimate (other batches, other plans, two models
 of generated tables that no term was developed on): the study prints the calibrated whole step's error over all of
-them, the second set beside :data:`estimates.CONFIGS`.
+them, the second set beside :data:`estimates.CONFIGS`, twice: the estimate each trained job showed (its plan line,
+the dense part timed on its own model at its batch, as in the first set) and the plan's rating here, planned alone
+(the dense part from the calibration's fit of another model at another batch; the same for every plan of a config,
+so it does not change the ranking).
 """
 
 from __future__ import annotations
@@ -157,17 +160,22 @@ def judge(plans: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], Tuple[int, int]],
-          train: Callable[[List[str]], float], device: str, folder: Path, repeats: int,
+          train: Callable[[List[str]], Tuple[float, Optional[float]]], device: str, folder: Path, repeats: int,
           only: Optional[List[int]] = None, most_plans: int = 0, budget_s: float = 0.0,
           extra: Sequence[str] = ()) -> Dict[str, Any]:
-    """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step.
+    """The whole study (see the module doc): ``train(overrides)`` trains one job and returns its measured step and the
+    whole step its plan line showed (None: no calibrated estimate).
     ``most_plans`` (0: all) keeps a config's first distinct plans; ``budget_s`` (0: none) bounds the study's
     seconds where time is lent (a GPU's): every plan is trained at least twice, and a further round of a config
     starts only when the rounds so far say it ends within the budget, the configs left counted at two rounds.
     ``extra``: overrides every config is planned and trained with (on a GPU, its one-GPU shape)."""
     t0 = time.perf_counter()
-    errors: List[float] = []  # every plan's calibrated whole step against its measured median: the second set
+    # every plan's calibrated whole step against its measured median, the second set: as its jobs showed it, and as
+    # planned here alone
+    errors: List[float] = []
+    planned: List[float] = []
     totals: Dict[str, Any] = {"configs": 0, "pairs": 0, "close": 0, "unordered": 0, "errors": errors,
+                              "planned_errors": planned,
                               **{m: dict.fromkeys(("fastest", "tied", "right", "close_right"), 0)
                                  for m in (CALIBRATED, TORCHREC)}}
     for i, (name, overrides) in enumerate(RANKING):
@@ -185,13 +193,16 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
             continue
         base = overrides.split()
         plans = {label: {"file": f, "estimated": rated(f, base, calibration, shape[0] * shape[1], shape[1], device),
-                         "measured": []} for label, f in files.items()}
+                         "measured": [], "shown": []} for label, f in files.items()}
         left = sum(1 for j in range(i + 1, len(RANKING)) if not only or j + 1 in only)
         for r in range(repeats):
             t_round = time.perf_counter()
             for label in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
-                plans[label]["measured"].append(train([*base, f"sharding.plan={plans[label]['file']}",
-                                                       f"cluster.calibration={calibration}"]))
+                step_ms, shown = train([*base, f"sharding.plan={plans[label]['file']}",
+                                        f"cluster.calibration={calibration}"])
+                plans[label]["measured"].append(step_ms)
+                if shown is not None:
+                    plans[label]["shown"].append(shown)
             per_round = time.perf_counter() - t_round
             if budget_s and r + 1 >= 2 and r + 1 < repeats and \
                     time.perf_counter() - t0 + per_round * (1 + 2 * left) > budget_s:
@@ -199,11 +210,14 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
                       f"{budget_s:.0f})", flush=True)
                 break
         verdict = judge(plans)
-        errors += [p["estimated"][CALIBRATED] / statistics.median(p["measured"]) - 1 for p in plans.values()]
+        errors += [statistics.median(p["shown"]) / statistics.median(p["measured"]) - 1 for p in plans.values()
+                   if p["shown"]]
+        planned += [p["estimated"][CALIBRATED] / statistics.median(p["measured"]) - 1 for p in plans.values()]
         for label, p in plans.items():
+            shown = f"{statistics.median(p['shown']):8.2f}" if p["shown"] else "       -"
             print(f"  {label:<32} measured {statistics.median(p['measured']):8.2f} ms (+-{spread(p['measured']):.2f})"
-                  f"  calibrated {p['estimated'][CALIBRATED]:8.2f}  TorchRec {p['estimated'][TORCHREC]:7.3f}",
-                  flush=True)
+                  f"  calibrated {p['estimated'][CALIBRATED]:8.2f} (its jobs showed {shown})  TorchRec "
+                  f"{p['estimated'][TORCHREC]:7.3f}", flush=True)
         print(f"ranking {name}: fastest chosen: calibrated {verdict[CALIBRATED]['fastest']} (or tied "
               f"{verdict[CALIBRATED]['tied']}), TorchRec {verdict[TORCHREC]['fastest']} (or tied "
               f"{verdict[TORCHREC]['tied']}); pairs ordered right: calibrated {verdict[CALIBRATED]['right']}/"
@@ -222,10 +236,13 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
               f"the measurement cannot tell from the fastest); pairs ordered right {t['right']} of "
               f"{pairs} ({t['right'] / max(pairs, 1):.0%}); close pairs {t['close_right']} of {close} "
               f"({t['close_right'] / max(close, 1):.0%})", flush=True)
-    if errors:
-        print(f"ranking, the second held-out set ({len(errors)} plans of {n} configs): calibrated whole step median "
-              f"|error| {statistics.median(map(abs, errors)):.1%}, signed {statistics.median(errors):+.1%}, low in "
-              f"{sum(e < 0 for e in errors)} of {len(errors)}, largest {max(map(abs, errors)):.1%}", flush=True)
+    for found, what in ((errors, "as each job showed it"), (planned, "as planned here alone, the dense part from the "
+                                                                      "calibration's fit")):
+        if found:
+            print(f"ranking, the second held-out set ({len(found)} plans of {n} configs), calibrated whole step "
+                  f"{what}: median |error| {statistics.median(map(abs, found)):.1%}, signed "
+                  f"{statistics.median(found):+.1%}, low in {sum(e < 0 for e in found)} of {len(found)}, largest "
+                  f"{max(map(abs, found)):.1%}", flush=True)
     print(f"ranking: {n} configs, {pairs} ordered pairs ({close} close), {totals['unordered']} within their spread; "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return totals

@@ -234,13 +234,36 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
 def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
     """What the job's step with tiny tables took beyond every part measured alone (the loop, the pipeline, the
     model's wrappers) at each batch it was timed at: its step less the parts at that batch (:func:`_parts_ms`),
-    fitted to the batch (fixed + ms per 1,000 samples; the difference at least 0)."""
-    points = [{"ksamples": int(rows) / 1000.0, "ms": max(median_ms(_pooled(per_rank)) - _parts_ms(
-        c, measured["job"], measured["params"], int(rows), measured["dense"].get(rows)), 1e-3)}
+    fitted to the batch by :func:`fit_overhead`."""
+    points = [{"batch": int(rows), "tables": len(measured["job"]["dims"]),
+               "measured_ms": median_ms(_pooled(per_rank)),
+               "parts_ms": _parts_ms(c, measured["job"], measured["params"], int(rows), measured["dense"].get(rows))}
               for rows, per_rank in measured["step"].items()]
-    if len(points) < 2:
-        return {"fixed_ms": points[0]["ms"], "ms_per_unit": 0.0, "ms_per_ksample": 0.0}
-    return _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+    return fit_overhead(points, per_table=False)
+
+
+def fit_overhead(points: List[Dict[str, float]], per_table: bool) -> Dict[str, float]:
+    """The step's overhead from ``points`` (``batch`` per rank, ``tables``, the ``measured_ms`` step and the
+    ``parts_ms`` every other part gave): ``fixed + per 1,000 samples x batch`` (``per_table``: ``+ per table x
+    tables``), no term below 0 (non-negative least squares), each point's residual weighed relative to its measured
+    step. The overhead is a difference of two times: where the parts alone reach the step at one batch, its residual
+    is about 0 or below it, and weighed relative to itself (as :func:`fit_rate` weighs a time) that one point would
+    pull the whole fit to 0 (a calibration of 2026-11-29: 4.1 and 4.7 ms beyond the parts at 64 and 256 samples,
+    -0.5 ms at 1,024, fitted 0.001 ms). The fit's error is the largest relative to the step."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])][:3 if per_table else 2] for p in points])
+    y = np.array([p["measured_ms"] - p["parts_ms"] for p in points])
+    w = 1.0 / np.maximum(np.array([p["measured_ms"] for p in points]), 1e-9)
+    if len(points) < 2:  # one batch timed: its residual (at least 0) is the overhead at every batch
+        fixed, per_ksample, per_tables = max(float(y[0]), 0.0) if len(points) else 0.0, 0.0, 0.0
+    else:
+        fixed, per_ksample, per_tables = ([float(v) for v in nnls(a * w[:, None], y * w)[0]] + [0.0])[:3]
+    error = max((abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0 + per_tables * p["tables"]
+                     - p["measured_ms"]) / p["measured_ms"] for p in points), default=0.0)
+    return {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample,
+            **({"per_table_ms": per_tables} if per_table else {}), "fit_error": float(error)}
 
 
 def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
+from runner.plan.cost.fit import fit_overhead
 from runner.plan.cost.step_estimate import fitted_ms
 from runner.runtime.hardware import mismatch
 
@@ -84,20 +85,10 @@ def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Cali
     """``cal`` with its ``step_overhead`` refitted from ``points`` (:func:`run_points`): the measured step less every
     other estimated part, ``fixed + per 1,000 samples x batch + per table x tables``, weighing each run's relative
     error, no term below 0 (non-negative least squares)."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     # at least two runs per term: fewer runs than that fit their own noise (a run's step scatters 5-40% here), so
     # the per-table term waits for PER_TABLE_RUNS runs
-    columns = 3 if len(points) >= PER_TABLE_RUNS else 2
-    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])][:columns] for p in points])
-    y = np.array([max(p["measured_ms"] - p["parts_ms"], 0.0) for p in points])
-    w = 1.0 / np.array([p["measured_ms"] for p in points])  # relative to each run's step
-    fixed, per_ksample, per_table = ([float(v) for v in nnls(a * w[:, None], y * w)[0]] + [0.0])[:3]
-    fit = {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample, "per_table_ms": per_table,
-           "fit_error": float(max(abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0
-                                      + per_table * p["tables"] - p["measured_ms"]) / p["measured_ms"]
-                                  for p in points))}
+    fit = fit_overhead(points, per_table=len(points) >= PER_TABLE_RUNS)
+    fit.setdefault("per_table_ms", 0.0)
     return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": fit}, cal.spread, cal.trusted,
                        cal.measurements, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or ""})
