@@ -277,7 +277,7 @@ BUILDERS = {
     "runner.train.worker:run", "runner.train.worker:train_rank", "runner.train.trainer:__init__",
     "runner.train.models:build_model", "runner.train.models:planning_model",
     "runner.train.calibrate:run_calibration", "runner.train.calibrate:_dense",
-    "runner.train.calibrate:step_samples",
+    "runner.train.calibrate:_tiny_job",
 }
 MAX_CONFIG_READERS = 25
 

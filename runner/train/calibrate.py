@@ -23,7 +23,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -285,11 +285,17 @@ def linear_samples(width: int, rows: int, device: torch.device, repeats: Union[i
 # the sharded lookups' small batch, and their table counts beyond one: a model's tens to hundreds of features cost
 # per table more than 8 tables show (TorchRec's bookkeeping per feature), so the fit reaches 64
 SMALL_BATCH, MANY_TABLES, MOST_TABLES = 64, 8, 64
-STEP_STEPS = 40  # steps of the tiny-table job (the loop times those after its warm-up)
 # the tiny-table job's batches, as multiples of the job's: its overhead grows with the batch (2 x 2 emulated nodes on
 # 2 cores: 13, 17 and 27 ms at 64, 256 and 1,024 samples), and a slope read off a quarter and the batch alone, one of
 # them disturbed, put it at 69 ms at 1,024 (+82% on the step); a point at 4x spans the batches jobs use
 STEP_BATCHES = (0.25, 1, 4)
+# the families the tiny-table job is also timed in at the job's batch: what a step takes beyond its parts is not the
+# same in each (2 x 2, 256 samples, as jobs: table-wise 12-16 ms beyond its parts, row-wise -2 to +2, data-parallel
+# -18 to -2); every batch and family is timed in interleaved rounds (:func:`tiny_job_rounds`), each round's steps a
+# warm-up window, then the timed ones
+STEP_FAMILIES = ("table_wise", "row_wise", "data_parallel")
+ROUND_STEPS = (5, 10)
+STEP_ROUNDS = {"small": 3, "full": 6}
 
 
 def step_batches(batch: int, grid: str) -> List[int]:
@@ -299,21 +305,21 @@ def step_batches(batch: int, grid: str) -> List[int]:
     return sorted({max(int(batch * f), 1) for f in span})
 
 
-def step_samples(cfg: RunnerConfig, batch: int, rank: int, world: int, local: int, device: torch.device, steps: int
-                 ) -> List[float]:
+def _tiny_job(cfg: RunnerConfig, rank: int, world: int, local: int, device: torch.device, sharding_type: str,
+              batch: int, steps: int, log_every: Optional[int] = None) -> Tuple[Any, Any, Any, Any]:
     """The configured job at a per-rank batch of ``batch`` with every table cut to 64 rows per rank, all
-    table-wise, planned with TorchRec's constants (a job whose embeddings cost next to nothing, so that its step is
-    the rest of the step), trained ``steps`` steps by the runner's own loop: its step time, ms (one value: the
-    loop's timed window)."""
+    ``sharding_type``, planned with TorchRec's constants (a job whose embeddings cost next to nothing, so that its
+    step is the rest of the step): its config, sharded model, optimizer and ``steps`` batches."""
     rows = 64 * world
     tables = [{"name": t.name, "num_embeddings": min(int(t.num_embeddings), rows), "embedding_dim": t.embedding_dim}
               for t in cfg.model.tables]
     small = {"model": {"tables": tables, "generated_tables": {"min_rows": rows, "max_rows": rows}},
-             "sharding": {"types": ["table_wise"], "constraints": {}, "plan": None}, "train": {
-                 "batch_size": batch, "checkpoint": {"enabled": False}}, "cluster": {"calibration": "none"}}
+             "sharding": {"types": [sharding_type], "constraints": {}, "plan": None}, "train": {
+                 "batch_size": batch, "checkpoint": {"enabled": False},
+                 **({"log_every": log_every} if log_every else {})}, "cluster": {"calibration": "none"}}
     tiny = cast("RunnerConfig", OmegaConf.merge(cfg, small))
     OmegaConf.set_readonly(cast(Any, tiny), False)
-    tiny.sharding.constraints = {}  # replaced, not merged: a table's own constraint would refuse table_wise
+    tiny.sharding.constraints = {}  # replaced, not merged: a table's own constraint would refuse the type
     model = build_model(tiny, device)
     autocast_forward(model, device.type, tiny.precision.autocast)
     apply_sparse_optimizer(model, tiny.optimizer)
@@ -322,12 +328,45 @@ def step_samples(cfg: RunnerConfig, batch: int, rank: int, world: int, local: in
                                    data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=True))
     batches = batches_for(job_data(tiny), rank, world, False, 0, steps,
                           low_loops=tiny.cluster.gloo_loop_priority == "low")
+    return tiny, dmp, combined_optimizer(dmp, tiny.optimizer), batches
+
+
+def _trained_ms(tiny: Any, dmp: Any, optimizer: Any, batches: Any, steps: int, device: torch.device) -> float:
+    """``steps`` steps of a tiny-table job by the runner's own loop: its timed window's step, ms."""
+    result = train(dmp, optimizer, batches, 0, steps, device, tiny.train, tiny.optimizer, list(tiny.model.tasks),
+                   LoopHooks(lambda step, metrics: None, SilentBar()), None)
+    return result.step_time_ms
+
+
+def tiny_job_rounds(make: Callable[[str, int, int, int], Tuple[Any, Any, Any, Any]], runs: Sequence[Tuple[str, int]],
+                    device: torch.device, rounds: int, say: Optional[Callable[[str, int, int], None]] = None
+                    ) -> Dict[Tuple[str, int], List[float]]:
+    """The tiny-table job (``make(family, batch, batches, log_every)``: :func:`_tiny_job`) in each of ``runs`` (its
+    family and per-rank batch), interleaved:
+    ``rounds`` rounds, each training every run's job :data:`ROUND_STEPS` steps in turn (the order turned by one
+    each round), so that the machine's drift falls alike on the runs of a round. Here its speed wanders by 8% over
+    seconds, and the job timed once per batch gave an overhead of 5.5 to 17.9 ms at 256 samples in four 2 x 2
+    calibrations within ten minutes: per run, its step in each round, ms
+    (:func:`runner.plan.cost.fit.step_overhead` takes each run's median, and the families' differences round by
+    round)."""
+    warm, timed_steps = ROUND_STEPS
+    per_call = warm + timed_steps
+    # each call's pipeline takes batches ahead of its steps and drops them when it ends: a few spare per call
+    jobs = {run: make(run[0], run[1], (per_call + 4) * rounds, warm) for run in runs}
+    got: Dict[Tuple[str, int], List[float]] = {run: [] for run in runs}
+    order = list(runs)
     try:
-        result = train(dmp, combined_optimizer(dmp, tiny.optimizer), batches, 0, steps, device, tiny.train,
-                       tiny.optimizer, list(tiny.model.tasks), LoopHooks(lambda step, metrics: None, SilentBar()), None)
+        for i in range(rounds):
+            for run in order[i % len(order):] + order[:i % len(order)]:
+                tiny, dmp, optimizer, batches = jobs[run]
+                # each call warms a pipeline of its own over ``warm`` steps (its first window, not timed)
+                got[run].append(_trained_ms(tiny, dmp, optimizer, batches, per_call, device))
+            if say is not None:
+                say("the job's step with tiny tables, each batch and family in turn", i + 1, rounds)
     finally:
-        getattr(batches, "close", lambda: None)()
-    return [result.step_time_ms]
+        for _, _, _, batches in jobs.values():
+            getattr(batches, "close", lambda: None)()
+    return got
 
 
 class _Progress:
@@ -468,9 +507,13 @@ def run_calibration(cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: t
     mine["sharded"] = _sharded(cfg.train.batch_size, cfg.optimizer, cfg.precision, repeats_for(c), env, device, say)
     mine.update(_dense(cfg, env, device, say))
     say("the job's step with tiny tables", 0, 1, force=True)
-    rows = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
-    steps = STEP_STEPS // 2 if cfg.calibrate.grid == "small" else STEP_STEPS
-    mine["step"] = {r: step_samples(cfg, r, env.rank, env.world, env.local_world, device, steps) for r in rows}
+    one = max(int(cfg.train.batch_size), 1)
+    runs = [("table_wise", r) for r in step_batches(one, cfg.calibrate.grid)]
+    runs += [(kind, one) for kind in STEP_FAMILIES if kind != "table_wise"]
+    make = functools.partial(_tiny_job, cfg, env.rank, env.world, env.local_world, device)
+    got = tiny_job_rounds(make, runs, device, STEP_ROUNDS["small" if cfg.calibrate.grid == "small" else "full"], say)
+    mine["step"] = {r: got[(kind, r)] for kind, r in runs if kind == "table_wise"}
+    mine["step_family"] = {kind: got[(kind, one)] for kind in STEP_FAMILIES}  # table-wise's: the batch's own
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)
     for name, by_scope in gathered["collectives"].items():

@@ -537,6 +537,47 @@ def test_the_step_overhead_is_fitted_over_every_batch_timed_with_the_dense_part_
     assert step_overhead(constants, measured)["ms_per_ksample"] > 5.5
 
 
+def test_each_family_s_tiny_job_gives_that_family_its_own_overhead_beyond_the_machine_s_drift() -> None:
+    # the tiny-table job timed table-wise at two batches and in every family at the job's in 6 interleaved rounds:
+    # 2 ms + 5 ms per 1,000 samples beyond its parts for every family, 12 ms more for table-wise (as at 2 x 2) and
+    # 1 ms more for data-parallel, every round slower or faster by up to 30% for all families alike (the machine's
+    # drift) and each step off by up to +-0.3 ms of its own; each family's extra over the cheapest is its own, a
+    # difference within the noise counts as 0, and the fit is of the rest
+    from runner.plan.cost.fit import _parts_ms, family_overhead, step_overhead
+    from runner.plan.cost.step_estimate import family_overhead_ms
+
+    measured = _measured()
+    constants, _, _ = fit_all(measured)
+    job = {"batch": 256, "world": 2, "device": "cpu", "pooling": 1, "layers": [], "other_params": 0, "dims": [64] * 6}
+    extra = {"table_wise": 12.0, "row_wise": 0.0, "data_parallel": 1.0}
+    rnd = random.Random(3)
+    drift = [1 + rnd.uniform(-0.3, 0.3) for _ in range(6)]
+
+    def step(b: int, kind: str, scale: float = 1.0) -> float:
+        return (_parts_ms(constants, job, measured["params"], b, measured["dense"].get(b), kind) + 2.0
+                + 5.0 * b / 1000.0 + extra[kind]) * scale
+    measured.update(job=job, step={b: [[step(b, "table_wise")]] * 2 for b in (64, 256)},
+                    step_family={k: [[step(256, k, d) + rnd.uniform(-0.3, 0.3) for d in drift]] * 2 for k in extra})
+    fit = step_overhead(constants, measured)
+    assert fit["family_ms"] == pytest.approx(extra, abs=0.8)
+    assert fit["fixed_ms"] == pytest.approx(2.0, abs=0.8) and fit["ms_per_ksample"] == pytest.approx(5.0, rel=0.2)
+    c = {"step_overhead": fit}
+    assert family_overhead_ms(c, [("row_wise", 6)]) == pytest.approx(0.0, abs=1e-6)
+    assert family_overhead_ms(c, [("column_wise", 2), ("table_wise", 4)]) == pytest.approx(fit["family_ms"][
+        "table_wise"])  # one family
+    assert family_overhead_ms(c, [("table_wise", 4), ("data_parallel", 2)]) == pytest.approx(
+        fit["family_ms"]["table_wise"] + fit["family_ms"]["data_parallel"])
+    assert family_overhead_ms({"step_overhead": {"fixed_ms": 1.0}}, [("table_wise", 4)]) == 0.0  # not timed
+    # the same families' rounds timed one after another, not interleaved (the drift unpaired): the differences
+    # scatter by the drift, and none is told from table-wise's
+    family, noise = family_overhead({"table_wise": [20.0, 31.0, 25.0, 19.0], "row_wise": [12.0, 30.0, 9.0, 16.0],
+                                     "data_parallel": [24.0, 35.0, 17.0, 22.0]})
+    assert family == {"table_wise": 0.0, "row_wise": 0.0, "data_parallel": 0.0} and noise["row_wise"] > 2.0
+    # two rounds are too few to tell anything
+    assert family_overhead({"table_wise": [20.0, 21.0], "row_wise": [5.0, 6.0]})[0] == {"table_wise": 0.0,
+                                                                                         "row_wise": 0.0}
+
+
 def test_a_batch_whose_parts_reach_its_step_does_not_pull_the_overhead_to_zero() -> None:
     # the tiny-table job 4.1 and 4.7 ms beyond its parts at 64 and 256 samples and 0.5 ms below them at 1,024 (a
     # calibration of 2026-11-29): weighed relative to the step, the overhead is the other batches' few ms, not the

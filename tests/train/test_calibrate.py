@@ -46,6 +46,12 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     # the tiny-table job's step at each batch its overhead is fitted over (the small grid: a quarter and the batch)
     assert set(cal.measurements["step"]) == {32, 128} and all(v > 0 for v in cal.measurements["step"].values())
     assert c["step_overhead"]["fixed_ms"] >= 0 and c["step_overhead"]["ms_per_ksample"] >= 0
+    # ... and in every family at the batch, in interleaved rounds (the small grid: 3): each family's overhead
+    # beyond the cheapest's
+    assert {k: len(v) for k, v in cal.measurements["step_family"].items()} == {
+        "table_wise": 3, "row_wise": 3, "data_parallel": 3}
+    family = c["step_overhead"]["family_ms"]
+    assert set(family) == {"table_wise", "row_wise", "data_parallel"} and min(family.values()) == 0.0
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
     from runner.plan.cost.choice import for_job
 
@@ -59,6 +65,7 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
             "calibration/calibration_torchrec.py"} <= artifacts  # the last: TorchRec's own terms (torchrec_export)
     report = (run_folder / "calibration" / "report.md").read_text()
     assert "| constant | measured here | TorchRec's default |" in report
+    assert "The step's overhead (the tiny-table job beyond its parts): " in report and "table_wise +" in report
     line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
     assert line.startswith("[runner] calibration done") and results["kept"] in line
     assert "trusted: " in line and "the next plan here (cluster.calibration=auto) uses it" in line

@@ -231,15 +231,46 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
             {part: float(statistics.median(s)) for part, s in errors.items() if s})
 
 
-def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, float]:
+def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]:
     """What the job's step with tiny tables took beyond every part measured alone (the loop, the pipeline, the
     model's wrappers) at each batch it was timed at: its step less the parts at that batch (:func:`_parts_ms`),
-    fitted to the batch by :func:`fit_overhead`."""
-    points = [{"batch": int(rows), "tables": len(measured["job"]["dims"]),
-               "measured_ms": median_ms(_pooled(per_rank)),
-               "parts_ms": _parts_ms(c, measured["job"], measured["params"], int(rows), measured["dense"].get(rows))}
-              for rows, per_rank in measured["step"].items()]
-    return fit_overhead(points, per_table=False)
+    fitted to the batch by :func:`fit_overhead`. Where the job was also timed in each family of sharded lookup
+    (``step_family``, at the job's batch, in interleaved rounds), ``family_ms`` (:func:`family_overhead`): what
+    each family's step takes there beyond the cheapest family's; the fit is of what is left (the table-wise job's
+    residual less table-wise's own)."""
+    job, params = measured["job"], measured["params"]
+
+    def parts(rows: Any, kind: str = "table_wise") -> float:
+        return _parts_ms(c, job, params, int(rows), measured["dense"].get(rows), kind)
+    points = [{"batch": int(rows), "tables": len(job["dims"]), "measured_ms": median_ms(_pooled(per_rank)),
+               "parts_ms": parts(rows)} for rows, per_rank in measured["step"].items()]
+    by_family = measured.get("step_family") or {}
+    if "table_wise" not in by_family or len(by_family) < 2:
+        return fit_overhead(points, per_table=False)
+    family, noise = family_overhead({kind: [s - parts(job["batch"], kind) for s in _worst(per_rank)]
+                                     for kind, per_rank in by_family.items()})
+    fit = fit_overhead([{**p, "parts_ms": p["parts_ms"] + family["table_wise"]} for p in points], per_table=False)
+    return {**fit, "family_ms": family, "family_noise_ms": noise}
+
+
+def family_overhead(residuals: Dict[str, List[float]]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each family's step beyond the cheapest family's, from ``residuals`` (per family, what its tiny-table job's
+    step took beyond its parts in each round; the rounds interleaved, so that round ``i`` of every family saw the
+    machine alike). A family's difference from table-wise is taken round by round; its median counts only where it
+    lies beyond twice its own standard error (``1.2533 x standard deviation / sqrt(n)`` in ms, as
+    :func:`median_error` has it relative) and at least 3 rounds were timed, else it is 0 (the family costs what
+    table-wise does): a difference the machine's noise can make would reorder plans from one calibration to the
+    next. Then every family's is taken relative to the cheapest (at least 0). Also each difference's standard
+    error, ms."""
+    base = residuals["table_wise"]
+    differences = {kind: [r - t for r, t in zip(values, base, strict=True)] for kind, values in residuals.items()}
+    noise = {kind: 1.2533 * statistics.pstdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.inf
+             for kind, d in differences.items()}
+    kept = {kind: float(statistics.median(d)) if len(d) >= 3 and abs(statistics.median(d)) > 2 * noise[kind] else 0.0
+            for kind, d in differences.items()}
+    least = min(kept.values())
+    return ({kind: v - least for kind, v in kept.items()},
+            {kind: (float(v) if math.isfinite(v) else 0.0) for kind, v in noise.items() if kind != "table_wise"})
 
 
 def fit_overhead(points: List[Dict[str, float]], per_table: bool) -> Dict[str, float]:
@@ -267,10 +298,11 @@ def fit_overhead(points: List[Dict[str, float]], per_table: bool) -> Dict[str, f
 
 
 def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
-              dense_at: Optional[Dict[str, Any]] = None) -> float:
-    """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms, the
-    table-wise lookups, the dense part and optimizer (``dense_at``: their samples at ``batch``, as a job times its
-    own; else their fits), dense all-reduce, input."""
+              dense_at: Optional[Dict[str, Any]] = None, kind: str = "table_wise") -> float:
+    """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms (the
+    table-wise ones: the tables are tiny, so every family's bytes are a small part), the ``kind`` lookups, the dense
+    part and optimizer (``dense_at``: their samples at ``batch``, as a job times its own; else their fits), dense
+    all-reduce, input."""
     world = job["world"]
     per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
     a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
@@ -281,7 +313,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
                   for d in job["dims"]) / world
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
-    return (lookups + sum(lookups_ms(c, [("table_wise", len(job["dims"]))], batch).values())
+    return (lookups + sum(lookups_ms(c, [(kind, len(job["dims"]))], batch).values())
             + (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
             + (allreduce_ms(reduce, params * 4) if world > 1 else 0.0)
@@ -362,7 +394,9 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
             "dense": {int(r): {p: med(v) for p, v in m.items()} for r, m in measured["dense"].items()},
             "optimizer": {int(n): med(v) for n, v in measured["optimizer"].items()},
             "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"],
-            "step": {int(r): med(v) for r, v in (measured.get("step") or {}).items()}}
+            "step": {int(r): med(v) for r, v in (measured.get("step") or {}).items()},
+            "step_family": {k: [round(v, 6) for v in _worst(per_rank)]
+                            for k, per_rank in (measured.get("step_family") or {}).items()}}
 
 
 def uvm_text(uvm: Dict[str, Any]) -> str:
@@ -407,6 +441,7 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
                       ("input", "ms per 1,000 samples")):
         f = c[key]
         lines.append(f"| {key} | {f['fixed_ms']:.4f} | {f['ms_per_unit']:.4f} {unit} | {f['fit_error']:.1%} |")
+    lines += ["", f"The step's overhead (the tiny-table job beyond its parts): {overhead_text(c)}."]
     lines += ["", f"Kernel fit: largest error forward {c['fit_error_fwd']:.1%}, backward {c['fit_error_bwd']:.1%}.",
               "", "Each part's trust: how well its repeats know their medians (the median's relative standard error, "
               f"1.2533 x spread / sqrt(repeats)), allowed {allowed:.1%} (what {repeats} repeats scattered by "
@@ -416,6 +451,20 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
     lines += [f"| {part} | {cal.spread.get(part, 0.0):.1%} | {cal.median_error.get(part, 0.0):.1%} | "
               f"{'yes' if cal.trusted.get(part) else '**no**'} | {FALLBACK[part]} |" for part in FALLBACK]
     return "\n".join(lines) + "\n"
+
+
+def overhead_text(c: Dict[str, Any]) -> str:
+    """``12.3 ms + 4.5 ms per 1,000 samples; beyond the cheapest family: table_wise +14.0 (+-2.1), ...``."""
+    o = c.get("step_overhead") or {}
+    if not o:
+        return "not measured"
+    text = f"{o['fixed_ms']:.1f} ms + {o['ms_per_ksample']:.1f} ms per 1,000 samples"
+    family, noise = o.get("family_ms") or {}, o.get("family_noise_ms") or {}
+    if family:
+        text += "; each family beyond the cheapest (a difference within twice its noise counts as 0): " + ", ".join(
+            f"{k} +{v:.1f} ms" + (f" (difference from table_wise known to +-{noise[k]:.1f})" if k in noise else "")
+            for k, v in family.items())
+    return text
 
 
 def _chart(cal: Calibration, path: Path) -> None:
@@ -502,6 +551,9 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
             + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms"
                if a2a and a2a["bandwidth_gibps"] else "all-to-all: no bandwidth (its time did not grow with the bytes)"
                if a2a else "no collectives (1 rank)"))
+    family = (c.get("step_overhead") or {}).get("family_ms") or {}
+    if any(family.values()):
+        head += ", step beyond the cheapest family: " + ", ".join(f"{k} +{v:.1f} ms" for k, v in family.items() if v)
     said = _trust_words(cal, settings, kept)
     results = {"mode": "calibrate", "file": str(where), "kept": str(kept) if kept else None, "trusted": parts,
                "spread": spreads, "median_error": errors, "seconds": seconds, "headline": f"{head}; {said}"}

@@ -72,7 +72,9 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
                        "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": float(part.get("step_overhead",
                                                                                                      0.0)),
-                       "parts_ms": float(part["step_ms"]) - float(part.get("step_overhead", 0.0))})
+                       # the families' part of the overhead stays in the parts: the refit is of the rest
+                       "parts_ms": float(part["step_ms"]) - float(part.get("step_overhead", 0.0))
+                       + float(part.get("family_overhead_ms", 0.0))})
     return points
 
 
@@ -87,8 +89,10 @@ def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Cali
     error, no term below 0 (non-negative least squares)."""
     # at least two runs per term: fewer runs than that fit their own noise (a run's step scatters 5-40% here), so
     # the per-table term waits for PER_TABLE_RUNS runs
-    fit = fit_overhead(points, per_table=len(points) >= PER_TABLE_RUNS)
+    fit: Dict[str, Any] = fit_overhead(points, per_table=len(points) >= PER_TABLE_RUNS)
     fit.setdefault("per_table_ms", 0.0)
+    measured = cal.constants.get("step_overhead") or {}
+    fit.update({k: measured[k] for k in ("family_ms", "family_noise_ms") if k in measured})  # the calibration's
     return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": fit}, cal.spread, cal.trusted,
                        cal.measurements, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or ""})

@@ -158,6 +158,14 @@ def ddp_allreduce(c: Dict[str, Any], world: int, local: int) -> Dict[str, float]
             "bandwidth_gibps": fit["bandwidth_gibps"] * ((group - 1) / group) / ((world - 1) / world)}
 
 
+def family_overhead_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]]) -> float:
+    """What a step takes beyond its parts for the families of sharded lookup it runs (``step_overhead``'s
+    ``family_ms``: each family's tiny-table job beyond the cheapest family's, paid once per family the plan uses;
+    0 with a calibration that did not time them)."""
+    family = (c.get("step_overhead") or {}).get("family_ms") or {}
+    return sum(family.get(kind, 0.0) for kind in {FAMILY.get(k, "table_wise") for k, _ in lookups})
+
+
 def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
     return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
 
@@ -181,7 +189,8 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
         "dense_allreduce": allreduce_ms(reduce, dense.bytes + tables.bytes) if world > 1 else 0.0,
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
         "step_overhead": (fitted_ms(c.get("step_overhead"), dense.batch / 1000.0)  # per table: learned from runs
-                          + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(n for _, n in lookups)),
+                          + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(n for _, n in lookups)
+                          + family_overhead_ms(c, lookups)),
     }
     fixed = lookups_ms(c, lookups, dense.batch)
     per_rank = []
@@ -189,7 +198,8 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
         parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
                  "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared}
         forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
-        per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward})
+        per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward,
+                         "family_overhead_ms": family_overhead_ms(c, lookups)})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
@@ -285,7 +295,8 @@ class StepPerfModel(PerfModel):
         updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
         reduce = ddp_allreduce(c, self.world, self.local)  # the tables' bytes join DDP's call
         reduced = tables.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
-        return max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
+        return (max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
+                + family_overhead_ms(c, sharded_lookups(plan)))
 
 
 def step_perf_model(spec: PlanSpec, device_type: str, world: int, local: int) -> Optional[StepPerfModel]:
