@@ -38,7 +38,7 @@ from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig
+from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSchema, RunnerConfig, uses_split_step
 from runner.config.tables import table_specs
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for, source
@@ -331,11 +331,13 @@ def _tiny_job(cfg: RunnerConfig, rank: int, world: int, local: int, device: torc
     return tiny, dmp, combined_optimizer(dmp, tiny.optimizer), batches
 
 
-def _trained_ms(tiny: Any, dmp: Any, optimizer: Any, batches: Any, steps: int, device: torch.device) -> float:
-    """``steps`` steps of a tiny-table job by the runner's own loop: its timed window's step, ms."""
+def _trained_ms(tiny: Any, dmp: Any, optimizer: Any, batches: Any, steps: int, device: torch.device
+                ) -> Tuple[float, int]:
+    """``steps`` steps of a tiny-table job by the runner's own loop: its timed windows' step, ms, and the steps it
+    ran (fewer where the data ended)."""
     result = train(dmp, optimizer, batches, 0, steps, device, tiny.train, tiny.optimizer, list(tiny.model.tasks),
                    LoopHooks(lambda step, metrics: None, SilentBar()), None)
-    return result.step_time_ms
+    return result.step_time_ms, result.last_step
 
 
 def tiny_job_rounds(make: Callable[[str, int, int, int], Tuple[Any, Any, Any, Any]], runs: Sequence[Tuple[str, int]],
@@ -352,15 +354,20 @@ def tiny_job_rounds(make: Callable[[str, int, int, int], Tuple[Any, Any, Any, An
     warm, timed_steps = ROUND_STEPS
     per_call = warm + timed_steps
     # each call's pipeline takes batches ahead of its steps and drops them when it ends: a few spare per call
-    jobs = {run: make(run[0], run[1], (per_call + 4) * rounds, warm) for run in runs}
+    jobs: Dict[Tuple[str, int], Tuple[Any, Any, Any, Any]] = {}
     got: Dict[Tuple[str, int], List[float]] = {run: [] for run in runs}
     order = list(runs)
     try:
+        for run in runs:
+            jobs[run] = make(run[0], run[1], (per_call + 4) * rounds, warm)
         for i in range(rounds):
             for run in order[i % len(order):] + order[:i % len(order)]:
                 tiny, dmp, optimizer, batches = jobs[run]
                 # each call warms a pipeline of its own over ``warm`` steps (its first window, not timed)
-                got[run].append(_trained_ms(tiny, dmp, optimizer, batches, per_call, device))
+                ms, done = _trained_ms(tiny, dmp, optimizer, batches, per_call, device)
+                if done < per_call:  # a file source's shard ended: the rounds every run finished are kept
+                    return {r: v[:i] for r, v in got.items()}
+                got[run].append(ms)
             if say is not None:
                 say("the job's step with tiny tables, each batch and family in turn", i + 1, rounds)
     finally:
@@ -509,11 +516,16 @@ def run_calibration(cfg: RunnerConfig, run_folder: Path, env: RankEnv, device: t
     say("the job's step with tiny tables", 0, 1, force=True)
     one = max(int(cfg.train.batch_size), 1)
     runs = [("table_wise", r) for r in step_batches(one, cfg.calibrate.grid)]
-    runs += [(kind, one) for kind in STEP_FAMILIES if kind != "table_wise"]
+    # the other families: not with gradient accumulation (its step's samples are not the batch the families' parts
+    # are costed at), and no data-parallel tables where the split step trains (loss scaling refuses them)
+    families = [] if cfg.train.grad_accumulation_steps > 1 else [
+        kind for kind in STEP_FAMILIES[1:] if kind != "data_parallel" or not uses_split_step(cfg.train, cfg.precision)]
+    runs += [(kind, one) for kind in families]
     make = functools.partial(_tiny_job, cfg, env.rank, env.world, env.local_world, device)
     got = tiny_job_rounds(make, runs, device, STEP_ROUNDS["small" if cfg.calibrate.grid == "small" else "full"], say)
-    mine["step"] = {r: got[(kind, r)] for kind, r in runs if kind == "table_wise"}
-    mine["step_family"] = {kind: got[(kind, one)] for kind in STEP_FAMILIES}  # table-wise's: the batch's own
+    mine["step"] = {r: got[(kind, r)] for kind, r in runs if kind == "table_wise" and got[(kind, r)]}
+    if families and got[runs[-1]]:  # table-wise's: the batch's own rounds
+        mine["step_family"] = {kind: got[(kind, one)] for kind in ("table_wise", *families)}
     # a scope's group holds only some ranks: its samples are merged over the ranks that measured them
     gathered = _by_rank(mine, env.world)
     for name, by_scope in gathered["collectives"].items():

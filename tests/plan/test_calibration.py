@@ -573,6 +573,11 @@ def test_each_family_s_tiny_job_gives_that_family_its_own_overhead_beyond_the_ma
     family, noise = family_overhead({"table_wise": [20.0, 31.0, 25.0, 19.0], "row_wise": [12.0, 30.0, 9.0, 16.0],
                                      "data_parallel": [24.0, 35.0, 17.0, 22.0]})
     assert family == {"table_wise": 0.0, "row_wise": 0.0, "data_parallel": 0.0} and noise["row_wise"] > 2.0
+    # a family whose step came out under its parts (data-parallel, -10 ms, as at 2 x 2) pays nothing and raises no
+    # other family's term: table-wise pays its own 14 ms, row-wise its 0
+    family, _ = family_overhead({"table_wise": [14.2, 13.8, 14.1, 13.9], "row_wise": [0.1, -0.2, 0.2, -0.1],
+                                 "data_parallel": [-9.8, -10.3, -10.1, -9.9]})
+    assert family == pytest.approx({"table_wise": 14.0, "row_wise": 0.0, "data_parallel": 0.0}, abs=0.2)
     # two rounds are too few to tell anything
     assert family_overhead({"table_wise": [20.0, 21.0], "row_wise": [5.0, 6.0]})[0] == {"table_wise": 0.0,
                                                                                          "row_wise": 0.0}

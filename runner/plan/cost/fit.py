@@ -245,32 +245,41 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]
     points = [{"batch": int(rows), "tables": len(job["dims"]), "measured_ms": median_ms(_pooled(per_rank)),
                "parts_ms": parts(rows)} for rows, per_rank in measured["step"].items()]
     by_family = measured.get("step_family") or {}
-    if "table_wise" not in by_family or len(by_family) < 2:
-        return fit_overhead(points, per_table=False)
+    if "table_wise" not in by_family or len(by_family) < 2 or job["batch"] not in measured["step"]:
+        return fit_overhead(points, per_table=False)  # (with gradient accumulation the families are not timed)
     family, noise = family_overhead({kind: [s - parts(job["batch"], kind) for s in _worst(per_rank)]
                                      for kind, per_rank in by_family.items()})
     fit = fit_overhead([{**p, "parts_ms": p["parts_ms"] + family["table_wise"]} for p in points], per_table=False)
     return {**fit, "family_ms": family, "family_noise_ms": noise}
 
 
+# two-sided 95% quantiles of Student's t by degrees of freedom (rounds - 1): few rounds know their spread poorly
+T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
 def family_overhead(residuals: Dict[str, List[float]]) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Each family's step beyond the cheapest family's, from ``residuals`` (per family, what its tiny-table job's
     step took beyond its parts in each round; the rounds interleaved, so that round ``i`` of every family saw the
     machine alike). A family's difference from table-wise is taken round by round; its median counts only where it
-    lies beyond twice its own standard error (``1.2533 x standard deviation / sqrt(n)`` in ms, as
-    :func:`median_error` has it relative) and at least 3 rounds were timed, else it is 0 (the family costs what
-    table-wise does): a difference the machine's noise can make would reorder plans from one calibration to the
-    next. Then every family's is taken relative to the cheapest (at least 0). Also each difference's standard
-    error, ms."""
+    lies beyond its standard error (``1.2533 x standard deviation / sqrt(n)`` in ms, as :func:`median_error` has it
+    relative) times Student's t at 95% (:data:`T95`) and at least 3 rounds were timed, else it is 0 (the family
+    costs what table-wise does): a difference the machine's noise can make would reorder plans from one calibration
+    to the next. Each family's residual is then table-wise's median one plus its difference, and its term what it
+    has beyond the cheapest's, no residual counted below 0 (a family whose step came out under its parts pays none,
+    and does not raise the others). Also each difference's standard error, ms."""
     base = residuals["table_wise"]
-    differences = {kind: [r - t for r, t in zip(values, base, strict=True)] for kind, values in residuals.items()}
-    noise = {kind: 1.2533 * statistics.pstdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.inf
+    differences = {kind: [r - t for r, t in zip(values, base, strict=True)] for kind, values in residuals.items()
+                   if kind != "table_wise"}
+    noise = {kind: 1.2533 * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.inf
              for kind, d in differences.items()}
-    kept = {kind: float(statistics.median(d)) if len(d) >= 3 and abs(statistics.median(d)) > 2 * noise[kind] else 0.0
+    kept = {kind: float(statistics.median(d)) if len(d) >= 3
+            and abs(statistics.median(d)) > T95.get(len(d) - 1, 1.96) * noise[kind] else 0.0
             for kind, d in differences.items()}
-    least = min(kept.values())
-    return ({kind: v - least for kind, v in kept.items()},
-            {kind: (float(v) if math.isfinite(v) else 0.0) for kind, v in noise.items() if kind != "table_wise"})
+    level = float(statistics.median(base)) if base else 0.0
+    absolute = {"table_wise": level, **{kind: level + v for kind, v in kept.items()}}
+    least = max(min(absolute.values()), 0.0)
+    return ({kind: max(r, 0.0) - least for kind, r in absolute.items()},
+            {kind: (float(v) if math.isfinite(v) else 0.0) for kind, v in noise.items()})
 
 
 def fit_overhead(points: List[Dict[str, float]], per_table: bool) -> Dict[str, float]:
@@ -454,7 +463,8 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
 
 
 def overhead_text(c: Dict[str, Any]) -> str:
-    """``12.3 ms + 4.5 ms per 1,000 samples; beyond the cheapest family: table_wise +14.0 (+-2.1), ...``."""
+    """``12.3 ms + 4.5 ms per 1,000 samples; each family beyond the cheapest ...: table_wise +14.0 ms, row_wise +0.0
+    ms (difference from table_wise known to +-2.1), ...``."""
     o = c.get("step_overhead") or {}
     if not o:
         return "not measured"

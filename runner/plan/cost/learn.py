@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
 from runner.plan.cost.fit import fit_overhead
-from runner.plan.cost.step_estimate import fitted_ms
+from runner.plan.cost.step_estimate import family_overhead_ms, fitted_ms
 from runner.runtime.hardware import mismatch
 
 MIN_RUNS = 4  # two runs for each of the fixed and per-sample terms
@@ -69,12 +69,15 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         part = est["step"]["per_rank"][slowest] if slowest < len(est["step"]["per_rank"]) else None
         if not part or not ranks[slowest].get("step_ms"):
             continue
+        overhead = float(part.get("step_overhead", 0.0))
+        ran = float(part.get("family_overhead_ms", 0.0))  # the families' part of it, by the run's calibration
+        # the families' part by this calibration stays in the parts (the plan pays it beside the overhead): the
+        # refit is of the rest
+        families = family_overhead_ms(cal.constants, [(str(t.get("sharding_type")), 1) for m in plan.values()
+                                                      for t in m.values()])
         points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
-                       "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": float(part.get("step_overhead",
-                                                                                                     0.0)),
-                       # the families' part of the overhead stays in the parts: the refit is of the rest
-                       "parts_ms": float(part["step_ms"]) - float(part.get("step_overhead", 0.0))
-                       + float(part.get("family_overhead_ms", 0.0))})
+                       "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": overhead - ran,
+                       "parts_ms": float(part["step_ms"]) - overhead + families})
     return points
 
 
