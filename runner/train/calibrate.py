@@ -325,7 +325,9 @@ def _tiny_job(cfg: RunnerConfig, rank: int, world: int, local: int, device: torc
     apply_sparse_optimizer(model, tiny.optimizer)
     plan, _, _, sharders = make_plan(plan_spec(tiny), model, world, local, device.type, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
-                                   data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=True))
+                                   # as training wraps it: DDP's static graph refuses the split step's no_sync
+                                   data_parallel_wrapper=DefaultDataParallelWrapper(
+                                       static_graph=tiny.train.grad_accumulation_steps == 1))
     batches = batches_for(job_data(tiny), rank, world, False, 0, steps,
                           low_loops=tiny.cluster.gloo_loop_priority == "low")
     return tiny, dmp, combined_optimizer(dmp, tiny.optimizer), batches
