@@ -471,7 +471,8 @@ def overhead_text(c: Dict[str, Any]) -> str:
     text = f"{o['fixed_ms']:.1f} ms + {o['ms_per_ksample']:.1f} ms per 1,000 samples"
     family, noise = o.get("family_ms") or {}, o.get("family_noise_ms") or {}
     if family:
-        text += "; each family beyond the cheapest (a difference within twice its noise counts as 0): " + ", ".join(
+        text += ("; each family beyond the cheapest (a difference within Student's t at 95% times its noise counts "
+                 "as 0): ") + ", ".join(
             f"{k} +{v:.1f} ms" + (f" (difference from table_wise known to +-{noise[k]:.1f})" if k in noise else "")
             for k, v in family.items())
     return text

@@ -180,6 +180,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     layers, interactions)."""
     c = cal.constants
     reduce = ddp_allreduce(c, world, local)
+    families = family_overhead_ms(c, lookups)
     per_mparam = (c.get("optimizer") or {}).get("ms_per_unit", 0.0)
     shared = {
         "dense_forward": measured["fwd_ms"] if measured else dense_ms(c, "fwd", dense),
@@ -190,7 +191,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
         "input": fitted_ms(c.get("input"), dense.batch / 1000.0) if device_kind == "cpu" else 0.0,
         "step_overhead": (fitted_ms(c.get("step_overhead"), dense.batch / 1000.0)  # per table: learned from runs
                           + (c.get("step_overhead") or {}).get("per_table_ms", 0.0) * sum(n for _, n in lookups)
-                          + family_overhead_ms(c, lookups)),
+                          + families),
     }
     fixed = lookups_ms(c, lookups, dense.batch)
     per_rank = []
@@ -199,7 +200,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
                  "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared}
         forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward,
-                         "family_overhead_ms": family_overhead_ms(c, lookups)})
+                         "family_overhead_ms": families})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
