@@ -196,6 +196,55 @@ def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: Opti
     return {"fwd": fwd, "bwd": bwd, "optimizer": step}
 
 
+LOCKSTEP_ROUNDS = 3  # rounds of the dense part in lockstep (:func:`lockstep_samples`): the median round's ratio
+LOCKSTEP_CALLS = (5, 20)  # calls per round, at least and at most ...
+LOCKSTEP_ROUND_MS = 1500.0  # ... as many as fit this long a round at the slowest rank's first call
+
+
+def lockstep_samples(model: nn.Module, autocast: Optional[str], batch_data: Any, rows: int, device: torch.device,
+                     rounds: int = LOCKSTEP_ROUNDS) -> Dict[str, List[List[float]]]:
+    """The dense part's forward and backward at ``rows`` samples (``model`` the configured model built on
+    ``device``), called in lockstep on every rank: each call starts on every rank at once (a barrier), and each
+    rank records its own time and the slowest rank's time of the same call (an all-reduce of the largest), ms, per
+    round. In a job's step every stretch of compute between two collectives ends when its slowest rank's does, and
+    the step is a mean over steps, where every part is timed alone as its median: here two ranks measured 1.08-1.14
+    times their median, four on two cores 1.16-1.22 (:func:`runner.plan.cost.fit.rank_wait`). Every rank makes the
+    same calls: their number is agreed from the slowest rank's first call."""
+    model = dense_model(model, device, rows)
+    autocast_forward(model, device.type, autocast)
+    b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
+              labels=batch_data.labels[:rows]).to(device)
+    sync = device_sync(device)
+
+    def call() -> float:
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        model(b)[0].backward()
+        sync()
+        return (time.perf_counter() - start) * 1000.0
+
+    def slowest(ms: float) -> float:
+        worst = torch.tensor([ms], dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return float(worst.item())
+    first = slowest(call())  # warms the allocator and autograd's graph, and sizes the rounds
+    least, most = LOCKSTEP_CALLS
+    calls = int(min(max(LOCKSTEP_ROUND_MS / max(first, 1e-3), least), most))
+    own: List[List[float]] = []
+    worst: List[List[float]] = []
+    for _ in range(rounds):
+        mine: List[float] = []
+        theirs: List[float] = []
+        for _ in range(calls):
+            ms = call()
+            mine.append(ms)
+            theirs.append(slowest(ms))
+        own.append(mine)
+        worst.append(theirs)
+    return {"own": own, "slowest": worst}
+
+
 def job_dense_ms(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
                  rows: int, device: torch.device) -> Dict[str, float]:
     """A training job's own dense part (``model``, built on ``device``) timed on its worker at its batch before it
@@ -462,6 +511,8 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     data = next(iter(source(replace(whole, rows=max(steps[-1], rows)), env.rank, env.world, False, 0, 1)))
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
                               repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *steps})}
+    say("dense part in lockstep", 0, 3, force=True)
+    lockstep = lockstep_samples(build_model(cfg, device), cfg.precision.autocast, data, rows, device)
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
@@ -480,7 +531,8 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     job = {"batch": rows, "world": env.world, "local": env.local_world, "device": device.type,
            "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
-    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear}
+    return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear,
+            "lockstep": lockstep}
 
 
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:

@@ -645,3 +645,47 @@ def test_each_sharding_type_of_a_collection_is_a_sharded_lookup_of_its_own(tmp_p
     assert plans["cw"][1]["parts"]["sharded_lookups"] > plans["tw"][1]["parts"]["sharded_lookups"]
     model = StepPerfModel(_calibration(), 2, 2, 64)
     assert model.rate(plans["cw"][0]) - model.rate(plans["tw"][0]) >= twice + fit["bwd"]["fixed_ms"] - 1.0
+
+
+def test_the_step_s_compute_waits_for_the_slowest_rank_by_the_factor_measured_in_lockstep(tmp_path: Path) -> None:
+    import statistics
+
+    from runner.plan.analysis import per_rank_estimates
+    from runner.plan.cost.fit import rank_wait
+    from runner.plan.cost.step_estimate import StepPerfModel, compute_ms
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    # two ranks, three rounds of 20 calls: each rank's own times and each call's slowest rank
+    rnd = random.Random(3)
+    own = [[[10 * (1 + rnd.uniform(-0.2, 0.2)) for _ in range(20)] for _ in range(3)] for _ in range(2)]
+    slowest = [[max(a, b) for a, b in zip(own[0][i], own[1][i], strict=True)] for i in range(3)]
+    got = rank_wait({"own": own, "slowest": [slowest, slowest]})
+    expect = statistics.median(statistics.mean(slowest[i]) / statistics.mean(statistics.median(r[i]) for r in own)
+                               for i in range(3))
+    assert got["factor"] == pytest.approx(expect) and got["factor"] > 1.05  # the later of two jittery ranks
+    assert got["low"] <= got["factor"] <= got["high"]
+    flat = [[[10.0] * 20 for _ in range(3)] for _ in range(2)]
+    assert rank_wait({"own": flat, "slowest": [[[9.0] * 20] * 3] * 2})["factor"] == 1.0  # never below its parts
+    # fitted with the rest, the whole step pays it on its compute and the rating on the plan's kernels
+    constants, spreads, errors = fit_all({**_measured(), "lockstep": {"own": flat,
+                                                                       "slowest": [[[12.0] * 20] * 3] * 2}})
+    assert constants["rank_wait"]["factor"] == pytest.approx(1.2)
+    waiting = Calibration(fingerprint("cpu", 1, 2), constants, spreads, {p: True for p in cost_fit.PARTS}, {},
+                          "2026-11-27T00:00:00Z", errors)
+    steps = {}
+    for name, cal in (("waiting", waiting), ("none", _calibration())):
+        cfg = cfg_for(f"cluster.calibration={save(cal, tmp_path / f'{name}.yaml')}", "sharding=tablewise",
+                      "train.batch_size=64")
+        facts: Dict[str, Any] = {}
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+        steps[name] = (facts["step"], StepPerfModel(cal, 2, 2, 64).rate(best), best)
+    step, rated, best = steps["waiting"]
+    parts, rank = step["parts"], step["critical_rank"]
+    kernels = per_rank_estimates(best, 2)[rank]
+    assert parts["rank_wait"] == pytest.approx(0.2 * (parts["dense_forward"] + parts["dense_backward"]
+                                                      + parts["optimizer"] + kernels["fwd_compute_ms"]
+                                                      + kernels["bwd_compute_ms"])) and parts["rank_wait"] > 0
+    assert steps["none"][0]["parts"]["rank_wait"] == 0.0  # a calibration without the lockstep: no term
+    k = compute_ms(best, 2)
+    assert 0.2 * min(k) - 1e-9 <= rated - steps["none"][1] <= 0.2 * max(k) + 1e-9 and min(k) > 0

@@ -52,6 +52,11 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
         "table_wise": 3, "row_wise": 3, "data_parallel": 3}
     family = c["step_overhead"]["family_ms"]
     assert set(family) == {"table_wise", "row_wise", "data_parallel"} and min(family.values()) == 0.0
+    # the dense part in lockstep, 3 rounds on both ranks: how much the step's compute waits for the slowest rank
+    lockstep = cal.measurements["lockstep"]
+    assert len(lockstep["slowest_mean_ms"]) == 3 and len(lockstep["own_median_ms"]) == 2
+    assert all(s >= min(m[i] for m in lockstep["own_median_ms"]) for i, s in enumerate(lockstep["slowest_mean_ms"]))
+    assert c["rank_wait"]["factor"] >= 1.0 and c["rank_wait"]["low"] <= c["rank_wait"]["high"]
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
     from runner.plan.cost.choice import for_job
 
@@ -66,6 +71,7 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     report = (run_folder / "calibration" / "report.md").read_text()
     assert "| constant | measured here | TorchRec's default |" in report
     assert "The step's overhead (the tiny-table job beyond its parts): " in report and "table_wise +" in report
+    assert f"Ranks waiting for each other: x{c['rank_wait']['factor']:.3f} on the step's compute" in report
     line = summary_line({**results, "run_id": run_id, "tracking_uri": uri})
     assert line.startswith("[runner] calibration done") and results["kept"] in line
     assert "trusted: " in line and "the next plan here (cluster.calibration=auto) uses it" in line

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
-from runner.plan.cost.step_estimate import DenseFacts, allreduce_ms, ddp_allreduce, dense_ms, fitted_ms, lookups_ms
+from runner.plan.cost.step_estimate import (
+    DenseFacts,
+    allreduce_ms,
+    ddp_allreduce,
+    dense_ms,
+    fitted_ms,
+    lookups_ms,
+    wait_factor,
+)
 from runner.plan.cost.torchrec_export import export_beside
 from runner.plan.cost.trust import FALLBACK, allowed_median_error, median_error, spread, trust
 
@@ -225,10 +233,32 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
     constants["optimizer"] = _per_unit(fit_rate(points, "mparams"), "ms_per_mparam")
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+    if measured.get("lockstep"):  # before the step's overhead: its parts wait for the slowest rank too
+        constants["rank_wait"] = rank_wait(measured["lockstep"])
     if measured.get("step"):
         constants["step_overhead"] = step_overhead(constants, measured)
     return (constants, {part: float(statistics.median(s)) for part, s in spreads.items() if s},
             {part: float(statistics.median(s)) for part, s in errors.items() if s})
+
+
+def rank_wait(lockstep: Dict[str, Any]) -> Dict[str, float]:
+    """How much longer a stretch of compute takes in a job's step than its ranks' median, from the dense part called
+    in lockstep (:func:`runner.train.calibrate.lockstep_samples`: ``own``, per rank, per round, each call's time on
+    that rank; ``slowest``, the slowest rank's of each call): per round, the mean over its calls of the slowest rank's
+    time over the mean over ranks of each rank's median, and ``factor`` the median round's (at least 1). A step ends
+    each stretch of compute between two collectives when its slowest rank does, and a job's step is a mean over its
+    steps, where every part is timed as its median: the factor holds both (one rank: the mean's skew alone).
+    ``low``/``high``: the rounds' range."""
+    own, slowest = lockstep["own"], lockstep["slowest"][0]
+    ratios = []
+    for i, worst in enumerate(slowest):
+        typical = statistics.mean(statistics.median(rank[i]) for rank in own)
+        if worst and typical > 0:
+            ratios.append(statistics.mean(worst) / typical)
+    if not ratios:
+        return {"factor": 1.0, "low": 1.0, "high": 1.0}
+    return {"factor": max(float(statistics.median(ratios)), 1.0), "low": float(min(ratios)),
+            "high": float(max(ratios))}
 
 
 def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]:
@@ -317,14 +347,16 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
     # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
     reduce = ddp_allreduce(c, world, job.get("local", world))
-    lookups = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
-                  + 2 * batch * world * d * 4 * 1000.0 / ((a2a["bandwidth_gibps"] or math.inf) * GIB)
+    compute = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
                   for d in job["dims"]) / world
+    comms = sum(2 * batch * world * d * 4 * 1000.0 / ((a2a["bandwidth_gibps"] or math.inf) * GIB)
+                for d in job["dims"]) / world
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
-    return (lookups + sum(lookups_ms(c, [(kind, len(job["dims"]))], batch).values())
-            + (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
-               else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
+    compute += (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
+                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
+    # the compute waits for the slowest rank, as the step estimates it (:func:`rank_wait`)
+    return (compute * wait_factor(c) + comms + sum(lookups_ms(c, [(kind, len(job["dims"]))], batch).values())
             + (allreduce_ms(reduce, params * 4) if world > 1 else 0.0)
             + (fitted_ms(c["input"], batch / 1000.0) if job.get("device", "cpu") == "cpu" else 0.0))
 
@@ -405,7 +437,11 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
             "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"],
             "step": {int(r): med(v) for r, v in (measured.get("step") or {}).items()},
             "step_family": {k: [round(v, 6) for v in _worst(per_rank)]
-                            for k, per_rank in (measured.get("step_family") or {}).items()}}
+                            for k, per_rank in (measured.get("step_family") or {}).items()},
+            "lockstep": {"slowest_mean_ms": [round(statistics.mean(r), 6) for r in measured["lockstep"]["slowest"][0]],
+                         "own_median_ms": [[round(statistics.median(r), 6) for r in rank]
+                                           for rank in measured["lockstep"]["own"]]}
+            if measured.get("lockstep") else {}}
 
 
 def uvm_text(uvm: Dict[str, Any]) -> str:
@@ -450,7 +486,8 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
                       ("input", "ms per 1,000 samples")):
         f = c[key]
         lines.append(f"| {key} | {f['fixed_ms']:.4f} | {f['ms_per_unit']:.4f} {unit} | {f['fit_error']:.1%} |")
-    lines += ["", f"The step's overhead (the tiny-table job beyond its parts): {overhead_text(c)}."]
+    lines += ["", f"Ranks waiting for each other: {wait_text(c)}.",
+              "", f"The step's overhead (the tiny-table job beyond its parts): {overhead_text(c)}."]
     lines += ["", f"Kernel fit: largest error forward {c['fit_error_fwd']:.1%}, backward {c['fit_error_bwd']:.1%}.",
               "", "Each part's trust: how well its repeats know their medians (the median's relative standard error, "
               f"1.2533 x spread / sqrt(repeats)), allowed {allowed:.1%} (what {repeats} repeats scattered by "
@@ -460,6 +497,16 @@ def _markdown(cal: Calibration, where: Path, kept: Optional[Path], max_spread: f
     lines += [f"| {part} | {cal.spread.get(part, 0.0):.1%} | {cal.median_error.get(part, 0.0):.1%} | "
               f"{'yes' if cal.trusted.get(part) else '**no**'} | {FALLBACK[part]} |" for part in FALLBACK]
     return "\n".join(lines) + "\n"
+
+
+def wait_text(c: Dict[str, Any]) -> str:
+    """``x1.12 on every stretch of compute (rounds 1.08-1.14): ...`` (:func:`rank_wait`)."""
+    w = c.get("rank_wait")
+    if not w:
+        return "not measured (every part's median as it is)"
+    return (f"x{w['factor']:.3f} on the step's compute (the dense part, its optimizer, the embedding kernels; rounds "
+            f"{w['low']:.3f}-{w['high']:.3f}): each stretch of compute between two collectives ends when the slowest "
+            "rank's does, and the step is their mean, where each part was timed as its median")
 
 
 def overhead_text(c: Dict[str, Any]) -> str:
@@ -550,6 +597,8 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
                                                          "kernel_call_fwd_ms", "kernel_call_bwd_ms")}
     metrics.update({f"calibration/{k}_gibps": float(c[k]) for k in ("intra_node_bandwidth", "cross_node_bandwidth")
                     if c.get(k) is not None})
+    if c.get("rank_wait"):
+        metrics["calibration/rank_wait_factor"] = float(c["rank_wait"]["factor"])
     metrics.update({f"calibration/spread/{k}": v for k, v in spreads.items()})
     metrics.update({f"calibration/median_error/{k}": v for k, v in errors.items()})
     metrics.update({f"calibration/trusted/{k}": float(v) for k, v in parts.items()})
@@ -562,6 +611,8 @@ def calibrate_results(settings: CalibrateSchema, calibration_dir: Optional[str],
             + (f"all-to-all {a2a['bandwidth_gibps']:.2f} GiB/s + {a2a['latency_ms']:.3f} ms"
                if a2a and a2a["bandwidth_gibps"] else "all-to-all: no bandwidth (its time did not grow with the bytes)"
                if a2a else "no collectives (1 rank)"))
+    if c.get("rank_wait"):
+        head += f", compute waits x{c['rank_wait']['factor']:.2f} for the slowest rank"
     family = (c.get("step_overhead") or {}).get("family_ms") or {}
     if any(family.values()):
         head += ", step beyond the cheapest family: " + ", ".join(f"{k} +{v:.1f} ms" for k, v in family.items() if v)

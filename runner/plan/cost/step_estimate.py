@@ -8,7 +8,10 @@ distributions' collectives and TorchRec's bookkeeping between; a sharded collect
 type it holds, each with its own distributions, so a table column-wise beside table-wise ones pays a second; every
 rank takes part in each lookup's collectives, holding a shard of it or not), ``dense_forward`` and
 ``dense_backward`` (the dense part at this batch, from the measured rate per dense FLOP), ``optimizer`` (the dense
-optimizer over the dense parameters and the data-parallel tables), ``dense_allreduce`` (DDP's all-reduce of the dense
+optimizer over the dense parameters and the data-parallel tables), ``rank_wait`` (the step's compute, its dense part,
+optimizer and the rank's embedding kernels, waits for the slowest rank at every collective, and the step is a mean
+where each part was timed as its median: the calibration's lockstep factor less 1 times that compute,
+:func:`runner.plan.cost.fit.rank_wait`), ``dense_allreduce`` (DDP's all-reduce of the dense
 and data-parallel tables' gradients, in its buckets, by the all-reduce measured as DDP issues it) and ``input`` (a batch
 from the data source: on CPU its prefetch thread shares the worker's cores, so it counts; on a GPU it overlaps the
 step and is shown, not added) and ``step_overhead`` (what the job's step with tiny tables took beyond all of
@@ -35,8 +38,8 @@ if TYPE_CHECKING:
     from runner.plan.cost.calibration import Calibration
     from runner.plan.spec import PlanFacts, PlanSpec
 
-PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "dense_allreduce", "input",
-         "step_overhead")
+PARTS = ("embeddings", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "rank_wait",
+         "dense_allreduce", "input", "step_overhead")
 # the family of sharded lookup whose fit each sharding type's lookup pays (its distribution's shape)
 FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column_wise": "table_wise",
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
@@ -136,6 +139,17 @@ def input_dist_ms(best_plan: List[ShardingOption], world: int, with_total: bool 
     return out
 
 
+def compute_ms(best_plan: List[ShardingOption], world: int) -> List[float]:
+    """Each rank's embedding kernels, forward and backward, as TorchRec estimates them (``Perf.fwd_compute`` and
+    ``bwd_compute``)."""
+    out = [0.0] * world
+    for option in best_plan:
+        for shard in option.shards:
+            if shard.rank is not None and shard.rank < world and shard.perf is not None:
+                out[shard.rank] += float(shard.perf.fwd_compute) + float(shard.perf.bwd_compute)
+    return out
+
+
 def ddp_allreduce(c: Dict[str, Any], world: int, local: int) -> Dict[str, float]:
     """DDP's all-reduce over all ``world`` ranks, from the all-reduce a calibration measured in one scope's groups
     (within a node: ``local`` ranks; across nodes: one rank of each node): a ring's latency grows with its ``p - 1``
@@ -166,6 +180,12 @@ def family_overhead_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]]) -> flo
     return sum(family.get(kind, 0.0) for kind in {FAMILY.get(k, "table_wise") for k, _ in lookups})
 
 
+def wait_factor(c: Dict[str, Any]) -> float:
+    """A calibration's :func:`runner.plan.cost.fit.rank_wait` factor (1 where it has none: an earlier format, or a
+    dense part that fell back)."""
+    return float((c.get("rank_wait") or {}).get("factor", 1.0))
+
+
 def fitted_ms(fit: Optional[Dict[str, float]], size: float) -> float:
     return 0.0 if not fit else fit["fixed_ms"] + fit["ms_per_unit"] * size
 
@@ -194,11 +214,15 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
                           + families),
     }
     fixed = lookups_ms(c, lookups, dense.batch)
+    wait = wait_factor(c) - 1.0
+    dense_compute = shared["dense_forward"] + shared["dense_backward"] + shared["optimizer"]
     per_rank = []
     for r, est in enumerate(ranks):
+        kernels = est.get("fwd_compute_ms", 0.0) + est.get("bwd_compute_ms", 0.0)
         parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
-                 "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared}
-        forward = est["fwd_compute_ms"] + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
+                 "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared,
+                 "rank_wait": wait * (dense_compute + kernels)}
+        forward = est["fwd_compute_ms"] * (1.0 + wait) + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward,
                          "family_overhead_ms": families})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
@@ -279,21 +303,25 @@ def lookups_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]], batch: int) ->
 
 class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
-    busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all) plus the
-    fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel tables'
-    all-reduce and update (:class:`Replicated`). The dense part, its optimizer and the input are the same for every
-    plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
-    (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
+    busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all; its
+    kernels' wait for the slowest rank, :func:`wait_factor`) plus the fixed cost of each sharded lookup the plan runs
+    (:func:`sharded_lookups`), and its data-parallel tables' all-reduce and update (:class:`Replicated`). The dense
+    part, its optimizer and the input are the same for every plan of a job, so plans rank as their whole steps do.
+    Both TorchRec's planner and the runner's take it (``performance_model``); without a calibration they keep
+    TorchRec's ``NoopPerfModel``."""
 
     def __init__(self, cal: Calibration, world: int, local: int, batch: int) -> None:
         self.cal, self.world, self.local, self.batch = cal, world, local, batch
 
     def rate(self, plan: List[ShardingOption]) -> float:
-        tables = replicated(plan, self.world)
-        busiest = [ms - tables.dropped(r) for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True))]
-        fixed = lookups_ms(self.cal.constants, sharded_lookups(plan), self.batch)
         c = self.cal.constants
-        updated = (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
+        wait = wait_factor(c) - 1.0  # the kernels' compute waits for the slowest rank, as in the whole step
+        tables = replicated(plan, self.world)
+        kernels = compute_ms(plan, self.world)
+        busiest = [ms - tables.dropped(r) + wait * kernels[r]
+                   for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True))]
+        fixed = lookups_ms(c, sharded_lookups(plan), self.batch)
+        updated = (1.0 + wait) * (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
         reduce = ddp_allreduce(c, self.world, self.local)  # the tables' bytes join DDP's call
         reduced = tables.bytes / (reduce["bandwidth_gibps"] * GIB / 1000.0)
         return (max(busiest) + fixed["fwd"] + fixed["bwd"] + updated + (reduced if self.world > 1 else 0.0)
