@@ -185,8 +185,7 @@ def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Pat
         new = learn.refit(cal, taught, "bench-estimates").constants
         for row in mine[1::2]:
             for p in learn.run_points([row["run_folder"]], cal):
-                was, now = p["parts_ms"] + p["overhead_ms"], p["parts_ms"] + learn.overhead_ms(new, p["batch"],
-                                                                                                  p["tables"])
+                was, now = learn.estimate_ms(cal.constants, p), learn.estimate_ms(new, p)
                 before.append(was / row["measured"] - 1)
                 after.append(now / row["measured"] - 1)
                 print(f"learning {shape[0]} x {shape[1]}, {row['name']} (held out): {pct(before[-1])} before, "

@@ -196,9 +196,11 @@ def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: Opti
     return {"fwd": fwd, "bwd": bwd, "optimizer": step}
 
 
-LOCKSTEP_ROUNDS = 3  # rounds of the dense part in lockstep (:func:`lockstep_samples`): the median round's ratio
+LOCKSTEP_ROUNDS = 3  # rounds of the dense part in lockstep at each batch (:func:`lockstep_samples`)
+LOCKSTEP_BATCHES = (1, 4)  # the job's batch and 4x: a call's wait beyond the ranks' medians, fixed and per ms
 LOCKSTEP_CALLS = (5, 20)  # calls per round, at least and at most ...
 LOCKSTEP_ROUND_MS = 1500.0  # ... as many as fit this long a round at the slowest rank's first call
+LOCKSTEP_WARM = 3  # untimed calls first
 
 
 def lockstep_samples(model: nn.Module, autocast: Optional[str], batch_data: Any, rows: int, device: torch.device,
@@ -207,9 +209,11 @@ def lockstep_samples(model: nn.Module, autocast: Optional[str], batch_data: Any,
     ``device``), called in lockstep on every rank: each call starts on every rank at once (a barrier), and each
     rank records its own time and the slowest rank's time of the same call (an all-reduce of the largest), ms, per
     round. In a job's step every stretch of compute between two collectives ends when its slowest rank's does, and
-    the step is a mean over steps, where every part is timed alone as its median: here two ranks measured 1.08-1.14
-    times their median, four on two cores 1.16-1.22 (:func:`runner.plan.cost.fit.rank_wait`). Every rank makes the
-    same calls: their number is agreed from the slowest rank's first call."""
+    the step is a mean over steps, where every part is timed alone as its median: measured here, two ranks' calls of
+    15-29 ms took 1.04-1.15 times their median, four ranks' on two cores 5 ms calls 1.2-1.6 times, 27 ms calls
+    1.16-1.22 times (a wait of its own per call beside one that grows with the call:
+    :func:`runner.plan.cost.fit.rank_wait`). Every rank makes the same calls: their number is agreed from the
+    slowest rank's first call."""
     model = dense_model(model, device, rows)
     autocast_forward(model, device.type, autocast)
     b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
@@ -228,7 +232,9 @@ def lockstep_samples(model: nn.Module, autocast: Optional[str], batch_data: Any,
         worst = torch.tensor([ms], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return float(worst.item())
-    first = slowest(call())  # warms the allocator and autograd's graph, and sizes the rounds
+    for _ in range(LOCKSTEP_WARM):  # the allocator, autograd's graph: one warm call leaves the next ones slow
+        call()
+    first = slowest(call())  # sizes the rounds
     least, most = LOCKSTEP_CALLS
     calls = int(min(max(LOCKSTEP_ROUND_MS / max(first, 1e-3), least), most))
     own: List[List[float]] = []
@@ -508,16 +514,19 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
     repeats = repeats_for(cfg.calibrate)
     # also at the tiny-table job's batches (its overhead is what its step takes beyond these): a batch that large
     steps = step_batches(cfg.train.batch_size, cfg.calibrate.grid)
-    data = next(iter(source(replace(whole, rows=max(steps[-1], rows)), env.rank, env.world, False, 0, 1)))
+    data = next(iter(source(replace(whole, rows=max(steps[-1], rows * max(LOCKSTEP_BATCHES))), env.rank, env.world,
+                            False, 0, 1)))
     dense = {r: dense_samples(build_model(cfg, device), cfg.precision.autocast, cfg.optimizer, data, r, device,
                               repeats) for r in sorted({max(rows // 4, 1), max(rows // 2, 1), rows, *steps})}
-    say("dense part in lockstep", 0, 3, force=True)
-    lockstep = lockstep_samples(build_model(cfg, device), cfg.precision.autocast, data, rows, device)
     facts = dense_facts(build_model(cfg, torch.device("meta")), rows)
     params = facts.params
     widths = LINEAR_WIDTHS[:2] if cfg.calibrate.grid == "small" else LINEAR_WIDTHS
     linear = {w: {r: linear_samples(w, r, device, repeats) for r in (max(rows // 4, 1), rows)}
               for w in widths}
+    # after the parts whose extra repeats share one deadline (:func:`repeats_for`): it takes a fixed number of calls
+    say("dense part in lockstep", 0, 3, force=True)
+    lockstep = {rows * k: lockstep_samples(build_model(cfg, device), cfg.precision.autocast, data, rows * k, device)
+                for k in LOCKSTEP_BATCHES}
     say("dense optimizer", 1, 3, force=True)
     # up to 16 M parameters: data-parallel tables are the dense optimizer's too, and past the caches its rate per
     # parameter is memory's, not the small dense part's

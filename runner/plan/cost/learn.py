@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
 from runner.plan.cost.fit import fit_overhead
-from runner.plan.cost.step_estimate import family_overhead_ms, fitted_ms
+from runner.plan.cost.step_estimate import family_overhead_ms, fitted_ms, wait_factor
 from runner.runtime.hardware import mismatch
 
 MIN_RUNS = 4  # two runs for each of the fixed and per-sample terms
@@ -45,7 +45,8 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
 def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]:
     """One point per finished training run of ``runs`` (run folders, e.g. :func:`runs_under`) planned with a
     calibration of ``cal``'s hardware and world: its per-rank batch and table count, the slowest rank's measured
-    step, what that rank's estimate gave every part but the overhead, and the overhead it gave."""
+    step, what that rank's estimate gave every part but the overhead (its families and its compute's wait for the
+    slowest rank by ``cal``: ``compute_ms``, ``wait_ms``), and the overhead it gave."""
     import yaml
 
     points = []
@@ -75,10 +76,26 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         # refit is of the rest
         families = family_overhead_ms(cal.constants, [(str(t.get("sharding_type")), 1) for m in plan.values()
                                                       for t in m.values()])
+        torchrec = (est.get("per_rank") or [])[slowest] if slowest < len(est.get("per_rank") or []) else {}
+        # the rank's compute, which waits for the slowest rank (step_estimate.rank_wait): dense part, optimizer and
+        # its embedding kernels
+        compute = (sum(float(part.get(k, 0.0)) for k in ("dense_forward", "dense_backward", "optimizer"))
+                   + float(torchrec.get("fwd_compute_ms", 0.0)) + float(torchrec.get("bwd_compute_ms", 0.0)))
+        # ... charged, as the families, by this calibration's factor: the refit is of the rest
+        wait = (wait_factor(cal.constants) - 1.0) * compute
         points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
                        "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": overhead - ran,
-                       "parts_ms": float(part["step_ms"]) - overhead + families})
+                       "parts_ms": float(part["step_ms"]) - overhead + families - float(part.get("rank_wait", 0.0))
+                       + wait, "compute_ms": compute, "wait_ms": wait})
     return points
+
+
+def estimate_ms(constants: Dict[str, Any], point: Dict[str, float]) -> float:
+    """A run's (:func:`run_points`) whole step by ``constants``: its parts with the compute's wait for the slowest
+    rank and the step's overhead by ``constants``, the rest as the run estimated them."""
+    wait = (wait_factor(constants) - 1.0) * point.get("compute_ms", 0.0)
+    return (point["parts_ms"] - point.get("wait_ms", 0.0) + wait
+            + overhead_ms(constants, int(point["batch"]), int(point["tables"])))
 
 
 def runs_under(folder: Path) -> List[Path]:

@@ -127,26 +127,20 @@ def dense_ms(c: Dict[str, Any], part: str, dense: DenseFacts) -> float:
             + max(fitted_ms(c.get(f"dense_rest_{part}"), dense.batch / 1000.0), 0.0))
 
 
-def input_dist_ms(best_plan: List[ShardingOption], world: int, with_total: bool = False) -> List[float]:
+def input_dist_ms(best_plan: List[ShardingOption], world: int, with_total: bool = False, waiting: float = 0.0
+                  ) -> List[float]:
     """Each rank's ids all-to-all, as TorchRec estimates it (``Perf.input_dist_comms``; not in its total);
-    ``with_total``: added shard by shard to TorchRec's total."""
+    ``with_total``: added shard by shard to TorchRec's total; ``waiting``: and this share of its kernels' compute
+    (``fwd_compute`` + ``bwd_compute``: their wait for the slowest rank, :func:`wait_factor`), in the same pass."""
     out = [0.0] * world
     for option in best_plan:
         for shard in option.shards:
             if shard.rank is not None and shard.perf is not None:
-                out[shard.rank] += ((shard.perf.total if with_total else 0.0)
-                                    + float(getattr(shard.perf, "input_dist_comms", 0.0) or 0.0))
-    return out
-
-
-def compute_ms(best_plan: List[ShardingOption], world: int) -> List[float]:
-    """Each rank's embedding kernels, forward and backward, as TorchRec estimates them (``Perf.fwd_compute`` and
-    ``bwd_compute``)."""
-    out = [0.0] * world
-    for option in best_plan:
-        for shard in option.shards:
-            if shard.rank is not None and shard.rank < world and shard.perf is not None:
-                out[shard.rank] += float(shard.perf.fwd_compute) + float(shard.perf.bwd_compute)
+                perf = shard.perf
+                out[shard.rank] += ((perf.total if with_total else 0.0)
+                                    + float(getattr(perf, "input_dist_comms", 0.0) or 0.0)
+                                    + (waiting * (float(perf.fwd_compute) + float(perf.bwd_compute)) if waiting
+                                       else 0.0))
     return out
 
 
@@ -317,9 +311,8 @@ class StepPerfModel(PerfModel):
         c = self.cal.constants
         wait = wait_factor(c) - 1.0  # the kernels' compute waits for the slowest rank, as in the whole step
         tables = replicated(plan, self.world)
-        kernels = compute_ms(plan, self.world)
-        busiest = [ms - tables.dropped(r) + wait * kernels[r]
-                   for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True))]
+        busiest = [ms - tables.dropped(r) for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True,
+                                                                                 waiting=wait))]
         fixed = lookups_ms(c, sharded_lookups(plan), self.batch)
         updated = (1.0 + wait) * (c.get("optimizer") or {}).get("ms_per_unit", 0.0) * tables.params / 1e6
         reduce = ddp_allreduce(c, self.world, self.local)  # the tables' bytes join DDP's call
