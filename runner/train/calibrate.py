@@ -181,15 +181,22 @@ def dense_model(model: nn.Module, device: torch.device, batch: int) -> nn.Module
     return model.to(device)
 
 
+def _dense_at(model: nn.Module, autocast: Optional[str], batch_data: Any, rows: int, device: torch.device
+              ) -> Tuple[nn.Module, Batch]:
+    """``model`` (the configured model, built on ``device``) as its dense part alone (:func:`dense_model`) with the
+    job's autocast, and ``rows`` samples of ``batch_data`` on ``device`` to call it with."""
+    model = dense_model(model, device, rows)
+    autocast_forward(model, device.type, autocast)
+    return model, Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
+                        labels=batch_data.labels[:rows]).to(device)
+
+
 def dense_samples(model: nn.Module, autocast: Optional[str], optimizer_cfg: OptimizerSchema, batch_data: Any,
                   rows: int, device: torch.device, repeats: Union[int, Repeats]) -> Dict[str, List[float]]:
     """The dense part's forward, backward and the dense optimizer's step at ``rows`` samples, ms: ``model`` the
     configured model built on ``device``, ``autocast`` and ``optimizer_cfg`` the job's."""
-    model = dense_model(model, device, rows)
-    autocast_forward(model, device.type, autocast)
+    model, b = _dense_at(model, autocast, batch_data, rows, device)
     optimizer = dense_optimizer(model, optimizer_cfg)
-    b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
-              labels=batch_data.labels[:rows]).to(device)
     sync = device_sync(device)
     fwd, bwd = forward_backward(lambda: model(b)[0], lambda loss: loss.backward(), repeats, sync)
     step = timed(optimizer.step, repeats, sync)
@@ -214,10 +221,7 @@ def lockstep_samples(model: nn.Module, autocast: Optional[str], batch_data: Any,
     1.16-1.22 times (a wait of its own per call beside one that grows with the call:
     :func:`runner.plan.cost.fit.rank_wait`). Every rank makes the same calls: their number is agreed from the
     slowest rank's first call."""
-    model = dense_model(model, device, rows)
-    autocast_forward(model, device.type, autocast)
-    b = Batch(dense_features=batch_data.dense_features[:rows], sparse_features=batch_data.sparse_features,
-              labels=batch_data.labels[:rows]).to(device)
+    model, b = _dense_at(model, autocast, batch_data, rows, device)
     sync = device_sync(device)
 
     def call() -> float:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
 from runner.plan.cost.fit import fit_overhead
-from runner.plan.cost.step_estimate import family_overhead_ms, fitted_ms, wait_factor
+from runner.plan.cost.step_estimate import compute_ms, family_overhead_ms, fitted_ms, wait_factor
 from runner.runtime.hardware import mismatch
 
 MIN_RUNS = 4  # two runs for each of the fixed and per-sample terms
@@ -77,11 +77,9 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         families = family_overhead_ms(cal.constants, [(str(t.get("sharding_type")), 1) for m in plan.values()
                                                       for t in m.values()])
         torchrec = (est.get("per_rank") or [])[slowest] if slowest < len(est.get("per_rank") or []) else {}
-        # the rank's compute, which waits for the slowest rank (step_estimate.rank_wait): dense part, optimizer and
-        # its embedding kernels
-        compute = (sum(float(part.get(k, 0.0)) for k in ("dense_forward", "dense_backward", "optimizer"))
-                   + float(torchrec.get("fwd_compute_ms", 0.0)) + float(torchrec.get("bwd_compute_ms", 0.0)))
-        # ... charged, as the families, by this calibration's factor: the refit is of the rest
+        # the rank's compute, which waits for the slowest rank, charged, as the families, by this calibration's
+        # factor: the refit is of the rest
+        compute = compute_ms(part, torchrec)
         wait = (wait_factor(cal.constants) - 1.0) * compute
         points.append({"batch": batch, "tables": sum(len(t) for t in plan.values()),
                        "measured_ms": float(ranks[slowest]["step_ms"]), "overhead_ms": overhead - ran,

@@ -174,6 +174,14 @@ def family_overhead_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]]) -> flo
     return sum(family.get(kind, 0.0) for kind in {FAMILY.get(k, "table_wise") for k, _ in lookups})
 
 
+def compute_ms(parts: Dict[str, float], torchrec: Dict[str, float]) -> float:
+    """A rank's compute, which waits for the slowest rank (``rank_wait``): its dense part and optimizer (``parts``,
+    as the whole step gives them) and its embedding kernels (``torchrec``, TorchRec's per-rank estimate:
+    ``fwd_compute_ms`` + ``bwd_compute_ms``)."""
+    return (sum(float(parts.get(k, 0.0)) for k in ("dense_forward", "dense_backward", "optimizer"))
+            + float(torchrec.get("fwd_compute_ms", 0.0)) + float(torchrec.get("bwd_compute_ms", 0.0)))
+
+
 def wait_factor(c: Dict[str, Any]) -> float:
     """A calibration's :func:`runner.plan.cost.fit.rank_wait` factor (1 where it has none: an earlier format, or a
     dense part that fell back)."""
@@ -209,13 +217,11 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     }
     fixed = lookups_ms(c, lookups, dense.batch)
     wait = wait_factor(c) - 1.0
-    dense_compute = shared["dense_forward"] + shared["dense_backward"] + shared["optimizer"]
     per_rank = []
     for r, est in enumerate(ranks):
-        kernels = est.get("fwd_compute_ms", 0.0) + est.get("bwd_compute_ms", 0.0)
         parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
                  "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared,
-                 "rank_wait": wait * (dense_compute + kernels)}
+                 "rank_wait": wait * compute_ms(shared, est)}
         forward = est["fwd_compute_ms"] * (1.0 + wait) + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward,
                          "family_overhead_ms": families})
