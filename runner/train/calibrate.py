@@ -344,6 +344,10 @@ def linear_samples(width: int, rows: int, device: torch.device, repeats: Union[i
 # the sharded lookups' small batch, and their table counts beyond one: a model's tens to hundreds of features cost
 # per table more than 8 tables show (TorchRec's bookkeeping per feature), so the fit reaches 64
 SMALL_BATCH, MANY_TABLES, MOST_TABLES = 64, 8, 64
+# the sharded lookups' widest batch, a multiple of the job's (at most WIDE_BATCH): the cost per table and sample read
+# off 64 and the job's 256 alone (8 tiny tables, their calls some 0.4 ms apart) came out 0 in two calibrations of 1 x 2
+# and 0.29 ms per table and 1,000 samples in a third, which put DLRM's lookup at 8,192 samples 77% over its measurement
+LOOKUP_SPAN, WIDE_BATCH = 16, 16384
 # the tiny-table job's batches, as multiples of the job's: its overhead grows with the batch (2 x 2 emulated nodes on
 # 2 cores: 13, 17 and 27 ms at 64, 256 and 1,024 samples), and a slope read off a quarter and the batch alone, one of
 # them disturbed, put it at 69 ms at 1,024 (+82% on the step); a point at 4x spans the batches jobs use
@@ -497,15 +501,16 @@ def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.devic
 def _sharded(batch_size: int, optimizer: OptimizerSchema, precision: PrecisionSchema, repeats: Repeats, env: RankEnv,
              device: torch.device, say: _Progress) -> Dict[str, Any]:
     """Each family of sharded lookup over every rank: one and :data:`MANY_TABLES` tiny tables, each at a small
-    batch and the job's (``batch_size``; the cost per call, per table and per table and sample), and
-    :data:`MOST_TABLES` at the small batch."""
+    batch, the job's (``batch_size``) and :data:`LOOKUP_SPAN` times it (the cost per call, per table and per table and
+    sample, the last read over the batches jobs use), and :data:`MOST_TABLES` at the small batch."""
     small, job = SMALL_BATCH, max(batch_size, 2 * SMALL_BATCH)
+    span = tuple(sorted({small, job, max(job, min(LOOKUP_SPAN * job, WIDE_BATCH))}))
     out = {}
     for i, kind in enumerate(SHARDED):
         say("sharded lookups", i, len(SHARDED), force=i == 0)
         out[kind] = {n: sharded_samples(optimizer, precision, kind, env.world, env.local_world, device, n, batches,
                                         repeats)
-                     for n, batches in ((1, (small, job)), (MANY_TABLES, (small, job)), (MOST_TABLES, (small,)))}
+                     for n, batches in ((1, span), (MANY_TABLES, span), (MOST_TABLES, (small,)))}
     return out
 
 

@@ -37,6 +37,11 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     assert set(c["collectives"]) == {"all_to_all", "all_reduce", "reduce_scatter"}
     assert set(c["sharded"]) == {"table_wise", "row_wise", "data_parallel"}
     assert c["sharded"]["table_wise"]["fwd"]["fixed_ms"] > 0
+    # each family at 64 samples, the job's and 16x it (its cost per table and sample read over the batches jobs use);
+    # 64 tables at 64 alone
+    assert {kind: {n: sorted(b) for n, b in by_tables.items()} for kind, by_tables in
+            cal.measurements["sharded"].items()} == {kind: {1: [64, 128, 2048], 8: [64, 128, 2048], 64: [64]}
+                                                     for kind in ("table_wise", "row_wise", "data_parallel")}
     # the dense rate the step estimate uses, from square layers (64 and 256 wide in the small grid, 0.0003 to 0.017
     # GFLOP, the size most of the time); the whole dense part's own slope at 32-128 samples is a quarter of its time
     # and may fit to 0 on a busy machine

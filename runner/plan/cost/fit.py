@@ -447,6 +447,9 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
     return {"collectives": {n: {sc: {int(b): med(v) for b, v in by.items()} for sc, by in s.items()}
                             for n, s in measured["collectives"].items()},
             "kernels": [{**k["shape"], "fwd_ms": med(k["fwd"]), "bwd_ms": med(k["bwd"])} for k in measured["kernels"]],
+            "sharded": {kind: {int(n): {int(b): {p: med(v) for p, v in m.items()} for b, m in by_batch.items()}
+                               for n, by_batch in by_tables.items()}
+                        for kind, by_tables in (measured.get("sharded") or {}).items()},
             "dense": {int(r): {p: med(v) for p, v in m.items()} for r, m in measured["dense"].items()},
             "optimizer": {int(n): med(v) for n, v in measured["optimizer"].items()},
             "input": {int(r): med(v) for r, v in measured["input"].items()}, "dense_params": measured["params"],
