@@ -187,7 +187,10 @@ class MlflowServer:
         self.proc = subprocess.Popen(
             [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
              "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}", "--artifacts-destination",
-             str(self.artifacts)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             str(self.artifacts)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            # tracking only: MLflow 3's job execution (on by default with a SQLite store) starts ~8 more Python
+            # processes per server, which the tests never use and which share the 2 cores with what they time
+            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
