@@ -42,7 +42,16 @@ from runner.config.schema import CalibrateSchema, OptimizerSchema, PrecisionSche
 from runner.config.tables import table_specs
 from runner.data.layout import job_data
 from runner.data.pipeline import batches_for, source
-from runner.plan import PARTS, allowed_median_error, calibrate_results, dense_facts, make_plan, plan_spec, sharders_for
+from runner.plan import (
+    PARTS,
+    SHARDED_DIM,
+    allowed_median_error,
+    calibrate_results,
+    dense_facts,
+    make_plan,
+    plan_spec,
+    sharders_for,
+)
 from runner.runtime.hardware import fingerprint
 from runner.runtime.moved_names import fused_tbe_class, tbe_placement
 from runner.track.reporter import Reporter, SilentBar
@@ -304,7 +313,7 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
     forward and backward ms at each per-rank batch of ``batches``. The tables are tiny, so their time is what a
     sharded lookup costs whatever the tables' size (per call and per table), which TorchRec's model leaves out."""
     rows, names = 64 * world, [f"t{i}" for i in range(tables)]
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=rows,
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=SHARDED_DIM, num_embeddings=rows,
                                                             feature_names=[n]) for n in names],
                                  device=torch.device("meta"))
     cls, kwargs = sparse_optimizer(optimizer_cfg)

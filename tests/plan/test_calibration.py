@@ -21,7 +21,16 @@ from runner.plan.cost import calibration as cal_mod
 from runner.plan.cost import trust as cost_fit
 from runner.plan.cost.calibration import Calibration, load_calibration, save
 from runner.plan.cost.choice import for_job
-from runner.plan.cost.fit import GIB, fit_all, fit_collective, fit_kernels, fit_rate, kernel_bytes
+from runner.plan.cost.fit import (
+    GIB,
+    fit_all,
+    fit_collective,
+    fit_kernels,
+    fit_lookups,
+    fit_rate,
+    kernel_bytes,
+    lookup_bytes_ms,
+)
 from runner.plan.cost.step_estimate import PARTS
 from runner.plan.cost.topology import build_topology, gibps_to_bytes_per_ms, topology_knobs
 from runner.plan.spec import plan_spec
@@ -85,11 +94,17 @@ def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str,
     params = 30_000
     dense = {r: {"fwd": samples(0.3 + 25 * 2 * params * r / 1e9), "bwd": samples(0.4 + 80 * 2 * params * r / 1e9),
                  "optimizer": samples(0.15)} for r in (64, 128, 256)}
-    def lookup(n: int, b: int) -> Dict[str, Any]:  # 2.0 (0.6) + 0.3 (0.1) per table + 1 (0.5) per table x 1,000 samples
-        return {"fwd": samples(2.0 + 0.3 * n + n * b / 1000), "bwd": samples(0.6 + 0.1 * n + n * b / 2000)}
-    sharded = {k: {n: {b: lookup(n, b) for b in (64, 512)} for n in (1, 8)}
+    # 2.0 (0.6) + 0.3 (0.1) per table + 1 (0.5) per table x 1,000 samples, beyond what TorchRec's terms charge the
+    # tiny tables' bytes on 2 ranks (the kernel at the known constants, the output's all-to-all at 2 GiB/s)
+    known = {**KNOWN, "collectives": {"all_to_all": {"intra": {"bandwidth_gibps": 2.0}}}}
+
+    def lookup(kind: str, n: int, b: int) -> Dict[str, Any]:
+        return {"fwd": samples(2.0 + 0.3 * n + n * b / 1000 + lookup_bytes_ms(known, kind, n, b, 2, "fwd")),
+                "bwd": samples(0.6 + 0.1 * n + n * b / 2000 + lookup_bytes_ms(known, kind, n, b, 2, "bwd"))}
+    sharded = {k: {n: {b: lookup(k, n, b) for b in (64, 512, 4096)} for n in (1, 8)}
                for k in ("table_wise", "row_wise", "data_parallel")}
     return {"collectives": coll, "kernels": kernels, "sharded": sharded, "dense": dense, "params": params,
+            "job": {"world": 2},
             "optimizer": {n: samples(0.1 + 0.5 * n / 1e6) for n in (params, 4 * params, 16 * params)},
             "input": {r: samples(0.01 + r / 100_000) for r in (64, 256)}}
 
@@ -107,10 +122,15 @@ def test_fit_all_recovers_every_part_from_every_rank_s_samples() -> None:
     assert constants["cross_node_bandwidth"] is None  # one node: not measured
     assert constants["dense_fwd"]["ms_per_gflop"] == pytest.approx(25, rel=0.02)
     assert constants["optimizer"]["ms_per_mparam"] == pytest.approx(0.5, rel=0.02)
-    lookups = constants["sharded"]["row_wise"]
-    assert lookups["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
-    assert lookups["fwd"]["per_table_ms"] == pytest.approx(0.3, rel=0.02)
-    assert lookups["bwd"]["ms_per_table_ksample"] == pytest.approx(0.5, rel=0.02)
+    # each family's sharded lookup beyond its bytes (which the step's embeddings part charges); fitted with its bytes
+    # in, the table-wise backward's cost per table and sample would charge them twice
+    for kind in ("table_wise", "row_wise", "data_parallel"):
+        lookups = constants["sharded"][kind]
+        assert lookups["fwd"]["fixed_ms"] == pytest.approx(2.0, rel=0.02)
+        assert lookups["fwd"]["per_table_ms"] == pytest.approx(0.3, rel=0.02)
+        assert lookups["bwd"]["ms_per_table_ksample"] == pytest.approx(0.5, rel=0.02)
+    with_bytes = fit_lookups(_measured()["sharded"]["table_wise"], "bwd", {}, {})
+    assert with_bytes["ms_per_table_ksample"] > 1.05 * constants["sharded"]["table_wise"]["bwd"]["ms_per_table_ksample"]
     assert max(spreads.values()) == 0.0 and max(errors.values()) == 0.0
     assert all(cost_fit.trust(errors, constants, 0.1).values())
     _, noisy, noisy_errors = fit_all(_measured(noise=0.6))

@@ -18,11 +18,12 @@ read top to bottom: the fit's shape and terms, then what ``mode=calibrate`` make
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
 from runner.plan.cost.step_estimate import (
@@ -217,9 +218,12 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
         memory = "hbm" if measured.get("job", {}).get("device") == "cuda" else "ddr"
         constants.update(device_bw_gibps=TORCHREC[memory], bwd_compute_multiplier=TORCHREC["bwd_compute_multiplier"],
                          kernel_fit_failed=True)
-    constants["sharded"] = {}
+    constants["sharded"], world = {}, int((measured.get("job") or {}).get("world", 1))
     for kind, by_tables in measured.get("sharded", {}).items():
-        constants["sharded"][kind] = {part: fit_lookups(by_tables, part, spreads, errors) for part in ("fwd", "bwd")}
+        constants["sharded"][kind] = {
+            part: fit_lookups(by_tables, part, spreads, errors,
+                              functools.partial(lookup_bytes_ms, constants, kind, world=world, part=part))
+            for part in ("fwd", "bwd")}
     params = measured["params"]
     for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
         points = [{"gflops": 2.0 * params * int(rows) / 1e9, "ms": median_ms(_pooled(m[part]))}
@@ -399,17 +403,40 @@ def _layers_ms(fit: Dict[str, float], job: Dict[str, Any], batch: int) -> float:
     return sum(fit["ms_per_unit"] * f for f in flops) + fit["fixed_ms"] * len(job["layers"])
 
 
+SHARDED_DIM = 16  # the width of the sharded lookups' tiny tables (runner.train.calibrate.sharded_samples)
+
+
+def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world: int, part: str) -> float:
+    """What the step's embeddings part charges by TorchRec's terms, with the constants ``c``, for ``tables`` of the
+    sharded lookups' tiny tables (:data:`SHARDED_DIM` wide, one id per sample) sharded ``kind`` at a per-rank
+    ``batch``, ``part`` ``fwd`` or ``bwd``: the kernel's bytes (the backward at the calibrated multiplier) and, but
+    data-parallel, the pooled output's all-to-all (as :func:`_parts_ms` charges the tiny-table job's). A sharded
+    lookup's time beyond this is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables
+    table-wise took 6.9 ms backward, of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the
+    all-to-all), which the step's embeddings part charges the job's tables already."""
+    per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
+    if kind == "data_parallel":
+        kernel, out = tables * kernel_bytes(batch, 1, SHARDED_DIM), 0.0
+    else:
+        a2a = (c.get("collectives") or {}).get("all_to_all", {}).get("intra") or {}
+        kernel = tables * kernel_bytes(batch * world, 1, SHARDED_DIM) / world
+        out = tables * batch * SHARDED_DIM * 4 * 1000.0 / ((a2a.get("bandwidth_gibps") or math.inf) * GIB)
+    return kernel * per_byte * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0) + out
+
+
 def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]],
-                errors: Dict[str, List[float]]) -> Dict[str, float]:
+                errors: Dict[str, List[float]], bytes_ms: Callable[[int, int], float] = lambda n, b: 0.0
+                ) -> Dict[str, float]:
     """A family of sharded lookup's ``part`` (``fwd``/``bwd``) from ``{tables: {batch: {part: per-rank samples}}}``
-    (one and several tables, each at two batches): ``ms ~ fixed + per table x tables + per 1,000 samples of each
-    table x tables x batch / 1000`` (least squares on relative error, none below 0: the best such fit, as
-    :func:`fit_nonneg`, not the free one with its negative terms cut off)."""
+    (one and several tables, each at a few batches), less what TorchRec's terms charge their bytes (``bytes_ms(tables,
+    batch)``, :func:`lookup_bytes_ms`): ``ms ~ fixed + per table x tables + per 1,000 samples of each table x tables x
+    batch / 1000`` (least squares on relative error, none below 0: the best such fit, as :func:`fit_nonneg`, not the
+    free one with its negative terms cut off)."""
     import numpy as np
     from scipy.optimize import nnls
 
-    points = [(int(n), int(b), median_ms(_worst(m[part]))) for n, by_batch in by_tables.items()
-              for b, m in by_batch.items()]
+    points = [(int(n), int(b), max(median_ms(_worst(m[part])) - bytes_ms(int(n), int(b)), 1e-3))
+              for n, by_batch in by_tables.items() for b, m in by_batch.items()]
     spreads.setdefault("sharded", []).extend(spread(_worst(m[part])) for by_batch in by_tables.values()
                                             for m in by_batch.values())
     errors.setdefault("sharded", []).extend(median_error(_worst(m[part])) for by_batch in by_tables.values()
