@@ -3,12 +3,14 @@ rank's measured step time, peak memory and cores, gathered for the report beside
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from runner.train.loop import TrainResult
+from runner.train.timing import Repeats
 
 
 def memory_now_bytes(device: torch.device) -> int:
@@ -58,11 +60,18 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+# the embedding forward's calls: 5, then 5 more while their median is known worse than 3% (relative standard error),
+# to 30 calls and FORWARD_BUDGET_S. A median of 5 alone scattered 29% (median; 54% at most) between two trainings of
+# the same config (make bench-estimates, 2 CPU ranks), against 14% for the steps themselves
+FORWARD_REPEATS, FORWARD_BUDGET_S = Repeats(5, 30, within=0.03), 2.0
+
+
 @torch.enable_grad()
 def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.device,
-                         repeats: int = 5) -> Optional[float]:
+                         repeats: Optional[Repeats] = None) -> Optional[float]:
     """This rank's embedding lookup as the plan estimates it (the sharded tables' forward with its input and
-    output all-to-alls), timed on a held-out batch: the median of ``repeats`` after one warm-up, in ms. Timed with
+    output all-to-alls), timed on a held-out batch: the median of its calls after one warm-up (``repeats``, default
+    :data:`FORWARD_REPEATS`; every rank times as many), in ms. Timed with
     autograd recording, as a training step's forward runs (and as the calibration times its sharded lookups): on 2
     CPU ranks DLRM's lookup took 5-10% longer so than without. Changes nothing: no backward, so no table is
     updated, and the kernels' step counters are put back. None
@@ -71,7 +80,7 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     import statistics
 
     from runner.train.loop import device_sync
-    from runner.train.timing import timed
+    from runner.train.timing import timed, together
 
     ebc = next((m for m in dmp.modules() if type(m).__name__.startswith("ShardedEmbeddingBagCollection")), None)
     batch = next(iter(batches), None)
@@ -89,8 +98,10 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     # what these lookups add is taken back, so the job's state (and its checkpoint) is as training left it
     counters = [(m, name, getattr(m, name).clone()) for m in ebc.modules() for name in ("iter", "iter_cpu")
                 if isinstance(getattr(m, name, None), torch.Tensor)]
+    plan = repeats or FORWARD_REPEATS
+    plan = Repeats(plan.least, plan.most, plan.within, time.perf_counter() + FORWARD_BUDGET_S, together(device))
     try:
-        return statistics.median(timed(lookup, repeats, device_sync(device)))
+        return statistics.median(timed(lookup, plan, device_sync(device)))
     finally:
         for m, name, value in counters:
             getattr(m, name).copy_(value)
