@@ -96,6 +96,7 @@ def exit_now(code: object) -> NoReturn:
     elif not isinstance(code, int):  # sys.exit("message"): the message on stderr, status 1
         print(code, file=sys.stderr)
         code = 1
+    signals.ending()  # a stop signal from here on (the driver stopping an agent that failed) raises nowhere
     # as the interpreter ends: threading's exit hooks (e.g. concurrent.futures and joblib stop their worker
     # pools), then the other threads joined, then the exit handlers
     shutdown = getattr(threading, "_shutdown", None)

@@ -61,12 +61,33 @@ class _Guard:
     pending: Optional[int] = None  # arrived during an uninterrupted write: raised after it
     received: Optional[int] = None  # arrived and not yet taken by a handler (see check)
     lost: Optional[int] = None  # an elastic agent's stop whose raise was lost (see guard_elastic)
+    ending = False  # the process is running its exit handlers (see ending)
+    stops_while_ending = 0
 
 
 _guard = _Guard()
 
 
+def ending() -> None:
+    """This process is ending (its exit handlers run, then it exits): a stop signal from here on is not raised, as
+    a raise inside a library's finalizer would be printed as a traceback and cut the finalizer short (the driver
+    stops an agent that is already ending after a failure). A second stop signal ends the process at once."""
+    _guard.ending = True
+
+
+def _while_ending(signum: int) -> bool:
+    """True when the process is ending: the signal is taken here (see :func:`ending`)."""
+    if not _guard.ending:
+        return False
+    _guard.stops_while_ending += 1
+    if _guard.stops_while_ending > 1:
+        os._exit(128 + signum)
+    return True
+
+
 def _on_signal(signum: int, frame: Any) -> None:  # Python runs it in the main thread
+    if _while_ending(signum):
+        return
     _guard.received = signum
     if _guard.depth > 0:
         _guard.pending = signum  # raised when the write in progress is done
@@ -129,6 +150,8 @@ def guard_elastic() -> None:
                                    sigval=signal.Signals(signum))
 
     def on_signal(signum: int, frame: Any) -> None:
+        if _while_ending(signum):
+            return
         if _guard.received is not None:  # the agent is stopping already (or will at its next check)
             return
         _guard.received = signum

@@ -149,3 +149,35 @@ def test_a_closed_terminal_or_sigquit_stops_the_job_as_sigterm_does_unless_nohup
     nohup = subprocess.run([sys.executable, "-c", HANGUP, "nohup"], cwd=ROOT, text=True, capture_output=True,
                            timeout=60)
     assert nohup.stdout.split("\n")[:2] == ["SIGHUP ignored", "SIGQUIT stopped SIGQUIT 131"], nohup
+
+
+ENDING = textwrap.dedent("""
+    import os, signal, sys, time, weakref
+    from torch.distributed.elastic.multiprocessing import api
+    from runner.runtime import signals
+    from runner.runtime.process_end import exit_now
+    signals.guard_elastic()
+    signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as PContext.start does
+    class Held:
+        pass
+    held, (r, w) = Held(), os.pipe()
+    def slow():  # a library's finalizer that takes a while at exit (torch's ~300 libraries, SQLAlchemy's pool)
+        os.write(w, b"x")
+        time.sleep(1.0)
+        print("finalized", flush=True)
+    weakref.finalize(held, slow)
+    if os.fork() == 0:  # the driver stopping the job just as the agent ends after its workers failed
+        os.read(r, 1)
+        os.kill(os.getppid(), signal.SIGTERM)
+        os._exit(0)
+    exit_now(1)
+""")
+
+
+def test_a_stop_signal_while_an_agent_ends_prints_no_traceback() -> None:
+    """An agent whose workers failed ends while the driver (its own write to the full run folder failed too) stops
+    it: the SIGTERM lands in a finalizer run at exit, where a raise is printed as a traceback (CI, 2026-11-29, the
+    full run folder test). The agent ends with its own status, its finalizers whole, nothing printed."""
+    done = subprocess.run([sys.executable, "-c", ENDING], cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert done.returncode == 1 and done.stderr == "", done.stderr[-2000:]
+    assert done.stdout == "finalized\n", done.stdout
