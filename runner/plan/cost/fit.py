@@ -362,14 +362,11 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     part and optimizer (``dense_at``: their samples at ``batch``, as a job times its own; else their fits), dense
     all-reduce, input."""
     world = job["world"]
-    per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
-    a2a = c["collectives"].get("all_to_all", {}).get("intra") or {"bandwidth_gibps": float("inf")}
     # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
     reduce = ddp_allreduce(c, world, job.get("local", world))
-    compute = sum(kernel_bytes(batch * world, job["pooling"], d) * per_byte * (1 + c["bwd_compute_multiplier"])
-                  for d in job["dims"]) / world
-    comms = sum(2 * batch * world * d * 4 * 1000.0 / ((a2a["bandwidth_gibps"] or math.inf) * GIB)
-                for d in job["dims"]) / world
+    tables = [table_bytes_ms(c, batch, world, job["pooling"], d) for d in job["dims"]]
+    compute = sum(kernel for kernel, _ in tables) * (1 + c["bwd_compute_multiplier"])
+    comms = 2 * sum(out for _, out in tables)  # the pooled outputs' all-to-all forward, their gradients' backward
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
     compute += (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
@@ -406,22 +403,28 @@ def _layers_ms(fit: Dict[str, float], job: Dict[str, Any], batch: int) -> float:
 SHARDED_DIM = 16  # the width of the sharded lookups' tiny tables (runner.train.calibrate.sharded_samples)
 
 
+def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim: int) -> Tuple[float, float]:
+    """One table's bytes by TorchRec's terms, with the constants ``c``, at a per-rank ``batch`` of ``world`` ranks
+    (its lookups' work spread over them), ``pooling`` ids per sample, ``dim`` wide: the forward kernel's ms (the
+    backward's: times the calibrated multiplier) and the pooled output's all-to-all one way (ms)."""
+    a2a = (c.get("collectives") or {}).get("all_to_all", {}).get("intra") or {}
+    kernel = kernel_bytes(batch * world, pooling, dim) / world * 1000.0 / (c["device_bw_gibps"] * GIB)
+    return kernel, batch * dim * 4 * 1000.0 / ((a2a.get("bandwidth_gibps") or math.inf) * GIB)
+
+
 def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world: int, part: str) -> float:
     """What the step's embeddings part charges by TorchRec's terms, with the constants ``c``, for ``tables`` of the
     sharded lookups' tiny tables (:data:`SHARDED_DIM` wide, one id per sample) sharded ``kind`` at a per-rank
     ``batch``, ``part`` ``fwd`` or ``bwd``: the kernel's bytes (the backward at the calibrated multiplier) and, but
-    data-parallel, the pooled output's all-to-all (as :func:`_parts_ms` charges the tiny-table job's). A sharded
-    lookup's time beyond this is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables
-    table-wise took 6.9 ms backward, of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the
-    all-to-all), which the step's embeddings part charges the job's tables already."""
-    per_byte = 1000.0 / (c["device_bw_gibps"] * GIB)
+    data-parallel (each rank its own batch, no output to send), the pooled output's all-to-all
+    (:func:`table_bytes_ms`, as :func:`_parts_ms` charges the tiny-table job's). A sharded lookup's time beyond this
+    is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables table-wise took 6.9 ms backward,
+    of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the all-to-all), which the step's
+    embeddings part charges the job's tables already."""
+    kernel, out = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
     if kind == "data_parallel":
-        kernel, out = tables * kernel_bytes(batch, 1, SHARDED_DIM), 0.0
-    else:
-        a2a = (c.get("collectives") or {}).get("all_to_all", {}).get("intra") or {}
-        kernel = tables * kernel_bytes(batch * world, 1, SHARDED_DIM) / world
-        out = tables * batch * SHARDED_DIM * 4 * 1000.0 / ((a2a.get("bandwidth_gibps") or math.inf) * GIB)
-    return kernel * per_byte * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0) + out
+        out = 0.0
+    return tables * (kernel * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0) + out)
 
 
 def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]],
