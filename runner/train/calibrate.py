@@ -58,7 +58,7 @@ from runner.track.reporter import Reporter, SilentBar
 from runner.train.loop import LoopHooks, device_sync, train
 from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer, dense_optimizer, sparse_optimizer
-from runner.train.timing import Repeats, forward_backward, timed, timed_rounds, together
+from runner.train.timing import Repeats, forward_backward, timed, together
 
 if TYPE_CHECKING:
     from runner.train.rank_env import RankEnv
@@ -99,37 +99,17 @@ def scopes(world: int, local: int) -> Dict[str, List[List[int]]]:
 
 def collective_samples(name: str, group: Any, size: int, nbytes: int, device: torch.device, repeats: Repeats
                        ) -> List[float]:
-    """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in, ms per call (:func:`collective_sizes`)."""
-    return collective_sizes(name, group, size, [nbytes], device, repeats)[nbytes]
-
-
-def collective_sizes(name: str, group: Any, size: int, sizes: Sequence[int], device: torch.device, repeats: Repeats
-                     ) -> Dict[int, List[float]]:
-    """``name`` over ``group`` (``size`` ranks) with each of ``sizes`` bytes per rank in (what TorchRec's comms terms
-    count), ms per call, the sizes timed in turn (:func:`timed_rounds`): timed one size after the other, 1 x 2 CPU
-    calibrations of one day read a 64 MiB all-to-all at 30-85 ms and their fitted lines missed their own 1 and 4 MiB
-    points by up to 40% (the machine's state moved between sizes). Messages up to 1 MiB are timed
-    :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that when the ranks leave the barrier is not most
-    of what is timed. The all-to-all and the reduce-scatter receive into a tensor each call allocates, as TorchRec's
-    distributions do (their outputs are new every step); the all-reduce works in place and is issued as DDP issues a
-    step's gradients: in its 25 MiB buckets (:func:`ddp_buckets`), every bucket's call started before the first is
-    waited for (gloo works on two at once: on 2 CPU ranks 50 MiB in two calls at once took 43-49 ms, in one 50-71 ms).
-    Measured here (2 CPU ranks, gloo): into a reused tensor a 3 MiB all-to-all took 1.4 ms, into a new one 3.3 ms (a
-    fresh buffer's pages are first touched by the collective), so a reused buffer's bandwidth left the embeddings'
-    distributions at half their time."""
-    calls = {n: BACK_TO_BACK if n <= MIB else 1 for n in sizes}
-    runs = {n: _collective_call(name, group, size, n, calls[n], device) for n in sizes}
-    # every rank of every group of a scope measures at once, so they agree over the world: each group's samples
-    # then have as many repeats as the others'
-    samples = timed_rounds(runs, repeats.with_agree(together(device)), device_sync(device),
-                           lambda: dist.barrier(group=group))
-    return {n: [t / calls[n] for t in samples[n]] for n in sizes}
-
-
-def _collective_call(name: str, group: Any, size: int, nbytes: int, calls: int, device: torch.device
-                     ) -> Callable[[], None]:
-    """``calls`` of ``name`` over ``group`` with ``nbytes`` per rank in (:func:`collective_sizes`)."""
+    """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count), ms
+    per call: messages up to 1 MiB are timed :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that
+    when the ranks leave the barrier is not most of what is timed. The all-to-all and the reduce-scatter receive
+    into a tensor each call allocates, as TorchRec's distributions do (their outputs are new every step); the
+    all-reduce works in place and is issued as DDP issues a step's gradients: in its 25 MiB buckets
+    (:func:`ddp_buckets`), every bucket's call started before the first is waited for (gloo works on two at once:
+    on 2 CPU ranks 50 MiB in two calls at once took 43-49 ms, in one 50-71 ms). Measured here (2 CPU ranks, gloo): into
+    a reused tensor a 3 MiB all-to-all took 1.4 ms, into a new one 3.3 ms (a fresh buffer's pages are first touched by
+    the collective), so a reused buffer's bandwidth left the embeddings' distributions at half their time."""
     n = max(nbytes // 4 // size * size, size)
+    calls = BACK_TO_BACK if nbytes <= MIB else 1
     data = torch.ones(n, device=device)
     if name == "all_to_all":
         def run() -> None:
@@ -146,7 +126,10 @@ def _collective_call(name: str, group: Any, size: int, nbytes: int, calls: int, 
         def run() -> None:
             for _ in range(calls):
                 dist.reduce_scatter_tensor(torch.empty(n // size, device=device), data, group=group)
-    return run
+    # every rank of every group of a scope measures at once, so they agree over the world: each group's samples
+    # then have as many repeats as the others'
+    return [t / calls for t in timed(run, repeats.with_agree(together(device)), device_sync(device),
+                                     lambda: dist.barrier(group=group))]
 
 
 def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
@@ -498,7 +481,7 @@ def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _P
         members, group = next((m, g) for m, g in made if env.rank in m)
         for i, name in enumerate(COLLECTIVES):
             say(f"collectives ({scope}-node)", i, len(COLLECTIVES), force=i == 0)
-            out[name][scope] = collective_sizes(name, group, len(members), sizes, device, repeats)
+            out[name][scope] = {n: collective_samples(name, group, len(members), n, device, repeats) for n in sizes}
         dist.barrier()
     return out
 

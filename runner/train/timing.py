@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from runner.plan import median_error
-
-K = TypeVar("K")
 
 
 def alone(want: bool, past: bool) -> bool:
@@ -53,54 +51,32 @@ class Repeats:
 
     def more(self, samples: List[float]) -> int:
         """How many repeats to take next (0: the median is known, or no more may be taken)."""
-        return self.more_of([samples])
-
-    def more_of(self, series: Sequence[List[float]]) -> int:
-        """How many repeats each of ``series`` (timed in the same rounds: as many samples each) takes next: more while
-        any one's median is not known well enough (0: every median is known, or no more may be taken)."""
-        taken = min(len(samples) for samples in series)
-        if taken >= self.most or self.most <= self.least:
+        if len(samples) >= self.most or self.most <= self.least:
             return 0
-        want = any(median_error(samples) > self.within for samples in series)
+        want = median_error(samples) > self.within
         if not self.agree(want, time.perf_counter() >= self.deadline):
             return 0
-        return min(self.least, self.most - taken)
+        return min(self.least, self.most - len(samples))
 
 
 def timed(run: Callable[[], Any], repeats: Union[int, Repeats], sync: Callable[[], None],
           before: Callable[[], None] = lambda: None) -> List[float]:
     """``run()`` once to warm up, then ``repeats`` times: ms each (``before`` runs untimed ahead of each); with a
     :class:`Repeats`, more while its median is not known well enough."""
-    return timed_rounds({0: run}, repeats, sync, before)[0]
-
-
-def timed_rounds(runs: Dict[K, Callable[[], Any]], repeats: Union[int, Repeats], sync: Callable[[], None],
-                 before: Callable[[], None] = lambda: None) -> Dict[K, List[float]]:
-    """Each of ``runs`` timed as :func:`timed` times one, in rounds that time each once in turn (in the reverse order
-    every other round), so that the machine's drift while they are measured falls on all of them alike: a line
-    fitted over them (a collective's latency and bandwidth over its sizes) then reads one state of the machine, not
-    each size at another moment. More rounds while any one's median is not known well enough."""
     plan = repeats if isinstance(repeats, Repeats) else Repeats(repeats, repeats)
-    out: Dict[K, List[float]] = {key: [] for key in runs}
-    keys = list(runs)
+    out: List[float] = []
 
-    def one(run: Callable[[], Any]) -> float:
+    def one() -> float:
         before()
         sync()
         start = time.perf_counter()
         run()
         sync()
         return (time.perf_counter() - start) * 1000
-
-    def rounds(n: int) -> None:
-        for _ in range(n):
-            for key in keys if len(out[keys[0]]) % 2 == 0 else keys[::-1]:
-                out[key].append(one(runs[key]))
-    for run in runs.values():  # the warm-ups
-        one(run)
-    rounds(plan.least)
-    while n := plan.more_of(list(out.values())):
-        rounds(n)
+    one()  # the warm-up
+    out += [one() for _ in range(plan.least)]
+    while n := plan.more(out):
+        out += [one() for _ in range(n)]
     return out
 
 

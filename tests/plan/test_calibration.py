@@ -346,18 +346,6 @@ def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_i
                 lambda: None)
     assert 14 <= len(got) < 200 and cost_fit.median_error(got) <= within
     assert cost_fit.median_error(got[:7]) > within
-    # timed_rounds(): sizes timed in turn (the order reversed every other round), every one as often, more rounds
-    # while any one's median is not known: a steady size is not left at 7 while a scattered one takes more
-    from runner.train.timing import timed_rounds
-
-    order: list = []
-    steady = {k: (lambda k=k: order.append(k)) for k in ("a", "b")}
-    scattered_times = itertools.cycle([0.3, 2.0, 3.4, 1.0, 3.0])
-    runs = {**steady, "c": lambda: (order.append("c"), time.sleep(next(scattered_times) / 1000))}
-    got_rounds = timed_rounds(runs, Repeats(2, 40, within, time.perf_counter() + 60), lambda: None)
-    assert order[:9] == ["a", "b", "c", "a", "b", "c", "c", "b", "a"]  # the warm-ups, then two rounds
-    assert len({len(v) for v in got_rounds.values()}) == 1 and len(got_rounds["a"]) > 2
-    assert cost_fit.median_error(got_rounds["c"]) <= within or len(got_rounds["c"]) == 40
 
 
 def test_a_calibration_s_values_are_checked_when_read(tmp_path: Path) -> None:
