@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 
 KIB, MIB = 1024, 1024**2
-COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")
+COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
 BACK_TO_BACK = 4  # calls timed together for messages up to 1 MiB
 DDP_BUCKET = 25 * MIB  # TorchRec's DMP gives DDP bucket_cap_mb=25, so its first bucket is that size too
 
@@ -101,7 +101,9 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
                        ) -> List[float]:
     """``name`` over ``group`` (``size`` ranks) with ``nbytes`` per rank in (what TorchRec's comms terms count), ms
     per call: messages up to 1 MiB are timed :data:`BACK_TO_BACK` calls at a time (as a step issues them), so that
-    when the ranks leave the barrier is not most of what is timed. The all-to-all and the reduce-scatter receive
+    when the ranks leave the barrier is not most of what is timed. The all-to-all, the reduce-scatter (a row-wise
+    forward's output) and the all-gather (its backward's: ``nbytes`` gathered, as TorchRec's all-gather term counts
+    them; on 2 CPU ranks it moved 1.0 GiB/s where the all-to-all moved 1.8, which TorchRec's fallback gave it) receive
     into a tensor each call allocates, as TorchRec's distributions do (their outputs are new every step); the
     all-reduce works in place and is issued as DDP issues a step's gradients: in its 25 MiB buckets
     (:func:`ddp_buckets`), every bucket's call started before the first is waited for (gloo works on two at once:
@@ -122,10 +124,16 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
             for _ in range(calls):
                 for work in [dist.all_reduce(b, group=group, async_op=True) for b in buckets]:
                     work.wait()
-    else:
+    elif name == "reduce_scatter":
         def run() -> None:
             for _ in range(calls):
                 dist.reduce_scatter_tensor(torch.empty(n // size, device=device), data, group=group)
+    else:  # all_gather: ``nbytes`` gathered, each rank's slice in (TorchRec counts a row-wise backward's output)
+        part = data[: n // size]
+
+        def run() -> None:
+            for _ in range(calls):
+                dist.all_gather_into_tensor(torch.empty(n, device=device), part, group=group)
     # every rank of every group of a scope measures at once, so they agree over the world: each group's samples
     # then have as many repeats as the others'
     return [t / calls for t in timed(run, repeats.with_agree(together(device)), device_sync(device),

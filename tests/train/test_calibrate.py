@@ -34,7 +34,7 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     # None where the all-to-all's time did not grow with the bytes (3 sizes to 1 MiB): then not trusted, and said
     assert c["intra_node_bandwidth"] is None or c["intra_node_bandwidth"] > 0
     assert cal.trusted["collectives"] or "not trusted: collectives" in results["headline"]
-    assert set(c["collectives"]) == {"all_to_all", "all_reduce", "reduce_scatter"}
+    assert set(c["collectives"]) == {"all_to_all", "all_reduce", "reduce_scatter", "all_gather"}
     assert set(c["sharded"]) == {"table_wise", "row_wise", "data_parallel"}
     assert c["sharded"]["table_wise"]["fwd"]["fixed_ms"] > 0
     # each family at 64 samples, the job's and 16x it (its cost per table and sample read over the batches jobs use);

@@ -23,12 +23,13 @@ def one_rank(tmp_path: Path) -> Any:
         dist.destroy_process_group()
 
 
-def test_all_to_all_and_reduce_scatter_receive_into_a_new_tensor_each_call(one_rank: Any, monkeypatch: Any) -> None:
+def test_the_embeddings_collectives_receive_into_a_new_tensor_each_call(one_rank: Any, monkeypatch: Any) -> None:
     # TorchRec's distributions allocate their outputs every step; a reused output (pages already touched) measured
     # the all-to-all at about twice its bandwidth in a step
     outputs: List[torch.Tensor] = []
     inputs: List[torch.Tensor] = []
     real_a2a, real_rs, real_ar = dist.all_to_all_single, dist.reduce_scatter_tensor, dist.all_reduce
+    real_ag = dist.all_gather_into_tensor
 
     def a2a(out: torch.Tensor, data: torch.Tensor, **kw: Any) -> Any:
         outputs.append(out)
@@ -38,18 +39,24 @@ def test_all_to_all_and_reduce_scatter_receive_into_a_new_tensor_each_call(one_r
         outputs.append(out)
         return real_rs(out, data, **kw)
 
+    def ag(out: torch.Tensor, data: torch.Tensor, **kw: Any) -> Any:
+        outputs.append(out)
+        return real_ag(out, data, **kw)
+
     def ar(data: torch.Tensor, **kw: Any) -> Any:
         inputs.append(data)
         return real_ar(data, **kw)
     monkeypatch.setattr(dist, "all_to_all_single", a2a)
     monkeypatch.setattr(dist, "reduce_scatter_tensor", rs)
+    monkeypatch.setattr(dist, "all_gather_into_tensor", ag)
     monkeypatch.setattr(dist, "all_reduce", ar)
-    for name in ("all_to_all", "reduce_scatter"):
+    for name in ("all_to_all", "reduce_scatter", "all_gather"):
         outputs.clear()
         times = collective_samples(name, one_rank, 1, 4096, torch.device("cpu"), Repeats(3, 3))
         assert len(times) == 3 and all(t > 0 for t in times)
         assert len(outputs) == 4 * BACK_TO_BACK  # a warm-up and 3 repeats, each BACK_TO_BACK calls
         assert len({id(t) for t in outputs}) == len(outputs), name  # every call its own output
+        assert outputs[0].numel() * 4 == 4096, name  # one rank: the bytes TorchRec's term counts, received
     collective_samples("all_reduce", one_rank, 1, 4096, torch.device("cpu"), Repeats(3, 3))
     assert len({id(t) for t in inputs}) == 1  # in place on one tensor, as DDP's buckets
 

@@ -174,7 +174,8 @@ FITS = ("dense_fwd", "dense_bwd", "optimizer", "input")  # each ``fixed_ms`` + `
 LOOKUP_TERMS = ("fixed_ms", "per_table_ms", "ms_per_table_ksample")  # a family of sharded lookup's, per direction
 
 
-COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")  # what mode=calibrate measures in each scope
+COLLECTIVES = ("all_to_all", "all_reduce", "reduce_scatter")  # what every calibration holds in each scope; the
+# all-gather (measured since 2026-11-29) is optional: a file without it plans its all-gathers with TorchRec's bandwidth
 
 
 def _count(value: Any) -> int:

@@ -57,8 +57,9 @@ class MeasuredCommsBandwidths(BasicCommsBandwidths):
     """TorchRec's comms bandwidths (``Topology(generalized_comms_bandwidths=...)``) with each collective a
     calibration measured answered as measured in its scope (all ranks on one node: ``intra``, else ``cross``), and
     TorchRec's two numbers (``BasicCommsBandwidths``) for the rest. Why: a row-wise shard's forward is a
-    reduce-scatter, which on 2 CPU ranks moved 1.0 GiB/s where the all-to-all moved 2.3; given the all-to-all's
-    number for every collective, TorchRec put a row-wise forward's output at half its time."""
+    reduce-scatter and its backward an all-gather, which on 2 CPU ranks moved 1.0 GiB/s where the all-to-all moved
+    1.8-2.3; given the all-to-all's number for every collective, TorchRec put a row-wise lookup's outputs at half
+    their time."""
 
     def __init__(self, intra_host_bw: float, inter_host_bw: float, measured: Dict[str, Dict[str, float]]) -> None:
         super().__init__(inter_host_bw=inter_host_bw, intra_host_bw=intra_host_bw)
