@@ -491,38 +491,47 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     assert "the dense part measured on this job's model" in step_text(timed["step"])
 
 
-def test_a_calibration_learns_its_step_overhead_from_runs(tmp_path: Path) -> None:
+def test_a_calibration_learns_its_step_overhead_and_compute_wait_from_runs(tmp_path: Path) -> None:
     import json
 
     from runner.plan.cost import learn
 
     folder = tmp_path / "cals"
-    cal = load_calibration(save(_calibration(), folder / f"20260101-000000-mine{cal_mod.SUFFIX}"))
+    measured = _calibration()
+    measured.constants["step_overhead"] = {"fixed_ms": 0.5, "ms_per_unit": 0.8, "ms_per_ksample": 0.8, "fit_error": 0.0}
+    cal = load_calibration(save(measured, folder / f"20260101-000000-mine{cal_mod.SUFFIX}"))
+    per_ksample = 0.8  # the tiny-table job's overhead per 1,000 samples, kept as measured
     runs = tmp_path / "runs"
-    truth = (1.5, 0.8, 0.05)  # the overhead the runs saw: ms, ms per 1,000 samples, ms per table
+    truth = (1.5, 0.25, 0.05)  # what the runs took beyond their parts: ms, share of their compute, ms per table
     for i, (batch, tables) in enumerate([(256, 6), (1024, 6), (512, 20), (2048, 40), (256, 300), (4096, 10)]):
         run = runs / f"run{i}"
         (run / "plan").mkdir(parents=True)
-        parts = 10.0 + batch / 100.0  # every other estimated part of the slowest rank
-        overhead = truth[0] + truth[1] * batch / 1000.0 + truth[2] * tables
-        est = {"calibration": cal.path, "step": {"per_rank": [{"step_ms": parts + 0.2, "step_overhead": 0.2}] * 2}}
+        dense = 2.0 + batch / 100.0 + (7.0 if i % 2 else 0.0)  # compute not in proportion to the batch
+        parts = 10.0 + dense  # every estimated part of the slowest rank but the overhead and the wait
+        extra = truth[0] + truth[1] * dense + truth[2] * tables + per_ksample * batch / 1000.0
+        part = {"step_ms": parts + 0.2, "step_overhead": 0.2, "dense_forward": dense, "dense_backward": 0.0,
+                "optimizer": 0.0, "rank_wait": 0.0}
+        est = {"calibration": cal.path, "step": {"per_rank": [part] * 2}}
         (run / "plan" / "estimates.json").write_text(json.dumps(est))
-        (run / "measured.json").write_text(json.dumps({"per_rank": [{"step_ms": parts + overhead - 0.1},
-                                                                     {"step_ms": parts + overhead}]}))
+        (run / "measured.json").write_text(json.dumps({"per_rank": [{"step_ms": parts + extra - 0.1},
+                                                                     {"step_ms": parts + extra}]}))
         (run / "resolved.yaml").write_text(yaml.safe_dump({"train": {"batch_size": batch}}))
         (run / "plan" / "plan.json").write_text(json.dumps({"m": {f"t{k}": {} for k in range(tables)}}))
     (runs / "other").mkdir()  # a run planned with another machine's calibration is not this hardware's evidence
-    points = learn.run_points(learn.runs_under(runs), cal)
+    no_wait = dataclasses.replace(cal, constants={**cal.constants, "rank_wait": {"factor": 1.0, "per_call_ms": 0.0}})
+    points = learn.run_points(learn.runs_under(runs), no_wait)
     assert len(points) == 6
-    fit = learn.refit(cal, points, str(runs)).constants["step_overhead"]
-    got = (fit["fixed_ms"], fit["ms_per_ksample"], fit["per_table_ms"])
-    assert got == pytest.approx(truth, rel=1e-6) and fit["fit_error"] < 1e-9
-    assert learn.overhead_ms({"step_overhead": fit}, 512, 20) == pytest.approx(1.5 + 0.8 * 0.512 + 0.05 * 20)
+    learned = learn.refit(no_wait, points, str(runs)).constants
+    fit, wait = learned["step_overhead"], learned["rank_wait"]
+    assert (fit["fixed_ms"], wait["factor"] - 1.0, fit["per_table_ms"]) == pytest.approx(truth, rel=1e-6)
+    assert fit["ms_per_ksample"] == per_ksample and fit["fit_error"] < 1e-9 and wait["measured_factor"] == 1.0
+    assert learn.overhead_ms(learned, 512, 20) == pytest.approx(1.5 + per_ksample * 0.512 + 0.05 * 20)
+    assert all(learn.estimate_ms(learned, p) == pytest.approx(p["measured_ms"]) for p in points)
     # the command writes it beside the calibration it refined; auto takes it (the newest) and says it learned
     assert learn.learn_command([str(runs), str(cal.path)]) == 0
     chosen = for_job(cfg_for(f"cluster.calibration_dir={folder}").cluster, "cpu", True).calibration
     assert chosen is not None and chosen.learned["runs"] == 6 and chosen.path != cal.path
-    assert chosen.constants["step_overhead"]["per_table_ms"] == pytest.approx(0.05, rel=1e-6)
+    assert chosen.constants["rank_wait"]["factor"] > 1.0
     assert learn.learn_command([str(tmp_path / "empty")]) == 2
 
 
@@ -637,7 +646,7 @@ def test_a_batch_whose_parts_reach_its_step_does_not_pull_the_overhead_to_zero()
     points = [{"batch": 64, "tables": 6, "measured_ms": 14.6, "parts_ms": 10.5},
               {"batch": 256, "tables": 6, "measured_ms": 18.5, "parts_ms": 13.8},
               {"batch": 1024, "tables": 6, "measured_ms": 29.3, "parts_ms": 29.8}]
-    fit = fit_overhead(points, per_table=False)
+    fit = fit_overhead(points)
     assert 3.0 < fit["fixed_ms"] < 4.5 and fit["ms_per_ksample"] == 0.0 and "per_table_ms" not in fit
     assert fit["fit_error"] == pytest.approx(max(abs(p["parts_ms"] + fit["fixed_ms"] - p["measured_ms"])
                                                  / p["measured_ms"] for p in points))

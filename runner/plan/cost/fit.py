@@ -295,10 +295,10 @@ def step_overhead(c: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]
                "parts_ms": parts(rows)} for rows, per_rank in measured["step"].items()]
     by_family = measured.get("step_family") or {}
     if "table_wise" not in by_family or len(by_family) < 2 or job["batch"] not in measured["step"]:
-        return fit_overhead(points, per_table=False)  # (with gradient accumulation the families are not timed)
+        return fit_overhead(points)  # (with gradient accumulation the families are not timed)
     family, noise = family_overhead({kind: [s - parts(job["batch"], kind) for s in _worst(per_rank)]
                                      for kind, per_rank in by_family.items()})
-    fit = fit_overhead([{**p, "parts_ms": p["parts_ms"] + family["table_wise"]} for p in points], per_table=False)
+    fit = fit_overhead([{**p, "parts_ms": p["parts_ms"] + family["table_wise"]} for p in points])
     return {**fit, "family_ms": family, "family_noise_ms": noise}
 
 
@@ -331,28 +331,27 @@ def family_overhead(residuals: Dict[str, List[float]]) -> Tuple[Dict[str, float]
             {kind: (float(v) if math.isfinite(v) else 0.0) for kind, v in noise.items()})
 
 
-def fit_overhead(points: List[Dict[str, float]], per_table: bool) -> Dict[str, float]:
-    """The step's overhead from ``points`` (``batch`` per rank, ``tables``, the ``measured_ms`` step and the
-    ``parts_ms`` every other part gave): ``fixed + per 1,000 samples x batch`` (``per_table``: ``+ per table x
-    tables``), no term below 0 (non-negative least squares), each point's residual weighed relative to its measured
-    step. The overhead is a difference of two times: where the parts alone reach the step at one batch, its residual
-    is about 0 or below it, and weighed relative to itself (as :func:`fit_rate` weighs a time) that one point would
-    pull the whole fit to 0 (a calibration of 2026-11-29: 4.1 and 4.7 ms beyond the parts at 64 and 256 samples,
-    -0.5 ms at 1,024, fitted 0.001 ms). The fit's error is the largest relative to the step."""
+def fit_overhead(points: List[Dict[str, float]]) -> Dict[str, float]:
+    """The step's overhead from ``points`` (``batch`` per rank, the ``measured_ms`` step and the ``parts_ms`` every
+    other part gave): ``fixed + per 1,000 samples x batch``, no term below 0 (non-negative least squares), each
+    point's residual weighed relative to its measured step. The overhead is a difference of two times: where the
+    parts alone reach the step at one batch, its residual is about 0 or below it, and weighed relative to itself (as
+    :func:`fit_rate` weighs a time) that one point would pull the whole fit to 0 (a calibration of 2026-11-29: 4.1
+    and 4.7 ms beyond the parts at 64 and 256 samples, -0.5 ms at 1,024, fitted 0.001 ms). The fit's error is the
+    largest relative to the step."""
     import numpy as np
     from scipy.optimize import nnls
 
-    a = np.array([[1.0, p["batch"] / 1000.0, float(p["tables"])][:3 if per_table else 2] for p in points])
+    a = np.array([[1.0, p["batch"] / 1000.0] for p in points])
     y = np.array([p["measured_ms"] - p["parts_ms"] for p in points])
     w = 1.0 / np.maximum(np.array([p["measured_ms"] for p in points]), 1e-9)
     if len(points) < 2:  # one batch timed: its residual (at least 0) is the overhead at every batch
-        fixed, per_ksample, per_tables = max(float(y[0]), 0.0) if len(points) else 0.0, 0.0, 0.0
+        fixed, per_ksample = max(float(y[0]), 0.0) if len(points) else 0.0, 0.0
     else:
-        fixed, per_ksample, per_tables = ([float(v) for v in nnls(a * w[:, None], y * w)[0]] + [0.0])[:3]
-    error = max((abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0 + per_tables * p["tables"]
-                     - p["measured_ms"]) / p["measured_ms"] for p in points), default=0.0)
-    return {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample,
-            **({"per_table_ms": per_tables} if per_table else {}), "fit_error": float(error)}
+        fixed, per_ksample = (float(v) for v in nnls(a * w[:, None], y * w)[0])
+    error = max((abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0 - p["measured_ms"]) / p["measured_ms"]
+                 for p in points), default=0.0)
+    return {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample, "fit_error": float(error)}
 
 
 def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,

@@ -3,12 +3,15 @@ estimate (``measured.json`` and ``plan/estimates.json`` in its run folder). What
 estimated part but the step's overhead is that job's overhead as the hardware gave it; over many jobs of one
 machine (other batches, other table counts) it is the term the calibration's tiny-table job cannot see alone.
 
-``python -m runner learn-calibration <runs folder> [calibration.yaml]`` refits the calibration's ``step_overhead``
-from those residuals (fixed + per 1,000 samples + per table, none below 0) and writes the result as a new
-calibration in the folder it came from, which ``cluster.calibration=auto`` then takes (the newest), with
-``learned`` saying from how many runs. It is a command, not automatic: a run's step holds whatever else its machine
-was doing, so the user says when runs are representative. Only runs planned with a calibration of the same hardware
-and world count.
+``python -m runner learn-calibration <runs folder> [calibration.yaml]`` refits two parts of the calibration from
+those residuals (:func:`fit_runs`): the step's overhead (fixed, and per table with enough runs) and the share by
+which the step's compute waits for the slowest rank (``rank_wait``'s factor, which ``mode=calibrate`` reads off a
+few seconds of the dense part in lockstep, and which a job's whole training shows at scale: on 2 CPU ranks, what
+runs took beyond their parts grew with their compute, 1.9 ms at 2.5 ms of compute, 9.7 at 31, 42 at 240). The
+overhead per sample stays as the tiny-table job measured it. It writes the result as a new calibration in the
+folder it came from, which ``cluster.calibration=auto`` then takes (the newest), with ``learned`` saying from how
+many runs. It is a command, not automatic: a run's step holds whatever else its machine was doing, so the user says
+when runs are representative. Only runs planned with a calibration of the same hardware and world count.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
-from runner.plan.cost.fit import fit_overhead
 from runner.plan.cost.step_estimate import compute_ms, family_overhead_ms, fitted_ms, wait_factor
 from runner.runtime.hardware import mismatch
 
@@ -101,18 +103,38 @@ def runs_under(folder: Path) -> List[Path]:
     return [estimates.parent.parent for estimates in sorted(folder.rglob("plan/estimates.json"))]
 
 
+def fit_runs(constants: Dict[str, Any], points: List[Dict[str, float]], per_table: bool) -> Dict[str, float]:
+    """What ``points`` (:func:`run_points`) took beyond their parts but the overhead and the compute's wait, less the
+    overhead per sample by ``constants``, as ``fixed + share x compute`` (``per_table``: ``+ per table x tables``):
+    non-negative least squares, each run's residual weighed relative to its step. ``fit_error``: the largest
+    relative error over the runs."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    per_ksample = float((constants.get("step_overhead") or {}).get("ms_per_ksample", 0.0))
+    rows = np.array([[1.0, p.get("compute_ms", 0.0), float(p["tables"])][:3 if per_table else 2] for p in points])
+    base = [p["parts_ms"] - p.get("wait_ms", 0.0) + per_ksample * p["batch"] / 1000.0 for p in points]
+    y = np.array([p["measured_ms"] - b for p, b in zip(points, base, strict=True)])
+    w = 1.0 / np.maximum(np.array([p["measured_ms"] for p in points]), 1e-9)
+    fixed, share, tables = ([float(v) for v in nnls(rows * w[:, None], y * w)[0]] + [0.0])[:3]
+    error = max((abs(b + fixed + share * p.get("compute_ms", 0.0) + tables * p["tables"] - p["measured_ms"])
+                 / p["measured_ms"] for p, b in zip(points, base, strict=True)), default=0.0)
+    return {"fixed_ms": fixed, "share": share, "per_table_ms": tables, "fit_error": float(error)}
+
+
 def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Calibration:
-    """``cal`` with its ``step_overhead`` refitted from ``points`` (:func:`run_points`): the measured step less every
-    other estimated part, ``fixed + per 1,000 samples x batch + per table x tables``, weighing each run's relative
-    error, no term below 0 (non-negative least squares)."""
+    """``cal`` with its step's overhead and its compute's wait refitted from ``points`` (:func:`fit_runs`): the
+    overhead's fixed and per-table terms and ``rank_wait``'s factor (``1 + share``) replaced, the rest as measured."""
     # at least two runs per term: fewer runs than that fit their own noise (a run's step scatters 5-40% here), so
     # the per-table term waits for PER_TABLE_RUNS runs
-    fit: Dict[str, Any] = fit_overhead(points, per_table=len(points) >= PER_TABLE_RUNS)
-    fit.setdefault("per_table_ms", 0.0)
-    measured = cal.constants.get("step_overhead") or {}
-    fit.update({k: measured[k] for k in ("family_ms", "family_noise_ms") if k in measured})  # the calibration's
-    return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": fit}, cal.spread, cal.trusted,
-                       cal.measurements, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    fit = fit_runs(cal.constants, points, per_table=len(points) >= PER_TABLE_RUNS)
+    overhead = {**(cal.constants.get("step_overhead") or {"ms_per_unit": 0.0, "ms_per_ksample": 0.0}),
+                "fixed_ms": fit["fixed_ms"], "per_table_ms": fit["per_table_ms"], "fit_error": fit["fit_error"]}
+    wait = {**(cal.constants.get("rank_wait") or {"per_call_ms": 0.0}), "factor": 1.0 + fit["share"],
+            "measured_factor": wait_factor(cal.constants)}
+    return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": overhead, "rank_wait": wait}, cal.spread,
+                       cal.trusted, cal.measurements,
+                       datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or ""})
 
 
@@ -142,11 +164,12 @@ def learn_command(args: List[str]) -> int:
     learned = refit(cal, points, str(folder.absolute()))
     where = Path(cal.path).parent if cal.path else cache_dir()
     path = save(learned, where / file_name(cal.fingerprint))
-    fit = learned.constants["step_overhead"]
+    fit, wait = learned.constants["step_overhead"], learned.constants["rank_wait"]
     print(f"[runner] calibration learned from {len(points)} runs: step overhead {fit['fixed_ms']:.3f} ms + "
-          f"{fit['ms_per_ksample']:.3f} ms per 1,000 samples + {fit['per_table_ms']:.4f} ms per table (largest "
-          f"error over the runs {fit['fit_error']:.0%}); written to {path}, which cluster.calibration=auto takes",
-          flush=True)
+          f"{fit['per_table_ms']:.4f} ms per table (+ {fit.get('ms_per_ksample', 0.0):.3f} ms per 1,000 samples, as "
+          f"measured), the compute waits x{wait['factor']:.3f} for the slowest rank (measured x"
+          f"{wait['measured_factor']:.3f}); largest error over the runs {fit['fit_error']:.0%}; written to {path}, "
+          "which cluster.calibration=auto takes", flush=True)
     return 0
 
 
