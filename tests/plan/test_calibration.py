@@ -318,12 +318,43 @@ def test_one_scattered_part_falls_back_alone_and_the_plan_line_names_it(tmp_path
     assert chosen.calibration is not None and "collectives not used (its repeats scattered)" in chosen.note
     knobs, bandwidths = topology_knobs(chosen.calibration, "cpu", None, None, 2, 2)
     assert knobs["ddr_mem_bw"] == pytest.approx(gibps_to_bytes_per_ms(constants["device_bw_gibps"]))
-    assert bandwidths == {"intra": 600.0, "cross": 12.5}  # TorchRec's, as without a calibration
+    assert bandwidths["intra"] == 600.0  # TorchRec's, as without a calibration: the all-to-all is not kept
+    # (a collective whose own points happened to be known well enough is: the all-reduce answers for inter_host_bw)
+    assert not constants["collectives"]["all_to_all"]["intra"]["trusted"]
+    reduce = constants["collectives"]["all_reduce"]["intra"]
+    assert bandwidths["cross"] == (reduce["bandwidth_gibps"] / 2 if reduce["trusted"] else 12.5)
     # a calibration whose every part fell back is not taken
     save(dataclasses.replace(cal, trusted={p: False for p in cost_fit.PARTS}),
          tmp_path / f"20270101-000000-none{cal_mod.SUFFIX}")
     assert for_job(cfg_for(f"cluster.calibration_dir={tmp_path}").cluster, "cpu", True).calibration.path.endswith(
         f"mine{cal_mod.SUFFIX}")
+
+
+def test_a_collective_known_well_enough_alone_is_kept_when_the_collectives_part_falls_back(tmp_path: Path) -> None:
+    # three collectives scatter (+-80%), the reduce-scatter is steady: the part is not trusted, the reduce-scatter is
+    from runner.plan.cost.topology import measured_comms
+    from runner.plan.cost.trust import fallen_back
+
+    steady, noisy = _measured(), _measured(noise=0.8)
+    coll = {n: (steady if n == "reduce_scatter" else noisy)["collectives"][n] for n in steady["collectives"]}
+    constants, spreads, errors = fit_all({**steady, "collectives": coll})
+    parts = cost_fit.trust(errors, constants, cost_fit.allowed_median_error(0.1, 5))
+    assert not parts["collectives"] and parts["kernels"], errors
+    assert {n: f["intra"]["trusted"] for n, f in constants["collectives"].items()} == {
+        "all_to_all": False, "all_reduce": False, "reduce_scatter": True}
+    cal = Calibration(fingerprint("cpu", 1, 2), constants, spreads, parts, {}, "2026-11-28T00:00:00Z", errors)
+    used = fallen_back(cal)
+    assert set(used.constants["collectives"]) == {"reduce_scatter"} and "intra_node_bandwidth" not in used.constants
+    rs = constants["collectives"]["reduce_scatter"]["intra"]["bandwidth_gibps"]
+    assert measured_comms(used, None, None) == {"reduce_scatter": {"intra": gibps_to_bytes_per_ms(rs)}}
+    assert topology_knobs(used, "cpu", None, None, 2, 2)[1] == {"intra": 600.0, "cross": 12.5}  # TorchRec's
+    save(cal, tmp_path / f"20260601-000000-mine{cal_mod.SUFFIX}")
+    chosen = for_job(cfg_for(f"cluster.calibration_dir={tmp_path}").cluster, "cpu", True)
+    assert "TorchRec's bandwidths; reduce_scatter (intra) kept, each known well enough alone" in chosen.note
+    # a file without each collective's own trust (before it was marked) drops the whole part, as it did
+    old = {**constants, "collectives": {n: {s: {k: v for k, v in f.items() if k not in ("trusted", "median_error")}
+                                            for s, f in by.items()} for n, by in constants["collectives"].items()}}
+    assert "collectives" not in fallen_back(cal.with_constants(old)).constants
 
 
 def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_its_time() -> None:

@@ -36,7 +36,7 @@ from runner.plan.cost.step_estimate import (
     wait_factor,
 )
 from runner.plan.cost.torchrec_export import export_beside
-from runner.plan.cost.trust import FALLBACK, allowed_median_error, median_error, spread, trust
+from runner.plan.cost.trust import FALLBACK, allowed_median_error, collectives_note, median_error, spread, trust
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema
@@ -194,13 +194,17 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
     errors: Dict[str, List[float]] = {"collectives": [], "kernels": [], "dense": [], "sharded": []}
     for name, by_scope in measured["collectives"].items():
         for scope, by_size in by_scope.items():
-            points = []
+            points, known = [], []
             for size, per_rank in by_size.items():
                 worst = _worst(per_rank)
                 spreads["collectives"].append(spread(worst))
-                errors["collectives"].append(median_error(worst))
+                known.append(median_error(worst))
                 points.append({"bytes": float(size), "ms": median_ms(worst)})
-            constants["collectives"].setdefault(name, {})[scope] = fit_collective(points)
+            errors["collectives"] += known
+            # how well this collective alone knows its medians: where the part is not trusted, one that is known
+            # well enough is still used (:func:`runner.plan.cost.trust.kept_collectives`)
+            constants["collectives"].setdefault(name, {})[scope] = {**fit_collective(points),
+                                                                   "median_error": statistics.median(known)}
     a2a = constants["collectives"].get("all_to_all", {})
     constants.update({f"{s}_node_bandwidth": a2a.get(s, {}).get("bandwidth_gibps") for s in ("intra", "cross")})
     kernel_points = []
@@ -615,7 +619,9 @@ def _trust_words(cal: Calibration, settings: CalibrateSchema, kept: Optional[Pat
     gone = [f"{p} (its medians known to {cal.median_error.get(p, 0.0):.0%}"
             + (f", allowed {allowed_median_error(settings.max_spread, settings.repeats):.0%}"
                if cal.median_error.get(p, 0.0) > allowed_median_error(settings.max_spread, settings.repeats)
-               else ", no bandwidth to read off") + f": {FALLBACK[p]})" for p, yes in cal.trusted.items() if not yes]
+               else ", no bandwidth to read off") + f": {FALLBACK[p]}"
+            + (collectives_note(cal.constants) if p == "collectives" else "") + ")"
+            for p, yes in cal.trusted.items() if not yes]
     words = f"trusted: {', '.join(ok) or 'no part'}" + (f"; not trusted: {'; '.join(gone)}" if gone else "")
     if kept:
         return words + f"; the next plan here (cluster.calibration=auto) uses it ({kept.name})"
