@@ -130,8 +130,10 @@ def refit(cal: Calibration, points: List[Dict[str, float]], source: str) -> Cali
     fit = fit_runs(cal.constants, points, per_table=len(points) >= PER_TABLE_RUNS)
     overhead = {**(cal.constants.get("step_overhead") or {"ms_per_unit": 0.0, "ms_per_ksample": 0.0}),
                 "fixed_ms": fit["fixed_ms"], "per_table_ms": fit["per_table_ms"], "fit_error": fit["fit_error"]}
-    wait = {**(cal.constants.get("rank_wait") or {"per_call_ms": 0.0}), "factor": 1.0 + fit["share"],
-            "measured_factor": wait_factor(cal.constants)}
+    measured = cal.constants.get("rank_wait") or {"per_call_ms": 0.0}
+    # the calibration's own factor (that of the one a learned calibration refined, when it is refined again)
+    wait = {**measured, "factor": 1.0 + fit["share"],
+            "measured_factor": measured.get("measured_factor", wait_factor(cal.constants))}
     return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": overhead, "rank_wait": wait}, cal.spread,
                        cal.trusted, cal.measurements,
                        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
