@@ -616,8 +616,8 @@ def _chart(cal: Calibration, path: Path) -> None:
 def _trust_words(cal: Calibration, settings: CalibrateSchema, kept: Optional[Path]) -> str:
     """Which parts are trusted, and what the next plan uses: the line ``mode=calibrate`` ends with."""
     ok = [p for p, yes in cal.trusted.items() if yes]
-    gone = [f"{p} (its medians known to {cal.median_error.get(p, 0.0):.0%}"
-            + (f", allowed {allowed_median_error(settings.max_spread, settings.repeats):.0%}"
+    gone = [f"{p} (its medians known to {cal.median_error.get(p, 0.0):.1%}"
+            + (f", allowed {allowed_median_error(settings.max_spread, settings.repeats):.1%}"
                if cal.median_error.get(p, 0.0) > allowed_median_error(settings.max_spread, settings.repeats)
                else ", no bandwidth to read off") + f": {FALLBACK[p]}"
             + (collectives_note(cal.constants) if p == "collectives" else "") + ")"
