@@ -36,7 +36,15 @@ from runner.plan.cost.step_estimate import (
     wait_factor,
 )
 from runner.plan.cost.torchrec_export import export_beside
-from runner.plan.cost.trust import FALLBACK, allowed_median_error, collectives_note, median_error, spread, trust
+from runner.plan.cost.trust import (
+    FALLBACK,
+    allowed_median_error,
+    collectives_note,
+    median_error,
+    node_bandwidths,
+    spread,
+    trust,
+)
 
 if TYPE_CHECKING:
     from runner.config.schema import CalibrateSchema
@@ -205,8 +213,7 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
             # well enough is still used (:func:`runner.plan.cost.trust.kept_collectives`)
             constants["collectives"].setdefault(name, {})[scope] = {**fit_collective(points),
                                                                    "median_error": statistics.median(known)}
-    a2a = constants["collectives"].get("all_to_all", {})
-    constants.update({f"{s}_node_bandwidth": a2a.get(s, {}).get("bandwidth_gibps") for s in ("intra", "cross")})
+    constants.update(node_bandwidths(constants["collectives"]))
     kernel_points = []
     for k in measured["kernels"]:
         fwd, bwd = _pooled(k["fwd"]), _pooled(k["bwd"])
@@ -335,6 +342,17 @@ def family_overhead(residuals: Dict[str, List[float]]) -> Tuple[Dict[str, float]
             {kind: (float(v) if math.isfinite(v) else 0.0) for kind, v in noise.items()})
 
 
+def fit_residual(rows: List[List[float]], residual: List[float], measured: List[float]) -> List[float]:
+    """The coefficients of ``residual ~ rows x coefficients``, none below 0 (non-negative least squares), each row's
+    residual weighed relative to its ``measured`` step (a residual is a difference of two times: weighed relative to
+    itself, one near 0 would pull the whole fit to 0)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    w = 1.0 / np.maximum(np.array(measured, dtype=float), 1e-9)
+    return [float(v) for v in nnls(np.array(rows, dtype=float) * w[:, None], np.array(residual, dtype=float) * w)[0]]
+
+
 def fit_overhead(points: List[Dict[str, float]]) -> Dict[str, float]:
     """The step's overhead from ``points`` (``batch`` per rank, the ``measured_ms`` step and the ``parts_ms`` every
     other part gave): ``fixed + per 1,000 samples x batch``, no term below 0 (non-negative least squares), each
@@ -343,16 +361,12 @@ def fit_overhead(points: List[Dict[str, float]]) -> Dict[str, float]:
     :func:`fit_rate` weighs a time) that one point would pull the whole fit to 0 (a calibration of 2026-11-29: 4.1
     and 4.7 ms beyond the parts at 64 and 256 samples, -0.5 ms at 1,024, fitted 0.001 ms). The fit's error is the
     largest relative to the step."""
-    import numpy as np
-    from scipy.optimize import nnls
-
-    a = np.array([[1.0, p["batch"] / 1000.0] for p in points])
-    y = np.array([p["measured_ms"] - p["parts_ms"] for p in points])
-    w = 1.0 / np.maximum(np.array([p["measured_ms"] for p in points]), 1e-9)
     if len(points) < 2:  # one batch timed: its residual (at least 0) is the overhead at every batch
-        fixed, per_ksample = max(float(y[0]), 0.0) if len(points) else 0.0, 0.0
+        fixed, per_ksample = max(points[0]["measured_ms"] - points[0]["parts_ms"], 0.0) if points else 0.0, 0.0
     else:
-        fixed, per_ksample = (float(v) for v in nnls(a * w[:, None], y * w)[0])
+        fixed, per_ksample = fit_residual([[1.0, p["batch"] / 1000.0] for p in points],
+                                          [p["measured_ms"] - p["parts_ms"] for p in points],
+                                          [p["measured_ms"] for p in points])
     error = max((abs(p["parts_ms"] + fixed + per_ksample * p["batch"] / 1000.0 - p["measured_ms"]) / p["measured_ms"]
                  for p in points), default=0.0)
     return {"fixed_ms": fixed, "ms_per_unit": per_ksample, "ms_per_ksample": per_ksample, "fit_error": float(error)}

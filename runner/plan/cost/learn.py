@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, load_calibration, save
+from runner.plan.cost.fit import fit_residual
 from runner.plan.cost.step_estimate import compute_ms, family_overhead_ms, fitted_ms, wait_factor
 from runner.runtime.hardware import mismatch
 
@@ -108,15 +109,12 @@ def fit_runs(constants: Dict[str, Any], points: List[Dict[str, float]], per_tabl
     overhead per sample by ``constants``, as ``fixed + share x compute`` (``per_table``: ``+ per table x tables``):
     non-negative least squares, each run's residual weighed relative to its step. ``fit_error``: the largest
     relative error over the runs."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     per_ksample = float((constants.get("step_overhead") or {}).get("ms_per_ksample", 0.0))
-    rows = np.array([[1.0, p.get("compute_ms", 0.0), float(p["tables"])][:3 if per_table else 2] for p in points])
     base = [p["parts_ms"] - p.get("wait_ms", 0.0) + per_ksample * p["batch"] / 1000.0 for p in points]
-    y = np.array([p["measured_ms"] - b for p, b in zip(points, base, strict=True)])
-    w = 1.0 / np.maximum(np.array([p["measured_ms"] for p in points]), 1e-9)
-    fixed, share, tables = ([float(v) for v in nnls(rows * w[:, None], y * w)[0]] + [0.0])[:3]
+    fixed, share, tables = (fit_residual([[1.0, p.get("compute_ms", 0.0), float(p["tables"])][:3 if per_table else 2]
+                                          for p in points],
+                                         [p["measured_ms"] - b for p, b in zip(points, base, strict=True)],
+                                         [p["measured_ms"] for p in points]) + [0.0])[:3]
     error = max((abs(b + fixed + share * p.get("compute_ms", 0.0) + tables * p["tables"] - p["measured_ms"])
                  / p["measured_ms"] for p, b in zip(points, base, strict=True)), default=0.0)
     return {"fixed_ms": fixed, "share": share, "per_table_ms": tables, "fit_error": float(error)}

@@ -200,6 +200,8 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
     the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
     layers, interactions)."""
+    from runner.plan.cost.trust import fell_back_why
+
     c = cal.constants
     reduce = ddp_allreduce(c, world, local)
     families = family_overhead_ms(c, lookups)
@@ -228,17 +230,8 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
-            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": fell_back(cal),
+            "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": fell_back_why(cal),
             "dense_measured": bool(measured)}
-
-
-def fell_back(cal: Calibration) -> Dict[str, str]:
-    """The parts of ``cal`` that fall back, each with why; an untrusted collectives part also names the collectives
-    it still gives (:func:`runner.plan.cost.trust.kept_collectives`)."""
-    from runner.plan.cost.trust import collectives_note
-
-    return {part: why + (collectives_note(cal.constants) if part == "collectives" else "")
-            for part, why in cal.untrusted().items()}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:

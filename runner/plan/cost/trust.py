@@ -80,6 +80,13 @@ def kept_collectives(constants: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             if (kept := {s: f for s, f in (by_scope or {}).items() if f.get("trusted") is True})}
 
 
+def node_bandwidths(collectives: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """``intra_node_bandwidth`` and ``cross_node_bandwidth``: the all-to-all's measured bandwidth in each scope
+    (None where not measured), from a calibration's ``collectives``."""
+    a2a = collectives.get("all_to_all") or {}
+    return {f"{s}_node_bandwidth": (a2a.get(s) or {}).get("bandwidth_gibps") for s in ("intra", "cross")}
+
+
 def collectives_note(constants: Dict[str, Any]) -> str:
     """What an untrusted collectives part leaves the plan: ``; reduce_scatter (intra, cross) kept, each known well
     enough alone`` (empty where none is)."""
@@ -151,9 +158,15 @@ def fallen_back(cal: Cal) -> Cal:
     alone = kept_collectives(cal.constants) if "collectives" in gone and "collectives" not in cal.faults else {}
     if alone:  # the collectives known well enough alone (:func:`kept_collectives`); the rest are TorchRec's
         kept["collectives"] = alone
-        kept.update({f"{scope}_node_bandwidth": fit["bandwidth_gibps"]
-                     for scope, fit in alone.get("all_to_all", {}).items()})
+        kept.update({k: v for k, v in node_bandwidths(alone).items() if v is not None})
     return cal.with_constants(kept)
+
+
+def fell_back_why(cal: Trusting) -> Dict[str, str]:
+    """The parts of ``cal`` that fall back, each with why; an untrusted collectives part also names the collectives
+    it still gives (:func:`kept_collectives`)."""
+    return {part: why + (collectives_note(cal.constants) if part == "collectives" else "")
+            for part, why in cal.untrusted().items()}
 
 
 def fell_back_note(cal: Trusting) -> str:
