@@ -9,7 +9,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 # `make test` runs the suite in two processes (pytest-xdist). Each is a host of its own for what the runner
 # shares through the temporary folder (joblib jobs' core slots): set before the runner is imported.
@@ -253,31 +253,56 @@ def ui_text(url: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-def launch_in_process(cfg, run_folder: Path, uri: str, name: str):
-    """A 2-rank job of ``cfg`` in this test's own process tree, as TorchRec's golden example tests itself: its
-    resolved config written to ``run_folder``, its MLflow run opened here (as the driver does), torch elastic's
-    ``elastic_launch`` forking two gloo workers on the runner's worker entry. Returns ``({rank: results}, run id,
-    the MlflowRun)``; the caller ends the run."""
+FORKSERVER_PRELOAD = ["runner.train.worker", "runner.cli", "runner.track.sync"]
+
+
+def forkserver() -> Any:
+    """multiprocessing's fork server context: processes forked from one process of their own that imported the
+    stack once (:data:`FORKSERVER_PRELOAD`) and runs no threads, never from the test process. A test process has
+    threads (pytest-xdist's, a server being started, an earlier test's rendezvous or MLflow client), and a child
+    forked while one of them holds a lock (an import's, a connection pool's) waits on it for good: in a whole suite a
+    forked child hung that way and held its job until the suite's time ran out."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read once, when the server first starts
+    return ctx
+
+
+def elastic_in_process(run_folder: Path, name: str) -> Any:
+    """Two gloo workers on the runner's worker entry for the resolved config in ``run_folder``, started by torch
+    elastic's ``elastic_launch`` from this test's process tree (through :func:`forkserver`), as TorchRec's golden
+    example tests itself: each rank's results. Raises torch elastic's ``ChildFailedError`` when a rank fails."""
     import signal
 
-    from omegaconf import OmegaConf
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from runner.launch.processes.ports import free_port
-    from runner.runtime import run_files
-    from runner.track.mlflow_run import MlflowRun
     from runner.train.worker import elastic_entry
 
-    run_folder.mkdir()
-    OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
+    forkserver()
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=name, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
-                          start_method="fork")
-    mlflow_run = MlflowRun(run_folder, uri)
-    run_id = mlflow_run.open(cfg.tracking.experiment, OmegaConf.to_container(cfg, resolve=True), name, None, {})
+                          start_method="forkserver")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
-        return elastic_launch(launch, elastic_entry)(str(run_folder)), run_id, mlflow_run
+        return elastic_launch(launch, elastic_entry)(str(run_folder))
     finally:  # torch elastic installs its own stop handlers in this process
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def launch_in_process(cfg, run_folder: Path, uri: str, name: str):
+    """A 2-rank job of ``cfg`` in this test's own process tree (:func:`elastic_in_process`): its resolved config
+    written to ``run_folder``, its MLflow run opened here (as the driver does). Returns ``({rank: results}, run id,
+    the MlflowRun)``; the caller ends the run."""
+    from omegaconf import OmegaConf
+
+    from runner.runtime import run_files
+    from runner.track.mlflow_run import MlflowRun
+
+    run_folder.mkdir()
+    OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
+    mlflow_run = MlflowRun(run_folder, uri)
+    run_id = mlflow_run.open(cfg.tracking.experiment, OmegaConf.to_container(cfg, resolve=True), name, None, {})
+    return elastic_in_process(run_folder, name), run_id, mlflow_run

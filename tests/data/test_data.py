@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, ROOT, finished_run, metric_history, run_cli, runs, stderr_lines
+from conftest import FAST, ROOT, finished_run, forkserver, metric_history, run_cli, runs, stderr_lines
 from omegaconf import OmegaConf
 
 from runner.config.errors import DataError
@@ -289,11 +289,9 @@ def _agree(rank: int, port: int, out) -> None:
 def test_every_rank_stops_at_the_same_batch_with_one_agreement_per_chunk() -> None:
     """Ranks with unequal shards take the smallest count; a training stream agreed in its prefetch thread
     and an evaluation agreed in the training thread at the same time do not mix their collectives."""
-    import torch.multiprocessing as mp
-
     from runner.launch.processes.ports import free_port
 
-    ctx = mp.get_context("fork")
+    ctx = forkserver()
     out, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_agree, args=(r, port, out)) for r in range(2)]
     for p in procs:

@@ -18,30 +18,27 @@ from typing import Callable
 import pytest
 from conftest import FAST, ROOT, MlflowServer
 from test_faults import Job, descendants, wait_gone
-from test_tracking_outage import _each_once, _syncs_at_once
+from test_tracking_outage import _each_once, _syncs_at_once, _text
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
-def _syncs_while(proc: subprocess.Popen, sweep: Path, logs: Path, start: Callable[[], bool] = lambda: True) -> list:
-    """Two ``runner sync`` of ``sweep`` at once, again and again from when ``start()`` until ``proc`` ends; each
-    one's code and output."""
-    import runner.cli  # noqa: F401  imported once here: each forked sync starts at once
+RACE_WITHIN_S = 600  # the raced sweep or resume ends in about a minute here; past this it waits on something
 
+
+def _syncs_while(proc: subprocess.Popen, sweep: Path, logs: Path, start: Callable[[], bool] = lambda: True) -> list:
+    """Two ``runner sync`` of ``sweep`` at once, again and again from when ``start()`` until ``proc`` ends (at most
+    :data:`RACE_WITHIN_S`: then the test fails, naming what each sync said last); each one's code and output."""
+    deadline = time.monotonic() + RACE_WITHIN_S
     while not start() and proc.poll() is None:
         time.sleep(0.01)
-    done = []
+    done: list = []
     while proc.poll() is None:
+        assert time.monotonic() < deadline, (f"still running after {RACE_WITHIN_S} s beside the syncs; their last "
+                                             f"words: {[text[-500:] for _, text in done[-2:]]}")
         done += _syncs_at_once([sweep, sweep], logs)
         time.sleep(0.2)  # a core left to the process raced
     return done
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def _no_damage(synced: list) -> None:
@@ -60,8 +57,6 @@ def test_a_sync_while_the_spooled_sweep_trains(tmp_path: Path) -> None:
     server = MlflowServer(tmp_path / "server")
     sweep, exp = tmp_path / "sweep", "sync_while_sweeping"
     short = [a for a in FAST if not a.startswith("train.steps=")]
-    import runner.cli  # noqa: F401  before the sweep starts: the syncs are forked from here at once
-
     job = Job(tmp_path / "job", server.url, exp, ["-m", *short, "train.steps=2500,200", "cluster.workers_per_node=1",
                                                    f"hydra.sweep.dir={sweep}"])
     job.until(lambda: "unreachable" in job.out.read_text(), 180)  # the sweep began without its store
@@ -103,6 +98,7 @@ def test_a_sync_while_the_sweep_is_resumed(tmp_path: Path) -> None:
                            cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
     assert first.returncode == 0 and "python -m runner sync" in first.stdout, first.stderr[-3000:]
     server.start()
+    resume = None
     try:
         out = (tmp_path / "resume.out").open("w")
         resume = subprocess.Popen([sys.executable, "-m", "runner", "resume", str(sweep)], cwd=ROOT, env=env,
@@ -121,3 +117,5 @@ def test_a_sync_while_the_sweep_is_resumed(tmp_path: Path) -> None:
         print(f"sync while resuming: {len(synced)} syncs; {len(found)} runs, each once")
     finally:
         server.stop()
+        if resume is not None and resume.poll() is None:
+            resume.kill()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, MlflowServer, runs, to_the_background
+from conftest import FAST, ROOT, MlflowServer, forkserver, runs, to_the_background
 from test_faults import Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -107,8 +107,8 @@ def _spooled_copy(sweep: Path, to: Path, experiment: str) -> None:
 
 
 def _sync_in_child(folder: str, go: object, out: str) -> None:
-    """One ``runner sync`` as a process of its own (forked: no second import of the stack), its output in ``out``,
-    started when ``go`` is set so that every sync of the race starts at the same moment."""
+    """One ``runner sync`` as a process of its own (from the fork server: no second import of the stack), its output
+    in ``out``, started when ``go`` is set so that every sync of the race starts at the same moment."""
     from runner.cli import _sync
 
     sys.stdout = sys.stderr = open(out, "w", buffering=1)  # pytest's capture replaced them with its own
@@ -118,22 +118,40 @@ def _sync_in_child(folder: str, go: object, out: str) -> None:
     os._exit(code)
 
 
+SYNC_WITHIN_S = 120  # a sync of these few runs takes seconds; past this it hung, and is stopped
+
+
 def _syncs_at_once(folders: list, logs: Path) -> list:
     """``runner sync`` of each of ``folders`` (a folder named n times: n syncs of it), all at once; each one's
-    exit code and output. Forked before this process makes any MLflow client (its pooled connections would be
-    shared with the children)."""
-    import multiprocessing
+    exit code and output (a sync still running after :data:`SYNC_WITHIN_S` is killed: its code is then None).
 
-    ctx = multiprocessing.get_context("fork")
+    Forked by the fork server (conftest's :func:`forkserver`), never by this process: in a whole suite a sync forked
+    from here hung holding a point's delivery lock, and the sweep it raced waited for that lock until the suite's
+    time ran out."""
+    ctx = forkserver()
     go = ctx.Event()
     outs = [logs / f"sync{len(folders)}_{i}.out" for i in range(len(folders))]
     procs = [ctx.Process(target=_sync_in_child, args=(str(f), go, str(o))) for f, o in zip(folders, outs, strict=True)]
     for p in procs:
         p.start()
     go.set()
+    deadline = time.monotonic() + SYNC_WITHIN_S
     for p in procs:
-        p.join(120)
-    return [(p.exitcode, o.read_text()) for p, o in zip(procs, outs, strict=True)]
+        p.join(max(deadline - time.monotonic(), 0.1))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    return [(p.exitcode if p.exitcode is not None and p.exitcode >= 0 else None,
+             _text(o) + (f"\n[test] sync killed after {SYNC_WITHIN_S} s" if p.exitcode is None or p.exitcode < 0
+                         else "")) for p, o in zip(procs, outs, strict=True)]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _each_once(url: str, experiment: str, sweep: Path,

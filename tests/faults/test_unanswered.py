@@ -11,16 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cfg_for
+from conftest import cfg_for, elastic_in_process
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.processes.ports import free_port
 from runner.launch.processes.supervisor import root_cause
 from runner.runtime import run_files
-from runner.train.worker import elastic_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -48,19 +45,11 @@ def test_a_rank_that_stops_answering_is_named(tmp_path: Path) -> None:
                   f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.system_metrics=false",
                   "cluster.cpu_affinity=none")
     OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="frozen", rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
-                          start_method="fork")
     stopped: list = []
     freezer = threading.Thread(target=_freeze_rank1, args=(run_folder, stopped), daemon=True)
     freezer.start()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    try:
-        with pytest.raises(ChildFailedError):
-            elastic_launch(launch, elastic_entry)(str(run_folder))
-    finally:  # torch elastic installs its own stop handlers in this process
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    with pytest.raises(ChildFailedError):
+        elastic_in_process(run_folder, "frozen")
     assert stopped, "rank 1 was never stopped"
     line = str(root_cause(run_folder))
     assert line.startswith("rank 1 on node 0 did not answer within cluster.pg_timeout_s=6 s"), line

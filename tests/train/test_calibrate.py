@@ -62,8 +62,10 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     lockstep = cal.measurements["lockstep"]
     assert set(lockstep) == {128, 512} and all(len(m["slowest_mean_ms"]) == 3 and len(m["own_median_ms"]) == 2
                                                for m in lockstep.values())
-    assert all(s >= min(r[i] for r in m["own_median_ms"]) for m in lockstep.values()
-               for i, s in enumerate(m["slowest_mean_ms"]))
+    # each call's slowest time is the largest of the ranks' times of that call, so its mean is at least every rank's
+    # own mean (not its median: a round of scattered calls can have a median above the slowest's mean)
+    assert all(s >= max(r[i] for r in m["own_mean_ms"]) - 1e-5 for m in lockstep.values()
+               for i, s in enumerate(m["slowest_mean_ms"])), lockstep
     assert c["rank_wait"]["factor"] >= 1.0 and c["rank_wait"]["per_call_ms"] >= 0.0
     # kept where cluster.calibration=auto looks, and chosen by it for this machine's 1 x 2 job
     from runner.plan.cost.choice import for_job

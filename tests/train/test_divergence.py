@@ -4,21 +4,17 @@ naming the step and what to try; with ``train.stop_on_nonfinite=false`` the same
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
-from conftest import cfg_for
+from conftest import cfg_for, elastic_in_process
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import runner.cli  # noqa: F401  (schema and resolvers)
-from runner.launch.processes.ports import free_port
 from runner.launch.processes.supervisor import root_cause
 from runner.runtime import run_files
-from runner.train.worker import elastic_entry
 
 DIVERGING = ("train.steps=30", "train.log_every=5", "train.batch_size=64", "optimizer.dense_lr=1e12",
              "optimizer.sparse_lr=1e12", "data.eval_batches=1", "train.threads_per_worker=1",
@@ -29,15 +25,7 @@ def _launch(run_folder: Path, *overrides: str) -> Dict[int, Any]:
     cfg = cfg_for(*DIVERGING, f"tracking.uri=sqlite:///{run_folder.parent / 'mlflow.db'}", *overrides)
     run_folder.mkdir()
     OmegaConf.save(cfg, run_folder / run_files.RESOLVED, resolve=True)
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="diverging", rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.2,
-                          start_method="fork")
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    try:
-        return elastic_launch(launch, elastic_entry)(str(run_folder))
-    finally:  # torch elastic installs its own stop handlers in this process
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    return elastic_in_process(run_folder, "diverging")
 
 
 def test_a_diverging_loss_stops_the_job_in_one_line(tmp_path: Path) -> None:

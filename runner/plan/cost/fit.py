@@ -503,9 +503,12 @@ def _summary(measured: Dict[str, Any]) -> Dict[str, Any]:
             "step": {int(r): med(v) for r, v in (measured.get("step") or {}).items()},
             "step_family": {k: [round(v, 6) for v in _worst(per_rank)]
                             for k, per_rank in (measured.get("step_family") or {}).items()},
+            # each round's slowest rank (its mean: a step is a mean over steps) beside each rank's own median (what
+            # the parts are timed as) and mean (which the slowest's never falls below: it is the largest of each call)
             "lockstep": {int(b): {"slowest_mean_ms": [round(statistics.mean(r), 6) for r in m["slowest"][0]],
                                   "own_median_ms": [[round(statistics.median(r), 6) for r in rank]
-                                                    for rank in m["own"]]}
+                                                    for rank in m["own"]],
+                                  "own_mean_ms": [[round(statistics.mean(r), 6) for r in rank] for rank in m["own"]]}
                          for b, m in (measured.get("lockstep") or {}).items()}}
 
 
