@@ -170,7 +170,9 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
 
 def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Path]) -> None:
     """Learning from runs, shown: each world's calibration refitted (:mod:`runner.plan.cost.learn`) from the runs of its
-    first, third, ... configs, and the estimates of the others before and after (their overhead recomputed)."""
+    first, third, ... configs, as ``learn-calibration`` does (kept as measured where the refit estimates a run left out
+    of it no better: :func:`runner.plan.cost.learn.choose`), and the estimates of the others before and after (their
+    overhead recomputed)."""
     from runner.plan.cost import learn
     from runner.plan.cost.calibration import load_calibration
 
@@ -182,7 +184,9 @@ def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Pat
         taught = learn.run_points([r["run_folder"] for r in mine[0::2]], cal)
         if len(taught) < learn.MIN_RUNS:
             continue
-        new = learn.refit(cal, taught, "bench-estimates").constants
+        learned, how = learn.choose(cal, taught, "bench-estimates")
+        print(f"learning {shape[0]} x {shape[1]} from {len(taught)} runs: {how}", flush=True)
+        new = (learned or cal).constants
         for row in mine[1::2]:
             for p in learn.run_points([row["run_folder"]], cal):
                 was, now = learn.estimate_ms(cal.constants, p), learn.estimate_ms(new, p)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -563,7 +564,24 @@ def test_a_calibration_learns_its_step_overhead_and_compute_wait_from_runs(tmp_p
     chosen = for_job(cfg_for(f"cluster.calibration_dir={folder}").cluster, "cpu", True).calibration
     assert chosen is not None and chosen.learned["runs"] == 6 and chosen.path != cal.path
     assert chosen.constants["rank_wait"]["factor"] > 1.0
+    assert chosen.learned["held_out_error"] < 1e-6 < chosen.learned["measured_error"]
     assert learn.learn_command([str(tmp_path / "empty")]) == 2
+    # runs the calibration as measured already estimates but for their noise: a refit follows the noise, estimates
+    # the run it left out worse, and is not taken (nothing written)
+    noisy = tmp_path / "noisy"
+    for i, p in enumerate(points):
+        run = noisy / f"run{i}"
+        shutil.copytree(runs / f"run{i}", run)
+        step = learn.estimate_ms(no_wait.constants, p) * (1.0 + (0.2, -0.15, 0.1, -0.25, 0.05, -0.05)[i])
+        (run / "measured.json").write_text(json.dumps({"per_rank": [{"step_ms": step}] * 2}))
+    noise = learn.run_points(learn.runs_under(noisy), no_wait)
+    errors = learn.held_out_errors(no_wait, noise)
+    assert sorted(map(abs, errors["measured"])) == pytest.approx(sorted(abs(1 / (1 + e) - 1) for e in (
+        0.2, -0.15, 0.1, -0.25, 0.05, -0.05)))
+    kept, line = learn.choose(no_wait, noise, str(noisy))
+    assert kept is None and line.startswith("kept as measured: ") and "%" in line, line
+    before = sorted(folder.iterdir())
+    assert learn.learn_command([str(noisy), str(cal.path)]) == 0 and sorted(folder.iterdir()) == before
 
 
 def test_learning_from_runs_charges_a_run_s_compute_wait_by_the_calibration_it_refits(tmp_path: Path) -> None:
