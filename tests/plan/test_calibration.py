@@ -495,12 +495,14 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     tables = replicated(best, 2)
     from runner.config.tables import table_specs
     from runner.plan.analysis import per_rank_estimates
-    from runner.plan.cost.step_estimate import allreduce_ms, dense_facts
+    from runner.plan.cost.step_estimate import allreduce_ms, dense_facts, optimizer_added_ms
 
     assert tables.params == sum(t.num_embeddings * t.embedding_dim for t in table_specs(cfg.model)) > 0
     assert tables.bytes == 4 * tables.params
+    dense_params = dense_facts(planning_model(cfg), 64).params
     assert parts["optimizer"] == pytest.approx(measured["optimizer_ms"]
-                                               + c["optimizer"]["ms_per_unit"] * tables.params / 1e6)
+                                               + optimizer_added_ms(c, dense_params / 1e6, tables.params / 1e6))
+    assert optimizer_added_ms(c, dense_params / 1e6, tables.params / 1e6) > 0
     # ... and DDP all-reduces their gradients in the dense part's buckets: TorchRec's own all-reduce and optimizer
     # kernels of each table are taken out of its total, so neither is counted twice
     torchrec = per_rank_estimates(best, 2)[0]
@@ -517,7 +519,7 @@ def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step
     rated = StepPerfModel(_calibration(), 2, 2, 64).rate(best)
     assert rated == pytest.approx(parts["embeddings"] + parts["sharded_lookups"] + parts["dense_allreduce"]
                                   - allreduce_ms(reduce, dense_bytes)
-                                  + c["optimizer"]["ms_per_unit"] * tables.params / 1e6)
+                                  + optimizer_added_ms(c, 0.0, tables.params / 1e6))
     from runner.plan.cost.step_estimate import step_text
 
     assert "the dense part measured on this job's model" in step_text(timed["step"])
@@ -701,6 +703,26 @@ def test_a_batch_whose_parts_reach_its_step_does_not_pull_the_overhead_to_zero()
                                                  / p["measured_ms"] for p in points))
 
 
+def test_the_dense_optimizer_is_read_between_the_sizes_timed() -> None:
+    """Its time per parameter grows past the caches (2 x 2 here: 2.8 ms per M at 4.2 M, a line through all sizes
+    1.5): between two sizes timed, on their line; past the largest, on the last two's; a file without sizes, its
+    fit."""
+    from runner.plan.cost.step_estimate import optimizer_added_ms, optimizer_ms
+
+    sizes = {29377: 0.09, 470032: 0.57, 4194304: 11.86, 16777216: 33.08}
+    c = {"optimizer": {"fixed_ms": 0.04, "ms_per_unit": 1.54, "measured_ms": sizes}}
+    for n, ms in sizes.items():
+        assert optimizer_ms(c, n / 1e6) == pytest.approx(ms)
+    middle = optimizer_ms(c, 10.0)
+    assert middle == pytest.approx(11.86 + (33.08 - 11.86) / (16.777216 - 4.194304) * (10.0 - 4.194304))
+    assert middle > 0.04 + 1.54 * 10.0  # the line through every size: a quarter under
+    assert optimizer_ms(c, 30.0) == pytest.approx(33.08 + (33.08 - 11.86) / (16.777216 - 4.194304) * (30 - 16.777216))
+    assert optimizer_ms(c, 0.0) == 0.0 or optimizer_ms(c, 0.0) < 0.09  # below the smallest: the first two's line
+    assert optimizer_added_ms(c, 0.47, 12.0) == pytest.approx(optimizer_ms(c, 12.47) - optimizer_ms(c, 0.47))
+    assert optimizer_added_ms(c, 0.47, 0.0) == 0.0
+    assert optimizer_ms({"optimizer": {"fixed_ms": 0.04, "ms_per_unit": 1.54}}, 10.0) == pytest.approx(15.44)
+
+
 def test_ddp_s_all_reduce_over_the_world_is_scaled_from_the_group_that_was_measured() -> None:
     from runner.plan.cost.step_estimate import allreduce_ms, ddp_allreduce
 
@@ -720,6 +742,21 @@ def test_ddp_s_all_reduce_over_the_world_is_scaled_from_the_group_that_was_measu
     assert ddp_allreduce(only_intra, 8, 2)["latency_ms"] == pytest.approx(7 * intra["latency_ms"])
     # no measured all-reduce: TorchRec's bandwidth for the scope, no latency
     assert ddp_allreduce({"collectives": {}}, 4, 2) == {"latency_ms": 0.0, "bandwidth_gibps": 12.5}
+    # several nodes of several workers: the calibration measures the all-reduce over every worker too, and DDP's is
+    # that one, as measured (the pairs' scaled figure put a 2-node data-parallel step at 137 ms of its 193)
+    from runner.train.calibrate import WORLD_SCOPE, scopes
+
+    world = {"latency_ms": 9.0, "bandwidth_gibps": 0.3}
+    measured = {"collectives": {"all_reduce": {"intra": intra, "cross": cross, "world": world}}}
+    assert ddp_allreduce(measured, 4, 2) == world and ddp_allreduce(measured, 2, 2) == intra
+    assert scopes(4, 2) == {"intra": [[0, 1], [2, 3]], "cross": [[0, 2], [1, 3]], "world": [[0, 1, 2, 3]]}
+    assert "world" not in scopes(2, 2) and "world" not in scopes(2, 1) and WORLD_SCOPE == ("all_reduce",)
+    # TorchRec is given its two scopes only (its own terms scale a group's bandwidth to the world)
+    from runner.plan.cost.calibration import Calibration
+    from runner.plan.cost.topology import measured_comms
+
+    cal = Calibration({}, {"collectives": {"all_reduce": {"intra": intra, "cross": cross, "world": world}}}, {}, {})
+    assert set(measured_comms(cal, None, None)["all_reduce"]) == {"intra", "cross"}
 
 
 def test_each_sharding_type_of_a_collection_is_a_sharded_lookup_of_its_own(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from runner.plan.cost.step_estimate import (
     dense_ms,
     fitted_ms,
     lookups_ms,
+    optimizer_ms,
     wait_factor,
 )
 from runner.plan.cost.torchrec_export import export_beside
@@ -245,7 +246,10 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
     if measured.get("linear"):
         fit_linear(constants, measured)
     points = [{"mparams": int(n) / 1e6, "ms": median_ms(_pooled(s))} for n, s in measured["optimizer"].items()]
-    constants["optimizer"] = _per_unit(fit_rate(points, "mparams"), "ms_per_mparam")
+    # the line, and the sizes as timed, which the step reads between (:func:`.step_estimate.optimizer_ms`)
+    timed = sorted(measured["optimizer"].items(), key=lambda item: int(item[0]))
+    constants["optimizer"] = {**_per_unit(fit_rate(points, "mparams"), "ms_per_mparam"),
+                              "measured_ms": {int(n): round(median_ms(_pooled(s)), 6) for n, s in timed}}
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
     if measured.get("lockstep"):  # before the step's overhead: its parts wait for the slowest rank too
@@ -387,7 +391,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
     compute += (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
-                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + fitted_ms(c["optimizer"], params / 1e6))
+                else dense_ms(c, "fwd", dense) + dense_ms(c, "bwd", dense) + optimizer_ms(c, params / 1e6))
     # the compute waits for the slowest rank, as the step estimates it (:func:`rank_wait`)
     return (compute * wait_factor(c) + comms + sum(lookups_ms(c, [(kind, len(job["dims"]))], batch).values())
             + (allreduce_ms(reduce, params * 4) if world > 1 else 0.0)

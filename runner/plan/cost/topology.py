@@ -87,8 +87,8 @@ def measured_comms(cal: Optional[Calibration], intra_gibps: Optional[float], cro
     configured = {"intra": intra_gibps, "cross": cross_gibps}
     out: Dict[str, Dict[str, float]] = {}
     for name, by_scope in ((cal.constants.get("collectives") or {}) if cal else {}).items():
-        for scope, fit in (by_scope or {}).items():
-            if configured.get(scope) is None and (fit or {}).get("bandwidth_gibps"):
+        for scope, fit in (by_scope or {}).items():  # TorchRec's two scopes (not the all-reduce over every worker)
+            if scope in configured and configured[scope] is None and (fit or {}).get("bandwidth_gibps"):
                 out.setdefault(name, {})[scope] = gibps_to_bytes_per_ms(float(fit["bandwidth_gibps"]))
     return out
 

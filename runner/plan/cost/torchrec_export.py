@@ -57,8 +57,8 @@ def export_values(cal: Calibration) -> Dict[str, Any]:
     measured: Dict[str, Dict[str, float]] = {}
     latency: Dict[str, Dict[str, float]] = {}
     for name, by_scope in (used.constants.get("collectives") or {}).items():
-        for scope, fit in by_scope.items():
-            if fit.get("bandwidth_gibps"):  # None: its time did not grow with the bytes, nothing to answer with
+        for scope, fit in by_scope.items():  # TorchRec's two scopes (not the runner's all-reduce over every worker)
+            if scope in ("intra", "cross") and fit.get("bandwidth_gibps"):  # None: no growth with the bytes
                 measured.setdefault(name, {})[scope] = gibps_to_bytes_per_ms(float(fit["bandwidth_gibps"]))
                 latency.setdefault(name, {})[scope] = float(fit.get("latency_ms") or 0.0)
     c, fp = used.constants, cal.fingerprint
