@@ -245,11 +245,11 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
         constants[key] = _per_unit(fit_rate(points, "gflops"), "ms_per_gflop")
     if measured.get("linear"):
         fit_linear(constants, measured)
-    points = [{"mparams": int(n) / 1e6, "ms": median_ms(_pooled(s))} for n, s in measured["optimizer"].items()]
     # the line, and the sizes as timed, which the step reads between (:func:`.step_estimate.optimizer_ms`)
-    timed = sorted(measured["optimizer"].items(), key=lambda item: int(item[0]))
+    timed = {int(n): median_ms(_pooled(s)) for n, s in sorted(measured["optimizer"].items(), key=lambda i: int(i[0]))}
+    points = [{"mparams": n / 1e6, "ms": ms} for n, ms in timed.items()]
     constants["optimizer"] = {**_per_unit(fit_rate(points, "mparams"), "ms_per_mparam"),
-                              "measured_ms": {int(n): round(median_ms(_pooled(s)), 6) for n, s in timed}}
+                              "measured_ms": {n: round(ms, 6) for n, ms in timed.items()}}
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
     if measured.get("lockstep"):  # before the step's overhead: its parts wait for the slowest rank too

@@ -209,7 +209,7 @@ def optimizer_ms(c: Dict[str, Any], mparams: float) -> float:
         return fitted_ms(fit or None, mparams)
     segments = list(zip(timed, timed[1:], strict=False))
     (x0, y0), (x1, y1) = next((pair for pair in segments if mparams <= pair[1][0]), segments[-1])
-    return max(y0 + (y1 - y0) / (x1 - x0) * (mparams - x0) if x1 > x0 else y1, 0.0)
+    return max(y0 + (y1 - y0) / (x1 - x0) * (mparams - x0), 0.0)  # sizes are distinct counts: x1 > x0
 
 
 def optimizer_added_ms(c: Dict[str, Any], base_mparams: float, added_mparams: float) -> float:

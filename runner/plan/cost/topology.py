@@ -80,15 +80,18 @@ class MeasuredCommsBandwidths(BasicCommsBandwidths):
         return isinstance(other, MeasuredCommsBandwidths) and str(self) == str(other)
 
 
+TORCHREC_SCOPES = ("intra", "cross")  # the scopes TorchRec's comms terms ask for (not the all-reduce over every worker)
+
+
 def measured_comms(cal: Optional[Calibration], intra_gibps: Optional[float], cross_gibps: Optional[float]
                    ) -> Dict[str, Dict[str, float]]:
     """Each collective's measured bandwidth (bytes per ms) by scope in ``cal``, for the scopes whose bandwidth the
     config leaves null (a bandwidth the config sets wins for every collective of its scope: a sweep's "what if")."""
-    configured = {"intra": intra_gibps, "cross": cross_gibps}
+    configured = dict(zip(TORCHREC_SCOPES, (intra_gibps, cross_gibps), strict=True))
     out: Dict[str, Dict[str, float]] = {}
     for name, by_scope in ((cal.constants.get("collectives") or {}) if cal else {}).items():
-        for scope, fit in (by_scope or {}).items():  # TorchRec's two scopes (not the all-reduce over every worker)
-            if scope in configured and configured[scope] is None and (fit or {}).get("bandwidth_gibps"):
+        for scope, fit in (by_scope or {}).items():
+            if scope in TORCHREC_SCOPES and configured[scope] is None and (fit or {}).get("bandwidth_gibps"):
                 out.setdefault(name, {})[scope] = gibps_to_bytes_per_ms(float(fit["bandwidth_gibps"]))
     return out
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from runner.config.errors import first_line
 from runner.plan.cost.calibration import Calibration, load_calibration, whole_or_refused
-from runner.plan.cost.topology import gibps_to_bytes_per_ms, topology_knobs
+from runner.plan.cost.topology import TORCHREC_SCOPES, gibps_to_bytes_per_ms, topology_knobs
 from runner.plan.cost.trust import fallen_back
 
 FILE_NAME = "calibration_torchrec.py"  # beside calibration.yaml in a run folder
@@ -57,8 +57,8 @@ def export_values(cal: Calibration) -> Dict[str, Any]:
     measured: Dict[str, Dict[str, float]] = {}
     latency: Dict[str, Dict[str, float]] = {}
     for name, by_scope in (used.constants.get("collectives") or {}).items():
-        for scope, fit in by_scope.items():  # TorchRec's two scopes (not the runner's all-reduce over every worker)
-            if scope in ("intra", "cross") and fit.get("bandwidth_gibps"):  # None: no growth with the bytes
+        for scope, fit in by_scope.items():
+            if scope in TORCHREC_SCOPES and fit.get("bandwidth_gibps"):  # None: no growth with the bytes
                 measured.setdefault(name, {})[scope] = gibps_to_bytes_per_ms(float(fit["bandwidth_gibps"]))
                 latency.setdefault(name, {})[scope] = float(fit.get("latency_ms") or 0.0)
     c, fp = used.constants, cal.fingerprint
