@@ -497,13 +497,15 @@ class CalibrateSchema:
     is trusted when its medians are known as well as ``repeats`` repeats scattered this much know them (their
     relative standard error, 1.2533 x spread / sqrt(repeats)); a scattered point takes more repeats
     (``max_repeats``). A part that stays untrusted falls back alone to TorchRec's constants (docs/calibration.md)."""
-    max_repeats: int = 64
+    max_repeats: int = 256
     """The most timed repeats of one measurement, when its median is not yet known well enough (the median's error
-    shrinks as 1/sqrt(repeats): 64 know it three times better than 7). At least ``repeats``."""
+    shrinks as 1/sqrt(repeats): 64 know it three times better than 7, 256 six times). At least ``repeats``.
+    ``max_extra_s`` bounds the time they take: a small message's round of 7 takes milliseconds, and beside a busy
+    process on 1 x 2 a third of the collectives' points still scattered 13-19% after 64."""
     max_extra_s: float = 40.0
-    """Seconds, at most, that the extra repeats of one calibration take (an equal share for each part: the
-    collectives, kernels, sharded lookups and dense part), so the whole command stays bounded on a busy
-    machine."""
+    """Seconds, at most, that the extra repeats of one calibration take, shared by its parts in the order they are
+    measured (the collectives, kernels, sharded lookups and dense part: each may take what the parts before it
+    left, an eighth kept for each part still to come), so the whole command stays bounded on a busy machine."""
     dense_per_job: bool = True
     """A training job planned with a calibration times its own dense part (forward, backward, the dense optimizer's
     step; 3 repeats on each worker, before planning) for its whole step's estimate, instead of the calibration's

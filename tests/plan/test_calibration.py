@@ -380,6 +380,27 @@ def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_i
     assert cost_fit.median_error(got[:7]) > within
 
 
+def test_the_parts_share_the_extra_time_in_their_order() -> None:
+    """A part may take what the parts before it left, less a floor kept for each part still to come; the last part
+    never gets less than that floor."""
+    import time
+
+    from runner.config.schema import CalibrateSchema
+    from runner.train.calibrate import FLOOR_SHARE, ExtraTime
+
+    c = CalibrateSchema(max_extra_s=40.0)
+    extra = ExtraTime(c, 4)
+    floor = 40.0 * FLOOR_SHARE
+    first = extra.repeats().deadline - time.perf_counter()
+    assert 40.0 - 3 * floor - 1 < first <= 40.0 - 3 * floor  # more than an equal share (10 s)
+    assert (extra.repeats().deadline - time.perf_counter()) <= 40.0 - 2 * floor
+    extra.end = time.perf_counter() + 1.0  # the first parts used nearly all of it
+    assert floor - 0.5 < extra.repeats().deadline - time.perf_counter() <= floor  # a floor kept
+    last = extra.repeats()
+    assert floor - 0.5 < last.deadline - time.perf_counter() <= floor
+    assert (last.least, last.most) == (c.repeats, c.max_repeats)
+
+
 def test_a_calibration_s_values_are_checked_when_read(tmp_path: Path) -> None:
     cal = _calibration()
     good = save(cal, tmp_path / "good.calibration.yaml")
