@@ -3,13 +3,15 @@ this machine's calibration, on training configs the calibration never saw; and a
 planner chooses another plan than the default one, both trained.
 
     .venv/bin/python benchmarks/estimates.py [--steps 100] [--only 1,4] [--device cpu|cuda] [--no-study]
-                                             [--study-repeats 3] [--trust 5]
+                                             [--study-repeats 3] [--trust 5] [--calibration-max-age 5]
 
 0. ``--trust``: ``mode=calibrate`` at 1 x 2, 5 times as the machine is and 5 times beside one busy process: whether
    ``cluster.calibration=auto`` takes each with its collectives, kernels and dense part trusted, and its seconds.
 
 1. ``python -m runner mode=calibrate`` for each world shape the configs use (1 x 2, 2 x 2, 1 x 4 on CPU; 1 x 1 on a
-   GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread).
+   GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread). A shape's
+   calibration is made again before a config when it is older than ``--calibration-max-age`` minutes (5), as a
+   user calibrates before planning: this machine's speed moves within the hour, and each refresh prints how far.
 2. Each held-out config (:data:`CONFIGS`: DLRM, DCN, DeepFM, MMoE, Criteo-DLRM and generated models of 6 to 300
    tables; table-, row-, column-wise, data-parallel and the planner's choice; batch 256 to 8192; 2 and 4 workers on 1
    and 2 emulated nodes) trains ``--steps`` steps with its shape's calibration. Per config: the measured step and
@@ -41,7 +43,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -99,6 +101,56 @@ def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> 
     lines = [ln[len("[runner] calibration: "):] for ln in out.splitlines() if ln.startswith("[runner] calibration: ")]
     print(f"calibration {shape[0]} x {shape[1]}: {'; '.join(lines)}", flush=True)
     return run_folder / "calibration" / "calibration.yaml"
+
+
+class Calibrations(dict):
+    """Each world shape's calibration file, made again when it is older than ``max_age_s`` as a config asks for it
+    (0: the first one throughout): a user calibrates, then plans and trains, and this machine's speed moves within
+    the hour (2026-11-30: a 1 x 2 calibration at 06:29 measured the device at 19.8 GiB/s, the all-to-all at 1.64
+    GiB/s and DLRM's dense forward at 256 at 0.59 ms; one at 07:55, 13.4, 0.99 and 1.10; the jobs between measured
+    their steps against the first). Each refresh prints how far the machine moved since the last (:func:`drift`)."""
+
+    def __init__(self, make: Callable[[Tuple[int, int]], Path], max_age_s: float) -> None:
+        super().__init__()
+        self.make, self.max_age_s, self.made, self.moves = make, max_age_s, {}, []
+
+    def __missing__(self, shape: Tuple[int, int]) -> Path:
+        self[shape] = path = self.make(shape)
+        self.made[shape] = time.perf_counter()
+        return path
+
+    def __getitem__(self, shape: Tuple[int, int]) -> Path:
+        path = super().__getitem__(shape) if shape in self else self.__missing__(shape)
+        if self.max_age_s and time.perf_counter() - self.made[shape] > self.max_age_s:
+            fresh = self.__missing__(shape)
+            move = drift(path, fresh)
+            self.moves.append(move["device"])
+            print(f"calibration {shape[0]} x {shape[1]} made again after {self.max_age_s / 60:.0f} min: the device "
+                  f"{move['device']:+.0%}, the all-to-all {move['all_to_all']:+.0%}, the dense forward at its batch "
+                  f"{move['dense']:+.0%} (time; + slower)", flush=True)
+            path = fresh
+        return path
+
+
+def drift(old: Path, new: Path) -> Dict[str, float]:
+    """How far the machine moved between two calibrations of one shape, as the relative change of a time: the
+    embedding kernel's (the inverse of its bandwidth), the all-to-all's per byte, the dense part's forward at the
+    calibration's own batch (its median)."""
+    import yaml
+
+    a, b = (yaml.safe_load(p.read_text()) for p in (old, new))
+
+    def a2a(d: Dict[str, Any]) -> float:
+        fit = ((d["constants"].get("collectives") or {}).get("all_to_all") or {}).get("intra") or {}
+        return float(fit.get("bandwidth_gibps") or "nan")
+
+    def dense(d: Dict[str, Any]) -> float:
+        by_rows = d["measurements"]["dense"]
+        samples = by_rows[max(by_rows, key=int)]["fwd"]
+        return float(statistics.median(samples)) if isinstance(samples, list) else float(samples)
+
+    return {"device": a["constants"]["device_bw_gibps"] / b["constants"]["device_bw_gibps"] - 1,
+            "all_to_all": a2a(a) / a2a(b) - 1, "dense": dense(b) / dense(a) - 1}
 
 
 def trust_study(tries: int, device: str, folder: Path, store: str, floor: float) -> Dict[str, int]:
@@ -292,6 +344,8 @@ def main() -> None:
                     "device time): rounds beyond two only while they fit (0: none)")
     ap.add_argument("--calibration", type=Path, default=None, help="plan with this calibration file instead of "
                     "calibrating first (its world shape must be the configs'; e.g. a GPU's, measured in a first call)")
+    ap.add_argument("--calibration-max-age", type=float, default=5.0, help="minutes: a shape's calibration is made "
+                    "again before a config when older (0: the first one throughout)")
     ap.add_argument("--trust", type=int, default=5, help="mode=calibrate tries at 1 x 2, quiet and beside a busy "
                     "process, each judged by whether auto takes it (0: none)")
     args = ap.parse_args()
@@ -311,10 +365,11 @@ def main() -> None:
     if ranking_here:
         shapes |= {shape_of(o, args.device) for i, (_, o) in enumerate(ranking.RANKING) if not only or i + 1 in only}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
-    calibrations = {s: args.calibration.resolve() if args.calibration else
-                    calibrate(s, args.device, work / "calibrations", store) for s in sorted(shapes)}
-    for shape, path in calibrations.items():
-        print(f"calibration {shape[0]} x {shape[1]}: {path}", flush=True)
+    calibrations = Calibrations(lambda s: args.calibration.resolve() if args.calibration else
+                                calibrate(s, args.device, work / "calibrations", store),
+                                0.0 if args.calibration else args.calibration_max_age * 60)
+    for shape in sorted(shapes):
+        print(f"calibration {shape[0]} x {shape[1]}: {calibrations[shape]}", flush=True)
     rows = []
     for name, overrides in picked:
         try:
@@ -353,7 +408,9 @@ def main() -> None:
           f"default={med['default']:.1%} | largest calibrated={top['calibrated']:.1%} default={top['default']:.1%} | "
           f"embedding fwd median calibrated={med['calibrated_fwd']:.1%} default={med['default_fwd']:.1%} | "
           f"study gain={gain:+.1%} | trusted quiet={trusted.get('quiet', '-')}/{args.trust} "
-          f"busy={trusted.get('busy', '-')}/{args.trust} | {time.perf_counter() - t0:.0f} s, import floor "
+          f"busy={trusted.get('busy', '-')}/{args.trust} | calibrations made again {len(calibrations.moves)} times"
+          + (f" (the device's time moved {min(calibrations.moves):+.0%} to {max(calibrations.moves):+.0%})"
+             if calibrations.moves else "") + f" | {time.perf_counter() - t0:.0f} s, import floor "
           f"{floor:.1f} s ({work})")
 
 
