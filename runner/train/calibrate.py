@@ -368,6 +368,23 @@ def linear_samples(width: int, rows: int, device: torch.device, repeats: Union[i
     return {"fwd": fwd, "bwd": bwd}
 
 
+PROBE_WIDTH, PROBE_ROWS, PROBE_BYTES = 512, 512, 32 * MIB  # the speed probe's layer, its samples, its copy
+
+
+def speed_probe(device: torch.device, repeats: Union[int, Repeats]) -> Dict[str, List[float]]:
+    """The machine's speed now, by two fixed workloads that a calibration and every job planned with it time alike
+    (every rank at once): a :data:`PROBE_WIDTH`-wide linear layer's forward and backward at :data:`PROBE_ROWS`
+    samples (``compute``) and a copy of :data:`PROBE_BYTES` (``memory``), ms. A job compares its own with its
+    calibration's (:func:`runner.plan.cost.step_estimate.speed_now`): on this 2-core machine two quiet 1 x 2
+    calibrations 94 minutes apart measured the embedding kernel's bandwidth 48% apart, the all-to-all's 65%, and the
+    dense part 38%."""
+    layer = linear_samples(PROBE_WIDTH, PROBE_ROWS, device, repeats)
+    src = torch.ones(PROBE_BYTES // 4, device=device)
+    dst = torch.empty_like(src)
+    copy = timed(lambda: dst.copy_(src), repeats, device_sync(device))
+    return {"compute": [f + b for f, b in zip(layer["fwd"], layer["bwd"], strict=False)], "memory": copy}
+
+
 # the sharded lookups' small batch, and their table counts beyond one: a model's tens to hundreds of features cost
 # per table more than 8 tables show (TorchRec's bookkeeping per feature), so the fit reaches 64
 SMALL_BATCH, MANY_TABLES, MOST_TABLES = 64, 8, 64
@@ -599,7 +616,7 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
            "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear,
-            "lockstep": lockstep}
+            "lockstep": lockstep, "probe": speed_probe(device, cfg.calibrate.repeats)}
 
 
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:

@@ -8,6 +8,7 @@ the tables' optimizer is fused into backward and the dense optimizer is combined
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -24,7 +25,7 @@ from runner.plan import make_plan, plan_spec, write_plan_report
 from runner.runtime import run_files
 from runner.track.trial import TrialPruning
 from runner.train import checkpoint
-from runner.train.calibrate import job_dense_ms
+from runner.train.calibrate import job_dense_ms, speed_probe
 from runner.train.evaluate import (
     dense_state_bytes,
     embedding_forward_ms,
@@ -73,7 +74,9 @@ class Trainer:
         timed = job_dense_ms(build_model(cfg, self.device), cfg.precision.autocast, cfg.optimizer, data,
                              int(cfg.train.batch_size), self.device)
         micro = int(cfg.train.grad_accumulation_steps)
-        return {**timed, "fwd_ms": timed["fwd_ms"] * micro, "bwd_ms": timed["bwd_ms"] * micro}
+        # the machine's speed now, beside the calibration's (:func:`runner.plan.cost.step_estimate.speed_now`)
+        probe = {f"probe_{k}_ms": float(statistics.median(v)) for k, v in speed_probe(self.device, 5).items()}
+        return {**timed, "fwd_ms": timed["fwd_ms"] * micro, "bwd_ms": timed["bwd_ms"] * micro, **probe}
 
     def _build(self) -> tuple:
         """Model on meta, the plan (rank 0 plans, every rank receives it), the sharded model, optimizers."""

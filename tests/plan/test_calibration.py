@@ -107,7 +107,8 @@ def _measured(noise: float = 0.0, ranks: int = 2, repeats: int = 5) -> Dict[str,
     return {"collectives": coll, "kernels": kernels, "sharded": sharded, "dense": dense, "params": params,
             "job": {"world": 2},
             "optimizer": {n: samples(0.1 + 0.5 * n / 1e6) for n in (params, 4 * params, 16 * params)},
-            "input": {r: samples(0.01 + r / 100_000) for r in (64, 256)}}
+            "input": {r: samples(0.01 + r / 100_000) for r in (64, 256)},
+            "probe": {"compute": samples(2.0), "memory": samples(4.0)}}
 
 
 def _calibration(**fp: Any) -> Calibration:
@@ -484,6 +485,39 @@ def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
         assert plan_to_dict(plan2, table_specs(cfg.model)) == plan_to_dict(plan, table_specs(cfg.model))
         assert per_rank_estimates(chosen, 2) == per_rank_estimates(best, 2), sharding
         assert again["step"]["step_ms"] == pytest.approx(planned["step"]["step_ms"], rel=1e-12), sharding
+
+
+def test_a_job_says_when_the_machine_runs_slower_than_when_it_was_calibrated(tmp_path: Path) -> None:
+    """The calibration keeps its speed probe; a job that times its own finds how far the machine moved since, logs
+    it, and says so beside the estimate (with the command that measures again) only past SPEED_SAID."""
+    import torch
+
+    from runner.plan.cost.step_estimate import SPEED_SAID, step_metrics, step_text
+    from runner.plan.planner import make_plan
+    from runner.train.calibrate import speed_probe
+    from runner.train.models import planning_model
+
+    cal = _calibration()
+    assert cal.constants["probe_ms"] == pytest.approx({"compute": 2.0, "memory": 4.0})
+    probe = speed_probe(torch.device("cpu"), 3)
+    assert set(probe) == {"compute", "memory"} and all(len(v) >= 3 and min(v) > 0 for v in probe.values())
+    path = save(cal, tmp_path / "c.yaml")
+    cfg = cfg_for(f"cluster.calibration={path}", "sharding=tablewise", "train.batch_size=64")
+    dense = {"fwd_ms": 1.0, "bwd_ms": 2.0, "optimizer_ms": 0.1}
+    said = {}
+    for name, compute, memory in (("slow", 3.0, 6.4), ("same", 2.0 * (1 + SPEED_SAID / 2), 4.0), ("old", None, None)):
+        facts: Dict[str, Any] = {}
+        probes = {"probe_compute_ms": compute, "probe_memory_ms": memory} if compute else {}
+        make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts, dense_measured={**dense, **probes})
+        step = facts["step"]
+        said[name] = (step["speed_now"], step_text(step), step_metrics(step))
+    speeds, text, metrics = said["slow"]
+    assert speeds == pytest.approx({"compute": 1.5, "memory": 1.6})
+    assert metrics["plan/speed_now/compute"] == pytest.approx(1.5)
+    assert "1.50x the time of its compute probe" in text and "1.60x" in text and "mode=calibrate" in text
+    assert "read low" in text and cal.made in text
+    assert said["same"][0]["compute"] == pytest.approx(1 + SPEED_SAID / 2) and "mode=calibrate" not in said["same"][1]
+    assert said["old"][0] == {} and "plan/speed_now/compute" not in said["old"][2]
 
 
 def test_the_job_s_own_dense_part_and_its_replicated_tables_enter_the_whole_step(tmp_path: Path) -> None:

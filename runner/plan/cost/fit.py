@@ -252,6 +252,8 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
                               "measured_ms": {n: round(ms, 6) for n, ms in timed.items()}}
     points = [{"ksamples": int(rows) / 1000.0, "ms": median_ms(_pooled(s))} for rows, s in measured["input"].items()]
     constants["input"] = _per_unit(fit_rate(points, "ksamples"), "ms_per_ksample")
+    if measured.get("probe"):  # the machine's speed as calibrated, for each job to compare its own with
+        constants["probe_ms"] = {k: median_ms(_pooled(v)) for k, v in measured["probe"].items()}
     if measured.get("lockstep"):  # before the step's overhead: its parts wait for the slowest rank too
         constants["rank_wait"] = rank_wait(measured["lockstep"])
     if measured.get("step"):

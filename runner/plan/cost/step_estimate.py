@@ -220,6 +220,22 @@ def optimizer_added_ms(c: Dict[str, Any], base_mparams: float, added_mparams: fl
     return max(optimizer_ms(c, base_mparams + added_mparams) - optimizer_ms(c, base_mparams), 0.0)
 
 
+SPEED_SAID = 0.25  # a probe this far from its calibration's (either way) is said beside the estimate
+
+
+def speed_now(c: Dict[str, Any], measured: Optional[Dict[str, float]]) -> Dict[str, float]:
+    """The job's speed probe (``measured``'s ``probe_<kind>_ms``, :func:`runner.train.calibrate.speed_probe`) over
+    its calibration's (``c['probe_ms']``), per kind (``compute``, ``memory``): 1.5, this machine takes half again as
+    long now as when it was calibrated. Every part but the job's own dense part is the calibration's, so an estimate
+    reads low by about as much (on 2 CPU ranks, a DLRM step estimated from a calibration made 70 minutes earlier read
+    31% low, and 5% low from one made that minute). Empty where either has no probe (a calibration of an earlier
+    format, a job that timed no dense part)."""
+    cal = c.get("probe_ms") or {}
+    got = measured or {}
+    return {k: float(got[f"probe_{k}_ms"]) / float(v) for k, v in sorted(cal.items())
+            if got.get(f"probe_{k}_ms") and v and v > 0}
+
+
 def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
@@ -258,7 +274,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
             "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": fell_back_why(cal),
-            "dense_measured": bool(measured)}
+            "dense_measured": bool(measured), "speed_now": speed_now(c, measured), "calibrated_at": cal.made}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
@@ -266,6 +282,7 @@ def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
     (``plan/step/<part>_ms``), and each rank's (``plan/rank<r>/whole_step_ms``, ``.../est_embedding_fwd_ms``)."""
     m = {"plan/est_whole_step_ms": step["step_ms"], "plan/step/critical_rank": float(step["critical_rank"])}
     m.update({f"plan/step/{p}_ms": v for p, v in step["parts"].items()})
+    m.update({f"plan/speed_now/{k}": v for k, v in (step.get("speed_now") or {}).items()})
     for r, x in enumerate(step["per_rank"]):
         m[f"plan/rank{r}/whole_step_ms"] = x["step_ms"]
         m[f"plan/rank{r}/est_embedding_fwd_ms"] = x["embedding_fwd_ms"]
@@ -279,7 +296,19 @@ def step_text(step: Dict[str, Any]) -> str:
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
     fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())
     how = "; the dense part measured on this job's model" if step.get("dense_measured") else ""
-    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{how}{fell})"
+    return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{how}{fell}{speed_words(step)})"
+
+
+def speed_words(step: Dict[str, Any]) -> str:
+    """``; this machine now takes 1.52x the time its calibration (...) measured for its compute probe, ...`` where a
+    probe moved more than :data:`SPEED_SAID` since the calibration (:func:`speed_now`); else empty."""
+    moved = {k: v for k, v in (step.get("speed_now") or {}).items() if abs(v - 1.0) > SPEED_SAID}
+    if not moved:
+        return ""
+    side = "low" if max(moved.values()) > 1.0 else "high"
+    return (f"; this machine now takes {', '.join(f'{v:.2f}x the time of its {k} probe' for k, v in moved.items())}"
+            f" as calibrated{' at ' + step['calibrated_at'] if step.get('calibrated_at') else ''}: the parts from the "
+            f"calibration may read {side}, python -m runner mode=calibrate measures them again")
 
 
 def step_phrase(facts: PlanFacts, embeddings_ms: float) -> str:
