@@ -216,8 +216,9 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
             "name": name, "run_folder": run_folder, "shape": (world // local, local), "args": args,
             "repeats": [measured["per_rank"][slowest]["step_ms"]], "measured": measured["per_rank"][slowest]["step_ms"],
             "measured_fwd": max(fwd), "repeats_fwd": [max(fwd)],
-            "calibrated": step.get("step_ms"), "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"])
-            if step else None, "default": d_step, "default_fwd": d_fwd, "same": d_plan == trained}
+            "calibrated": step.get("step_ms"), "speed_now": step.get("speed_now") or {},
+            "calibrated_fwd": max(x["embedding_fwd_ms"] for x in step["per_rank"]) if step else None,
+            "default": d_step, "default_fwd": d_fwd, "same": d_plan == trained}
 
 
 def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Path]) -> None:
@@ -378,8 +379,9 @@ def main() -> None:
         except SystemExit as exc:  # one config's failure said, the others still measured (lent device time)
             print(f"{name}: {exc}", flush=True)
             continue
-        print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms",
-              flush=True)
+        speed = ", ".join(f"{k} {v:.2f}x" for k, v in rows[-1]["speed_now"].items())
+        print(f"{name}: measured {rows[-1]['measured']:.2f} ms, calibrated estimate {rows[-1]['calibrated']:.2f} ms"
+              + (f" (its probes against its calibration's: {speed})" if speed else ""), flush=True)
     for _ in range(args.repeats - 1):  # the machine's own noise: each config trained again, after all the others
         for row in rows:
             run_folder, _ = runner(row["args"], store)
