@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +23,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 # Calibrations (cluster.calibration=auto) are looked for in a folder of the suite's own, empty unless a test makes
 # one: a calibration the developer made on this machine never changes what the suite's plans are compared with.
-os.environ["RUNNER_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="runner-calibrations-")
+# Taken away when the process that made it ends (each pytest process makes its own; a child forked from it that
+# ends through its interpreter leaves it).
+os.environ["RUNNER_CALIBRATION_DIR"] = _CALIBRATIONS = tempfile.mkdtemp(prefix="runner-calibrations-")
+atexit.register(lambda made_by=os.getpid(): os.getpid() == made_by and shutil.rmtree(_CALIBRATIONS, True))
 
 import pytest  # noqa: E402
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -58,7 +59,7 @@ from runner.track.reporter import Reporter, SilentBar
 from runner.train.loop import LoopHooks, device_sync, train
 from runner.train.models import autocast_forward, build_model
 from runner.train.optimizers import apply_sparse_optimizer, combined_optimizer, dense_optimizer, sparse_optimizer
-from runner.train.timing import Repeats, forward_backward, timed, together
+from runner.train.timing import ExtraBudget, Repeats, forward_backward, timed, together
 
 if TYPE_CHECKING:
     from runner.train.rank_env import RankEnv
@@ -368,18 +369,21 @@ def linear_samples(width: int, rows: int, device: torch.device, repeats: Union[i
     return {"fwd": fwd, "bwd": bwd}
 
 
-PROBE_WIDTH, PROBE_ROWS, PROBE_BYTES = 512, 512, 32 * MIB  # the speed probe's layer, its samples, its copy
+# the speed probe's layer width, its samples and its copy's bytes, by device: on a GPU, large enough that the work,
+# not the launch, sets the time
+PROBE = {"cpu": (512, 512, 32 * MIB), "cuda": (4096, 8192, 1024 * MIB)}
 
 
 def speed_probe(device: torch.device, repeats: Union[int, Repeats]) -> Dict[str, List[float]]:
     """The machine's speed now, by two fixed workloads that a calibration and every job planned with it time alike
-    (every rank at once): a :data:`PROBE_WIDTH`-wide linear layer's forward and backward at :data:`PROBE_ROWS`
-    samples (``compute``) and a copy of :data:`PROBE_BYTES` (``memory``), ms. A job compares its own with its
-    calibration's (:func:`runner.plan.cost.step_estimate.speed_now`): on this 2-core machine two quiet 1 x 2
-    calibrations 94 minutes apart measured the embedding kernel's bandwidth 48% apart, the all-to-all's 65%, and the
-    dense part 38%."""
-    layer = linear_samples(PROBE_WIDTH, PROBE_ROWS, device, repeats)
-    src = torch.ones(PROBE_BYTES // 4, device=device)
+    (every rank at once): a linear layer's forward and backward (``compute``) and a copy (``memory``), of
+    :data:`PROBE`'s sizes, ms. A job compares its own with its calibration's
+    (:func:`runner.plan.cost.step_estimate.speed_now`): on this 2-core machine two quiet 1 x 2 calibrations 34
+    minutes apart measured the embedding kernel's bandwidth 19.7 and 13.4 GiB/s, the all-to-all's 1.64 and 0.99
+    GiB/s, and DLRM's dense forward at 256 samples 0.59 and 1.10 ms."""
+    width, rows, nbytes = PROBE["cuda" if device.type == "cuda" else "cpu"]
+    layer = linear_samples(width, rows, device, repeats)
+    src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     copy = timed(lambda: dst.copy_(src), repeats, device_sync(device))
     return {"compute": [f + b for f, b in zip(layer["fwd"], layer["bwd"], strict=False)], "memory": copy}
@@ -502,30 +506,30 @@ FLOOR_SHARE = 0.125  # of calibrate.max_extra_s, kept for each part still to be 
 
 
 class ExtraTime:
-    """``calibrate.max_extra_s``, shared by the parts in the order they are measured (collectives, kernels, sharded
-    lookups, the dense part): a part's repeats (:meth:`repeats`) may take what the parts before it left, less a floor
-    (:data:`FLOOR_SHARE` of it) kept for each part still to come, and never less than that floor. An equal share each
-    left a scattered part short while the steady ones used a fraction of theirs: beside a busy process on 1 x 2, the
-    collectives' share ran out in their third collective, the fourth's points kept their first 7 repeats (known to
-    29-55%), and the part was known to 12.0% where 11.8% was allowed, while the kernels, sharded lookups and dense
-    part took none of their extra repeats."""
+    """``calibrate.max_extra_s``: the seconds the extra rounds of repeats take (the first ``calibrate.repeats`` of
+    each point not counted), shared by the parts in the order they are measured (collectives, kernels, sharded
+    lookups, the dense part): a part may take what the parts before it left, less a floor (:data:`FLOOR_SHARE` of
+    it) kept for each part still to come, and never less than that floor. An equal share each left a scattered part
+    short while the steady ones used a fraction of theirs: beside a busy process on 1 x 2, the collectives' share ran
+    out in their third collective, the fourth's points kept their first 7 repeats (known to 29-55%), and the part was
+    known to 12.0% where 11.8% was allowed, while the kernels, sharded lookups and dense part took none of their
+    extra repeats."""
 
     def __init__(self, c: CalibrateSchema, parts: int = len(PARTS)) -> None:
-        self.c, self.parts, self.used = c, parts, 0
-        self.end = time.perf_counter() + c.max_extra_s
+        self.c, self.parts, self.used, self.spent = c, parts, 0, [0.0]
 
     def repeats(self) -> Repeats:
         """The next part's repeats (:class:`Repeats`): ``calibrate.repeats``, more while a point's median is known
         less well than ``calibrate.max_spread`` allows at ``calibrate.repeats`` (:func:`allowed_median_error`), up
-        to ``calibrate.max_repeats``, until this part's deadline."""
+        to ``calibrate.max_repeats``, while the extra rounds of this and the earlier parts have taken less than this
+        part's share allows."""
         c = self.c
         floor = c.max_extra_s * FLOOR_SHARE
         self.used += 1
         later = max(self.parts - self.used, 0)
-        now = time.perf_counter()
-        deadline = now + max(self.end - now - floor * later, floor)
+        until = max(c.max_extra_s - floor * later, self.spent[0] + floor)
         return Repeats(c.repeats, max(c.max_repeats, c.repeats), allowed_median_error(c.max_spread, c.repeats),
-                       deadline)
+                       math.inf, budget=ExtraBudget(self.spent, until))
 
 
 def _collectives(c: CalibrateSchema, env: RankEnv, device: torch.device, say: _Progress, repeats: Repeats
@@ -616,7 +620,12 @@ def _dense(cfg: RunnerConfig, env: RankEnv, device: torch.device, say: _Progress
            "pooling": int(cfg.data.ids_per_feature), "layers": facts.layers, "other_params": facts.other_params,
            "dims": tuple(int(t.embedding_dim) for t in table_specs(cfg.model))}  # a tuple: one value, not per rank
     return {"dense": dense, "optimizer": optimizer, "input": inputs, "params": params, "job": job, "linear": linear,
-            "lockstep": lockstep, "probe": speed_probe(device, cfg.calibrate.repeats)}
+            "lockstep": lockstep, "probe": _probe_together(device, cfg.calibrate.repeats)}
+
+
+def _probe_together(device: torch.device, repeats: int) -> Dict[str, List[float]]:
+    dist.barrier()  # every rank at once, as a job's ranks time theirs
+    return speed_probe(device, repeats)
 
 
 def _by_rank(mine: Dict[str, Any], world: int) -> Dict[str, Any]:

@@ -69,14 +69,16 @@ class ClippedOptimizer(KeyedOptimizerWrapper):
 
     def __init__(self, params: Dict[str, torch.nn.Parameter], make: Any, clip: ClipSchema) -> None:
         super().__init__(params, make)
-        self._clip = clip
+        # read once: the config node's attribute lookups are OmegaConf's, on every step
+        self._clip_kind, self._clip_max = str(clip.kind), float(clip.max)
 
     def step(self, closure: Any = None) -> None:
-        grads = [p for p in self.params.values() if p.grad is not None]
-        if self._clip.kind == "norm":
-            torch.nn.utils.clip_grad_norm_(grads, self._clip.max)
-        elif self._clip.kind == "value":
-            torch.nn.utils.clip_grad_value_(grads, self._clip.max)
+        if self._clip_kind != "none":
+            grads = [p for p in self.params.values() if p.grad is not None]
+            if self._clip_kind == "norm":
+                torch.nn.utils.clip_grad_norm_(grads, self._clip_max)
+            else:
+                torch.nn.utils.clip_grad_value_(grads, self._clip_max)
         super().step(closure)
 
 

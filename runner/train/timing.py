@@ -33,28 +33,43 @@ def together(device: torch.device, group: Optional[dist.ProcessGroup] = None) ->
     return agree
 
 
+@dataclass
+class ExtraBudget:
+    """Seconds spent in extra rounds (``spent``, one list shared by every measurement of a calibration) and the total
+    up to which this measurement may take more (``until``): :class:`runner.train.calibrate.ExtraTime`."""
+
+    spent: List[float]
+    until: float
+
+
 @dataclass(frozen=True)
 class Repeats:
     """How often a measurement is timed: ``least`` repeats, then, in rounds of ``least``, more while its median's
     relative standard error (:func:`runner.plan.cost.fit.median_error`) is above ``within``, up to ``most`` and
     until ``deadline`` (``time.perf_counter()``): a scattered point is measured until its median is known as well as
-    a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once."""
+    a steady one's, within a bounded time. ``agree``: :func:`alone`, or :func:`together` for what ranks do at once.
+    ``budget``: the extra rounds' time also counted against a shared :class:`ExtraBudget`."""
 
     least: int
     most: int
     within: float = math.inf
     deadline: float = 0.0
     agree: Callable[[bool, bool], bool] = alone
+    budget: Optional[ExtraBudget] = None
 
     def with_agree(self, agree: Callable[[bool, bool], bool]) -> Repeats:
-        return Repeats(self.least, self.most, self.within, self.deadline, agree)
+        return Repeats(self.least, self.most, self.within, self.deadline, agree, self.budget)
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() >= self.deadline or (self.budget is not None
+                                                         and self.budget.spent[0] >= self.budget.until)
 
     def more(self, samples: List[float]) -> int:
         """How many repeats to take next (0: the median is known, or no more may be taken)."""
         if len(samples) >= self.most or self.most <= self.least:
             return 0
         want = median_error(samples) > self.within
-        if not self.agree(want, time.perf_counter() >= self.deadline):
+        if not self.agree(want, self.out_of_time()):
             return 0
         return min(self.least, self.most - len(samples))
 
@@ -76,7 +91,10 @@ def timed(run: Callable[[], Any], repeats: Union[int, Repeats], sync: Callable[[
     one()  # the warm-up
     out += [one() for _ in range(plan.least)]
     while n := plan.more(out):
+        start = time.perf_counter()
         out += [one() for _ in range(n)]
+        if plan.budget is not None:
+            plan.budget.spent[0] += time.perf_counter() - start
     return out
 
 

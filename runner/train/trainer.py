@@ -67,7 +67,11 @@ class Trainer:
 
         cfg = self.cfg
         cal = for_config(cfg.cluster, cfg.mode, self.device.type).calibration if cfg.calibrate.dense_per_job else None
-        if cal is None or "dense" in cal.untrusted():
+        # every rank times, all at once (as the calibration's ranks measured), or none does: where ranks share cores,
+        # one rank timing alone runs faster than the step's ranks do together
+        left_out = torch.tensor([float(cal is None or "dense" in cal.untrusted())], device=self.device)
+        dist.all_reduce(left_out, op=dist.ReduceOp.MAX)
+        if left_out.item() > 0:
             return None
         data = next(iter(source(self.inputs, self.env.rank, self.env.world, False, 0, 1)))
         # each micro-batch runs forward and backward at train.batch_size; the optimizer steps once
@@ -75,6 +79,7 @@ class Trainer:
                              int(cfg.train.batch_size), self.device)
         micro = int(cfg.train.grad_accumulation_steps)
         # the machine's speed now, beside the calibration's (:func:`runner.plan.cost.step_estimate.speed_now`)
+        dist.barrier()
         probe = {f"probe_{k}_ms": float(statistics.median(v)) for k, v in speed_probe(self.device, 5).items()}
         return {**timed, "fwd_ms": timed["fwd_ms"] * micro, "bwd_ms": timed["bwd_ms"] * micro, **probe}
 

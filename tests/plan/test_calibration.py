@@ -382,24 +382,33 @@ def test_a_scattered_point_takes_more_repeats_until_its_median_is_known_within_i
 
 
 def test_the_parts_share_the_extra_time_in_their_order() -> None:
-    """A part may take what the parts before it left, less a floor kept for each part still to come; the last part
-    never gets less than that floor."""
+    """The extra rounds' seconds (not the first repeats') are shared: a part may take what the parts before it left,
+    less a floor kept for each part still to come, and never less than that floor; a measurement stops taking extra
+    rounds once its part's share is spent."""
+    import itertools
     import time
 
     from runner.config.schema import CalibrateSchema
     from runner.train.calibrate import FLOOR_SHARE, ExtraTime
+    from runner.train.timing import timed
 
     c = CalibrateSchema(max_extra_s=40.0)
     extra = ExtraTime(c, 4)
     floor = 40.0 * FLOOR_SHARE
-    first = extra.repeats().deadline - time.perf_counter()
-    assert 40.0 - 3 * floor - 1 < first <= 40.0 - 3 * floor  # more than an equal share (10 s)
-    assert (extra.repeats().deadline - time.perf_counter()) <= 40.0 - 2 * floor
-    extra.end = time.perf_counter() + 1.0  # the first parts used nearly all of it
-    assert floor - 0.5 < extra.repeats().deadline - time.perf_counter() <= floor  # a floor kept
-    last = extra.repeats()
-    assert floor - 0.5 < last.deadline - time.perf_counter() <= floor
-    assert (last.least, last.most) == (c.repeats, c.max_repeats)
+    first = extra.repeats()
+    assert first.budget is not None and first.budget.until == pytest.approx(40.0 - 3 * floor)  # more than 10 s
+    assert (first.least, first.most) == (c.repeats, c.max_repeats) and not first.out_of_time()
+    extra.spent[0] = 39.0  # the first parts' extra rounds took nearly all of it
+    assert first.out_of_time()  # ... so the first part takes no more
+    third = (extra.repeats(), extra.repeats())[1]
+    assert third.budget is not None and third.budget.until == pytest.approx(39.0 + floor)  # a floor kept
+    assert not third.out_of_time()
+    # timed() counts its extra rounds (not its first repeats) against the shared budget, and stops at its share
+    small = ExtraTime(CalibrateSchema(max_extra_s=0.16, repeats=3, max_repeats=10_000, max_spread=0.01), 1)
+    plan = small.repeats()
+    times = itertools.cycle([0.3, 2.0, 3.4, 1.0, 3.0])  # ms: scattered, never known to 1%
+    got = timed(lambda: time.sleep(next(times) / 1000), plan, lambda: None)
+    assert len(got) > 3 and plan.out_of_time() and 0.16 <= small.spent[0] < 0.16 + 0.1
 
 
 def test_a_calibration_s_values_are_checked_when_read(tmp_path: Path) -> None:
@@ -489,7 +498,7 @@ def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
 
 def test_a_job_says_when_the_machine_runs_slower_than_when_it_was_calibrated(tmp_path: Path) -> None:
     """The calibration keeps its speed probe; a job that times its own finds how far the machine moved since, logs
-    it, and says so beside the estimate (with the command that measures again) only past SPEED_SAID."""
+    it, and says so beside the estimate (with the command that measures again) only past SPEED_SAID, either way."""
     import torch
 
     from runner.plan.cost.step_estimate import SPEED_SAID, step_metrics, step_text
@@ -505,7 +514,8 @@ def test_a_job_says_when_the_machine_runs_slower_than_when_it_was_calibrated(tmp
     cfg = cfg_for(f"cluster.calibration={path}", "sharding=tablewise", "train.batch_size=64")
     dense = {"fwd_ms": 1.0, "bwd_ms": 2.0, "optimizer_ms": 0.1}
     said = {}
-    for name, compute, memory in (("slow", 3.0, 6.4), ("same", 2.0 * (1 + SPEED_SAID / 2), 4.0), ("old", None, None)):
+    for name, compute, memory in (("slow", 3.0, 6.4), ("same", 2.0 * (1 + SPEED_SAID) / 2, 4.0), ("fast", 1.7, 2.0),
+                                  ("old", None, None)):
         facts: Dict[str, Any] = {}
         probes = {"probe_compute_ms": compute, "probe_memory_ms": memory} if compute else {}
         make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts, dense_measured={**dense, **probes})
@@ -516,7 +526,9 @@ def test_a_job_says_when_the_machine_runs_slower_than_when_it_was_calibrated(tmp
     assert metrics["plan/speed_now/compute"] == pytest.approx(1.5)
     assert "1.50x the time of its compute probe" in text and "1.60x" in text and "mode=calibrate" in text
     assert "read low" in text and cal.made in text
-    assert said["same"][0]["compute"] == pytest.approx(1 + SPEED_SAID / 2) and "mode=calibrate" not in said["same"][1]
+    assert said["same"][0]["compute"] == pytest.approx((1 + SPEED_SAID) / 2) and "mode=calibrate" not in said["same"][1]
+    assert "0.50x the time of its memory probe" in said["fast"][1] and "read high" in said["fast"][1]
+    assert "compute probe" not in said["fast"][1]  # 0.85x: within SPEED_SAID either way
     assert said["old"][0] == {} and "plan/speed_now/compute" not in said["old"][2]
 
 

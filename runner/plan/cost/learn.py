@@ -139,7 +139,9 @@ def refit(cal: Calibration, points: List[Dict[str, float]], source: str, per_tab
     return Calibration(cal.fingerprint, {**cal.constants, "step_overhead": overhead, "rank_wait": wait}, cal.spread,
                        cal.trusted, cal.measurements,
                        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or ""})
+                       cal.median_error, learned={"runs": len(points), "from": source, "refined": cal.path or "",
+                                                  # when its measurements (the speed probe's among them) were made
+                                                  "measured_at": (cal.learned or {}).get("measured_at") or cal.made})
 
 
 def held_out_errors(cal: Calibration, points: List[Dict[str, float]]) -> Dict[str, List[float]]:

@@ -26,6 +26,7 @@ take TorchRec's term out and count the table in ``dense_allreduce`` and ``optimi
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -220,7 +221,7 @@ def optimizer_added_ms(c: Dict[str, Any], base_mparams: float, added_mparams: fl
     return max(optimizer_ms(c, base_mparams + added_mparams) - optimizer_ms(c, base_mparams), 0.0)
 
 
-SPEED_SAID = 0.25  # a probe this far from its calibration's (either way) is said beside the estimate
+SPEED_SAID = 1.25  # a probe this many times slower or faster than its calibration's is said beside the estimate
 
 
 def speed_now(c: Dict[str, Any], measured: Optional[Dict[str, float]]) -> Dict[str, float]:
@@ -228,12 +229,15 @@ def speed_now(c: Dict[str, Any], measured: Optional[Dict[str, float]]) -> Dict[s
     its calibration's (``c['probe_ms']``), per kind (``compute``, ``memory``): 1.5, this machine takes half again as
     long now as when it was calibrated. Every part but the job's own dense part is the calibration's, so an estimate
     reads low by about as much (on 2 CPU ranks, a DLRM step estimated from a calibration made 70 minutes earlier read
-    31% low, and 5% low from one made that minute). Empty where either has no probe (a calibration of an earlier
-    format, a job that timed no dense part)."""
+    31% low, and 5% low from one made that minute). Empty where either has no probe (a calibration made before the
+    probe, a job that timed no dense part)."""
     cal = c.get("probe_ms") or {}
     got = measured or {}
-    return {k: float(got[f"probe_{k}_ms"]) / float(v) for k, v in sorted(cal.items())
-            if got.get(f"probe_{k}_ms") and v and v > 0}
+
+    def time_of(v: Any) -> float:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
+    return {k: time_of(got.get(f"probe_{k}_ms")) / time_of(v) for k, v in sorted(cal.items())
+            if time_of(v) and time_of(got.get(f"probe_{k}_ms"))}
 
 
 def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], ids_ms: List[float],
@@ -274,7 +278,8 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     return {"per_rank": per_rank, "step_ms": per_rank[busiest]["step_ms"] if per_rank else 0.0,
             "critical_rank": busiest, "parts": {p: per_rank[busiest][p] for p in PARTS} if per_rank else {},
             "input_ms": fitted_ms(c.get("input"), dense.batch / 1000.0), "fell_back": fell_back_why(cal),
-            "dense_measured": bool(measured), "speed_now": speed_now(c, measured), "calibrated_at": cal.made}
+            "dense_measured": bool(measured), "speed_now": speed_now(c, measured),
+            "calibrated_at": (cal.learned or {}).get("measured_at") or cal.made}
 
 
 def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
@@ -300,12 +305,12 @@ def step_text(step: Dict[str, Any]) -> str:
 
 
 def speed_words(step: Dict[str, Any]) -> str:
-    """``; this machine now takes 1.52x the time its calibration (...) measured for its compute probe, ...`` where a
-    probe moved more than :data:`SPEED_SAID` since the calibration (:func:`speed_now`); else empty."""
-    moved = {k: v for k, v in (step.get("speed_now") or {}).items() if abs(v - 1.0) > SPEED_SAID}
+    """``; this machine now takes 1.52x the time of its compute probe ...`` where a probe takes :data:`SPEED_SAID`
+    times longer or shorter than when the calibration was measured (:func:`speed_now`); else empty."""
+    moved = {k: v for k, v in (step.get("speed_now") or {}).items() if max(v, 1.0 / v) > SPEED_SAID}
     if not moved:
         return ""
-    side = "low" if max(moved.values()) > 1.0 else "high"
+    side = "low" if min(moved.values()) > 1.0 else "high" if max(moved.values()) < 1.0 else "low or high"
     return (f"; this machine now takes {', '.join(f'{v:.2f}x the time of its {k} probe' for k, v in moved.items())}"
             f" as calibrated{' at ' + step['calibrated_at'] if step.get('calibrated_at') else ''}: the parts from the "
             f"calibration may read {side}, python -m runner mode=calibrate measures them again")
