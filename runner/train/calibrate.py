@@ -378,7 +378,7 @@ def speed_probe(device: torch.device, repeats: Union[int, Repeats]) -> Dict[str,
     """The machine's speed now, by two fixed workloads that a calibration and every job planned with it time alike
     (every rank at once): a linear layer's forward and backward (``compute``) and a copy (``memory``), of
     :data:`PROBE`'s sizes, ms. A job compares its own with its calibration's
-    (:func:`runner.plan.cost.step_estimate.speed_now`): on this 2-core machine two quiet 1 x 2 calibrations 34
+    (:func:`runner.plan.cost.speed.speed_now`): on this 2-core machine two quiet 1 x 2 calibrations 34
     minutes apart measured the embedding kernel's bandwidth 19.7 and 13.4 GiB/s, the all-to-all's 1.64 and 0.99
     GiB/s, and DLRM's dense forward at 256 samples 0.59 and 1.10 ms."""
     width, rows, nbytes = PROBE["cuda" if device.type == "cuda" else "cpu"]

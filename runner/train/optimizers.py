@@ -69,17 +69,17 @@ class ClippedOptimizer(KeyedOptimizerWrapper):
 
     def __init__(self, params: Dict[str, torch.nn.Parameter], make: Any, clip: ClipSchema) -> None:
         super().__init__(params, make)
-        # read once: the config node's attribute lookups are OmegaConf's, on every step
-        self._clip_kind, self._clip_max = str(clip.kind), float(clip.max)
+        # chosen once: the config node's attribute lookups are OmegaConf's, on every step
+        self._clip, self._clip_max = CLIPS.get(str(clip.kind)), float(clip.max)
 
     def step(self, closure: Any = None) -> None:
-        if self._clip_kind != "none":
-            grads = [p for p in self.params.values() if p.grad is not None]
-            if self._clip_kind == "norm":
-                torch.nn.utils.clip_grad_norm_(grads, self._clip_max)
-            else:
-                torch.nn.utils.clip_grad_value_(grads, self._clip_max)
+        if self._clip is not None:
+            self._clip([p for p in self.params.values() if p.grad is not None], self._clip_max)
         super().step(closure)
+
+
+CLIPS = {"norm": torch.nn.utils.clip_grad_norm_, "value": torch.nn.utils.clip_grad_value_}
+"""``optimizer.clip.kind``'s clipping of the dense gradients (``none``: none)."""
 
 
 def dense_optimizer(model: torch.nn.Module, o: OptimizerSchema) -> KeyedOptimizerWrapper:

@@ -78,7 +78,7 @@ class Trainer:
         timed = job_dense_ms(build_model(cfg, self.device), cfg.precision.autocast, cfg.optimizer, data,
                              int(cfg.train.batch_size), self.device)
         micro = int(cfg.train.grad_accumulation_steps)
-        # the machine's speed now, beside the calibration's (:func:`runner.plan.cost.step_estimate.speed_now`)
+        # the machine's speed now, beside the calibration's (:func:`runner.plan.cost.speed.speed_now`)
         dist.barrier()
         probe = {f"probe_{k}_ms": float(statistics.median(v)) for k, v in speed_probe(self.device, 5).items()}
         return {**timed, "fwd_ms": timed["fwd_ms"] * micro, "bwd_ms": timed["bwd_ms"] * micro, **probe}

@@ -501,7 +501,8 @@ def test_a_job_says_when_the_machine_runs_slower_than_when_it_was_calibrated(tmp
     it, and says so beside the estimate (with the command that measures again) only past SPEED_SAID, either way."""
     import torch
 
-    from runner.plan.cost.step_estimate import SPEED_SAID, step_metrics, step_text
+    from runner.plan.cost.speed import SPEED_SAID
+    from runner.plan.cost.step_estimate import step_metrics, step_text
     from runner.plan.planner import make_plan
     from runner.train.calibrate import speed_probe
     from runner.train.models import planning_model

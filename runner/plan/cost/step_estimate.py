@@ -26,7 +26,6 @@ take TorchRec's term out and count the table in ``dense_allreduce`` and ``optimi
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -221,25 +220,6 @@ def optimizer_added_ms(c: Dict[str, Any], base_mparams: float, added_mparams: fl
     return max(optimizer_ms(c, base_mparams + added_mparams) - optimizer_ms(c, base_mparams), 0.0)
 
 
-SPEED_SAID = 1.25  # a probe this many times slower or faster than its calibration's is said beside the estimate
-
-
-def speed_now(c: Dict[str, Any], measured: Optional[Dict[str, float]]) -> Dict[str, float]:
-    """The job's speed probe (``measured``'s ``probe_<kind>_ms``, :func:`runner.train.calibrate.speed_probe`) over
-    its calibration's (``c['probe_ms']``), per kind (``compute``, ``memory``): 1.5, this machine takes half again as
-    long now as when it was calibrated. Every part but the job's own dense part is the calibration's, so an estimate
-    reads low by about as much (on 2 CPU ranks, a DLRM step estimated from a calibration made 70 minutes earlier read
-    31% low, and 5% low from one made that minute). Empty where either has no probe (a calibration made before the
-    probe, a job that timed no dense part)."""
-    cal = c.get("probe_ms") or {}
-    got = measured or {}
-
-    def time_of(v: Any) -> float:
-        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
-    return {k: time_of(got.get(f"probe_{k}_ms")) / time_of(v) for k, v in sorted(cal.items())
-            if time_of(v) and time_of(got.get(f"probe_{k}_ms"))}
-
-
 def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
@@ -248,6 +228,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
     the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
     layers, interactions)."""
+    from runner.plan.cost.speed import speed_now
     from runner.plan.cost.trust import fell_back_why
 
     c = cal.constants
@@ -296,24 +277,13 @@ def step_metrics(step: Dict[str, Any]) -> Dict[str, float]:
 
 def step_text(step: Dict[str, Any]) -> str:
     """``12.345 ms (embeddings 1.2, kernel calls 0.3, ...)`` for the report, the plan line and the summary."""
+    from runner.plan.cost.speed import speed_words
     from runner.plan.cost.trust import FALLBACK
 
     parts = ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in step["parts"].items() if v)
     fell = "".join(f"; {part}: {FALLBACK[part]} ({why})" for part, why in (step.get("fell_back") or {}).items())
     how = "; the dense part measured on this job's model" if step.get("dense_measured") else ""
     return f"{step['step_ms']:.3f} ms ({parts}; rank {step['critical_rank']}{how}{fell}{speed_words(step)})"
-
-
-def speed_words(step: Dict[str, Any]) -> str:
-    """``; this machine now takes 1.52x the time of its compute probe ...`` where a probe takes :data:`SPEED_SAID`
-    times longer or shorter than when the calibration was measured (:func:`speed_now`); else empty."""
-    moved = {k: v for k, v in (step.get("speed_now") or {}).items() if max(v, 1.0 / v) > SPEED_SAID}
-    if not moved:
-        return ""
-    side = "low" if min(moved.values()) > 1.0 else "high" if max(moved.values()) < 1.0 else "low or high"
-    return (f"; this machine now takes {', '.join(f'{v:.2f}x the time of its {k} probe' for k, v in moved.items())}"
-            f" as calibrated{' at ' + step['calibrated_at'] if step.get('calibrated_at') else ''}: the parts from the "
-            f"calibration may read {side}, python -m runner mode=calibrate measures them again")
 
 
 def step_phrase(facts: PlanFacts, embeddings_ms: float) -> str:
