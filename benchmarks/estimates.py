@@ -117,21 +117,22 @@ class Calibrations(dict):
         super().__init__()
         self.make, self.max_age_s, self.made, self.moves = make, max_age_s, {}, []
 
-    def __missing__(self, shape: Tuple[int, int]) -> Path:
+    def _make(self, shape: Tuple[int, int]) -> Path:
         self[shape] = path = self.make(shape)
         self.made[shape] = time.perf_counter()
         return path
 
     def __getitem__(self, shape: Tuple[int, int]) -> Path:
-        path = super().__getitem__(shape) if shape in self else self.__missing__(shape)
+        if shape not in self:
+            return self._make(shape)
+        path = super().__getitem__(shape)
         if self.max_age_s and time.perf_counter() - self.made[shape] > self.max_age_s:
             try:
-                fresh = self.make(shape)
+                fresh = self._make(shape)
             except SystemExit as exc:  # the calibration it had stands; tried again at the next config
                 print(f"calibration {shape[0]} x {shape[1]} not made again ({str(exc)[:200]}): the last one kept",
                       flush=True)
                 return path
-            self[shape], self.made[shape] = fresh, time.perf_counter()
             try:
                 move = drift(path, fresh)
             except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:

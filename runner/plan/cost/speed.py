@@ -16,13 +16,14 @@ def speed_now(c: Dict[str, Any], measured: Optional[Dict[str, float]]) -> Dict[s
     reads low by about as much (on 2 CPU ranks, a DLRM step estimated from a calibration made 70 minutes earlier read
     31% low, and 5% low from one made that minute). Empty where either has no probe (a calibration made before the
     probe, a job that timed no dense part)."""
-    cal = c.get("probe_ms") or {}
     got = measured or {}
+    pairs = {k: (_time(got.get(f"probe_{k}_ms")), _time(v)) for k, v in sorted((c.get("probe_ms") or {}).items())}
+    return {k: now / then for k, (now, then) in pairs.items() if now and then}
 
-    def time_of(v: Any) -> float:
-        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
-    return {k: time_of(got.get(f"probe_{k}_ms")) / time_of(v) for k, v in sorted(cal.items())
-            if time_of(v) and time_of(got.get(f"probe_{k}_ms"))}
+
+def _time(v: Any) -> float:
+    """``v`` as a probe's time: a positive, finite number, else 0 (not measured, or damaged)."""
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
 
 
 def speed_words(step: Dict[str, Any]) -> str:
