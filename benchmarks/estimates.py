@@ -9,8 +9,8 @@ planner chooses another plan than the default one, both trained.
    ``cluster.calibration=auto`` takes each with its collectives, kernels and dense part trusted, and its seconds.
 
 1. ``python -m runner mode=calibrate`` for each world shape the configs use (1 x 2, 2 x 2, 1 x 4 on CPU; 1 x 1 on a
-   GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread). In the
-   ranking study a shape's calibration is made again before a config when it is older than
+   GPU), into this run's own calibration folder; each file's trust is printed (the repeats' spread). Before each
+   config (held-out and ranking alike) its shape's calibration is made again when it is older than
    ``--calibration-max-age`` minutes (5), as a user calibrates before planning: this machine's speed moves within
    the hour, and each refresh prints how far.
 2. Each held-out config (:data:`CONFIGS`: DLRM, DCN, DeepFM, MMoE, Criteo-DLRM and generated models of 6 to 300
@@ -106,8 +106,9 @@ def calibrate(shape: Tuple[int, int], device: str, folder: Path, store: str) -> 
 
 class Calibrations(dict):
     """Each world shape's calibration file, made again when it is older than ``max_age_s`` as a config asks for it
-    (0: the first one throughout; the first set keeps its calibrations, as its learning from runs refits the one its
-    runs were planned with): a user calibrates, then plans and trains, and this machine's speed moves within the hour
+    (0: the first one throughout; learning from runs refits the newest, from runs planned with any of its shape's,
+    as they share the hardware's fingerprint): a user calibrates, then plans and trains, and this machine's speed
+    moves within the hour
     (2026-11-30: a 1 x 2 calibration at 06:29 measured the device at 19.7 GiB/s, the all-to-all at 1.64 GiB/s and
     DLRM's dense forward at 256 samples at 0.59 ms; one at 07:04, 13.4, 0.99 and 1.10; a table-wise DLRM at 256
     estimated with the first read 31% low, with the second 5%). Each refresh prints how far the machine moved since
@@ -237,8 +238,9 @@ def measure(name: str, overrides: str, calibration: Path, steps: int, device: st
 
 
 def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Path]) -> None:
-    """Learning from runs, shown: each world's calibration refitted (:mod:`runner.plan.cost.learn`) from the runs of its
-    first, third, ... configs, as ``learn-calibration`` does (kept as measured where the refit estimates a run left out
+    """Learning from runs, shown: each world's newest calibration refitted (:mod:`runner.plan.cost.learn`) from the
+    runs of its first, third, ... configs (planned with it or an older calibration of its shape), as
+    ``learn-calibration`` does (kept as measured where the refit estimates a run left out
     of it no better: :func:`runner.plan.cost.learn.choose`), and the estimates of the others before and after (their
     overhead recomputed)."""
     from runner.plan.cost import learn
@@ -360,8 +362,8 @@ def main() -> None:
                     "device time): rounds beyond two only while they fit (0: none)")
     ap.add_argument("--calibration", type=Path, default=None, help="plan with this calibration file instead of "
                     "calibrating first (its world shape must be the configs'; e.g. a GPU's, measured in a first call)")
-    ap.add_argument("--calibration-max-age", type=float, default=5.0, help="minutes: in the ranking study a shape's "
-                    "calibration is made again before a config when older (0: the first one throughout)")
+    ap.add_argument("--calibration-max-age", type=float, default=5.0, help="minutes: a shape's calibration is made "
+                    "again before a config when older (0: the first one throughout)")
     ap.add_argument("--trust", type=int, default=5, help="mode=calibrate tries at 1 x 2, quiet and beside a busy "
                     "process, each judged by whether auto takes it (0: none)")
     args = ap.parse_args()
@@ -382,7 +384,8 @@ def main() -> None:
         shapes |= {shape_of(o, args.device) for i, (_, o) in enumerate(ranking.RANKING) if not only or i + 1 in only}
     trusted = trust_study(args.trust, args.device, work / "trust", store, floor) if args.trust else {}
     calibrations = Calibrations(lambda s: args.calibration.resolve() if args.calibration else
-                                calibrate(s, args.device, work / "calibrations", store), 0.0)
+                                calibrate(s, args.device, work / "calibrations", store),
+                                0.0 if args.calibration else args.calibration_max_age * 60)
     for shape in sorted(shapes):
         print(f"calibration {shape[0]} x {shape[1]}: {calibrations[shape]}", flush=True)
     rows = []
@@ -409,8 +412,6 @@ def main() -> None:
     gain = study(calibrations[(2, 2)], args.steps, args.device, store, args.study_repeats) if study_here \
         else float("nan")
     if ranking_here:
-        calibrations.max_age_s = 0.0 if args.calibration else args.calibration_max_age * 60
-
         def train(overrides: List[str]) -> Tuple[float, Optional[float]]:
             run_folder, _ = runner([*overrides, f"train.steps={args.steps}", "train.checkpoint.enabled=false"], store)
             shown = json.loads((run_folder / "plan" / "estimates.json").read_text()).get("step") or {}
