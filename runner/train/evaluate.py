@@ -3,6 +3,7 @@ rank's measured step time, peak memory and cores, gathered for the report beside
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -99,7 +100,7 @@ def embedding_forward_ms(dmp: torch.nn.Module, batches: Iterable, device: torch.
     counters = [(m, name, getattr(m, name).clone()) for m in ebc.modules() for name in ("iter", "iter_cpu")
                 if isinstance(getattr(m, name, None), torch.Tensor)]
     plan = repeats or FORWARD_REPEATS
-    plan = Repeats(plan.least, plan.most, plan.within, time.perf_counter() + FORWARD_BUDGET_S, together(device))
+    plan = dataclasses.replace(plan, deadline=time.perf_counter() + FORWARD_BUDGET_S, agree=together(device))
     try:
         return statistics.median(timed(lookup, plan, device_sync(device)))
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
@@ -58,7 +58,7 @@ class Repeats:
     budget: Optional[ExtraBudget] = None
 
     def with_agree(self, agree: Callable[[bool, bool], bool]) -> Repeats:
-        return Repeats(self.least, self.most, self.within, self.deadline, agree, self.budget)
+        return replace(self, agree=agree)
 
     def out_of_time(self) -> bool:
         return time.perf_counter() >= self.deadline or (self.budget is not None
