@@ -250,7 +250,8 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
     facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.sharded_lookups(best_plan),
                                      steps.input_dist_ms(best_plan, world), chosen.calibration,
                                      steps.dense_facts(model, spec.rows), world, local_world, device_type,
-                                     steps.replicated(best_plan, world), dense_measured)
+                                     steps.replicated(best_plan, world), dense_measured,
+                                     steps.row_reuse_ms(chosen.calibration.constants, best_plan, world))
 
 
 def runners_planner() -> bool:

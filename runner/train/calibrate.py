@@ -46,6 +46,7 @@ from runner.data.pipeline import batches_for, source
 from runner.plan import (
     PARTS,
     SHARDED_DIM,
+    TINY_ROWS,
     allowed_median_error,
     calibrate_results,
     dense_facts,
@@ -151,16 +152,24 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
                                      lambda: dist.barrier(group=group))]
 
 
-def kernel_shapes(grid: str, device_kind: str = "cpu") -> List[Dict[str, int]]:
+REUSE_ROWS = 256  # rows of the kernel's table whose ids repeat its rows, as the calibration's tiny tables' do
+
+
+def kernel_shapes(grid: str, device_kind: str = "cpu", uvm: bool = False) -> List[Dict[str, int]]:
     """Table shapes x lookups the kernel is timed at (rows, dim, ids per sample, batch); on a GPU large enough
-    that the bytes, not the launch, set the larger calls' time."""
+    that the bytes, not the launch, set the larger calls' time. But for the UVM-caching kernel (whose cache would
+    hold it whole), also a :data:`REUSE_ROWS`-row table at the most ids per sample."""
     dims: Tuple[int, ...] = (16, 128) if grid == "small" else (16, 64, 256)
     rows: Tuple[int, ...] = (20_000,) if grid == "small" else (20_000, 200_000)
     poolings, batches = (1, 8), (256, 2048)
     if device_kind == "cuda":
         rows, poolings, batches = (1_000_000,) if grid == "small" else (100_000, 1_000_000), (1, 32), (2048, 65536)
-    return [{"rows": r, "dim": d, "pooling": p, "batch": b}
-            for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
+    shapes = [{"rows": r, "dim": d, "pooling": p, "batch": b}
+              for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
+    # and a table whose rows the ids repeat (the most ids): the backward's share paid per distinct row
+    # (:func:`runner.plan.cost.fit.fit_kernels`)
+    return shapes + ([] if uvm else [{"rows": REUSE_ROWS, "dim": d, "pooling": poolings[-1], "batch": b}
+                                     for d, b in itertools.product(dims, batches)])
 
 
 UVM_CACHE_RATIO = 0.2  # the GPU cache's share of a UVM-caching table's rows (TorchRec's UVM_CACHING_RATIO)
@@ -331,7 +340,7 @@ def sharded_samples(optimizer_cfg: OptimizerSchema, precision: PrecisionSchema, 
     (its input and output distribution, the kernel with the job's fused optimizer, the bookkeeping between):
     forward and backward ms at each per-rank batch of ``batches``. The tables are tiny, so their time is what a
     sharded lookup costs whatever the tables' size (per call and per table), which TorchRec's model leaves out."""
-    rows, names = 64 * world, [f"t{i}" for i in range(tables)]
+    rows, names = TINY_ROWS * world, [f"t{i}" for i in range(tables)]
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=SHARDED_DIM, num_embeddings=rows,
                                                             feature_names=[n]) for n in names],
                                  device=torch.device("meta"))
@@ -418,10 +427,10 @@ def step_batches(batch: int, grid: str) -> List[int]:
 
 def _tiny_job(cfg: RunnerConfig, rank: int, world: int, local: int, device: torch.device, sharding_type: str,
               batch: int, steps: int, log_every: Optional[int] = None) -> Tuple[Any, Any, Any, Any]:
-    """The configured job at a per-rank batch of ``batch`` with every table cut to 64 rows per rank, all
+    """The configured job at a per-rank batch of ``batch`` with every table cut to :data:`TINY_ROWS` rows per rank, all
     ``sharding_type``, planned with TorchRec's constants (a job whose embeddings cost next to nothing, so that its
     step is the rest of the step): its config, sharded model, optimizer and ``steps`` batches."""
-    rows = 64 * world
+    rows = TINY_ROWS * world
     tables = [{"name": t.name, "num_embeddings": min(int(t.num_embeddings), rows), "embedding_dim": t.embedding_dim}
               for t in cfg.model.tables]
     small = {"model": {"tables": tables, "generated_tables": {"min_rows": rows, "max_rows": rows}},
@@ -554,7 +563,7 @@ def _kernels(c: CalibrateSchema, optimizer: OptimizerSchema, device: torch.devic
     """The embedding kernel's samples over the grid's shapes; ``uvm``: the UVM-caching kernel's, on a GPU (none
     where FBGEMM's build cannot run it here: the calibration then keeps TorchRec's host-to-GPU bandwidth, and its
     report says so)."""
-    shapes, out = kernel_shapes(c.grid, device.type), []
+    shapes, out = kernel_shapes(c.grid, device.type, uvm), []
     for i, shape in enumerate(shapes):
         say("UVM-caching kernels" if uvm else "embedding kernels", i, len(shapes), force=i == 0)
         try:

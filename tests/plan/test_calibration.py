@@ -905,3 +905,51 @@ def test_the_step_s_compute_waits_for_the_slowest_rank_by_the_factor_measured_in
     k = [r["fwd_compute_ms"] + r["bwd_compute_ms"] for r in per_rank_estimates(best, 2)]
     more = StepPerfModel(waiting, 2, 2, 64).rate(best) - StepPerfModel(_calibration(), 2, 2, 64).rate(best)
     assert 0.1 * min(k) - 1e-9 <= more <= 0.1 * max(k) + 1e-9 and min(k) > 0
+
+
+def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s_ids_repeat_rows(
+        tmp_path: Path) -> None:
+    # the fused backward updates each row a step's ids reach once: over 256 rows, 16,384 ids cost a fraction of what
+    # they cost over 200,000; the fit reads the share, and a plan's tables smaller than their ids save it
+    import dataclasses
+
+    from runner.plan.cost.fit import fit_kernels, repeated_share
+    from runner.plan.cost.step_estimate import StepPerfModel, row_reuse_ms
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    per_byte, share, multiplier = 1000.0 / (12.0 * GIB), 0.6, 9.0
+    shapes = [(r, d, p, b) for r in (20_000, 200_000) for d in (16, 64, 256) for p in (1, 8) for b in (256, 2048)]
+    shapes += [(256, d, 8, b) for d in (16, 64, 256) for b in (256, 2048)]
+    points = [{"rows": r, "dim": d, "pooling": p, "batch": b, "fwd_ms": 0.1 + kernel_bytes(b, p, d) * per_byte,
+               "bwd_ms": 0.05 + multiplier * kernel_bytes(b, p, d) * per_byte
+               * (1 - share * repeated_share(r, b * p))} for r, d, p, b in shapes]
+    fit = fit_kernels(points)
+    assert fit["device_bw_gibps"] == pytest.approx(12.0, rel=0.02)
+    assert fit["bwd_row_share"] == pytest.approx(share, abs=0.02)
+    assert fit["bwd_compute_multiplier"] == pytest.approx(multiplier, rel=0.02)
+    assert fit["fit_error_bwd"] < 0.02
+    # without a table the ids repeat, no share to read off: TorchRec's per-id model
+    assert fit_kernels([p for p in points if p["rows"] > 256])["bwd_row_share"] == 0.0
+
+    base = _calibration()
+    cal = dataclasses.replace(base, constants={**base.constants, "bwd_row_share": share})
+    path = save(cal, tmp_path / "c.yaml")
+    got = {}
+    for label, rows in (("tiny", 100), ("large", 10_000_000)):
+        tables = [f"model.tables.{i}.num_embeddings={rows}" for i in range(6)]
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", "sharding=tablewise",
+                      *tables)
+        facts: Dict[str, Any] = {}
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+        got[label] = (best, facts["step"], row_reuse_ms(cal.constants, best, 2))
+    best, step, reused = got["tiny"]
+    bwd = [sum(s.perf.bwd_compute for o in best for s in o.shards if s.rank == r) for r in range(2)]
+    # 100 rows, 1,024 ids a step each: nearly every id repeats a row
+    assert all(-share * b <= x < -0.85 * share * b for x, b in zip(reused, bwd, strict=True))
+    assert step["parts"]["row_reuse"] == pytest.approx(reused[step["critical_rank"]])
+    assert all(abs(x) < 1e-3 * share * b for x, b in zip(got["large"][2], bwd, strict=True))
+    assert got["large"][1]["parts"]["row_reuse"] == pytest.approx(0.0, abs=1e-3)
+    # the plans' rating counts it as the whole step does
+    plain = StepPerfModel(base, 2, 2, 512)
+    assert StepPerfModel(cal, 2, 2, 512).rate(best) < plain.rate(best) + 0.5 * min(reused)

@@ -97,8 +97,9 @@ def collectives_note(constants: Dict[str, Any]) -> str:
 
 PART_OF = {"device_bw_gibps": "kernels", "bwd_compute_multiplier": "kernels", "kernel_call_fwd_ms": "kernels",
            "kernel_call_bwd_ms": "kernels", "fit_error_fwd": "kernels", "fit_error_bwd": "kernels",
-           "uvm_caching": "kernels", "kernel_fit_failed": "kernels", "collectives": "collectives",
-           "intra_node_bandwidth": "collectives", "cross_node_bandwidth": "collectives", "sharded": "sharded"}
+           "uvm_caching": "kernels", "bwd_row_share": "kernels", "kernel_fit_failed": "kernels",
+           "collectives": "collectives", "intra_node_bandwidth": "collectives",
+           "cross_node_bandwidth": "collectives", "sharded": "sharded"}
 """Which part each constant belongs to; every other constant (the dense fits, ``linear_*``, ``dense_rest_*``, the
 optimizer, the input, the step's overhead) is the dense part's."""
 FALLBACK = {"collectives": "TorchRec's bandwidths", "kernels": "TorchRec's device bandwidth and backward multiplier",
@@ -127,6 +128,8 @@ def _value_fault(key: str, value: Any) -> Optional[str]:
         return "is not finite"
     if leaf.endswith("bandwidth") or leaf.endswith("_gibps"):
         return None if 0 < value <= MAX_GIBPS else f"is not a bandwidth in (0, {MAX_GIBPS:.0f}] GiB/s"
+    if leaf == "bwd_row_share":
+        return None if 0 <= value <= 1 else "is not a share in [0, 1]"
     if leaf == "bwd_compute_multiplier":
         return None if 0 < value <= MAX_MULTIPLIER else f"is not a multiplier in (0, {MAX_MULTIPLIER:g}]"
     return None if 0 <= value <= MAX_MS else f"is not a time or slope in [0, {MAX_MS:g}]"
