@@ -269,7 +269,8 @@ def fit_all(measured: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float],
     for kind, by_tables in measured.get("sharded", {}).items():
         constants["sharded"][kind] = {
             part: fit_lookups(by_tables, part, spreads, errors,
-                              functools.partial(lookup_bytes_ms, constants, kind, world=world, part=part))
+                              functools.partial(lookup_bytes_ms, constants, kind, world=world, part=part,
+                                                local=int((measured.get("job") or {}).get("local", world))))
             for part in ("fwd", "bwd")}
     params = measured["params"]
     for part, key in (("fwd", "dense_fwd"), ("bwd", "dense_bwd")):
@@ -416,17 +417,19 @@ def fit_overhead(points: List[Dict[str, float]]) -> Dict[str, float]:
 def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
               dense_at: Optional[Dict[str, Any]] = None, kind: str = "table_wise") -> float:
     """Every part of the tiny-table job's step at ``batch``: the embeddings' bytes by TorchRec's terms (the
-    table-wise ones: the tables are tiny, so every family's bytes are a small part), the ``kind`` lookups, the dense
-    part and optimizer (``dense_at``: their samples at ``batch``, as a job times its own; else their fits), dense
-    all-reduce, input."""
+    kernels' as table-wise: the tables are tiny; the outputs' by the ``kind`` family's collectives), the ``kind``
+    lookups, the dense part and optimizer (``dense_at``: their samples at ``batch``, as a job times its own; else
+    their fits), dense all-reduce, input."""
     world = job["world"]
+    local = int(job.get("local", world))
     # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
-    reduce = ddp_allreduce(c, world, job.get("local", world))
-    tables = [table_bytes_ms(c, batch, world, job["pooling"], d) for d in job["dims"]]
+    reduce = ddp_allreduce(c, world, local)
+    tables = [table_bytes_ms(c, batch, world, job["pooling"], d, local) for d in job["dims"]]
     # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its backward is that much less
     reused = 1.0 - c.get("bwd_row_share", 0.0) * repeated_share(TINY_ROWS * world, batch * world * job["pooling"])
     compute = sum(kernel for kernel, _ in tables) * (1 + c["bwd_compute_multiplier"] * reused)
-    comms = 2 * sum(out for _, out in tables)  # the pooled outputs' all-to-all forward, their gradients' backward
+    # the pooled outputs forward, their gradients backward, by the family's collectives (:func:`output_ms`)
+    comms = sum(output_ms(c, kind, batch, world, local, d, part) for d in job["dims"] for part in ("fwd", "bwd"))
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
                        job.get("other_params", 0))
     compute += (sum(median_ms(_pooled(dense_at[p])) for p in ("fwd", "bwd", "optimizer")) if dense_at
@@ -464,25 +467,53 @@ SHARDED_DIM = 16  # the width of the sharded lookups' tiny tables (runner.train.
 TINY_ROWS = 64  # the rows per rank of the calibration's tiny tables (the sharded lookups' and the tiny-table job's)
 
 
-def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim: int) -> Tuple[float, float]:
+def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim: int, local: Optional[int] = None
+                   ) -> Tuple[float, float]:
     """One table's bytes by TorchRec's terms, with the constants ``c``, at a per-rank ``batch`` of ``world`` ranks
-    (its lookups' work spread over them), ``pooling`` ids per sample, ``dim`` wide: the forward kernel's ms (the
-    backward's: times the calibrated multiplier) and the pooled output's all-to-all one way (ms)."""
-    a2a = (c.get("collectives") or {}).get("all_to_all", {}).get("intra") or {}
+    (``local`` a node; its lookups' work spread over them), ``pooling`` ids per sample, ``dim`` wide: the forward
+    kernel's ms (the backward's: times the calibrated multiplier) and the pooled output's all-to-all one way (ms, a
+    rank's share: :func:`output_ms`)."""
     kernel = kernel_bytes(batch * world, pooling, dim) / world * 1000.0 / (c["device_bw_gibps"] * GIB)
-    return kernel, batch * dim * 4 * 1000.0 / ((a2a.get("bandwidth_gibps") or math.inf) * GIB)
+    return kernel, output_ms(c, "table_wise", batch, world, world if local is None else local, dim, "fwd")
 
 
-def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world: int, part: str) -> float:
+# the collective a family's pooled output takes, forward and backward, as TorchRec's terms charge it
+OUTPUT_COLLECTIVE = {"table_wise": ("all_to_all", "all_to_all"), "row_wise": ("reduce_scatter", "all_gather")}
+
+
+def output_ms(c: Dict[str, Any], kind: str, batch: int, world: int, local: int, dim: int, part: str) -> float:
+    """What TorchRec's terms charge a rank, on average, for one table's pooled output sharded ``kind``, ``part``
+    ``fwd`` or ``bwd``, at a per-rank ``batch`` of ``world`` ranks (``local`` a node), ``dim`` wide, by the
+    constants ``c``: the whole batch's output (TorchRec's ``output_write_size``: ``batch x world x dim x 4``) at
+    the bandwidth of its collective in its scope (``intra`` on one node, else ``cross``; the all-to-all's where
+    that collective was not measured, none where neither was). Table-wise the table sits on one of the ``world``
+    ranks (a ``world``-th of it each, on average); row-wise every rank holds a shard and pays it whole, forward as
+    a reduce-scatter, backward as an all-gather, which on 2 CPU ranks moved 0.5-0.7 GiB/s where the all-to-all
+    moved 1.4-1.7. Data-parallel: no output to send."""
+    if kind not in OUTPUT_COLLECTIVE:
+        return 0.0
+    fits, scope = c.get("collectives") or {}, "intra" if world <= local else "cross"
+    name = OUTPUT_COLLECTIVE[kind][part == "bwd"]
+    gibps = ((fits.get(name) or {}).get(scope) or {}).get("bandwidth_gibps") \
+        or ((fits.get("all_to_all") or {}).get(scope) or {}).get("bandwidth_gibps")
+    size = batch * world * dim * 4 / (world if kind == "table_wise" else 1)
+    return size * 1000.0 / (gibps * GIB) if gibps else 0.0
+
+
+def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world: int, part: str,
+                    local: Optional[int] = None) -> float:
     """What the step's embeddings part charges by TorchRec's terms, with the constants ``c``, for ``tables`` of the
     sharded lookups' tiny tables (:data:`SHARDED_DIM` wide, one id per sample) sharded ``kind`` at a per-rank
-    ``batch``, ``part`` ``fwd`` or ``bwd``: the kernel's bytes (the backward at the calibrated multiplier) and, but
-    data-parallel (each rank its own batch, no output to send), the pooled output's all-to-all
-    (:func:`table_bytes_ms`, as :func:`_parts_ms` charges the tiny-table job's). A sharded lookup's time beyond this
-    is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables table-wise took 6.9 ms backward,
-    of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the all-to-all), which the step's
-    embeddings part charges the job's tables already."""
-    kernel, out = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
+    ``batch`` of ``world`` ranks (``local`` a node), ``part`` ``fwd`` or ``bwd``: the kernel's bytes (the backward at
+    the calibrated multiplier) and, but data-parallel (each rank its own batch, no output to send), the pooled
+    output's collective as TorchRec charges it (:func:`output_ms`: row-wise a reduce-scatter forward and an
+    all-gather backward of the whole batch's output on every rank; charged as a table-wise all-to-all, row-wise's
+    went into its own fitted terms, which the step then added beside TorchRec's charge). A sharded lookup's time
+    beyond this is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables table-wise took
+    6.9 ms backward, of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the all-to-all), which
+    the step's embeddings part charges the job's tables already."""
+    kernel, _ = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
+    out = output_ms(c, kind, batch, world, world if local is None else local, SHARDED_DIM, part)
     if kind == "data_parallel":
         return tables * kernel * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0)
     # a tiny table's ids repeat its rows: its fused backward pays the distinct rows' share once per row

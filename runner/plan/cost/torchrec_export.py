@@ -4,7 +4,8 @@ TorchRec user plans with the measured constants. It carries what a plan with the
 (:func:`.topology.topology_knobs`, untrusted parts fallen back, :func:`.trust.fallen_back`): the
 device's memory bandwidth and backward multiplier, a GPU's host-to-GPU bandwidth, and each collective's measured
 bandwidth per scope (``BasicCommsBandwidths``' answer where not measured). TorchRec's model has no fixed cost per call
-or collective and no dense part: those stay the runner's. Written beside ``calibration.yaml`` by ``mode=calibrate``, and
+or collective, no dense part and no backward saved where a step's ids repeat rows (the multiplier is a backward whose
+ids are all distinct rows, TorchRec's own assumption; ``bwd_row_share``): those stay the runner's. Written beside ``calibration.yaml`` by ``mode=calibrate``, and
 by ``python -m runner export-calibration``."""
 
 from __future__ import annotations
