@@ -5,8 +5,8 @@ TorchRec user plans with the measured constants. It carries what a plan with the
 device's memory bandwidth and backward multiplier, a GPU's host-to-GPU bandwidth, and each collective's measured
 bandwidth per scope (``BasicCommsBandwidths``' answer where not measured). TorchRec's model has no fixed cost per call
 or collective, no dense part and no backward saved where a step's ids repeat rows (the multiplier is a backward whose
-ids are all distinct rows, TorchRec's own assumption; ``bwd_row_share``): those stay the runner's. Written beside ``calibration.yaml`` by ``mode=calibrate``, and
-by ``python -m runner export-calibration``."""
+ids are all distinct rows, TorchRec's own assumption; ``bwd_row_share``): those stay the runner's. Written beside
+``calibration.yaml`` by ``mode=calibrate``, and by ``python -m runner export-calibration``."""
 
 from __future__ import annotations
 
