@@ -43,7 +43,7 @@ _DOOR: Dict[str, str] = {
     # the cost model: which calibration a job plans with, its files, its fit from raw measurements, its words
     "for_config": "cost.choice", "hashed": "cost.choice", "check_file": "cost.calibration",
     "check_folder": "cost.calibration", "calibrate_results": "cost.fit", "SHARDED_DIM": "cost.fit",
-    "TINY_ROWS": "cost.fit", "PARTS": "cost.trust",
+    "TINY_ROWS": "cost.fit", "REUSE_ROWS": "cost.fit", "PARTS": "cost.trust",
     "allowed_median_error": "cost.trust", "median_error": "cost.trust", "dense_facts": "cost.step_estimate",
     "step_phrase": "cost.step_estimate", "dense_bytes": "cost.topology", "GIB": "cost.topology",
     "learn_command": "cost.learn", "export_calibration_command": "cost.torchrec_export",
@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # what mypy sees of the door; at run time each name is import
     from runner.plan.chart import draw_plan_chart, load_matplotlib
     from runner.plan.cost.calibration import check_file, check_folder
     from runner.plan.cost.choice import for_config, hashed
-    from runner.plan.cost.fit import SHARDED_DIM, TINY_ROWS, calibrate_results
+    from runner.plan.cost.fit import REUSE_ROWS, SHARDED_DIM, TINY_ROWS, calibrate_results
     from runner.plan.cost.learn import learn_command
     from runner.plan.cost.step_estimate import dense_facts, step_phrase
     from runner.plan.cost.topology import GIB, dense_bytes

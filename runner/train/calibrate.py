@@ -45,6 +45,7 @@ from runner.data.layout import job_data
 from runner.data.pipeline import batches_for, source
 from runner.plan import (
     PARTS,
+    REUSE_ROWS,
     SHARDED_DIM,
     TINY_ROWS,
     allowed_median_error,
@@ -150,9 +151,6 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
     # then have as many repeats as the others'
     return [t / calls for t in timed(run, repeats.with_agree(together(device)), device_sync(device),
                                      lambda: dist.barrier(group=group))]
-
-
-REUSE_ROWS = 256  # rows of the kernel's table whose ids repeat its rows, as the calibration's tiny tables' do
 
 
 def kernel_shapes(grid: str, device_kind: str = "cpu", uvm: bool = False) -> List[Dict[str, int]]:

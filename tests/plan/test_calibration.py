@@ -953,3 +953,27 @@ def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s
     # the plans' rating counts it as the whole step does
     plain = StepPerfModel(base, 2, 2, 512)
     assert StepPerfModel(cal, 2, 2, 512).rate(best) < plain.rate(best) + 0.5 * min(reused)
+
+
+def test_the_output_charge_the_sharded_lookups_fit_takes_off_is_torchrec_s_own(tmp_path: Path) -> None:
+    # what the calibration takes off its tiny sharded lookups for their pooled output is what TorchRec's estimate
+    # charges a plan's shard of that family: row-wise a reduce-scatter forward and an all-gather (and a copy)
+    # backward of the whole batch's output on every rank, table-wise an all-to-all on the table's rank
+    from runner.plan.cost.fit import output_ms
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    cal = _calibration()
+    c, path = cal.constants, save(cal, tmp_path / "c.yaml")
+    for sharding, kind, share in (("rowwise", "row_wise", 1), ("tablewise", "table_wise", 2)):
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", f"sharding={sharding}")
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts={})
+        assert {o.sharding_type for o in best} == {kind}
+        for option in best:
+            dim = int(option.tensor.shape[1])
+            for shard in option.shards:
+                # a table-wise table sits on one of the 2 ranks: output_ms is a rank's share of it, on average
+                assert shard.perf.fwd_comms == pytest.approx(share * output_ms(c, kind, 512, 2, 2, dim, "fwd"),
+                                                             rel=1e-6)
+                assert shard.perf.bwd_comms == pytest.approx(share * output_ms(c, kind, 512, 2, 2, dim, "bwd"),
+                                                             rel=1e-6)

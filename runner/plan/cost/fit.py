@@ -115,6 +115,8 @@ def _errors(points: List[Tuple[float, float]], a: float, b: float) -> float:
 def unique_rows(rows: float, ids: float) -> float:
     """How many distinct rows ``ids`` ids drawn uniformly from ``rows`` rows reach (its expectation): a step's ids
     that repeat a row update it once."""
+    if not math.isfinite(rows):
+        return max(ids, 0.0)
     if rows <= 1 or ids <= 0:
         return min(max(rows, 0.0), max(ids, 0.0))
     return rows * -math.expm1(ids * math.log1p(-1.0 / rows))
@@ -127,6 +129,7 @@ def repeated_share(rows: float, ids: float) -> float:
 
 
 REUSE_POINTS = 0.5  # the kernel points must hold one whose ids repeat rows this much, or no row share is read off
+REUSE_ROWS = 256  # rows of the kernel's table whose ids repeat its rows, as the calibration's tiny tables' do
 
 
 def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
@@ -140,9 +143,9 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
     rows (:data:`REUSE_POINTS`); else 0. On 2 CPU ranks, 16,384 ids of a 64-wide table took 1.9 ms backward over
     64 rows, 6.1 over 100,000 rows: what TorchRec's per-id term cannot tell apart."""
     repeated = [repeated_share(p.get("rows", math.inf), p["batch"] * p["pooling"]) for p in points]
-    # the forward by the tables whose ids are their own rows, as TorchRec's per-id model has them: a table the ids
-    # repeat is read from the caches (on 2 CPU ranks the bandwidth read 13 GiB/s without such points, 22 with them)
-    own = [p for p, r in zip(points, repeated, strict=True) if r < REUSE_POINTS] or points
+    # the forward by the grid's own tables, not the small one whose ids repeat its rows: that one is read from the
+    # caches (on 2 CPU ranks the bandwidth read 13 GiB/s without its points, 22 with them)
+    own = [p for p in points if p.get("rows", math.inf) > REUSE_ROWS] or points
     x_own = [kernel_bytes(p["batch"], p["pooling"], p["dim"]) for p in own]
     fixed_f, per_byte = fit_nonneg(x_own, [p["fwd_ms"] for p in own])
     x = [kernel_bytes(p["batch"], p["pooling"], p["dim"]) for p in points]
@@ -425,8 +428,10 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
     reduce = ddp_allreduce(c, world, local)
     tables = [table_bytes_ms(c, batch, world, job["pooling"], d, local) for d in job["dims"]]
-    # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its backward is that much less
-    reused = 1.0 - c.get("bwd_row_share", 0.0) * repeated_share(TINY_ROWS * world, batch * world * job["pooling"])
+    # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its fused backward is that much
+    # less (data-parallel tables are the dense optimizer's)
+    reused = 1.0 - (0.0 if kind == "data_parallel" else c.get("bwd_row_share", 0.0)) \
+        * repeated_share(TINY_ROWS * world, batch * world * job["pooling"])
     compute = sum(kernel for kernel, _ in tables) * (1 + c["bwd_compute_multiplier"] * reused)
     # the pooled outputs forward, their gradients backward, by the family's collectives (:func:`output_ms`)
     comms = sum(output_ms(c, kind, batch, world, local, d, part) for d in job["dims"] for part in ("fwd", "bwd"))
@@ -477,6 +482,7 @@ def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim:
     return kernel, output_ms(c, "table_wise", batch, world, world if local is None else local, dim, "fwd")
 
 
+BATCHED_COPY = 2.455  # TorchRec's BATCHED_COPY_PERF_FACTOR: a row-wise backward's copy, per byte at the device's
 # the collective a family's pooled output takes, forward and backward, as TorchRec's terms charge it
 OUTPUT_COLLECTIVE = {"table_wise": ("all_to_all", "all_to_all"), "row_wise": ("reduce_scatter", "all_gather")}
 
@@ -497,7 +503,10 @@ def output_ms(c: Dict[str, Any], kind: str, batch: int, world: int, local: int, 
     gibps = ((fits.get(name) or {}).get(scope) or {}).get("bandwidth_gibps") \
         or ((fits.get("all_to_all") or {}).get(scope) or {}).get("bandwidth_gibps")
     size = batch * world * dim * 4 / (world if kind == "table_wise" else 1)
-    return size * 1000.0 / (gibps * GIB) if gibps else 0.0
+    # and, row-wise backward, TorchRec's batched copy of the gathered gradients (its BATCHED_COPY_PERF_FACTOR)
+    copy = size * BATCHED_COPY * 1000.0 / (c["device_bw_gibps"] * GIB) \
+        if kind == "row_wise" and part == "bwd" and c.get("device_bw_gibps") else 0.0
+    return (size * 1000.0 / (gibps * GIB) if gibps else 0.0) + copy
 
 
 def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world: int, part: str,

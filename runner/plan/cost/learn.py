@@ -76,6 +76,8 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
         part = est["step"]["per_rank"][slowest] if slowest < len(est["step"]["per_rank"]) else None
         if not part or not ranks[slowest].get("step_ms"):
             continue
+        if cal.constants.get("bwd_row_share") and "row_reuse" not in part:
+            continue  # planned before the backward's saving on repeated rows: its parts would hold it in the rest
         overhead = float(part.get("step_overhead", 0.0))
         ran = float(part.get("family_overhead_ms", 0.0))  # the families' part of it, by the run's calibration
         # the families' part by this calibration stays in the parts (the plan pays it beside the overhead): the
