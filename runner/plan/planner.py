@@ -240,6 +240,7 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
     """``facts`` gets which constants the plan was made with and, with a calibration, the whole step
     (:mod:`.step_estimate`; ``dense_measured``: the job's dense part timed on its workers)."""
     from runner.plan.analysis import per_rank_estimates
+    from runner.plan.cost.row_reuse import row_reuse_ms
 
     chosen = for_config(spec.cluster, spec.mode, device_type)
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
@@ -251,7 +252,7 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
                                      steps.input_dist_ms(best_plan, world), chosen.calibration,
                                      steps.dense_facts(model, spec.rows), world, local_world, device_type,
                                      steps.replicated(best_plan, world), dense_measured,
-                                     steps.row_reuse_ms(chosen.calibration.constants, best_plan, world))
+                                     row_reuse_ms(chosen.calibration.constants, best_plan, world))
 
 
 def runners_planner() -> bool:

@@ -913,8 +913,9 @@ def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s
     # they cost over 200,000; the fit reads the share, and a plan's tables smaller than their ids save it
     import dataclasses
 
-    from runner.plan.cost.fit import fit_kernels, repeated_share
-    from runner.plan.cost.step_estimate import StepPerfModel, row_reuse_ms
+    from runner.plan.cost.fit import fit_kernels
+    from runner.plan.cost.row_reuse import repeated_share, row_reuse_ms
+    from runner.plan.cost.step_estimate import StepPerfModel
     from runner.plan.planner import make_plan
     from runner.train.models import planning_model
 

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 import runner.cli  # noqa: F401  (schema and resolvers)
 from runner.plan.cost import calibration as cal_mod
+from runner.plan.cost.fit import REUSE_ROWS
 from runner.runtime.hardware import fingerprint, mismatch
 from runner.track.reporter import summary_line
 
@@ -47,7 +48,10 @@ def test_calibrate_on_two_ranks_writes_keeps_and_logs_a_calibration(store: str, 
     # and may fit to 0 on a busy machine
     assert c["linear_bwd"]["ms_per_gflop"] > 0 and c["linear_fwd"]["ms_per_gflop"] > 0
     assert c["dense_bwd"]["fixed_ms"] > 0 and c["dense_bwd"]["ms_per_gflop"] >= 0
-    assert len(cal.measurements["kernels"]) == 8 and len(cal.measurements["collectives"]["all_to_all"]["intra"]) == 3
+    assert 0 <= c["bwd_row_share"] <= 1
+    # the small grid's 8 shapes, and 4 over a table whose ids repeat its rows (the backward's share per row)
+    assert sum(k["rows"] == REUSE_ROWS for k in cal.measurements["kernels"]) == 4
+    assert len(cal.measurements["kernels"]) == 12 and len(cal.measurements["collectives"]["all_to_all"]["intra"]) == 3
     # the tiny-table job's step at each batch its overhead is fitted over (the small grid: a quarter and the batch)
     assert set(cal.measurements["step"]) == {32, 128} and all(v > 0 for v in cal.measurements["step"].values())
     assert c["step_overhead"]["fixed_ms"] >= 0 and c["step_overhead"]["ms_per_ksample"] >= 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from runner.plan.cost.calibration import Calibration, cache_dir, file_name, save
+from runner.plan.cost.row_reuse import repeated_share
 from runner.plan.cost.step_estimate import (
     DenseFacts,
     allreduce_ms,
@@ -112,22 +113,6 @@ def _errors(points: List[Tuple[float, float]], a: float, b: float) -> float:
     return max(abs(a + b * x - y) / y for x, y in points) if points else 0.0
 
 
-def unique_rows(rows: float, ids: float) -> float:
-    """How many distinct rows ``ids`` ids drawn uniformly from ``rows`` rows reach (its expectation): a step's ids
-    that repeat a row update it once."""
-    if not math.isfinite(rows):
-        return max(ids, 0.0)
-    if rows <= 1 or ids <= 0:
-        return min(max(rows, 0.0), max(ids, 0.0))
-    return rows * -math.expm1(ids * math.log1p(-1.0 / rows))
-
-
-def repeated_share(rows: float, ids: float) -> float:
-    """The share of ``ids`` (uniform over ``rows``) that repeat a row another id of the step has
-    (:func:`unique_rows`): 0 for a table much larger than its ids, near 1 for a tiny one."""
-    return 1.0 - unique_rows(rows, ids) / ids if ids > 0 and math.isfinite(rows) else 0.0
-
-
 REUSE_POINTS = 0.5  # the kernel points must hold one whose ids repeat rows this much, or no row share is read off
 REUSE_ROWS = 256  # rows of the kernel's table whose ids repeat its rows, as the calibration's tiny tables' do
 
@@ -162,7 +147,7 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
         fixed_b, per_id, per_row = fit_residual([[1.0, t, t * (1.0 - r)] for t, r in zip(fwd_term, repeated,
                                                                                         strict=True)], bwd, bwd)
         multiplier = per_id + per_row
-        share = per_row / multiplier if multiplier > 0 else 0.0
+        share = round(per_row / multiplier, 6) if multiplier > 0 else 0.0  # (a least-squares 1e-16 is none)
     model = [fixed_b + multiplier * t * (1.0 - share * r) for t, r in zip(fwd_term, repeated, strict=True)]
     return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": fixed_f,
             "kernel_call_bwd_ms": fixed_b, "bwd_compute_multiplier": multiplier, "bwd_row_share": share,

@@ -5,7 +5,7 @@ Per rank, in ms: ``embeddings`` (TorchRec's perf of the rank's shards: lookups f
 all-to-alls, plus the ids' all-to-all that its total leaves out), ``row_reuse`` (0 or less: TorchRec charges a
 fused table's backward per id, where the fused optimizer updates each row a step's ids reach once; a table with
 fewer rows than its step's ids, or near it, saves the calibration's ``bwd_row_share`` of its backward for every id
-that repeats a row: :func:`row_reuse_ms`), ``sharded_lookups`` (what a sharded lookup costs
+that repeats a row: :func:`runner.plan.cost.row_reuse.row_reuse_ms`), ``sharded_lookups`` (what a sharded lookup costs
 whatever its tables' size, forward and backward, by its family's fit: the kernel calls, the input and output
 distributions' collectives and TorchRec's bookkeeping between; a sharded collection runs one lookup per sharding
 type it holds, each with its own distributions, so a table column-wise beside table-wise ones pays a second; every
@@ -95,30 +95,6 @@ def replicated(best_plan: List[ShardingOption], world: int) -> Replicated:
             if shard.rank is not None and shard.rank < world and shard.perf is not None:
                 comms[shard.rank] += float(shard.perf.bwd_comms)
     return Replicated(params, size, tuple(comms))
-
-
-def row_reuse_ms(c: Dict[str, Any], best_plan: List[ShardingOption], world: int) -> List[float]:
-    """Each rank's ``row_reuse`` (ms, 0 or less): per fused shard, TorchRec's backward compute of it times the
-    calibration's ``bwd_row_share`` (:func:`runner.plan.cost.fit.fit_kernels`) times the share of its step's ids
-    that repeat a row (:func:`runner.plan.cost.fit.repeated_share`; the ids uniform over the table, as the
-    planner's pooling factors have them: skewed ids repeat more). A shard's ids: the table's over every rank's batch
-    (its pooling factors x TorchRec's per-rank batch x ``world``), the share of its rows where it holds some of
-    them. Data-parallel tables are updated by the dense optimizer (:class:`Replicated`), other kernels as TorchRec
-    rates them."""
-    from runner.plan.cost.fit import repeated_share
-
-    share = float(c.get("bwd_row_share") or 0.0)
-    out = [0.0] * world
-    for option in best_plan if share > 0 else []:
-        if option.sharding_type == "data_parallel" or option.compute_kernel != "fused" or option.tensor is None:
-            continue
-        rows = max(int(option.tensor.shape[0]), 1)
-        ids = float(sum(option.input_lengths)) * option.batch_size * world
-        for shard in option.shards:
-            if shard.rank is not None and shard.rank < world and shard.perf is not None:
-                held = int(shard.size[0])
-                out[shard.rank] -= share * float(shard.perf.bwd_compute) * repeated_share(held, ids * held / rows)
-    return out
 
 
 def allreduce_ms(reduce: Dict[str, float], size: int) -> float:
@@ -252,7 +228,7 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None,
                reused: Sequence[float] = ()) -> Dict[str, Any]:
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``tables``: the
-    data-parallel tables (:class:`Replicated`); ``reused``: each rank's ``row_reuse`` (:func:`row_reuse_ms`);
+    data-parallel tables (:class:`Replicated`); ``reused``: each rank's ``row_reuse`` (:func:`.row_reuse.row_reuse_ms`);
     ``measured``: the job's own dense part timed on its workers at its
     batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
     the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
@@ -366,9 +342,9 @@ def lookups_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]], batch: int) ->
 
 class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
-    busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all, less its
-    backward's :func:`row_reuse_ms`; its kernels' wait for the slowest rank, :func:`wait_factor`) plus the fixed
-    cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel tables' all-reduce
+    busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all, less
+    its backward's :func:`.row_reuse.row_reuse_ms`; its kernels' wait for the slowest rank, :func:`wait_factor`)
+    plus the fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel tables' all-reduce
     and update (:class:`Replicated`). The dense part, its optimizer and the input are the same for every plan of a
     job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
     (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
@@ -380,6 +356,8 @@ class StepPerfModel(PerfModel):
         c = self.cal.constants
         wait = wait_factor(c) - 1.0  # the kernels' compute waits for the slowest rank, as in the whole step
         tables = replicated(plan, self.world)
+        from runner.plan.cost.row_reuse import row_reuse_ms
+
         reused = row_reuse_ms(c, plan, self.world)  # it is compute: it waits as the kernels do
         busiest = [ms - tables.dropped(r) + (1.0 + wait) * reused[r]
                    for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True, waiting=wait))]
