@@ -344,9 +344,9 @@ class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
     busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all, less
     its backward's :func:`.row_reuse.row_reuse_ms`; its kernels' wait for the slowest rank, :func:`wait_factor`)
-    plus the fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel tables' all-reduce
-    and update (:class:`Replicated`). The dense part, its optimizer and the input are the same for every plan of a
-    job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
+    plus the fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel
+    tables' all-reduce and update (:class:`Replicated`). The dense part, its optimizer and the input are the same
+    for every plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
     (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
 
     def __init__(self, cal: Calibration, world: int, local: int, batch: int) -> None:
