@@ -412,12 +412,11 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     local = int(job.get("local", world))
     # the dense all-reduce as the step estimates it (a file without "local": its all-reduce as measured)
     reduce = ddp_allreduce(c, world, local)
-    tables = [table_bytes_ms(c, batch, world, job["pooling"], d, local) for d in job["dims"]]
     # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its fused backward is that much
     # less (data-parallel tables are the dense optimizer's)
-    reused = 1.0 - (0.0 if kind == "data_parallel" else c.get("bwd_row_share", 0.0)) \
-        * repeated_share(TINY_ROWS * world, batch * world * job["pooling"])
-    compute = sum(kernel for kernel, _ in tables) * (1 + c["bwd_compute_multiplier"] * reused)
+    reused = 1.0 if kind == "data_parallel" else tiny_backward(c, world, batch * world * job["pooling"])
+    compute = (sum(table_bytes_ms(c, batch, world, job["pooling"], d) for d in job["dims"])
+               * (1 + c["bwd_compute_multiplier"] * reused))
     # the pooled outputs forward, their gradients backward, by the family's collectives (:func:`output_ms`)
     comms = sum(output_ms(c, kind, batch, world, local, d, part) for d in job["dims"] for part in ("fwd", "bwd"))
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),
@@ -457,14 +456,18 @@ SHARDED_DIM = 16  # the width of the sharded lookups' tiny tables (runner.train.
 TINY_ROWS = 64  # the rows per rank of the calibration's tiny tables (the sharded lookups' and the tiny-table job's)
 
 
-def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim: int, local: Optional[int] = None
-                   ) -> Tuple[float, float]:
-    """One table's bytes by TorchRec's terms, with the constants ``c``, at a per-rank ``batch`` of ``world`` ranks
-    (``local`` a node; its lookups' work spread over them), ``pooling`` ids per sample, ``dim`` wide: the forward
-    kernel's ms (the backward's: times the calibrated multiplier) and the pooled output's all-to-all one way (ms, a
-    rank's share: :func:`output_ms`)."""
-    kernel = kernel_bytes(batch * world, pooling, dim) / world * 1000.0 / (c["device_bw_gibps"] * GIB)
-    return kernel, output_ms(c, "table_wise", batch, world, world if local is None else local, dim, "fwd")
+def table_bytes_ms(c: Dict[str, Any], batch: int, world: int, pooling: int, dim: int) -> float:
+    """One table's kernel bytes by TorchRec's terms, with the constants ``c``, at a per-rank ``batch`` of ``world``
+    ranks (its lookups' work spread over them), ``pooling`` ids per sample, ``dim`` wide: the forward kernel's ms
+    (the backward's: times the calibrated multiplier; its output's collective: :func:`output_ms`)."""
+    return kernel_bytes(batch * world, pooling, dim) / world * 1000.0 / (c["device_bw_gibps"] * GIB)
+
+
+def tiny_backward(c: Dict[str, Any], world: int, ids: float) -> float:
+    """The share of the calibrated backward multiplier a tiny table (:data:`TINY_ROWS` rows per rank) pays when a
+    step sends it ``ids`` ids: they repeat its rows, and the fused backward pays the distinct rows' share
+    (``bwd_row_share``) once per row."""
+    return 1.0 - c.get("bwd_row_share", 0.0) * repeated_share(TINY_ROWS * world, ids)
 
 
 BATCHED_COPY = 2.455  # TorchRec's BATCHED_COPY_PERF_FACTOR: a row-wise backward's copy, per byte at the device's
@@ -506,13 +509,12 @@ def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world
     beyond this is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables table-wise took
     6.9 ms backward, of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the all-to-all), which
     the step's embeddings part charges the job's tables already."""
-    kernel, _ = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
+    kernel = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
     out = output_ms(c, kind, batch, world, world if local is None else local, SHARDED_DIM, part)
     if kind == "data_parallel":
         return tables * kernel * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0)
-    # a tiny table's ids repeat its rows: its fused backward pays the distinct rows' share once per row
-    reused = 1.0 - c.get("bwd_row_share", 0.0) * repeated_share(TINY_ROWS * world, batch * world)
-    return tables * (kernel * (c["bwd_compute_multiplier"] * reused if part == "bwd" else 1.0) + out)
+    return tables * (kernel * (c["bwd_compute_multiplier"] * tiny_backward(c, world, batch * world)
+                               if part == "bwd" else 1.0) + out)
 
 
 def fit_lookups(by_tables: Dict[Any, Dict[Any, Dict[str, Any]]], part: str, spreads: Dict[str, List[float]],
