@@ -19,7 +19,6 @@ import os
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -73,13 +72,14 @@ class MlflowRun:
         # known here would stay RUNNING
         with signals.uninterrupted():
             params = store.flatten(config)
+            tags = {**tags, **store.new_record()}  # the run is found by it where an answer was lost
             try:
                 self.run_id = store.start_run(self.uri, experiment, name, parent, tags)
             except Exception as exc:
                 if not store.is_outage(self.uri, exc):
                     raise
-                self.pending = {"experiment": experiment, "name": name, "tags": store.creation_tags(
-                    name, parent, {**tags, "runner.record_id": uuid.uuid4().hex})}  # found by it if created twice
+                self.pending = {"experiment": experiment, "name": name,
+                                "tags": store.creation_tags(name, parent, tags)}
                 run_files.write_json(self.run_folder / run_files.RUN_INFO,
                                   {"tracking_uri": self.uri, "run_id": None, "pending": self.pending, **(fields or {})})
                 self.report_last([], None, params=params)

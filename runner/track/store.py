@@ -7,9 +7,11 @@ external ``torchrun`` there is no driver and rank 0 does all of it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
@@ -222,14 +224,41 @@ def creation_tags(run_name: str, parent_run_id: Optional[str], tags: Mapping[str
     return {**all_tags, MLFLOW_PARENT_RUN_ID: parent_run_id} if parent_run_id else all_tags
 
 
+RECORD_TAG = "runner.record_id"  # chosen before a run is created: the run is found by it if a try's answer was lost
+
+
+def new_record() -> Dict[str, str]:
+    """The tag a run is created with so that it is created once (:func:`start_run`, ``sync.open_kept``)."""
+    return {RECORD_TAG: uuid.uuid4().hex}
+
+
 def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[str], tags: Mapping[str, Any]) -> str:
-    """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id."""
+    """Create a RUNNING run (a child of ``parent_run_id`` when given) and return its id. Where ``tags`` carry a
+    :data:`RECORD_TAG`, the run is created once: a server killed after it stored the run but before it answered has
+    the client's retry create a second one, so the others of that record are deleted (they hold nothing yet); where
+    no try was answered, the caller keeps the record and ``sync.open_kept`` finds the run it made."""
     all_tags = creation_tags(run_name, parent_run_id, tags)
     exp = experiment_id(uri, experiment)
     run_id = client(uri).create_run(exp, tags=all_tags, run_name=run_name).info.run_id
+    if RECORD_TAG in all_tags and uri.startswith(("http://", "https://")):  # only a remote store's call is retried
+        adopt_record(uri, exp, all_tags[RECORD_TAG], run_id)
     EXPERIMENT_OF[run_id] = exp
     NOTE_OF[run_id] = all_tags.get("mlflow.note.content", "")
     return run_id
+
+
+def adopt_record(uri: str, experiment_id_: str, record: str, keep: Optional[str] = None) -> Optional[str]:
+    """The run of ``record`` (``keep``, else the first made): any other run created with it is deleted (MLflow's
+    soft delete), the duplicate of a creation retried after its answer was lost. None where there is none."""
+    found = client(uri).search_runs([experiment_id_], f"tags.`{RECORD_TAG}` = '{record}'", max_results=50,
+                                    order_by=["attributes.start_time ASC"])
+    ids = [r.info.run_id for r in found]
+    kept = keep if keep is not None else (ids[0] if ids else None)
+    for other in ids:
+        if other != kept:
+            with contextlib.suppress(Exception):  # left as it is: a later sync ends it
+                client(uri).delete_run(other)
+    return kept
 
 
 # what this process knows of the runs it created, so as not to read a whole run back (a second at a plan's

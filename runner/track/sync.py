@@ -16,7 +16,7 @@ from runner.config.errors import TrackingError, disk_full
 from runner.runtime import run_files
 from runner.runtime.folder_lock import taking_turns
 from runner.track.events import EventPump
-from runner.track.store import client, end_run, experiment_id, outage_reason
+from runner.track.store import RECORD_TAG, adopt_record, client, end_run, experiment_id, outage_reason
 from runner.track.sweep_points import SWEEP_FILE
 
 PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last reports (a run folder of its own)
@@ -46,13 +46,14 @@ def open_kept(run_folder: Path, uri: str, pending: Mapping[str, Any], parent: Op
     experiment, name, tags; ``parent``: the sweep's parent run, where the record has none), or find it where an
     earlier try created it; ``run.json`` then names it."""
     experiment = experiment_id(uri, pending["experiment"])
-    record = pending["tags"]["runner.record_id"]
-    found = client(uri).search_runs([experiment], f"tags.`runner.record_id` = '{record}'", max_results=1)
+    # the record's run where a try made it (the job's own, its answer lost as the store went; an earlier sync's)
+    found = adopt_record(uri, experiment, pending["tags"][RECORD_TAG])
     tags = dict(pending["tags"])
     if parent and PARENT_TAG not in tags:
         tags[PARENT_TAG] = parent
-    run_id = found[0].info.run_id if found else client(uri).create_run(
-        experiment, tags=tags, run_name=pending["name"]).info.run_id
+    run_id = found if found else client(uri).create_run(experiment, tags=tags, run_name=pending["name"]).info.run_id
+    if found and parent and PARENT_TAG not in pending["tags"]:
+        client(uri).set_tag(found, PARENT_TAG, parent)
     run_files.update_json(run_folder / run_files.RUN_INFO, run_id=run_id, pending=None)
     return run_id
 

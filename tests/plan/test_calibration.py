@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -652,6 +653,16 @@ def test_a_calibration_learns_its_step_overhead_and_compute_wait_from_runs(tmp_p
     assert kept is None and line.startswith("kept as measured: ") and "%" in line, line
     before = sorted(folder.iterdir())
     assert learn.learn_command([str(noisy), str(cal.path)]) == 0 and sorted(folder.iterdir()) == before
+    # runs on both sides whose left-out run a refit estimates better all the same (4 far high, 2 near low): no bias
+    # beyond chance, so nothing is learned; all 6 high (a term the calibration lacks keeps its side): learned
+    for shift, taken in (((0.3, 0.3, 0.3, 0.3, -0.01, -0.01), False), ((0.3, 0.25, 0.3, 0.2, 0.01, 0.02), True)):
+        leaning = [{**p, "measured_ms": learn.estimate_ms(no_wait.constants, p) / (1.0 + shift[i])}
+                   for i, p in enumerate(points)]
+        errors = learn.held_out_errors(no_wait, leaning)
+        assert statistics.median(map(abs, errors["refitted"])) < statistics.median(map(abs, errors["measured"]))
+        chosen, line = learn.choose(no_wait, leaning, "shifted")
+        assert (chosen is not None) == taken and ("no bias to learn" in line) != taken, line
+        assert f"the runs {sum(e < 0 for e in shift)} low, {sum(e > 0 for e in shift)} high" in line, line
 
 
 def test_learning_from_runs_charges_a_run_s_compute_wait_by_the_calibration_it_refits(tmp_path: Path) -> None:

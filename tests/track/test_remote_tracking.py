@@ -127,3 +127,82 @@ def test_a_run_opened_while_the_server_is_away_is_kept_and_created_by_sync(mlflo
     # a creation that reached the store before its answer was lost is found again, not made twice
     assert open_kept(run_folder, url, info["pending"]) == run.info.run_id
     assert sync([str(sweep)]) == 0 and len(runs(url, "kept")) == 2
+
+
+class _AnswerLost:
+    """A proxy in front of the real server that passes every call on but, for the first ``drop`` run creations,
+    closes the connection once the server has stored the run, without its answer: a server killed between the two."""
+
+    def __init__(self, upstream: str, drop: int) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlparse
+
+        target, lost = urlparse(upstream), self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+            def _pass_on(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                conn.request(self.command, self.path, body, {k: v for k, v in self.headers.items()
+                                                             if k.lower() not in ("host", "connection")})
+                answer = conn.getresponse()
+                data = answer.read()
+                conn.close()
+                if self.path.endswith("/runs/create") and lost.dropped < lost.drop:
+                    lost.dropped += 1
+                    self.close_connection = True  # stored, never answered
+                    return
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _pass_on
+
+        self.drop, self.dropped = drop, 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_run_whose_creation_answer_was_lost_is_made_once(mlflow_server, tmp_path: Path) -> None:
+    """A server that stored a run but died before answering: the client's retry made a second run (left RUNNING,
+    empty, beside the job's), or no try was answered and the job kept its run for later while the store held one
+    already. Each job still has one run: the duplicate is deleted, the kept record finds the stored run."""
+    from omegaconf import OmegaConf
+
+    from runner.config.schema import RunnerConfig
+    from runner.runtime import run_files
+    from runner.track.mlflow_run import MlflowRun
+    from runner.track.store import RECORD_TAG
+    from runner.track.sync import sync
+
+    url = mlflow_server[0]
+    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), {"tracking": {"experiment": "lost"}})
+    for drop, folder in ((1, tmp_path / "retried"), (2, tmp_path / "kept")):
+        proxy = _AnswerLost(url, drop)
+        folder.mkdir()
+        run = MlflowRun(folder, proxy.url)
+        run_id = run.open(cfg.tracking.experiment, {"train": {"steps": 7}}, folder.name, None, {"runner.job": 0})
+        assert proxy.dropped == drop
+        # drop 1: the retry was answered, the job has its run and the try's run is gone. Drop 2: no answer at all,
+        # the run is kept, and its creation once the store answers finds the run the store made
+        assert (run_id is None) == (drop == 2)
+        record = run.pending["tags"][RECORD_TAG] if run.pending else None
+        assert run.end("FINISHED") and sync([str(folder)]) == 0
+        proxy.server.shutdown()
+        mine = [r for r in runs(url, "lost") if r.data.tags.get("mlflow.runName") == folder.name]
+        assert len(mine) == 1, [(r.info.run_id, r.info.status) for r in mine]
+        info = run_files.read_json(folder / run_files.RUN_INFO)
+        assert mine[0].info.run_id == info["run_id"] and mine[0].info.status == "FINISHED"
+        assert mine[0].data.params["train.steps"] == "7" and (record is None or mine[0].data.tags[RECORD_TAG] == record)

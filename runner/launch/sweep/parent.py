@@ -15,7 +15,6 @@ import contextlib
 import re
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -40,6 +39,7 @@ from runner.track.store import (
     experiment_id,
     is_outage,
     log_params,
+    new_record,
     outage_reason,
     start_run,
     tracking_uri,
@@ -188,7 +188,7 @@ class SweepParentRun(Callback):
         overrides = " ".join(config.hydra.overrides.task)
         tags = {"runner.kind": "sweep", "runner.overrides": overrides or "(none)",
                 "runner.sweep_dir": str(sweep_folder),
-                "runner.swept": ",".join(swept)}
+                "runner.swept": ",".join(swept), **new_record()}  # the parent is found by it where an answer was lost
         params = {f"sweep.{k}": ",".join(v)[:6000] for k, v in swept.items()}
         try:
             self._open_parent(config, sweep_folder, swept, tags, params)
@@ -232,7 +232,7 @@ class SweepParentRun(Callback):
         info = run_files.read_json(folder / run_files.RUN_INFO)
         if not (isinstance(info, dict) and info.get("pending")):  # a resumed sweep keeps its parent's record
             pending = {"experiment": config.tracking.experiment, "name": name,
-                       "tags": creation_tags(name, None, {**tags, "runner.record_id": uuid.uuid4().hex})}
+                       "tags": creation_tags(name, None, tags)}
             run_files.write_json(folder / run_files.RUN_INFO,
                                  {"tracking_uri": self._uri, "run_id": None, "pending": pending})
             log = EventLog(folder / run_files.EVENTS)
