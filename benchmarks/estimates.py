@@ -250,30 +250,30 @@ def learning(rows: List[Dict[str, Any]], calibrations: Dict[Tuple[int, int], Pat
     for knocked in (False, True):
         before: List[float] = []
         after: List[float] = []
-        what = "without its step overhead and wait" if knocked else ""
+        what = " without its step overhead and wait" if knocked else ""
         for shape, path in sorted(calibrations.items()):
             mine = [r for r in rows if r["shape"] == shape and r["calibrated"]]
             cal = load_calibration(path)
             if knocked:  # a term the calibration lacks, its side kept: what learning exists to recover
                 cal = dataclasses.replace(cal, constants={
                     **cal.constants, "step_overhead": {**cal.constants["step_overhead"], "fixed_ms": 0.0,
-                                                       "per_table_ms": 0.0},
+                                                       "per_table_ms": 0.0, "ms_per_unit": 0.0, "ms_per_ksample": 0.0},
                     "rank_wait": {**(cal.constants.get("rank_wait") or {}), "factor": 1.0}})
             taught = learn.run_points([r["run_folder"] for r in mine[0::2]], cal)
             if len(taught) < learn.MIN_RUNS:
                 continue
             learned, how = learn.choose(cal, taught, "bench-estimates")
-            print(f"learning {shape[0]} x {shape[1]} {what} from {len(taught)} runs: {how}", flush=True)
+            print(f"learning {shape[0]} x {shape[1]}{what} from {len(taught)} runs: {how}", flush=True)
             new = (learned or cal).constants
             for row in mine[1::2]:
                 for p in learn.run_points([row["run_folder"]], cal):
                     was, now = learn.estimate_ms(cal.constants, p), learn.estimate_ms(new, p)
                     before.append(was / row["measured"] - 1)
                     after.append(now / row["measured"] - 1)
-                    print(f"learning {shape[0]} x {shape[1]} {what}, {row['name']} (held out): {pct(before[-1])} "
+                    print(f"learning {shape[0]} x {shape[1]}{what}, {row['name']} (held out): {pct(before[-1])} "
                           f"before, {pct(after[-1])} after learning from {len(taught)} runs", flush=True)
         if before:
-            print(f"learning{' (the calibration ' + what + ')' if knocked else ''}: held-out median |error| "
+            print(f"learning{' (the calibration' + what + ')' if knocked else ''}: held-out median |error| "
                   f"{statistics.median(map(abs, before)):.1%} before, {statistics.median(map(abs, after)):.1%} after;"
                   f" signed median {statistics.median(before):+.1%} before, {statistics.median(after):+.1%} after",
                   flush=True)
