@@ -239,11 +239,19 @@ def start_run(uri: str, experiment: str, run_name: str, parent_run_id: Optional[
     no try was answered, the caller keeps the record and ``sync.open_kept`` finds the run it made."""
     all_tags = creation_tags(run_name, parent_run_id, tags)
     exp = experiment_id(uri, experiment)
-    run_id = client(uri).create_run(exp, tags=all_tags, run_name=run_name).info.run_id
-    if RECORD_TAG in all_tags and uri.startswith(("http://", "https://")):  # only a remote store's call is retried
-        adopt_record(uri, exp, all_tags[RECORD_TAG], run_id)
+    run_id = create_once(uri, exp, all_tags, run_name)
     EXPERIMENT_OF[run_id] = exp
     NOTE_OF[run_id] = all_tags.get("mlflow.note.content", "")
+    return run_id
+
+
+def create_once(uri: str, experiment_id_: str, all_tags: Mapping[str, str], run_name: str) -> str:
+    """Create a run with ``all_tags`` (every tag it is made with, :func:`creation_tags`) and return its id; where they
+    carry a :data:`RECORD_TAG` and the store is remote (only its call is retried), the other runs of that record,
+    a retry's duplicates, are deleted (:func:`adopt_record`)."""
+    run_id = client(uri).create_run(experiment_id_, tags=dict(all_tags), run_name=run_name).info.run_id
+    if RECORD_TAG in all_tags and uri.startswith(("http://", "https://")):
+        adopt_record(uri, experiment_id_, all_tags[RECORD_TAG], run_id)
     return run_id
 
 

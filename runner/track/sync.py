@@ -16,7 +16,7 @@ from runner.config.errors import TrackingError, disk_full
 from runner.runtime import run_files
 from runner.runtime.folder_lock import taking_turns
 from runner.track.events import EventPump
-from runner.track.store import RECORD_TAG, adopt_record, client, end_run, experiment_id, outage_reason
+from runner.track.store import RECORD_TAG, adopt_record, client, create_once, end_run, experiment_id, outage_reason
 from runner.track.sweep_points import SWEEP_FILE
 
 PARENT_DIR = "parent"  # a sweep folder's record of its parent run's last reports (a run folder of its own)
@@ -51,7 +51,7 @@ def open_kept(run_folder: Path, uri: str, pending: Mapping[str, Any], parent: Op
     tags = dict(pending["tags"])
     if parent and PARENT_TAG not in tags:
         tags[PARENT_TAG] = parent
-    run_id = found if found else client(uri).create_run(experiment, tags=tags, run_name=pending["name"]).info.run_id
+    run_id = found if found else create_once(uri, experiment, tags, pending["name"])
     if found and parent and PARENT_TAG not in pending["tags"]:
         client(uri).set_tag(found, PARENT_TAG, parent)
     run_files.update_json(run_folder / run_files.RUN_INFO, run_id=run_id, pending=None)

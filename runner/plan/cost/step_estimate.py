@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from torchrec.distributed.planner.types import PerfModel, ShardingOption
 
+from runner.plan.cost.row_reuse import row_reuse_ms
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -356,8 +358,6 @@ class StepPerfModel(PerfModel):
         c = self.cal.constants
         wait = wait_factor(c) - 1.0  # the kernels' compute waits for the slowest rank, as in the whole step
         tables = replicated(plan, self.world)
-        from runner.plan.cost.row_reuse import row_reuse_ms
-
         reused = row_reuse_ms(c, plan, self.world)  # it is compute: it waits as the kernels do
         busiest = [ms - tables.dropped(r) + (1.0 + wait) * reused[r]
                    for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True, waiting=wait))]
