@@ -49,13 +49,15 @@ def test_optuna_plan_study_returns_the_objective_and_tells_infeasible_trials_as_
     assert parent.data.metrics["sweep/infeasible_points"] == infeasible and parent.data.metrics[
         "sweep/failed_points"] == 0
 
-    # resumed: the study (kept in the sweep folder) had a trial still running when it stopped (made here as
-    # the sweeper makes one: asked, with the sweep's fixed values); it runs again in its own job folder, the
-    # result is told to it, and the finished trials count toward n_trials
+    # resumed: the study (kept in the sweep folder) had a trial still running when it stopped (made here as a
+    # sweep stopped at its worst moment leaves one: asked, its overrides not kept with it yet); it runs again in
+    # its own job folder with the command's overrides (its run in the same store), the result is told to it, and
+    # the finished trials count toward n_trials
     study, made = _study_with_an_interrupted_trial(tmp_path)
     resumed = run_cli(["resume", str(tmp_path), "hydra.sweeper.n_trials=7"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "6 trial(s) there (1 interrupted, run again); 1 more to run" in resumed.stdout, resumed.stdout[-2000:]
+    assert "trial 5 was interrupted before its overrides were kept with it" in resumed.stdout
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 7
     again, children = split(store, "optuna")
@@ -179,7 +181,5 @@ def _study(sweep: Path):
 def _study_with_an_interrupted_trial(sweep: Path) -> tuple:
     study = _study(sweep)
     first = study.trials[0]
-    trial = study.ask(fixed_distributions=first.distributions)
-    for key, value in first.user_attrs.items():
-        trial.set_user_attr(key, value)
+    study.ask(fixed_distributions=first.distributions)  # the sweep stopped before it kept the trial's overrides
     return study, study.trials[-1]

@@ -16,7 +16,8 @@
 - **Resume** (``python -m runner resume <sweep folder>``, or the same command with the same
   ``hydra.sweep.dir``): the study goes on from its journal, its definition unchanged (``keep_or_refuse``).
   A trial the stop interrupted (still RUNNING there) runs again with its own values in its own job folder (job
-  number = trial number) and its result is told to it; finished trials count toward ``n_trials``, so the study
+  number = trial number; the sweep's other overrides as kept with it, in one attribute, or the command's where
+  the stop came between asking for it and keeping them) and its result is told to it; finished trials count toward ``n_trials``, so the study
   runs only the trials it still lacks, numbered on from the last (a seeded sampler seeded with its seed plus the
   number of trials there, so that it does not draw its first run's values again).
 """
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 DEFAULT_STUDY = "runner"
 IN_PROCESS = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 STOP_WAIT_S = 60.0  # how long a stopped study waits for its running trials to stop
+OVERRIDES_ATTR = "runner.overrides"  # a trial's user attribute: the sweep's overrides beside its sampled values
 log = logging.getLogger(__name__)
 
 
@@ -123,7 +125,7 @@ class OptunaSweeper(Sweeper):
                   flush=True)
         for frozen in stale:  # its running trial again, to record its constraint on (Optuna has no public door)
             trial = optuna.trial.Trial(study, frozen._trial_id)
-            self._tell(study, trial, self._launch([self._overrides(frozen.params, frozen.user_attrs,
+            self._tell(study, trial, self._launch([self._overrides(frozen.params, _kept_overrides(frozen, fixed),
                                                                  frozen.number)], frozen.number)[0])
         self.job_idx = len(trials)
         todo = max(0, self.n_trials - len(trials))
@@ -159,8 +161,8 @@ class OptunaSweeper(Sweeper):
 
     def _ask(self, study: optuna.Study, space: Dict[str, Any], fixed: Dict[str, str]) -> Any:
         trial = study.ask(fixed_distributions=space)
-        for key, value in fixed.items():  # kept with the trial, so that a resumed study reruns it as it was
-            trial.set_user_attr(key, value)
+        # kept with the trial, so that a resumed study reruns it as it was: in one write, whole or not at all
+        trial.set_user_attr(OVERRIDES_ATTR, dict(fixed))
         return trial
 
     def _launch(self, batch: List[List[str]], first: int) -> List[Any]:
@@ -269,6 +271,20 @@ class OptunaSweeper(Sweeper):
         stop_sweep(self._folder, f"stopped by {name}")
         print(f"[runner] optuna: stopped by {name}; the {len(running)} running trial(s) stop too", flush=True)
         wait(running, timeout=STOP_WAIT_S)
+
+
+def _kept_overrides(frozen: optuna.trial.FrozenTrial, fixed: Dict[str, str]) -> Dict[str, Any]:
+    """The overrides an interrupted trial ran with beside its sampled values: as kept with it; where they were not
+    (the sweep was stopped between asking for the trial and keeping them), this command's, said in one line.
+    A study kept by an earlier runner holds them one attribute per key, which may be cut short in the same way:
+    this command's fill in what it lacks."""
+    kept = frozen.user_attrs.get(OVERRIDES_ATTR)
+    if isinstance(kept, dict):
+        return kept
+    if not frozen.user_attrs:
+        print(f"[runner] optuna: trial {frozen.number} was interrupted before its overrides were kept with it: it "
+              "runs again with this command's", flush=True)
+    return {**fixed, **frozen.user_attrs}
 
 
 def _first(future: Future) -> Any:
