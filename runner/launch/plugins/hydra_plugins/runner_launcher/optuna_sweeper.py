@@ -17,9 +17,10 @@
   ``hydra.sweep.dir``): the study goes on from its journal, its definition unchanged (``keep_or_refuse``).
   A trial the stop interrupted (still RUNNING there) runs again with its own values in its own job folder (job
   number = trial number; the sweep's other overrides as kept with it, in one attribute, or the command's where
-  the stop came between asking for it and keeping them) and its result is told to it; finished trials count toward ``n_trials``, so the study
-  runs only the trials it still lacks, numbered on from the last (a seeded sampler seeded with its seed plus the
-  number of trials there, so that it does not draw its first run's values again).
+  the stop came between asking for it and keeping them) and its result is told to it; finished trials count
+  toward ``n_trials``, so the study runs only the trials it still lacks, numbered on from the last (a seeded
+  sampler seeded with its seed plus the number of trials there, so that it does not draw its first run's values
+  again).
 """
 
 from __future__ import annotations
