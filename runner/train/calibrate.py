@@ -184,10 +184,14 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
                             optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
                             eps=kwargs.get("eps", 1e-8), device=device)
     lookups = shape["batch"] * shape["pooling"]
-    ids = torch.randint(shape["rows"], (lookups,), device=device)
+    ids = [torch.randint(shape["rows"], (lookups,), device=device)]
     offsets = torch.arange(0, lookups + 1, shape["pooling"], device=device)
     grad = torch.ones(shape["batch"], shape["dim"], device=device)
-    return forward_backward(lambda: tbe(ids, offsets), lambda out: out.backward(grad), repeats, device_sync(device))
+
+    def fresh() -> None:  # untimed: new ids each call, as each training step brings (the same ids again would
+        ids[0] = torch.randint(shape["rows"], (lookups,), device=device)  # find their rows in the caches)
+    return forward_backward(lambda: tbe(ids[0], offsets), lambda out: out.backward(grad), repeats,
+                            device_sync(device), before=fresh)
 
 
 class FixedEmbeddings(nn.Module):
