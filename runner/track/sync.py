@@ -3,12 +3,15 @@
 When the tracking store is unreachable at the end of a job, the job still ends as training decided (its
 exit code, ``status.json``); what the store lacks stays in the run folder: the undelivered lines of
 ``events.jsonl`` (with their original steps and times) and, in ``delivered.json``, the final status.
-``python -m runner sync <run or sweep folder> ...`` delivers them later, in order, and ends the run.
+``python -m runner sync <run or sweep folder> ...`` delivers them later, in order, and ends the run. A sweep's
+point run that no run folder names (its job ended between the store creating it and the folder recording it) is
+ended KILLED by the sweep's sync: no one else could end it.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -259,6 +262,40 @@ def kept_parent(sweep_folder: Path, uri: str) -> Optional[str]:
     return run_id
 
 
+UNNAMED_AFTER_S = 10.0  # a point run no run folder names this long after it began: its job is gone (a live job
+# names its run in run.json within milliseconds of creating it)
+
+
+def end_unnamed(sweep_folder: Path, run_folders: List[Path], parent: str) -> List[str]:
+    """End KILLED each point run of the sweep's ``parent`` still RUNNING that no run folder names, by id or by the
+    record it keeps for later (its job was ended between the store creating the run and ``run.json`` naming it, so
+    nothing would ever end it); their ids. Runs younger than :data:`UNNAMED_AFTER_S` are left to their jobs."""
+    info = run_files.read_json(sweep_folder / PARENT_DIR / run_files.RUN_INFO)
+    if not (isinstance(info, dict) and isinstance(info.get("tracking_uri"), str)):
+        return []
+    uri, named, records = info["tracking_uri"], set(), set()
+    for run_folder in run_folders:
+        found = run_files.read_json(run_folder / run_files.RUN_INFO)
+        if isinstance(found, dict):
+            named.add(found.get("run_id"))
+            pending = found.get("pending")
+            if isinstance(pending, dict):
+                records.add((pending.get("tags") or {}).get(RECORD_TAG))
+    store = client(uri)
+    running = store.search_runs([store.get_run(parent).info.experiment_id],
+                                f"tags.`{PARENT_TAG}` = '{parent}' and attributes.status = 'RUNNING'", max_results=1000)
+    ended = []
+    for run in running:
+        if (run.info.run_id in named or run.data.tags.get(RECORD_TAG) in records
+                or time.time() * 1000 - run.info.start_time < UNNAMED_AFTER_S * 1000):
+            continue
+        why = "no run folder names this run: its job ended between the store creating it and the folder recording it"
+        store.set_tag(run.info.run_id, LOST_TAG, why)
+        end_run(uri, run.info.run_id, "KILLED", f"the job was lost: {why}")
+        ended.append(run.info.run_id)
+    return ended
+
+
 def sync(args: List[str]) -> int:
     """``python -m runner sync <run or sweep folder> ...``: exit 0 when every run is complete in its store."""
     if not args or any(a.startswith("-") for a in args):
@@ -287,6 +324,15 @@ def sync(args: List[str]) -> int:
                                         say_once) for run_folder in runs or [folder]) if e]
         for error in errors:
             print(f"error: {error}", file=sys.stderr, flush=True)
+        if parent and not errors:  # every folder's run known: a point run none names is its lost job's
+            try:
+                for run_id in end_unnamed(folder, runs, parent):
+                    print(f"[runner] synced {folder}: MLflow run {run_id}, which no run folder names (its job ended "
+                          "as the store created it), ended KILLED", flush=True)
+            except Exception as exc:  # noqa: BLE001 - the store went away meanwhile: a later sync ends them
+                print(f"error: {folder}: the store refused the ending of runs no run folder names "
+                      f"({outage_reason(exc)})", file=sys.stderr, flush=True)
+                failed += 1
         if len(runs) > 1:
             print(f"[runner] synced {folder}: {len(runs) - len(errors)} of {len(runs)} runs complete in the store",
                   flush=True)

@@ -436,3 +436,37 @@ def test_sync_passes_over_a_run_the_store_deleted(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert f"its MLflow run {run_id} was deleted" in out and "nothing delivered" in out, out
     assert kept_runs(tmp_path / "sweep") == []
+
+
+def test_sync_ends_a_point_run_no_run_folder_names(tmp_path: Path, capsys) -> None:
+    """The chaos test's finding (CI, seed 938946): a point's run created in the store whose job ended before its folder
+    named it stayed RUNNING, empty, for good. A sweep's sync ends such a run KILLED; a run a folder names, one a
+    folder's kept record will adopt, and one younger than a live job needs to name its own are left alone."""
+    import time
+
+    from runner.runtime import run_files
+    from runner.track.store import RECORD_TAG, experiment_id
+    from runner.track.sync import LOST_TAG, PARENT_DIR, sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / PARENT_DIR).mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    parent = start_run(uri, "state_files", "sweep", None, {})
+    run_files.write_json(sweep / PARENT_DIR / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": parent})
+    client, exp = MlflowClient(uri), experiment_id(uri, "state_files")
+    then = int(time.time() * 1000) - 60_000
+    made = {name: client.create_run(exp, start_time=then if name != "young" else None,
+                                    tags={"mlflow.parentRunId": parent, RECORD_TAG: name}).info.run_id
+            for name in ("named", "kept", "lost", "young")}
+    run_files.write_json(sweep / "0" / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": made["named"]})
+    (sweep / "1").mkdir()
+    run_files.write_json(sweep / "1" / run_files.RUN_INFO, {"tracking_uri": uri, "run_id": None, "pending": {
+        "experiment": "state_files", "name": "kept", "tags": {RECORD_TAG: "kept", "mlflow.parentRunId": parent}}})
+    run_files.update_json(sweep / "1" / run_files.DELIVERED, final={"status": "KILLED", "error": "stopped"})
+    assert sync([str(sweep)]) == 0
+    status = {name: client.get_run(run_id).info.status for name, run_id in made.items()}
+    assert status == {"named": "RUNNING", "kept": "KILLED", "lost": "KILLED", "young": "RUNNING"}, status
+    assert LOST_TAG in client.get_run(made["lost"]).data.tags and LOST_TAG not in client.get_run(made["kept"]).data.tags
+    assert f"MLflow run {made['lost']}, which no run folder names" in capsys.readouterr().out
