@@ -215,12 +215,17 @@ def _end_lost(run_folder: Path, uri: str, run_id: str) -> Optional[str]:
     try:
         if client(uri).get_run(run_id).info.status != "RUNNING":
             return None
-        client(uri).set_tag(run_id, LOST_TAG, why)
-        end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
+        _end_as_lost(uri, run_id, why)
     except Exception as exc:  # noqa: BLE001
         return f"{run_folder}: the store {uri} refused the ending of a lost job ({outage_reason(exc)})"
     run_files.write_status(run_folder, "KILLED", f"the job was lost: {why}")
     return why
+
+
+def _end_as_lost(uri: str, run_id: str, why: str) -> None:
+    """End ``run_id`` KILLED as a lost job's run, tagged with ``why``."""
+    client(uri).set_tag(run_id, LOST_TAG, why)
+    end_run(uri, run_id, "KILLED", f"the job was lost: {why}")
 
 
 def _sweep_parent(sweep_folder: Path, say: Callable[[str], None] = print) -> Tuple[Optional[str], Optional[str]]:
@@ -289,9 +294,8 @@ def end_unnamed(sweep_folder: Path, run_folders: List[Path], parent: str) -> Lis
         if (run.info.run_id in named or run.data.tags.get(RECORD_TAG) in records
                 or time.time() * 1000 - run.info.start_time < UNNAMED_AFTER_S * 1000):
             continue
-        why = "no run folder names this run: its job ended between the store creating it and the folder recording it"
-        store.set_tag(run.info.run_id, LOST_TAG, why)
-        end_run(uri, run.info.run_id, "KILLED", f"the job was lost: {why}")
+        _end_as_lost(uri, run.info.run_id, "no run folder names this run: its job ended between the store creating "
+                     "it and the folder recording it")
         ended.append(run.info.run_id)
     return ended
 

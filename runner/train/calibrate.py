@@ -184,7 +184,7 @@ def kernel_samples(shape: Dict[str, int], device: torch.device, sparse_optimizer
                             optimizer=optimizer_type_to_emb_opt_type(cls), learning_rate=kwargs.get("lr", 0.01),
                             eps=kwargs.get("eps", 1e-8), device=device)
     lookups = shape["batch"] * shape["pooling"]
-    ids = [torch.randint(shape["rows"], (lookups,), device=device)]
+    ids: List[Any] = [None]  # drawn before each call, the warm-up's too
     offsets = torch.arange(0, lookups + 1, shape["pooling"], device=device)
     grad = torch.ones(shape["batch"], shape["dim"], device=device)
 
