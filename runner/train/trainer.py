@@ -31,6 +31,7 @@ from runner.train.evaluate import (
     embedding_forward_ms,
     evaluate,
     gather_measurements,
+    held_bytes,
     memory_now_bytes,
 )
 from runner.train.loop import LoopHooks, train
@@ -173,9 +174,10 @@ class Trainer:
         if result.stopped_at is not None:
             reporter.pruned(result.stopped_at, self.pruning.metric, self.pruning.pruned_value)
         reporter.ids_hashed(*hashed_ids())
+        held = held_bytes(self.device)  # before the embedding forward's timing adds its own
         embedding_ms = embedding_forward_ms(self.dmp, self.data(1, True), self.device)
         reporter.measured(gather_measurements(result, self.device, cores, embedding_ms, self.baseline_mem,
-                                              dense_state_bytes(self.dmp, self.optimizer)))
+                                              dense_state_bytes(self.dmp, self.optimizer), held))
         eval_metrics = self.evaluate()
         if cfg.train.checkpoint.enabled:  # also when nothing was trained: the loaded state, in this layout
             self.save(result.last_step, eval_metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -42,3 +43,29 @@ def test_kept_buffers_fault_in_once_where_released_ones_fault_every_step() -> No
 
 def test_the_users_own_allocator_settings_are_left_alone() -> None:
     assert not _steps("keep", MALLOC_MMAP_MAX_="65536")["applied"]
+
+
+def test_memory_held_leaves_out_tensors_only_a_reference_cycle_keeps() -> None:
+    """What a rank holds is read after Python's cycle collector: a 64 MiB tensor kept only by a reference cycle
+    (as a timed lookup's output and its ids are) is garbage, not memory the job holds."""
+    import torch
+
+    from runner.train.evaluate import memory_now_bytes
+
+    cpu = torch.device("cpu")
+    gc_was = gc.isenabled()
+    gc.disable()  # the cycle stays until memory_now_bytes collects it
+    try:
+        before = memory_now_bytes(cpu)
+        cycle: list = [torch.ones(16 << 20)]  # 64 MiB, written
+        cycle.append(cycle)
+        del cycle
+        after = memory_now_bytes(cpu)
+        kept = [torch.ones(16 << 20)]
+        held = memory_now_bytes(cpu)
+    finally:
+        if gc_was:
+            gc.enable()
+    assert after - before < 8 << 20, (before, after)
+    assert held - before > 56 << 20, (before, held)  # a tensor still referenced is held
+    del kept
