@@ -26,15 +26,17 @@ class _Model(torch.nn.Module):
 
 
 def _state(replicated: bool) -> Tuple[int, bool]:
-    """The dense state with t0 data-parallel or table-wise (fused where sharded, as the runner's sharded tables are: the optimizer
-    in FBGEMM's kernel) and t1 table-wise, and whether DDP's buckets are views of the gradients."""
+    """The dense state with t0 data-parallel or table-wise (fused where sharded, as the runner's sharded tables
+    are: the optimizer in FBGEMM's kernel) and t1 table-wise, and whether DDP's buckets are views of the
+    gradients."""
     model = _Model()
     fused = ["t1"] if replicated else ["t0", "t1"]
     kind = data_parallel() if replicated else table_wise(rank=0, compute_kernel="fused")
     for name in fused:
         apply_optimizer_in_backward(torch.optim.SGD, model.ebc.embedding_bags[name].parameters(), {"lr": 0.1})
-    plan = ShardingPlan({"ebc": construct_module_sharding_plan(model.ebc, {"t0": kind, "t1": table_wise(rank=0, compute_kernel="fused")},
-                                                               local_size=1, world_size=1, device_type="cpu")})
+    kinds = {"t0": kind, "t1": table_wise(rank=0, compute_kernel="fused")}
+    plan = ShardingPlan({"ebc": construct_module_sharding_plan(model.ebc, kinds, local_size=1, world_size=1,
+                                                               device_type="cpu")})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
     ddp = next(m for m in dmp.modules() if isinstance(m, torch.nn.parallel.DistributedDataParallel))
     return dense_state_bytes(dmp, None), bool(getattr(ddp, "gradient_as_bucket_view", False))
