@@ -241,6 +241,7 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
     (:mod:`.step_estimate`; ``dense_measured``: the job's dense part timed on its workers)."""
     from runner.plan.analysis import per_rank_estimates
     from runner.plan.cost.row_reuse import row_reuse_ms
+    from runner.plan.cost.table_size import table_size_ms
 
     chosen = for_config(spec.cluster, spec.mode, device_type)
     facts["calibration"], facts["calibration_note"] = chosen.tag, chosen.note
@@ -248,11 +249,12 @@ def _whole_step(spec: PlanSpec, model: nn.Module, world: int, local_world: int, 
                                          spec.cluster.cross_node_bandwidth, world, local_world)[1]
     if chosen.calibration is None or not best_plan:
         return
+    reused = row_reuse_ms(chosen.calibration.constants, best_plan, world)
     facts["step"] = steps.whole_step(per_rank_estimates(best_plan, world), steps.sharded_lookups(best_plan),
                                      steps.input_dist_ms(best_plan, world), chosen.calibration,
                                      steps.dense_facts(model, spec.rows), world, local_world, device_type,
-                                     steps.replicated(best_plan, world), dense_measured,
-                                     row_reuse_ms(chosen.calibration.constants, best_plan, world))
+                                     steps.replicated(best_plan, world), dense_measured, reused,
+                                     table_size_ms(chosen.calibration.constants, best_plan, world, reused))
 
 
 def runners_planner() -> bool:

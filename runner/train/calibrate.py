@@ -153,6 +153,9 @@ def collective_samples(name: str, group: Any, size: int, nbytes: int, device: to
                                      lambda: dist.barrier(group=group))]
 
 
+LARGE_TABLE_ROWS = 2_000_000  # 488 MiB at 64 wide: past a CPU's caches (on this machine's 2 ranks, 977 MiB held)
+
+
 def kernel_shapes(grid: str, device_kind: str = "cpu", uvm: bool = False) -> List[Dict[str, int]]:
     """Table shapes x lookups the kernel is timed at (rows, dim, ids per sample, batch); on a GPU large enough
     that the bytes, not the launch, set the larger calls' time. But for the UVM-caching kernel (whose cache would
@@ -164,6 +167,10 @@ def kernel_shapes(grid: str, device_kind: str = "cpu", uvm: bool = False) -> Lis
         rows, poolings, batches = (1_000_000,) if grid == "small" else (100_000, 1_000_000), (1, 32), (2048, 65536)
     shapes = [{"rows": r, "dim": d, "pooling": p, "batch": b}
               for r, d, p, b in itertools.product(rows, dims, poolings, batches)]
+    if device_kind != "cuda" and grid != "small" and not uvm:
+        # and a table past the caches (the grid's largest is 195 MiB): the kernel's cost by the tables' bytes
+        # (:mod:`runner.plan.cost.table_size`)
+        shapes += [{"rows": LARGE_TABLE_ROWS, "dim": 64, "pooling": p, "batch": batches[-1]} for p in poolings]
     # and a table whose rows the ids repeat (the most ids): the backward's share paid per distinct row
     # (:func:`runner.plan.cost.fit.fit_kernels`)
     return shapes + ([] if uvm else [{"rows": REUSE_ROWS, "dim": d, "pooling": poolings[-1], "batch": b}

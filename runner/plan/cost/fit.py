@@ -37,6 +37,7 @@ from runner.plan.cost.step_estimate import (
     optimizer_ms,
     wait_factor,
 )
+from runner.plan.cost.table_size import doublings, multiple
 from runner.plan.cost.torchrec_export import export_beside
 from runner.plan.cost.trust import (
     FALLBACK,
@@ -117,7 +118,7 @@ REUSE_POINTS = 0.5  # the kernel points must hold one whose ids repeat rows this
 REUSE_ROWS = 256  # rows of the kernel's table whose ids repeat its rows, as the calibration's tiny tables' do
 
 
-def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
+def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Kernel constants from ``points`` (``rows``, ``batch``, ``pooling``, ``dim``, ``fwd_ms``, ``bwd_ms``): the
     device bandwidth (GiB/s, TorchRec's ``hbm_mem_bw``/``ddr_mem_bw`` for the fused kernel), the fixed forward and
     backward cost per call (ms), and the backward's multiple of the forward's bandwidth term where every id is a row
@@ -149,10 +150,73 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, float]:
         multiplier = per_id + per_row
         share = round(per_row / multiplier, 6) if multiplier > 0 else 0.0  # (a least-squares 1e-16 is none)
     model = [fixed_b + multiplier * t * (1.0 - share * r) for t, r in zip(fwd_term, repeated, strict=True)]
+    grid = [(p, (t, multiplier * t * (1.0 - share * r))) for p, t, r in zip(points, fwd_term, repeated, strict=True)
+            if p.get("rows", math.inf) > REUSE_ROWS]
+    curve = table_size_fit([p for p, _ in grid], [t for _, t in grid], (fixed_f, fixed_b))
     return {"device_bw_gibps": 1.0 / per_byte * 1000.0 / GIB, "kernel_call_fwd_ms": fixed_f,
+            **({"table_size": curve} if curve else {}),
             "kernel_call_bwd_ms": fixed_b, "bwd_compute_multiplier": multiplier, "bwd_row_share": share,
             "fit_error_fwd": _errors(list(zip(x_own, [p["fwd_ms"] for p in own], strict=True)), fixed_f, per_byte),
             "fit_error_bwd": max((abs(m - y) / y for m, y in zip(model, bwd, strict=True)), default=0.0)}
+
+
+def _scale(terms: Sequence[Tuple[float, float, float]]) -> float:
+    """``s`` with ``s x term ~ time past the fixed cost`` (``terms``: (term, that time, the whole time)), least
+    squares on the error relative to the whole time (as every fit here), at least 0."""
+    w = [1.0 / max(whole, 1e-9) ** 2 for _, _, whole in terms]
+    den = sum(wi * t * t for wi, (t, _, _) in zip(w, terms, strict=True))
+    return max(sum(wi * t * y for wi, (t, y, _) in zip(w, terms, strict=True)) / den, 0.0) if den > 0 else 1.0
+
+
+# where the kernel's cost per byte starts to grow (MiB, halves of a doubling from 0.5 MiB to 1 GiB) and how much it
+# grows per doubling of the tables' bytes: the grid :func:`table_size_fit` searches
+FROM_MIB = [2 ** (k / 2) for k in range(-2, 21)]
+PER_DOUBLING = [k / 100 for k in range(0, 201)]
+
+
+def _shapes_sse(points: Sequence[Tuple[Tuple[int, int, int], float, float, float]], from_mib: float,
+                per_doubling: float) -> float:
+    """How far ``points`` (shape, table bytes, time past the fixed cost, whole time) are from ``k_shape x (1 +
+    per_doubling x doublings past from_mib)``, each shape its own ``k`` (least squares on relative error)."""
+    shapes: Dict[Tuple[int, int, int], List[Tuple[float, float, float]]] = {}
+    for shape, nbytes, y, whole in points:
+        shapes.setdefault(shape, []).append((1.0 + per_doubling * doublings(nbytes, from_mib), y, whole))
+    sse = 0.0
+    for same in shapes.values():
+        k = _scale(same)
+        sse += sum((k * m - y) ** 2 / max(whole, 1e-9) ** 2 for m, y, whole in same)
+    return sse
+
+
+def table_size_fit(points: List[Dict[str, Any]], terms: List[Tuple[float, float]], fixed: Tuple[float, float]
+                   ) -> Optional[Dict[str, Any]]:
+    """The kernel's multiple of its fitted bandwidth term by the bytes of its tables (:mod:`.table_size`), forward
+    and backward: ``level x (1 + per_doubling x doublings of the bytes past from_mib)``. ``from_mib`` and
+    ``per_doubling`` from the shapes timed at more than one table size (each shape's own time level, so that what
+    the bandwidth term misses of a shape is not read as a size's), searched over :data:`FROM_MIB` x
+    :data:`PER_DOUBLING`; then ``level`` over every point (:func:`_scale`). ``points``: the kernel's grid (``rows``
+    above :data:`REUSE_ROWS`), ``terms``: each point's forward and backward bandwidth terms by the fit, ``fixed``:
+    the fixed costs. None where no shape was timed at two sizes. ``up_to_mib``: the largest table timed x 4, past
+    which the multiple stays (a line in the log of the bytes is not read further than two doublings)."""
+    sized = [(p, t) for p, t in zip(points, terms, strict=True) if math.isfinite(p.get("rows", math.inf))]
+    shape_sizes: Dict[Tuple[int, int, int], set] = {}
+    for p, _ in sized:
+        shape_sizes.setdefault((p["dim"], p["pooling"], p["batch"]), set()).add(p["rows"])
+    if not any(len(rows) > 1 for rows in shape_sizes.values()):
+        return None
+    out: Dict[str, Any] = {"up_to_mib": round(4 * max(p["rows"] * p["dim"] * 4 for p, _ in sized) / 2**20, 3)}
+    for i, part in enumerate(("fwd", "bwd")):
+        data = [((p["dim"], p["pooling"], p["batch"]), float(p["rows"] * p["dim"] * 4), p[f"{part}_ms"] - fixed[i],
+                 p[f"{part}_ms"]) for p, _ in sized if len(shape_sizes[(p["dim"], p["pooling"], p["batch"])]) > 1]
+        _, start, per = min((_shapes_sse(data, m, k), m, k) for m in FROM_MIB for k in PER_DOUBLING)
+        level = _scale([(t[i] * (1.0 + per * doublings(p["rows"] * p["dim"] * 4, start)), p[f"{part}_ms"] - fixed[i],
+                         p[f"{part}_ms"]) for p, t in sized])
+        out[part] = {"level": round(max(level, MIN_LEVEL), 6), "from_mib": round(start, 6),
+                     "per_doubling": round(per, 6)}
+    return out
+
+
+MIN_LEVEL = 0.05  # a level at least this: a time all fixed cost (launch-bound calls) reads off nothing
 
 
 UVM_CACHE_RATIO = 0.2  # TorchRec's UVM_CACHING_RATIO: the share of a UVM-caching table's rows its GPU cache holds
@@ -415,8 +479,12 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its fused backward is that much
     # less (data-parallel tables are the dense optimizer's)
     reused = 1.0 if kind == "data_parallel" else tiny_backward(c, world, batch * world * job["pooling"])
+    # tiny tables: the kernel's multiple at the smallest size timed (:mod:`.table_size`), as the step takes it
+    held = sum(TINY_ROWS * world * d * 4 for d in job["dims"])
+    sized = (1.0, 1.0) if kind == "data_parallel" else (multiple(c.get("table_size"), "fwd", held),
+                                                        multiple(c.get("table_size"), "bwd", held))
     compute = (sum(table_bytes_ms(c, batch, world, job["pooling"], d) for d in job["dims"])
-               * (1 + c["bwd_compute_multiplier"] * reused))
+               * (sized[0] + sized[1] * c["bwd_compute_multiplier"] * reused))
     # the pooled outputs forward, their gradients backward, by the family's collectives (:func:`output_ms`)
     comms = sum(output_ms(c, kind, batch, world, local, d, part) for d in job["dims"] for part in ("fwd", "bwd"))
     dense = DenseFacts(params, params * 4, batch, tuple(map(tuple, job.get("layers", ()))),

@@ -78,6 +78,8 @@ def run_points(runs: Iterable[Path], cal: Calibration) -> List[Dict[str, float]]
             continue
         if cal.constants.get("bwd_row_share") and "row_reuse" not in part:
             continue  # planned before the backward's saving on repeated rows: its parts would hold it in the rest
+        if cal.constants.get("table_size") and "table_size" not in part:
+            continue  # planned before the kernel's cost by its tables' bytes: likewise
         overhead = float(part.get("step_overhead", 0.0))
         ran = float(part.get("family_overhead_ms", 0.0))  # the families' part of it, by the run's calibration
         # the families' part by this calibration stays in the parts (the plan pays it beside the overhead): the

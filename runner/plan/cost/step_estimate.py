@@ -5,7 +5,10 @@ Per rank, in ms: ``embeddings`` (TorchRec's perf of the rank's shards: lookups f
 all-to-alls, plus the ids' all-to-all that its total leaves out), ``row_reuse`` (0 or less: TorchRec charges a
 fused table's backward per id, where the fused optimizer updates each row a step's ids reach once; a table with
 fewer rows than its step's ids, or near it, saves the calibration's ``bwd_row_share`` of its backward for every id
-that repeats a row: :func:`runner.plan.cost.row_reuse.row_reuse_ms`), ``sharded_lookups`` (what a sharded lookup costs
+that repeats a row: :func:`runner.plan.cost.row_reuse.row_reuse_ms`), ``table_size`` (TorchRec charges a lookup's
+bytes at one bandwidth; the fused kernel's rows are in the caches or not by the bytes of the tables its rank holds:
+its compute times the calibration's multiple at those bytes, less itself, :mod:`runner.plan.cost.table_size`),
+``sharded_lookups`` (what a sharded lookup costs
 whatever its tables' size, forward and backward, by its family's fit: the kernel calls, the input and output
 distributions' collectives and TorchRec's bookkeeping between; a sharded collection runs one lookup per sharding
 type it holds, each with its own distributions, so a table column-wise beside table-wise ones pays a second; every
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from torchrec.distributed.planner.types import PerfModel, ShardingOption
 
 from runner.plan.cost.row_reuse import row_reuse_ms
+from runner.plan.cost.table_size import table_size_ms
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,8 +47,8 @@ if TYPE_CHECKING:
     from runner.plan.cost.calibration import Calibration
     from runner.plan.spec import PlanFacts, PlanSpec
 
-PARTS = ("embeddings", "row_reuse", "sharded_lookups", "dense_forward", "dense_backward", "optimizer", "rank_wait",
-         "dense_allreduce", "input", "step_overhead")
+PARTS = ("embeddings", "row_reuse", "table_size", "sharded_lookups", "dense_forward", "dense_backward", "optimizer",
+         "rank_wait", "dense_allreduce", "input", "step_overhead")
 # the family of sharded lookup whose fit each sharding type's lookup pays (its distribution's shape)
 FAMILY = {"table_wise": "table_wise", "column_wise": "table_wise", "table_column_wise": "table_wise",
           "row_wise": "row_wise", "table_row_wise": "row_wise", "grid_shard": "row_wise",
@@ -185,8 +189,9 @@ def family_overhead_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]]) -> flo
 def compute_ms(parts: Dict[str, float], torchrec: Dict[str, float]) -> float:
     """A rank's compute, which waits for the slowest rank (``rank_wait``): its dense part and optimizer (``parts``,
     as the whole step gives them) and its embedding kernels (``torchrec``, TorchRec's per-rank estimate:
-    ``fwd_compute_ms`` + ``bwd_compute_ms``, less ``parts``' ``row_reuse``)."""
-    return (sum(float(parts.get(k, 0.0)) for k in ("dense_forward", "dense_backward", "optimizer", "row_reuse"))
+    ``fwd_compute_ms`` + ``bwd_compute_ms``, with ``parts``' ``row_reuse`` and ``table_size``)."""
+    return (sum(float(parts.get(k, 0.0)) for k in ("dense_forward", "dense_backward", "optimizer", "row_reuse",
+                                                   "table_size"))
             + float(torchrec.get("fwd_compute_ms", 0.0)) + float(torchrec.get("bwd_compute_ms", 0.0)))
 
 
@@ -228,9 +233,10 @@ def optimizer_added_ms(c: Dict[str, Any], base_mparams: float, added_mparams: fl
 def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], ids_ms: List[float],
                cal: Calibration, dense: DenseFacts, world: int, local: int, device_kind: str,
                tables: Replicated = Replicated(), measured: Optional[Dict[str, float]] = None,
-               reused: Sequence[float] = ()) -> Dict[str, Any]:
+               reused: Sequence[float] = (), sized: Sequence[Tuple[float, float]] = ()) -> Dict[str, Any]:
     """The estimated step per rank and its parts (see the module doc), and the busiest rank's. ``tables``: the
     data-parallel tables (:class:`Replicated`); ``reused``: each rank's ``row_reuse`` (:func:`.row_reuse.row_reuse_ms`);
+    ``sized``: each rank's ``table_size``, forward and backward (:func:`.table_size.table_size_ms`);
     ``measured``: the job's own dense part timed on its workers at its
     batch (``fwd_ms``, ``bwd_ms``, ``optimizer_ms``, :func:`runner.train.calibrate.dense_samples`), used instead of
     the fit where given: what a model's layers take is not the square layers' rate per FLOP (wide inputs, cross
@@ -258,9 +264,11 @@ def whole_step(ranks: List[Dict[str, float]], lookups: List[Tuple[str, int]], id
     for r, est in enumerate(ranks):
         parts = {"embeddings": est["total_ms"] + ids_ms[r] - tables.dropped(r),
                  "row_reuse": reused[r] if r < len(reused) else 0.0,
+                 "table_size": sum(sized[r]) if r < len(sized) else 0.0,
                  "sharded_lookups": fixed["fwd"] + fixed["bwd"], **shared}
         parts["rank_wait"] = wait * compute_ms(parts, est)
-        forward = est["fwd_compute_ms"] * (1.0 + wait) + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"]
+        forward = ((est["fwd_compute_ms"] + (sized[r][0] if r < len(sized) else 0.0)) * (1.0 + wait)
+                   + est["fwd_comms_ms"] + ids_ms[r] + fixed["fwd"])
         per_rank.append({**parts, "step_ms": sum(parts.values()), "embedding_fwd_ms": forward,
                          "family_overhead_ms": families})
     busiest = max(range(len(per_rank)), key=lambda r: per_rank[r]["step_ms"]) if per_rank else 0
@@ -345,11 +353,12 @@ def lookups_ms(c: Dict[str, Any], lookups: List[Tuple[str, int]], batch: int) ->
 class StepPerfModel(PerfModel):
     """TorchRec's perf-model interface rating a plan by the part of the whole step that depends on the plan: the
     busiest rank's embeddings (TorchRec's perf with the calibration's constants, and the ids' all-to-all, less
-    its backward's :func:`.row_reuse.row_reuse_ms`; its kernels' wait for the slowest rank, :func:`wait_factor`)
-    plus the fixed cost of each sharded lookup the plan runs (:func:`sharded_lookups`), and its data-parallel
-    tables' all-reduce and update (:class:`Replicated`). The dense part, its optimizer and the input are the same
-    for every plan of a job, so plans rank as their whole steps do. Both TorchRec's planner and the runner's take it
-    (``performance_model``); without a calibration they keep TorchRec's ``NoopPerfModel``."""
+    its backward's :func:`.row_reuse.row_reuse_ms`, with its kernels' :func:`.table_size.table_size_ms`; their wait
+    for the slowest rank, :func:`wait_factor`) plus the fixed cost of each sharded lookup the plan runs
+    (:func:`sharded_lookups`), and its data-parallel tables' all-reduce and update (:class:`Replicated`). The dense
+    part, its optimizer and the input are the same for every plan of a job, so plans rank as their whole steps do.
+    Both TorchRec's planner and the runner's take it (``performance_model``); without a calibration they keep
+    TorchRec's ``NoopPerfModel``."""
 
     def __init__(self, cal: Calibration, world: int, local: int, batch: int) -> None:
         self.cal, self.world, self.local, self.batch = cal, world, local, batch
@@ -359,7 +368,8 @@ class StepPerfModel(PerfModel):
         wait = wait_factor(c) - 1.0  # the kernels' compute waits for the slowest rank, as in the whole step
         tables = replicated(plan, self.world)
         reused = row_reuse_ms(c, plan, self.world)  # it is compute: it waits as the kernels do
-        busiest = [ms - tables.dropped(r) + (1.0 + wait) * reused[r]
+        sized = table_size_ms(c, plan, self.world, reused)
+        busiest = [ms - tables.dropped(r) + (1.0 + wait) * (reused[r] + sum(sized[r]))
                    for r, ms in enumerate(input_dist_ms(plan, self.world, with_total=True, waiting=wait))]
         fixed = lookups_ms(c, sharded_lookups(plan), self.batch)
         updated = (1.0 + wait) * optimizer_added_ms(c, 0.0, tables.params / 1e6)

@@ -98,7 +98,7 @@ def collectives_note(constants: Dict[str, Any]) -> str:
 PART_OF = {"device_bw_gibps": "kernels", "bwd_compute_multiplier": "kernels", "kernel_call_fwd_ms": "kernels",
            "kernel_call_bwd_ms": "kernels", "fit_error_fwd": "kernels", "fit_error_bwd": "kernels",
            "uvm_caching": "kernels", "bwd_row_share": "kernels", "kernel_fit_failed": "kernels",
-           "collectives": "collectives", "intra_node_bandwidth": "collectives",
+           "table_size": "kernels", "collectives": "collectives", "intra_node_bandwidth": "collectives",
            "cross_node_bandwidth": "collectives", "sharded": "sharded"}
 """Which part each constant belongs to; every other constant (the dense fits, ``linear_*``, ``dense_rest_*``, the
 optimizer, the input, the step's overhead) is the dense part's."""
@@ -116,6 +116,10 @@ def _value_fault(key: str, value: Any) -> Optional[str]:
     multipliers are positive, times and slopes at least 0 (a fit may end at 0), all finite and within what a machine
     can be; a fit's error may be infinite (the runner writes so where a fit failed)."""
     leaf = key.rsplit(".", 1)[-1]
+    if key.startswith("table_size.") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # the kernel's multiple by the tables' bytes (:mod:`.table_size`): a level and sizes above 0
+        if leaf in ("level", "from_mib", "up_to_mib") and not (math.isfinite(value) and 0 < value <= MAX_MS):
+            return f"is not a positive number up to {MAX_MS:g}"
     if leaf in ("kernel_fit_failed", "trusted"):
         return None if isinstance(value, bool) else "is not true or false"
     if value is None and (leaf.endswith("bandwidth") or leaf.endswith("_gibps")):
