@@ -967,6 +967,65 @@ def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s
     assert StepPerfModel(cal, 2, 2, 512).rate(best) < plain.rate(best) + 0.5 * min(reused)
 
 
+def test_the_kernel_s_cost_by_its_tables_bytes_is_read_off_and_paid_by_the_rank_that_holds_them(
+        tmp_path: Path) -> None:
+    # a step's new ids find fewer of their rows in the caches as the tables grow: made with a known multiple (flat to
+    # 8 MiB, then +40% forward and +20% backward per doubling), each shape's times also off TorchRec's bytes by a
+    # factor of its own (what its bandwidth term misses, which the fit must not read as a size's)
+    from runner.plan.cost.fit import fit_kernels
+    from runner.plan.cost.step_estimate import StepPerfModel
+    from runner.plan.cost.table_size import doublings, multiple, table_size_ms
+    from runner.plan.planner import make_plan
+    from runner.train.calibrate import kernel_shapes
+    from runner.train.models import planning_model
+
+    per_byte, level, start, growth = 1000.0 / (12.0 * GIB), {"fwd": 0.7, "bwd": 0.8}, 8.0, {"fwd": 0.4, "bwd": 0.2}
+    shapes = [s for s in kernel_shapes("full") if s["rows"] > 256]
+    assert max(s["rows"] * s["dim"] * 4 for s in shapes) > 400 * 2**20  # the grid reaches past the caches
+    rng = random.Random(3)
+    own = {(s["dim"], s["pooling"], s["batch"]): rng.uniform(0.8, 1.25) for s in shapes}
+
+    def took(s: Dict[str, int], part: str) -> float:
+        size = level[part] * (1 + growth[part] * doublings(s["rows"] * s["dim"] * 4, start))
+        term = kernel_bytes(s["batch"], s["pooling"], s["dim"]) * per_byte * (9.0 if part == "bwd" else 1.0)
+        return 0.05 + term * size * own[(s["dim"], s["pooling"], s["batch"])]
+    fit = fit_kernels([{**s, "fwd_ms": took(s, "fwd"), "bwd_ms": took(s, "bwd")} for s in shapes])["table_size"]
+    for part in ("fwd", "bwd"):
+        assert fit[part]["from_mib"] == pytest.approx(start, rel=0.2)
+        assert fit[part]["per_doubling"] == pytest.approx(growth[part], abs=0.03)
+        big, small = multiple(fit, part, 488 * 2**20), multiple(fit, part, 2**20)
+        assert big / small == pytest.approx(1 + growth[part] * doublings(488 * 2**20, start), rel=0.05)
+    # a grid of one table size has nothing to read it from: no term
+    assert "table_size" not in fit_kernels([{**s, "fwd_ms": 1.0 + s["batch"] * 1e-4, "bwd_ms": 2.0 + s["batch"] * 1e-4}
+                                            for s in shapes if s["rows"] == 20_000])
+
+    base = _calibration()
+    cal = dataclasses.replace(base, constants={**base.constants, "table_size": fit})
+    path = save(cal, tmp_path / "c.yaml")
+    got = {}
+    for label, rows in (("small", 1000), ("large", 4_000_000)):
+        tables = [f"model.tables.{i}.num_embeddings={rows}" for i in range(6)]
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", "sharding=tablewise",
+                      *tables)
+        facts: Dict[str, Any] = {}
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+        got[label] = (best, facts["step"], table_size_ms(cal.constants, best, 2))
+    for label, sign in (("small", -1), ("large", 1)):
+        best, step, sized = got[label]
+        compute = [sum(s.perf.fwd_compute + s.perf.bwd_compute for o in best for s in o.shards if s.rank == r)
+                   for r in range(2)]
+        # small tables run faster than the calibration's mean rate, a rank's 500 MiB of tables slower
+        assert all(sign * sum(x) > 0.1 * c for x, c in zip(sized, compute, strict=True)), (label, sized, compute)
+        assert step["parts"]["table_size"] == pytest.approx(sum(sized[step["critical_rank"]]))
+    # the plans' rating counts it as the whole step does
+    best = got["large"][0]
+    assert StepPerfModel(cal, 2, 2, 512).rate(best) > StepPerfModel(base, 2, 2, 512).rate(best) + 0.5 * max(
+        sum(x) for x in got["large"][2])
+    # a damaged multiple is refused when read
+    assert cal_mod.value_faults({"table_size": {**fit, "fwd": {**fit["fwd"], "level": 0}}}) == {
+        "kernels": "table_size.fwd.level=0 is not a positive number up to 1e+06"}
+
+
 def test_the_output_charge_the_sharded_lookups_fit_takes_off_is_torchrec_s_own(tmp_path: Path) -> None:
     # what the calibration takes off its tiny sharded lookups for their pooled output is what TorchRec's estimate
     # charges a plan's shard of that family: row-wise a reduce-scatter forward and an all-gather (and a copy)
