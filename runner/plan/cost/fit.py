@@ -576,8 +576,11 @@ def lookup_bytes_ms(c: Dict[str, Any], kind: str, tables: int, batch: int, world
     went into its own fitted terms, which the step then added beside TorchRec's charge). A sharded lookup's time
     beyond this is its own term (:func:`fit_lookups`): at 4,096 samples on 1 x 2, 8 tiny tables table-wise took
     6.9 ms backward, of which TorchRec's terms charge 3.7 (the kernel's backward at x24.6 and the all-to-all), which
-    the step's embeddings part charges the job's tables already."""
+    the step's embeddings part charges the job's tables already; the kernel at :mod:`.table_size`'s multiple for
+    tables that small."""
     kernel = table_bytes_ms(c, batch, 1 if kind == "data_parallel" else world, 1, SHARDED_DIM)
+    if kind != "data_parallel":  # tiny tables: the kernel's multiple at their bytes, as the step charges a rank's
+        kernel *= multiple(c.get("table_size"), part, tables * TINY_ROWS * world * SHARDED_DIM * 4)
     out = output_ms(c, kind, batch, world, world if local is None else local, SHARDED_DIM, part)
     if kind == "data_parallel":
         return tables * kernel * (c["bwd_compute_multiplier"] if part == "bwd" else 1.0)
