@@ -918,6 +918,24 @@ def test_the_step_s_compute_waits_for_the_slowest_rank_by_the_factor_measured_in
     assert 0.1 * min(k) - 1e-9 <= more <= 0.1 * max(k) + 1e-9 and min(k) > 0
 
 
+def _tablewise_plans(cal: Calibration, tmp_path: Path, rows: Dict[str, int], per_rank: Any) -> Dict[str, Any]:
+    """DLRM's six tables, each of ``rows[label]`` rows, planned table-wise on 1 x 2 with ``cal``: per label the plan,
+    its whole step and ``per_rank(constants, plan, 2)``."""
+    from runner.plan.planner import make_plan
+    from runner.train.models import planning_model
+
+    path = save(cal, tmp_path / "c.yaml")
+    got = {}
+    for label, n in rows.items():
+        tables = [f"model.tables.{i}.num_embeddings={n}" for i in range(6)]
+        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", "sharding=tablewise",
+                      *tables)
+        facts: Dict[str, Any] = {}
+        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
+        got[label] = (best, facts["step"], per_rank(cal.constants, best, 2))
+    return got
+
+
 def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s_ids_repeat_rows(
         tmp_path: Path) -> None:
     # the fused backward updates each row a step's ids reach once: over 256 rows, 16,384 ids cost a fraction of what
@@ -927,8 +945,6 @@ def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s
     from runner.plan.cost.fit import fit_kernels
     from runner.plan.cost.row_reuse import repeated_share, row_reuse_ms
     from runner.plan.cost.step_estimate import StepPerfModel
-    from runner.plan.planner import make_plan
-    from runner.train.models import planning_model
 
     per_byte, share, multiplier = 1000.0 / (12.0 * GIB), 0.6, 9.0
     shapes = [(r, d, p, b) for r in (20_000, 200_000) for d in (16, 64, 256) for p in (1, 8) for b in (256, 2048)]
@@ -946,15 +962,7 @@ def test_the_backward_paid_per_distinct_row_is_read_off_and_saved_where_a_step_s
 
     base = _calibration()
     cal = dataclasses.replace(base, constants={**base.constants, "bwd_row_share": share})
-    path = save(cal, tmp_path / "c.yaml")
-    got = {}
-    for label, rows in (("tiny", 100), ("large", 10_000_000)):
-        tables = [f"model.tables.{i}.num_embeddings={rows}" for i in range(6)]
-        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", "sharding=tablewise",
-                      *tables)
-        facts: Dict[str, Any] = {}
-        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
-        got[label] = (best, facts["step"], row_reuse_ms(cal.constants, best, 2))
+    got = _tablewise_plans(cal, tmp_path, {"tiny": 100, "large": 10_000_000}, row_reuse_ms)
     best, step, reused = got["tiny"]
     bwd = [sum(s.perf.bwd_compute for o in best for s in o.shards if s.rank == r) for r in range(2)]
     # 100 rows, 1,024 ids a step each: nearly every id repeats a row
@@ -975,9 +983,7 @@ def test_the_kernel_s_cost_by_its_tables_bytes_is_read_off_and_paid_by_the_rank_
     from runner.plan.cost.fit import fit_kernels
     from runner.plan.cost.step_estimate import StepPerfModel
     from runner.plan.cost.table_size import doublings, multiple, table_size_ms
-    from runner.plan.planner import make_plan
     from runner.train.calibrate import kernel_shapes
-    from runner.train.models import planning_model
 
     per_byte, level, start, growth = 1000.0 / (12.0 * GIB), {"fwd": 0.7, "bwd": 0.8}, 8.0, {"fwd": 0.4, "bwd": 0.2}
     shapes = [s for s in kernel_shapes("full") if s["rows"] > 256]
@@ -1001,15 +1007,7 @@ def test_the_kernel_s_cost_by_its_tables_bytes_is_read_off_and_paid_by_the_rank_
 
     base = _calibration()
     cal = dataclasses.replace(base, constants={**base.constants, "table_size": fit})
-    path = save(cal, tmp_path / "c.yaml")
-    got = {}
-    for label, rows in (("small", 1000), ("large", 4_000_000)):
-        tables = [f"model.tables.{i}.num_embeddings={rows}" for i in range(6)]
-        cfg = cfg_for("mode=plan", f"cluster.calibration={path}", "train.batch_size=512", "sharding=tablewise",
-                      *tables)
-        facts: Dict[str, Any] = {}
-        _, best, _, _ = make_plan(plan_spec(cfg), planning_model(cfg), 2, 2, "cpu", facts=facts)
-        got[label] = (best, facts["step"], table_size_ms(cal.constants, best, 2))
+    got = _tablewise_plans(cal, tmp_path, {"small": 1000, "large": 4_000_000}, table_size_ms)
     for label, sign in (("small", -1), ("large", 1)):
         best, step, sized = got[label]
         compute = [sum(s.perf.fwd_compute + s.perf.bwd_compute for o in best for s in o.shards if s.rank == r)
