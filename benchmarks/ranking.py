@@ -3,11 +3,11 @@
 Each config of :data:`RANKING` is planned several ways (:data:`VARIANTS`: whole-model sharding types, the planner's
 own answer with this machine's calibration and with TorchRec's constants, its other proposers), the distinct plans
 kept. Every plan is rated here by both cost models as the planner rates a plan (``sharding.plan`` pinned:
-:mod:`runner.plan.plan_file`), then trained ``--ranking-repeats`` times, alternating, each with its plan pinned. Per
-config: whether the plan each model calls fastest is the measured fastest; over all pairs of a config's plans, how
-often each model orders them as measured. Pairs whose measured medians lie within their own spread (half the range
-of their repeats, added) cannot be ordered by the measurement and are counted apart; "close" pairs are the ordered
-ones whose medians are within 25% of each other.
+:mod:`runner.plan.plan_file`), then trained ``--ranking-repeats`` times, each round in its own order
+(:func:`round_order`), each with its plan pinned. Per config: whether the plan each model calls fastest is the
+measured fastest; over all pairs of a config's plans, how often each model orders them as measured. Pairs whose
+measured medians lie within their own spread (half the range of their repeats, added) cannot be ordered by the
+measurement and are counted apart; "close" pairs are the ordered ones whose medians are within 25% of each other.
 
 Every plan trained here is also a held-out config for the step estimate (other batches, other plans, two models
 of generated tables that no term was developed on): the study prints the calibrated whole step's error over all of
@@ -39,6 +39,23 @@ RANKING: List[Tuple[str, str]] = [  # (name, overrides): none of them is the cal
     ("dnn12 b1024", f"{GEN} model.generated_tables.count=12 train.batch_size=1024"),
 ]
 CALIBRATED, TORCHREC = "calibrated", "TorchRec's constants"
+
+def round_order(labels: List[str], r: int, rounds: int) -> List[str]:
+    """The order round ``r`` of ``rounds`` trains ``labels`` in: rotated by ``r`` / ``rounds`` of them, so each plan is
+    trained early, midway and late over the rounds and none twice in a row. Until 2026-11-30 each round reversed the
+    last (forward, back, forward), so the first and last plans were each trained twice back to back at the turns,
+    in one state of the machine. Each of the three many-table configs' measured fastest was then its last plan (the
+    balanced proposer's), 3-8% ahead of plans of the same tables per rank (20 of 40 tables and 2,400 of 4,800
+    output columns on each rank, 63-70 MiB): the order could not tell a plan from a moment."""
+    n = max(len(labels), 1)
+    shifts: List[int] = []
+    for i in range(r + 1):  # each round's rotation; one further where the last round's last plan would start it
+        k = (i * n // max(rounds, 1)) % n
+        if shifts and n > 1 and k == (shifts[-1] - 1) % n:
+            k = (k + 1) % n
+        shifts.append(k)
+    return labels[shifts[-1]:] + labels[:shifts[-1]]
+
 VARIANTS: List[Tuple[str, str, str]] = [  # (label, overrides, the constants it plans with); {big} and {second}: the
     # config's two largest tables, {small} its smallest (mixed plans: one table's sharding changed, the planner
     # placing the rest)
@@ -203,7 +220,7 @@ def study(calibrations: Dict[Tuple[int, int], Path], shape_of: Callable[[str], T
         left = sum(1 for j in range(i + 1, len(RANKING)) if not only or j + 1 in only)
         for r in range(repeats):
             t_round = time.perf_counter()
-            for label in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
+            for label in round_order(list(plans), r, repeats):
                 step_ms, shown = train([*base, f"sharding.plan={plans[label]['file']}",
                                         f"cluster.calibration={calibration}"])
                 plans[label]["measured"].append(step_ms)

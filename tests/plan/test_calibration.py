@@ -473,6 +473,21 @@ def test_bench_estimates_makes_its_folder_in_a_clone_without_outputs(tmp_path: P
     assert work.is_dir() and work.parent == tmp_path / "outputs" and work.name.startswith("bench-estimates-")
 
 
+def test_the_ranking_study_trains_each_plan_early_midway_and_late_and_none_twice_in_a_row() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from ranking import round_order
+
+    for n, rounds in ((8, 3), (9, 3), (4, 3), (2, 3), (7, 5)):
+        labels = [f"plan-{i}" for i in range(n)]
+        order = [round_order(labels, r, rounds) for r in range(rounds)]
+        assert all(sorted(o) == labels for o in order)  # every plan once a round
+        assert all(a[-1] != b[0] for a, b in zip(order, order[1:], strict=False)), order  # no plan back to back
+        if n >= rounds:  # each plan first in at most one round, last in at most one
+            assert all(sum(o[0] == p for o in order) <= 1 and sum(o[-1] == p for o in order) <= 1 for p in labels)
+
+
 def test_a_pinned_plan_is_rated_as_the_planner_rated_it(tmp_path: Path) -> None:
     import json
 
