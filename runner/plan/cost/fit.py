@@ -163,7 +163,7 @@ def fit_kernels(points: List[Dict[str, Any]]) -> Dict[str, Any]:
 def _scale(terms: Sequence[Tuple[float, float, float]]) -> float:
     """``s`` with ``s x term ~ time past the fixed cost`` (``terms``: (term, that time, the whole time)), least
     squares on the error relative to the whole time (as every fit here), at least 0."""
-    w = [1.0 / max(whole, 1e-9) ** 2 for _, _, whole in terms]
+    w = _weights([whole for _, _, whole in terms])
     den = sum(wi * t * t for wi, (t, _, _) in zip(w, terms, strict=True))
     return max(sum(wi * t * y for wi, (t, y, _) in zip(w, terms, strict=True)) / den, 0.0) if den > 0 else 1.0
 
@@ -172,6 +172,7 @@ def _scale(terms: Sequence[Tuple[float, float, float]]) -> float:
 # grows per doubling of the tables' bytes: the grid :func:`table_size_fit` searches
 FROM_MIB = [2 ** (k / 2) for k in range(-2, 21)]
 PER_DOUBLING = [k / 100 for k in range(0, 201)]
+MIN_LEVEL = 0.05  # a level at least this: a time all fixed cost (launch-bound calls) reads off nothing
 
 
 def _shapes_sse(points: Sequence[Tuple[Tuple[int, int, int], float, float, float]], from_mib: float,
@@ -198,25 +199,28 @@ def table_size_fit(points: List[Dict[str, Any]], terms: List[Tuple[float, float]
     above :data:`REUSE_ROWS`), ``terms``: each point's forward and backward bandwidth terms by the fit, ``fixed``:
     the fixed costs. None where no shape was timed at two sizes. ``up_to_mib``: the largest table timed x 4, past
     which the multiple stays (a line in the log of the bytes is not read further than two doublings)."""
+    def shape(p: Dict[str, Any]) -> Tuple[int, int, int]:
+        return p["dim"], p["pooling"], p["batch"]
+
+    def nbytes(p: Dict[str, Any]) -> float:  # the kernel's tables are float32
+        return float(p["rows"] * p["dim"] * 4)
+
     sized = [(p, t) for p, t in zip(points, terms, strict=True) if math.isfinite(p.get("rows", math.inf))]
     shape_sizes: Dict[Tuple[int, int, int], set] = {}
     for p, _ in sized:
-        shape_sizes.setdefault((p["dim"], p["pooling"], p["batch"]), set()).add(p["rows"])
+        shape_sizes.setdefault(shape(p), set()).add(p["rows"])
     if not any(len(rows) > 1 for rows in shape_sizes.values()):
         return None
-    out: Dict[str, Any] = {"up_to_mib": round(4 * max(p["rows"] * p["dim"] * 4 for p, _ in sized) / 2**20, 3)}
+    out: Dict[str, Any] = {"up_to_mib": round(4 * max(nbytes(p) for p, _ in sized) / 2**20, 3)}
     for i, part in enumerate(("fwd", "bwd")):
-        data = [((p["dim"], p["pooling"], p["batch"]), float(p["rows"] * p["dim"] * 4), p[f"{part}_ms"] - fixed[i],
-                 p[f"{part}_ms"]) for p, _ in sized if len(shape_sizes[(p["dim"], p["pooling"], p["batch"])]) > 1]
+        data = [(shape(p), nbytes(p), p[f"{part}_ms"] - fixed[i], p[f"{part}_ms"]) for p, _ in sized
+                if len(shape_sizes[shape(p)]) > 1]
         _, start, per = min((_shapes_sse(data, m, k), m, k) for m in FROM_MIB for k in PER_DOUBLING)
-        level = _scale([(t[i] * (1.0 + per * doublings(p["rows"] * p["dim"] * 4, start)), p[f"{part}_ms"] - fixed[i],
+        level = _scale([(t[i] * (1.0 + per * doublings(nbytes(p), start)), p[f"{part}_ms"] - fixed[i],
                          p[f"{part}_ms"]) for p, t in sized])
         out[part] = {"level": round(max(level, MIN_LEVEL), 6), "from_mib": round(start, 6),
                      "per_doubling": round(per, 6)}
     return out
-
-
-MIN_LEVEL = 0.05  # a level at least this: a time all fixed cost (launch-bound calls) reads off nothing
 
 
 UVM_CACHE_RATIO = 0.2  # TorchRec's UVM_CACHING_RATIO: the share of a UVM-caching table's rows its GPU cache holds
@@ -479,7 +483,7 @@ def _parts_ms(c: Dict[str, Any], job: Dict[str, Any], params: int, batch: int,
     # each tiny table's ids (every rank's, on the rank that holds it) repeat its rows: its fused backward is that much
     # less (data-parallel tables are the dense optimizer's)
     reused = 1.0 if kind == "data_parallel" else tiny_backward(c, world, batch * world * job["pooling"])
-    # tiny tables: the kernel's multiple at the smallest size timed (:mod:`.table_size`), as the step takes it
+    # tiny tables: the kernel's multiple at their bytes (:mod:`.table_size`), as the step takes a rank's
     held = sum(TINY_ROWS * world * d * 4 for d in job["dims"])
     sized = (1.0, 1.0) if kind == "data_parallel" else (multiple(c.get("table_size"), "fwd", held),
                                                         multiple(c.get("table_size"), "bwd", held))

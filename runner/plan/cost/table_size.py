@@ -17,7 +17,7 @@ below 0: small tables run faster than the calibration's mean rate, large ones sl
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from torchrec.distributed.planner.types import ShardingOption
 
@@ -40,16 +40,22 @@ def multiple(fit: Optional[Dict[str, Any]], part: str, nbytes: float) -> float:
     return float(terms["level"]) * (1.0 + float(terms["per_doubling"]) * doublings(held, float(terms["from_mib"])))
 
 
-def fused_bytes(best_plan: List[ShardingOption], world: int) -> List[float]:
-    """The bytes of the tables each rank's fused kernel holds (its shards' rows x width x element size)."""
-    held = [0.0] * world
+def _fused_shards(best_plan: List[ShardingOption], world: int) -> Iterator[Tuple[ShardingOption, Any]]:
+    """Each shard of ``best_plan``'s fused tables (data-parallel ones are the dense optimizer's) placed on a rank."""
     for option in best_plan:
         if option.compute_kernel != "fused" or option.sharding_type == "data_parallel":
             continue
-        size = option.tensor.element_size() if option.tensor is not None else 4
         for shard in option.shards:
             if shard.rank is not None and shard.rank < world:
-                held[shard.rank] += float(shard.size[0]) * float(shard.size[1]) * size
+                yield option, shard
+
+
+def fused_bytes(best_plan: List[ShardingOption], world: int) -> List[float]:
+    """The bytes of the tables each rank's fused kernel holds (its shards' rows x width x element size)."""
+    held = [0.0] * world
+    for option, shard in _fused_shards(best_plan, world):
+        size = option.tensor.element_size() if option.tensor is not None else 4
+        held[shard.rank] += float(shard.size[0]) * float(shard.size[1]) * size
     return held
 
 
@@ -63,13 +69,10 @@ def table_size_ms(c: Dict[str, Any], best_plan: List[ShardingOption], world: int
     if not curve:
         return out
     fwd, bwd = [0.0] * world, [0.0] * world
-    for option in best_plan:
-        if option.compute_kernel != "fused" or option.sharding_type == "data_parallel":
-            continue
-        for shard in option.shards:
-            if shard.rank is not None and shard.rank < world and shard.perf is not None:
-                fwd[shard.rank] += float(shard.perf.fwd_compute)
-                bwd[shard.rank] += float(shard.perf.bwd_compute)
+    for _, shard in _fused_shards(best_plan, world):
+        if shard.perf is not None:
+            fwd[shard.rank] += float(shard.perf.fwd_compute)
+            bwd[shard.rank] += float(shard.perf.bwd_compute)
     held = fused_bytes(best_plan, world)
     for r in range(world):
         saved = reused[r] if r < len(reused) else 0.0
